@@ -1,0 +1,3 @@
+"""milo_ray: automated agent-harness discovery (MILO and SSR) on Ray."""
+
+__version__ = "0.1.0"

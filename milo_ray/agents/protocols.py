@@ -1,0 +1,96 @@
+"""Protocols for the search-side agents. Offline and LLM implementations both satisfy
+them, so MILO and SSR never know which kind they drive.
+
+Everything a mutator may read is on disk (parent harness, evidence directory,
+lineage snapshot) exactly as an LLM coding agent would see it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol, runtime_checkable
+
+from milo_ray.harness.model import Harness
+
+
+@dataclass(frozen=True)
+class MutationRequest:
+    """Inputs of one mutation (MILO §4.1.2) or one SSR candidate edit.
+
+    parent_dir: on-disk copy of the parent harness (``harness.py`` + extra files).
+    evidence_dir: report.md, ctrf.json, traces/<task>/trajectory.json, result.json.
+    memory_markdown: MILO's lineage snapshot, or SSR's ranked experience records.
+    workdir: an empty directory the mutator may write into; the child harness is
+    read back from ``workdir/harness.py`` (plus extra files) or returned directly.
+    """
+
+    parent: Harness
+    parent_dir: Path
+    evidence_dir: Path
+    memory_markdown: str
+    workdir: Path
+    seed: int
+    context: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class MutationResult:
+    """A child harness and the mutator's short report, or the reason there is none."""
+
+    child: Harness | None
+    report: str = ""
+    error: str | None = None
+    input_tokens: int = 0
+    output_tokens: int = 0
+    seconds: float = 0.0
+
+
+@runtime_checkable
+class Mutator(Protocol):
+    """Writes one child harness. Must not raise for a bad child: return ``error``."""
+
+    name: str
+
+    def mutate(self, request: MutationRequest) -> MutationResult: ...
+
+
+@dataclass(frozen=True)
+class JudgeVerdict:
+    """One experience record's judged fields (SSR §4.1); all scores in [0, 1]."""
+
+    w: float
+    a: float
+    u: float
+    summary: str
+    suggestions: list[str]
+    insights: str = ""
+
+
+@runtime_checkable
+class Judge(Protocol):
+    name: str
+
+    def judge(self, trajectory: dict[str, Any], feedback: dict[str, Any], task_id: str) -> dict[str, Any]:
+        """Raw judge output (a JSON object). The caller validates it into a JudgeVerdict
+        and re-asks a bounded number of times when it is malformed or out of range."""
+        ...
+
+
+@runtime_checkable
+class Orchestrator(Protocol):
+    """MILO's meta-level agent: reads the population snapshot, returns a decision JSON
+    (schema in ``milo_ray.agents.orchestrators.schema``)."""
+
+    name: str
+
+    def decide(self, snapshot_markdown: str, state: dict[str, Any], seed: int) -> dict[str, Any]: ...
+
+
+@runtime_checkable
+class Embedder(Protocol):
+    model_name: str
+
+    def embed(self, texts: list[str]) -> "Any":
+        """float32 array (len(texts), d), rows L2-normalized."""
+        ...

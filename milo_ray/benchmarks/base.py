@@ -1,0 +1,44 @@
+"""The benchmark contract: task splits, the executor that runs them, seed harnesses.
+
+Methods see tasks only through this interface, so the surrogate, Harbor task
+directories, SWE-style JSONL sets and the math track are interchangeable.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol, runtime_checkable
+
+from milo_ray.execution.types import Task
+from milo_ray.harness.model import Harness
+
+
+class BenchmarkDataMissing(Exception):
+    """Raised when a benchmark's data is absent; the entry point turns it into a one-line error."""
+
+
+@runtime_checkable
+class Benchmark(Protocol):
+    name: str
+
+    def splits(self) -> dict[str, list[Task]]:
+        """Every split by name (e.g. train/val/test or search/val/test), in a fixed order."""
+        ...
+
+    def tasks(self, split: str) -> list[Task]: ...
+
+    def task(self, task_id: str) -> Task: ...
+
+    def executor_config(self) -> dict[str, Any]:
+        """A ``_target_`` dict that builds this benchmark's Executor inside a worker."""
+        ...
+
+    def seed_harnesses(self) -> list[Harness]: ...
+
+
+@runtime_checkable
+class GroundTruth(Protocol):
+    """Benchmarks with known ground truth (the surrogate) also expose this."""
+
+    def true_quality(self, harness: Harness, split: str) -> dict[str, float]:
+        """Exact expected {'score', 'output_tokens', 'seconds'} of a harness on a split."""
+        ...

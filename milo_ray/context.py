@@ -1,0 +1,46 @@
+"""What a method receives from the entry point: one object, built once per run."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from milo_ray.benchmarks.base import Benchmark
+from milo_ray.store.base import RunStore
+
+
+@dataclass
+class RunContext:
+    """Run-wide services. ``deadline`` is a ``time.monotonic()`` instant (or None):
+    past it a method starts no new work, settles in-flight work, then runs its final
+    evaluation and summary. ``scheduler`` is a ``milo_ray.execution.scheduler.RolloutScheduler``."""
+
+    run_id: str
+    run_dir: Path
+    seed: int
+    store: RunStore
+    benchmark: Benchmark
+    scheduler: Any
+    model_id: str
+    deadline: float | None = None
+    resumed: bool = False
+    extras: dict[str, Any] = field(default_factory=dict)
+
+    def time_left(self) -> float:
+        return float("inf") if self.deadline is None else self.deadline - time.monotonic()
+
+    def out_of_time(self) -> bool:
+        return self.time_left() <= 0
+
+
+class Method(Protocol):
+    """A search method (eval, milo, ssr). Built by Hydra from ``cfg.method``."""
+
+    name: str
+
+    def run(self, ctx: RunContext) -> dict[str, Any]:
+        """Run to completion (or until the deadline/budget), return a JSON-able summary
+        that the entry point prints and stores in the manifest."""
+        ...

@@ -1,0 +1,136 @@
+"""Value types shared by every executor, the scheduler, the store and the methods.
+
+A *rollout* is one execution of one harness on one task (rollout index i of k).
+Requests and results are small, frozen, picklable dataclasses so they cross Ray
+process boundaries cheaply; traces travel inside the result and are moved into the
+content-addressed blob store by the single store writer.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal, Protocol, runtime_checkable
+
+ErrorKind = Literal["infra", "harness", "task"]
+ERROR_KINDS: tuple[str, ...] = ("infra", "harness", "task")
+
+
+@dataclass(frozen=True)
+class Task:
+    """One benchmark task.
+
+    ``metadata`` holds benchmark-specific, JSON-serializable facts (for the surrogate:
+    latent difficulty, failure-mode propensities, hidden-test count); executors read
+    it, methods must not rely on it.
+    """
+
+    task_id: str
+    split: str
+    instruction: str
+    time_cap_s: float
+    token_cap: int
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+
+def cache_key(harness_id: str, task_id: str, rollout_idx: int, model_id: str, seed: int) -> str:
+    """Identity of a rollout: same key, same execution; a finished key never runs again."""
+    raw = json.dumps([harness_id, task_id, int(rollout_idx), model_id, int(seed)])
+    return hashlib.sha256(raw.encode()).hexdigest()[:32]
+
+
+@dataclass(frozen=True)
+class RolloutRequest:
+    """What a method asks the scheduler to run.
+
+    ``seed`` is the run seed; the executor derives the per-rollout stream from
+    (seed, harness_id, task_id, rollout_idx) so results do not depend on scheduling.
+    ``method``/``round``/``stage`` are bookkeeping copied into the rollouts table.
+    ``group`` names the concurrency pool this request counts against (an island, a race).
+    """
+
+    harness_id: str
+    task_id: str
+    rollout_idx: int
+    seed: int
+    split: str = ""
+    method: str = ""
+    round: int = 0
+    stage: str = ""
+    group: str = "default"
+
+    def key(self, model_id: str) -> str:
+        return cache_key(self.harness_id, self.task_id, self.rollout_idx, model_id, self.seed)
+
+
+@dataclass
+class RolloutResult:
+    """Outcome of one rollout. A failing task or harness is a score, not an exception.
+
+    ``score`` is the fraction of tests passed (partial credit), ``resolved`` is
+    ``score == 1``. ``error_kind`` is None on a clean run, ``"task"`` when the task's
+    grading failed, ``"harness"`` when the harness crashed or could not be built, and
+    ``"infra"`` only for failures that survived the scheduler's retries.
+    ``trace`` (trajectory + test report) is replaced by ``trace_ref`` once stored.
+    """
+
+    harness_id: str
+    task_id: str
+    rollout_idx: int
+    score: float
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cost_usd: float = 0.0
+    latency_s: float = 0.0
+    timed_out: bool = False
+    error_kind: str | None = None
+    error: str | None = None
+    trace: dict[str, Any] | None = None
+    trace_ref: str | None = None
+    # Filled by the scheduler:
+    run_id: str = ""
+    method: str = ""
+    round: int = 0
+    stage: str = ""
+    split: str = ""
+    node: str = ""
+    started_at: float = 0.0
+    finished_at: float = 0.0
+    cache_key: str = ""
+    attempts: int = 1
+
+    @property
+    def resolved(self) -> bool:
+        return self.score >= 1.0
+
+    def row(self) -> dict[str, Any]:
+        """The rollouts-table row (DESIGN §3); the trace itself is not part of it."""
+        d = asdict(self)
+        d.pop("trace")
+        d["resolved"] = self.resolved
+        return d
+
+
+@runtime_checkable
+class Executor(Protocol):
+    """Runs one harness on one task.
+
+    Implementations are constructed from config (``_target_``) inside worker
+    processes, so their constructor arguments must be picklable. ``execute`` may be a
+    plain function (the scheduler offloads it to a thread so it cannot stall other
+    rollouts) or may be accompanied by ``async def aexecute`` with the same
+    signature, which the scheduler prefers. It must honour ``task.time_cap_s``
+    (stop and grade the state reached, ``timed_out=True``) and must return a result
+    for harness or task failures rather than raise; raising signals an
+    infrastructure failure, which the scheduler retries.
+    """
+
+    model_id: str
+
+    def execute(self, harness: "HarnessLike", task: Task, rollout_idx: int, seed: int) -> RolloutResult: ...
+
+
+class HarnessLike(Protocol):
+    harness_id: str
+    files: dict[str, str]

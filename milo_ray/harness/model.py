@@ -1,0 +1,69 @@
+"""The harness as data: a directory of text files whose ``harness.py`` exposes
+``build_agent(model, backend)``. Its identity is a content hash of every file."""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ENTRY_FILE = "harness.py"
+# Files a harness directory may carry; larger or binary files are not harness source.
+MAX_FILE_BYTES = 1_000_000
+
+
+def content_hash(files: dict[str, str]) -> str:
+    """sha256 over sorted (path, content) pairs; 16 hex chars are plenty per run."""
+    h = hashlib.sha256()
+    for path in sorted(files):
+        h.update(path.encode())
+        h.update(b"\0")
+        h.update(files[path].encode())
+        h.update(b"\0")
+    return h.hexdigest()[:16]
+
+
+@dataclass(frozen=True)
+class Harness:
+    """Immutable harness sources. ``name`` is a human label, not part of the identity."""
+
+    files: dict[str, str]
+    name: str = ""
+    harness_id: str = field(init=False)
+
+    def __post_init__(self) -> None:
+        if ENTRY_FILE not in self.files:
+            raise ValueError(f"harness files: missing {ENTRY_FILE!r} (the file exposing build_agent(model, backend))")
+        object.__setattr__(self, "harness_id", content_hash(self.files))
+
+    @property
+    def source(self) -> str:
+        return self.files[ENTRY_FILE]
+
+    @classmethod
+    def from_source(cls, source: str, name: str = "") -> "Harness":
+        return cls({ENTRY_FILE: source}, name=name)
+
+    @classmethod
+    def from_dir(cls, path: str | Path, name: str = "") -> "Harness":
+        root = Path(path)
+        files: dict[str, str] = {}
+        for p in sorted(root.rglob("*")):
+            if p.is_file() and "__pycache__" not in p.parts and p.stat().st_size <= MAX_FILE_BYTES:
+                try:
+                    files[p.relative_to(root).as_posix()] = p.read_text()
+                except UnicodeDecodeError:
+                    continue
+        return cls(files, name=name or root.name)
+
+    def write_to(self, path: str | Path) -> Path:
+        root = Path(path)
+        for rel, text in self.files.items():
+            dst = root / rel
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            dst.write_text(text)
+        return root
+
+    def with_source(self, source: str, name: str = "") -> "Harness":
+        """A new harness with ``harness.py`` replaced (other files kept)."""
+        return Harness({**self.files, ENTRY_FILE: source}, name=name or self.name)

@@ -1,0 +1,1 @@
+"""milo package."""
