@@ -1,0 +1,405 @@
+"""Candidate performance racing (SSR §4.3, App. 9): a pure decision object.
+
+``Race`` decides, stage by stage, which tasks form the shared batch, who runs them,
+who is eliminated and who wins. It never executes anything and never calls Ray: the
+driver (``milo_ray.ssr.loop``) asks ``next_stage(remaining_budget)`` for a
+``StageRequest``, runs the listed (harness, task, rollout) triples through the
+scheduler, hands the rewards back with ``record`` and finally reads ``decision()``.
+This is the Ray Tune ``TrialScheduler`` split: policies return decisions, drivers
+carry them out, so every rule below is unit-tested without a cluster.
+
+Rules (DESIGN §4.3):
+* Stage batch B_r = b_v[r] unused validation tasks (prefixes of one uniform
+  permutation drawn at construction, i.e. uniform without replacement) + b_s
+  parent-success and b_f parent-failure training tasks. Each training class is taken
+  first from the intersection of the surviving candidates' evidence sets in RER
+  order, then from outside it in RER order (tasks missing from the ordering, e.g. a
+  judge failure, come last in the order given); never a task used earlier in the
+  round; a short class is not refilled from the other class.
+* Every surviving child and the protected parent run every task of B_r R times.
+* Cumulative score = mean reward over every (task, rollout) of P_r = B_1 ∪ … ∪ B_r.
+* After an intermediate stage r < K keep n_r = max(1, M − round(r·M/K)) children
+  (round half up); ranking ties: higher score, fewer diff lines, lower index.
+* A stage starts only if R·(|A|+1)·|B_r| fits the remaining budget; otherwise the
+  race ends and selects on the last completed stage (none → keep the parent).
+* The best surviving child replaces the parent only on a strictly higher score.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Sequence
+
+import numpy as np
+
+Run = tuple[str, str, int]  # (harness_id, task_id, rollout_idx)
+
+
+@dataclass(frozen=True)
+class RaceCandidate:
+    """One child: its harness id, fixed candidate index, evidence set and diff size.
+
+    ``evidence`` is the tuple of training task ids whose records produced the child
+    (an RER prefix for SSR proper; any subset for the fixed-strategy ablations).
+    ``diff_size`` is added + deleted lines relative to the parent.
+    """
+
+    harness_id: str
+    index: int
+    evidence: tuple[str, ...]
+    diff_size: int = 0
+
+
+@dataclass(frozen=True)
+class RaceConfig:
+    """K stages, per-stage validation quota b_v, class quotas b_s/b_f, R rollouts."""
+
+    stages: int = 2
+    b_v: tuple[int, ...] = (10, 10)
+    b_s: int = 5
+    b_f: int = 5
+    rollouts: int = 2
+
+    def __post_init__(self) -> None:
+        if self.stages < 1:
+            raise ValueError(f"race.stages must be >= 1, got {self.stages}")
+        b_v = tuple(int(x) for x in (self.b_v if isinstance(self.b_v, Sequence) else [self.b_v]))
+        if len(b_v) == 1 and self.stages > 1:
+            b_v = b_v * self.stages  # one number means the same quota every stage
+        if len(b_v) != self.stages:
+            raise ValueError(f"race.b_v must have one entry per stage ({self.stages}), got {list(b_v)}")
+        object.__setattr__(self, "b_v", b_v)
+        if min(b_v + (self.b_s, self.b_f)) < 0:
+            raise ValueError("race quotas b_v, b_s, b_f must be >= 0")
+        if self.rollouts < 1:
+            raise ValueError(f"race.rollouts (R) must be >= 1, got {self.rollouts}")
+
+
+def keep_count(m: int, k: int, r: int) -> int:
+    """n_r = max(1, M − round(r·M/K)) children kept after stage r (half rounds up)."""
+    return max(1, m - math.floor(r * m / k + 0.5))
+
+
+@dataclass(frozen=True)
+class BatchComposition:
+    """The tasks of one stage, by source, plus how many training tasks came from the
+    survivors' evidence intersection (the rest came from outside it)."""
+
+    validation: tuple[str, ...]
+    success: tuple[str, ...]
+    failure: tuple[str, ...]
+    success_in_intersection: int = 0
+    failure_in_intersection: int = 0
+
+    @property
+    def tasks(self) -> tuple[str, ...]:
+        return self.validation + self.success + self.failure
+
+    def payload(self) -> dict[str, Any]:
+        return {
+            "validation": list(self.validation),
+            "success": list(self.success),
+            "failure": list(self.failure),
+            "success_in_intersection": self.success_in_intersection,
+            "failure_in_intersection": self.failure_in_intersection,
+        }
+
+
+@dataclass(frozen=True)
+class StageRequest:
+    """Stage ``stage`` (1-based): the batch, the harnesses that run it (surviving
+    children by candidate index, then the parent) and the runs to execute."""
+
+    stage: int
+    batch: BatchComposition
+    harnesses: tuple[str, ...]
+    runs: tuple[Run, ...]
+
+    @property
+    def executions(self) -> int:
+        return len(self.runs)
+
+    def payload(self) -> dict[str, Any]:
+        return {"stage": self.stage, "batch": self.batch.payload(), "harnesses": list(self.harnesses),
+                "executions": self.executions}
+
+
+@dataclass(frozen=True)
+class StageReport:
+    """After a completed stage: cumulative scores of every harness that ran it, the
+    children eliminated and the children still racing."""
+
+    stage: int
+    scores: dict[str, float]
+    eliminated: tuple[str, ...]
+    survivors: tuple[str, ...]
+    cumulative_tasks: int
+
+    def payload(self) -> dict[str, Any]:
+        return {"stage": self.stage, "scores": dict(self.scores), "eliminated": list(self.eliminated),
+                "survivors": list(self.survivors), "cumulative_tasks": self.cumulative_tasks}
+
+
+@dataclass(frozen=True)
+class RaceOutcome:
+    """The race's decision. ``selected`` is the new incumbent (the parent when kept).
+
+    ``stop_reason``: ``completed`` (all K stages ran), ``budget`` (a stage did not
+    fit), ``exhausted`` (no unused task left for the next stage), ``no_candidates``.
+    """
+
+    parent_id: str
+    selected: str
+    replaced: bool
+    completed_stages: int
+    stop_reason: str
+    parent_score: float | None
+    best_child: str | None
+    best_child_score: float | None
+    executions: int
+    scores: dict[str, float] = field(default_factory=dict)
+
+    def payload(self) -> dict[str, Any]:
+        return {
+            "parent_id": self.parent_id, "selected": self.selected, "replaced": self.replaced,
+            "completed_stages": self.completed_stages, "stop_reason": self.stop_reason,
+            "parent_score": self.parent_score, "best_child": self.best_child,
+            "best_child_score": self.best_child_score, "executions": self.executions,
+            "scores": dict(self.scores),
+        }
+
+
+class Race:
+    """Successive-halving race of M children against a protected parent.
+
+    Parameters
+    ----------
+    parent_id: the incumbent H_t (always runs, never eliminated, never counted in n_r).
+    candidates: the M children (distinct harness ids, none equal to the parent).
+    order: training task ids in RER order (π); tasks of the success/failure sets that
+        are absent from it are used after it, in the order the sets were given.
+    parent_success / parent_failure: the parent's training outcome labels, fixed for
+        the round.
+    validation: validation task ids.
+    config: ``RaceConfig``.
+    rng: seeded ``numpy.random.Generator`` (only used to permute the validation pool).
+    """
+
+    eliminates = True
+
+    def __init__(
+        self,
+        parent_id: str,
+        candidates: Sequence[RaceCandidate],
+        *,
+        order: Sequence[str],
+        parent_success: Iterable[str],
+        parent_failure: Iterable[str],
+        validation: Sequence[str],
+        config: RaceConfig,
+        rng: np.random.Generator,
+    ) -> None:
+        ids = [c.harness_id for c in candidates]
+        if len(set(ids)) != len(ids):
+            raise ValueError("race candidates: duplicate harness ids (deduplicate identical children first)")
+        if parent_id in ids:
+            raise ValueError("race candidates: a child identical to the parent cannot race against it")
+        self.parent_id = parent_id
+        self.candidates = sorted(candidates, key=lambda c: c.index)
+        self.config = config
+        success, failure = list(dict.fromkeys(parent_success)), list(dict.fromkeys(parent_failure))
+        if set(success) & set(failure):
+            raise ValueError("race: a training task cannot be both a parent success and a parent failure")
+        rank = {t: i for i, t in enumerate(dict.fromkeys(order))}
+        # Tasks not in the ordering follow it, keeping the order the caller gave.
+        tail = {t: len(rank) + i for i, t in enumerate(success + failure) if t not in rank}
+        self._rank = {**rank, **tail}
+        self._success = sorted(success, key=self._rank.__getitem__)
+        self._failure = sorted(failure, key=self._rank.__getitem__)
+        self._val_perm = [validation[i] for i in rng.permutation(len(validation))]
+        self._val_pos = 0
+        self._used: set[str] = set()
+        self._active: list[RaceCandidate] = list(self.candidates)
+        self._rewards: dict[tuple[str, str], list[float]] = {}
+        self._tasks: list[str] = []  # P_r, cumulative
+        self._pending: StageRequest | None = None
+        self._reports: list[StageReport] = []
+        self._stop_reason: str | None = None if self.candidates else "no_candidates"
+        self._executions = 0
+
+    # ----------------------------------------------------------------- state
+    @property
+    def stage(self) -> int:
+        """Number of completed stages."""
+        return len(self._reports)
+
+    @property
+    def active(self) -> list[RaceCandidate]:
+        return list(self._active)
+
+    @property
+    def reports(self) -> list[StageReport]:
+        return list(self._reports)
+
+    @property
+    def finished(self) -> bool:
+        return self._stop_reason is not None
+
+    @property
+    def executions(self) -> int:
+        return self._executions
+
+    # ----------------------------------------------------------------- batches
+    def _take_class(self, pool: list[str], quota: int, inter: set[str]) -> tuple[list[str], int]:
+        free = [t for t in pool if t not in self._used]
+        inside = [t for t in free if t in inter]
+        outside = [t for t in free if t not in inter]
+        picked = (inside + outside)[:quota]
+        return picked, sum(1 for t in picked if t in inter)
+
+    def _compose(self, r: int) -> BatchComposition:
+        cfg = self.config
+        # Validation: the next unused positions of the fixed uniform permutation.
+        val = []
+        while len(val) < cfg.b_v[r - 1] and self._val_pos < len(self._val_perm):
+            t = self._val_perm[self._val_pos]
+            self._val_pos += 1
+            if t not in self._used:
+                val.append(t)
+        evidence_sets = [set(c.evidence) for c in self._active]
+        inter = set.intersection(*evidence_sets) if evidence_sets else set()
+        succ, s_in = self._take_class(self._success, cfg.b_s, inter)
+        fail, f_in = self._take_class(self._failure, cfg.b_f, inter)
+        return BatchComposition(tuple(val), tuple(succ), tuple(fail), s_in, f_in)
+
+    def _runners(self) -> tuple[str, ...]:
+        return tuple(c.harness_id for c in self._active) + (self.parent_id,)
+
+    def next_stage(self, remaining_budget: int | None = None) -> StageRequest | None:
+        """The next stage to run, or None when the race is over.
+
+        ``remaining_budget`` is the number of executions still allowed (None =
+        unlimited). A stage that does not fit is not started and ends the race.
+        Calling again before ``record`` returns the same pending request.
+        """
+        if self._pending is not None:
+            return self._pending
+        if self.finished:
+            return None
+        r = self.stage + 1
+        if r > self.config.stages:
+            self._stop_reason = "completed"
+            return None
+        # Composition is computed on a copy of the cursor so a refused stage leaves
+        # no trace (the race simply ends on the last completed stage).
+        saved = (self._val_pos,)
+        batch = self._compose(r)
+        if not batch.tasks:
+            self._val_pos, = saved
+            self._stop_reason = "exhausted"
+            return None
+        runners = self._runners()
+        need = self.config.rollouts * len(runners) * len(batch.tasks)
+        if remaining_budget is not None and need > remaining_budget:
+            self._val_pos, = saved
+            self._stop_reason = "budget"
+            return None
+        runs = tuple((h, t, i) for h in runners for t in batch.tasks for i in range(self.config.rollouts))
+        self._used.update(batch.tasks)
+        self._pending = StageRequest(r, batch, runners, runs)
+        return self._pending
+
+    # ----------------------------------------------------------------- results
+    def record(self, results: Iterable[Any]) -> StageReport:
+        """Feed the pending stage's rewards and apply eliminations.
+
+        ``results``: objects with ``harness_id``, ``task_id``, ``rollout_idx``,
+        ``score`` (e.g. ``RolloutResult``) or (harness_id, task_id, rollout_idx, score)
+        tuples. Every requested run must be present exactly once; a partial stage
+        never enters the cumulative comparison.
+        """
+        req = self._pending
+        if req is None:
+            raise RuntimeError("Race.record: no stage pending (call next_stage first)")
+        got: dict[Run, float] = {}
+        for res in results:
+            if isinstance(res, tuple):
+                h, t, i, s = res
+            else:
+                h, t, i, s = res.harness_id, res.task_id, res.rollout_idx, res.score
+            key = (h, t, int(i))
+            if key in got:
+                raise ValueError(f"Race.record: run {key} reported twice")
+            got[key] = float(s)
+        missing = set(req.runs) - set(got)
+        extra = set(got) - set(req.runs)
+        if missing or extra:
+            raise ValueError(f"Race.record: stage {req.stage} results do not match the request "
+                             f"(missing {sorted(missing)[:3]}, unexpected {sorted(extra)[:3]})")
+        for (h, t, i), s in got.items():
+            if not 0.0 <= s <= 1.0:
+                raise ValueError(f"Race.record: reward {s} for {(h, t, i)} outside [0, 1]")
+            self._rewards.setdefault((h, t), []).append(s)
+        self._tasks.extend(req.batch.tasks)
+        self._executions += len(req.runs)
+        self._pending = None
+
+        scores = {h: self.score(h) for h in req.harnesses}
+        eliminated: tuple[str, ...] = ()
+        if self.eliminates and req.stage < self.config.stages:
+            n_keep = keep_count(len(self.candidates), self.config.stages, req.stage)
+            ranked = sorted(self._active, key=lambda c: self._rank_key(c, scores))
+            eliminated = tuple(c.harness_id for c in ranked[n_keep:])
+            kept = {c.harness_id for c in ranked[:n_keep]}
+            self._active = [c for c in self._active if c.harness_id in kept]
+        report = StageReport(req.stage, scores, eliminated, tuple(c.harness_id for c in self._active), len(self._tasks))
+        self._reports.append(report)
+        if req.stage >= self.config.stages:
+            self._stop_reason = "completed"
+        return report
+
+    @staticmethod
+    def _rank_key(c: RaceCandidate, scores: dict[str, float]) -> tuple[float, int, int]:
+        return (-scores[c.harness_id], c.diff_size, c.index)
+
+    def score(self, harness_id: str) -> float:
+        """Cumulative μ̂ over every (task, rollout) of P_r, all tasks equally weighted."""
+        vals = [s for t in self._tasks for s in self._rewards.get((harness_id, t), [])]
+        if not vals:
+            raise KeyError(f"no rewards recorded for harness {harness_id}")
+        return float(np.mean(vals))
+
+    def decision(self) -> RaceOutcome:
+        """Final selection on the last completed stage (call once the race is over;
+        calling earlier ends it there, as a budget stop would)."""
+        if self._pending is not None:
+            raise RuntimeError("Race.decision: a stage is pending; record it first")
+        if self._stop_reason is None:
+            self._stop_reason = "budget"
+        if not self._reports:
+            return RaceOutcome(self.parent_id, self.parent_id, False, 0, self._stop_reason, None, None, None,
+                               self._executions)
+        last = self._reports[-1].scores
+        best = min(self._active, key=lambda c: self._rank_key(c, last))
+        p, b = last[self.parent_id], last[best.harness_id]
+        replaced = b > p
+        return RaceOutcome(self.parent_id, best.harness_id if replaced else self.parent_id, replaced, self.stage,
+                           self._stop_reason, p, best.harness_id, b, self._executions, dict(last))
+
+    def run(self, reward, remaining_budget: int | None = None) -> RaceOutcome:
+        """Drive the race with a synchronous reward function ``reward(h, t, i) -> float``
+        (audits, tests). ``remaining_budget`` is decremented by each stage's runs."""
+        left = remaining_budget
+        while (req := self.next_stage(left)) is not None:
+            self.record([(h, t, i, reward(h, t, i)) for h, t, i in req.runs])
+            if left is not None:
+                left -= req.executions
+        return self.decision()
+
+
+class UniformRace(Race):
+    """Same batches and budget gate, no elimination: every child runs every stage
+    (the uniform-allocation ablation / audit baseline)."""
+
+    eliminates = False
