@@ -1,0 +1,162 @@
+"""The run's spending ledger: executions, tokens and USD, exact under concurrency.
+
+The scheduler *reserves* one execution per uncached rollout before it submits
+anything and *commits* it (with the tokens and cost the rollout reported) when the
+rollout's final result arrives, or *releases* it when the rollout never started.
+Because reservation is atomic for a whole batch, the execution cap can never be
+overrun, whatever the interleaving of concurrent callers. Token and cost caps are
+soft: a rollout's spend is only known after it ran, so once either cap is reached the
+scheduler stops starting new rollouts (in-flight ones finish and are recorded).
+
+Infrastructure retries of one rollout are one execution: the method asked for one
+rollout and receives one result. Cached results cost nothing. On resume the ledger
+is rebuilt from the rollouts already in the store (see :meth:`BudgetLedger.restore`).
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from typing import Any
+
+
+class BudgetExceeded(RuntimeError):
+    """A request did not fit the remaining budget; nothing of it was started.
+
+    When raised after a token/cost cap stopped a batch midway, ``partial`` maps the
+    indices of the requests that did finish to their results.
+    """
+
+    def __init__(self, message: str, *, partial: dict[int, Any] | None = None) -> None:
+        super().__init__(message)
+        self.partial: dict[int, Any] = dict(partial or {})
+
+
+def _check_cap(name: str, value: float | int | None) -> None:
+    if value is not None and (not isinstance(value, (int, float)) or value < 0 or math.isnan(value)):
+        raise ValueError(f"BudgetLedger: {name}={value!r} must be a non-negative number or None (unlimited)")
+
+
+class BudgetLedger:
+    """Caps on executions, tokens (input + output) and cost in USD; ``None`` = unlimited."""
+
+    def __init__(self, executions: int | None = None, tokens: int | None = None, cost_usd: float | None = None):
+        _check_cap("executions", executions)
+        _check_cap("tokens", tokens)
+        _check_cap("cost_usd", cost_usd)
+        self.executions = executions
+        self.tokens = tokens
+        self.cost_usd = cost_usd
+        self._lock = threading.Lock()
+        self._executions_used = 0
+        self._reserved = 0
+        self._tokens_used = 0
+        self._cost_used = 0.0
+
+    # --- reading -------------------------------------------------------------------
+    @property
+    def executions_used(self) -> int:
+        return self._executions_used
+
+    @property
+    def reserved(self) -> int:
+        """Executions promised to rollouts that have not finished yet."""
+        return self._reserved
+
+    @property
+    def tokens_used(self) -> int:
+        return self._tokens_used
+
+    @property
+    def cost_used_usd(self) -> float:
+        return self._cost_used
+
+    def remaining_executions(self) -> float:
+        """Executions still available to new requests (``math.inf`` when uncapped)."""
+        with self._lock:
+            return self._remaining_locked()
+
+    def _remaining_locked(self) -> float:
+        if self.executions is None:
+            return math.inf
+        return max(0, self.executions - self._executions_used - self._reserved)
+
+    def spend_exhausted(self) -> bool:
+        """True once the token or cost cap is reached: no new rollout may start."""
+        with self._lock:
+            return self._spend_exhausted_locked()
+
+    def _spend_exhausted_locked(self) -> bool:
+        return (self.tokens is not None and self._tokens_used >= self.tokens) or (
+            self.cost_usd is not None and self._cost_used >= self.cost_usd
+        )
+
+    def can_afford(self, n: int) -> bool:
+        """Whether ``n`` more executions could be reserved right now."""
+        with self._lock:
+            return n <= 0 or (n <= self._remaining_locked() and not self._spend_exhausted_locked())
+
+    def snapshot(self) -> dict[str, Any]:
+        """JSON-able state for budget checkpoints and the manifest."""
+        with self._lock:
+            return {
+                "executions": self.executions,
+                "tokens": self.tokens,
+                "cost_usd": self.cost_usd,
+                "executions_used": self._executions_used,
+                "reserved": self._reserved,
+                "tokens_used": self._tokens_used,
+                "cost_used_usd": self._cost_used,
+            }
+
+    # --- mutating ------------------------------------------------------------------
+    def reserve(self, n: int) -> None:
+        """Atomically promise ``n`` executions, or raise :class:`BudgetExceeded`."""
+        if n < 0:
+            raise ValueError(f"BudgetLedger.reserve: n={n} must be >= 0")
+        if n == 0:
+            return
+        with self._lock:
+            if self._spend_exhausted_locked():
+                raise BudgetExceeded(
+                    f"token/cost budget spent (tokens {self._tokens_used}/{self.tokens}, "
+                    f"cost ${self._cost_used:.4f}/{self.cost_usd}); refusing {n} new rollouts"
+                )
+            remaining = self._remaining_locked()
+            if n > remaining:
+                raise BudgetExceeded(
+                    f"{n} uncached rollouts requested but only {remaining} of {self.executions} executions remain "
+                    f"({self._executions_used} used, {self._reserved} in flight); nothing was started"
+                )
+            self._reserved += n
+
+    def commit(self, *, tokens: int = 0, cost_usd: float = 0.0) -> None:
+        """Turn one reservation into a spent execution carrying its tokens and cost."""
+        with self._lock:
+            if self._reserved <= 0:
+                raise RuntimeError("BudgetLedger.commit without a matching reserve()")
+            self._reserved -= 1
+            self._executions_used += 1
+            self._tokens_used += int(tokens)
+            self._cost_used += float(cost_usd)
+
+    def release(self, n: int = 1) -> None:
+        """Give back reservations of rollouts that never started."""
+        with self._lock:
+            if n > self._reserved:
+                raise RuntimeError(f"BudgetLedger.release({n}) exceeds the {self._reserved} reserved executions")
+            self._reserved -= n
+
+    def restore(self, *, executions: int, tokens: int, cost_usd: float) -> None:
+        """Count spend that happened before a resume (rebuilt from the stored rollouts)."""
+        with self._lock:
+            self._executions_used += int(executions)
+            self._tokens_used += int(tokens)
+            self._cost_used += float(cost_usd)
+
+    def __repr__(self) -> str:
+        s = self.snapshot()
+        return (
+            f"BudgetLedger(executions={s['executions_used']}/{s['executions']}, reserved={s['reserved']}, "
+            f"tokens={s['tokens_used']}/{s['tokens']}, cost={s['cost_used_usd']:.4f}/{s['cost_usd']})"
+        )

@@ -1,0 +1,130 @@
+"""Live rollout progress for people watching a run in a terminal.
+
+One status line (rich) with done/total, running, failures, tokens, cost and an ETA
+from the observed completion rate. It is quiet when stdout is not a terminal or when
+it is disabled, so logs and CI output stay clean. The scheduler only calls the
+counting methods; rendering happens on rich's refresh thread.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+from typing import Any
+
+from milo_ray.execution.types import RolloutResult
+
+
+def _fmt_eta(seconds: float | None) -> str:
+    if seconds is None:
+        return "--:--"
+    seconds = int(seconds)
+    h, rem = divmod(seconds, 3600)
+    m, s = divmod(rem, 60)
+    return f"{h}:{m:02d}:{s:02d}" if h else f"{m:02d}:{s:02d}"
+
+
+class RolloutProgress:
+    """Counters plus an optional live display.
+
+    The display is shown only when stdout is a TTY (or a rich ``console`` is given)
+    and ``enabled`` is not ``False``; ``False`` never shows it (the counters are still kept and readable through :meth:`summary`).
+    """
+
+    def __init__(self, enabled: bool | None = None, *, console: Any = None) -> None:
+        # Never draw control codes into a pipe or a log file, even when asked to.
+        self.enabled = enabled is not False and (console is not None or sys.stdout.isatty())
+        self._console = console
+        self._lock = threading.Lock()
+        self.total = 0
+        self.done = 0
+        self.cached = 0
+        self.running = 0
+        self.failures = 0
+        self.retries = 0
+        self.tokens = 0
+        self.cost_usd = 0.0
+        self._t0: float | None = None
+        self._live: Any = None
+
+    # --- counting -------------------------------------------------------------------
+    def add(self, n_execute: int, n_cached: int = 0) -> None:
+        with self._lock:
+            if self._t0 is None:
+                self._t0 = time.monotonic()
+            self.total += n_execute
+            self.cached += n_cached
+        self._ensure_live()
+
+    def started(self, n: int = 1) -> None:
+        with self._lock:
+            self.running += n
+
+    def retried(self, n: int = 1) -> None:
+        with self._lock:
+            self.running -= n
+            self.retries += n
+
+    def dropped(self, n: int = 1) -> None:
+        """Rollouts that will not run (a token/cost cap stopped them)."""
+        with self._lock:
+            self.total -= n
+
+    def finished(self, result: RolloutResult) -> None:
+        with self._lock:
+            self.running -= 1
+            self.done += 1
+            if result.error_kind is not None or result.timed_out:
+                self.failures += 1
+            self.tokens += result.input_tokens + result.output_tokens
+            self.cost_usd += result.cost_usd
+
+    def eta_s(self) -> float | None:
+        if self._t0 is None or self.done == 0:
+            return None
+        rate = self.done / max(time.monotonic() - self._t0, 1e-9)
+        return max(self.total - self.done, 0) / rate
+
+    def summary(self) -> dict[str, Any]:
+        with self._lock:
+            return {
+                "done": self.done,
+                "total": self.total,
+                "cached": self.cached,
+                "running": self.running,
+                "failures": self.failures,
+                "retries": self.retries,
+                "tokens": self.tokens,
+                "cost_usd": self.cost_usd,
+            }
+
+    # --- display --------------------------------------------------------------------
+    def render(self) -> Any:
+        from rich.text import Text
+
+        s = self.summary()
+        return Text.assemble(
+            ("rollouts ", "bold"),
+            f"{s['done']}/{s['total']}",
+            f" (+{s['cached']} cached)" if s["cached"] else "",
+            "  running ",
+            (str(s["running"]), "cyan"),
+            "  failures ",
+            (str(s["failures"]), "red" if s["failures"] else ""),
+            f"  retries {s['retries']}" if s["retries"] else "",
+            f"  tokens {s['tokens']:,}  cost ${s['cost_usd']:.4f}  eta {_fmt_eta(self.eta_s())}",
+        )
+
+    def _ensure_live(self) -> None:
+        if not self.enabled or self._live is not None:
+            return
+        from rich.live import Live
+
+        self._live = Live(get_renderable=self.render, console=self._console, refresh_per_second=4, transient=False)
+        self._live.start()
+
+    def close(self) -> None:
+        if self._live is not None:
+            self._live.stop()
+            self._live = None
