@@ -1,0 +1,103 @@
+"""Turning bad input into one clear line (key + fix) before a run writes anything.
+
+Hydra's own errors are multi-line and exit with 1; the entry point composes the
+config once up front, maps any failure to a single ``UserError`` message here, and
+exits with 2.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from pathlib import Path
+from typing import Any
+
+# Flags after which Hydra does not run a job (or runs a sweep we cannot pre-compose).
+_NO_PRECHECK_FLAGS = {"-m", "--multirun", "--help", "-h", "--hydra-help", "--cfg", "-c", "--info", "-i",
+                      "--shell-completion", "-sc", "--version", "--resolve", "-p", "--package"}
+
+
+class UserError(Exception):
+    """Bad input from the person running the command; printed as one line, exit 2."""
+
+
+def _available(conf_dir: str, group: str) -> list[str]:
+    folder = Path(conf_dir) / group
+    return sorted(p.stem for p in folder.glob("*.yaml")) if folder.is_dir() else []
+
+
+def _first_line(text: str) -> str:
+    return text.strip().splitlines()[0] if text.strip() else text
+
+
+def explain(exc: BaseException, conf_dir: str) -> str:
+    """One line naming the offending key and how to fix it."""
+    text = str(exc)
+    cause = exc.__cause__
+    missing = re.search(r"Could not find '([^/']+)/([^']+)'", text)
+    if missing:
+        group, name = missing.groups()
+        options = ", ".join(_available(conf_dir, group)) or "none"
+        what = "experiment" if group == "experiment" else f"option for '{group}'"
+        return f"{group}={name}: no {what} named '{name}'; available: {options}"
+    unknown = re.search(r"Could not override '([^']+)'", text)
+    if unknown:
+        key = unknown.group(1)
+        return f"{key}: unknown config key; check the spelling (print every key with --cfg job)"
+    if cause is not None and "could not be converted" in str(cause):
+        key = re.search(r"full_key: (\S+)", str(cause))
+        return f"{key.group(1) if key else '?'}: {_first_line(str(cause))}; pass a value of the declared type"
+    if "Error parsing override" in text:
+        return f"{_first_line(text)}; write overrides as key=value"
+    detail = _first_line(str(cause)) if cause is not None else _first_line(text)
+    return f"configuration error: {detail}"
+
+
+def _check_known_keys(node: Any, schema: type, path: str) -> None:
+    """Reject keys a typed section does not declare (``+run.x=1`` would otherwise pass)."""
+    fields = {f.name: f for f in dataclasses.fields(schema)}
+    for key in node.keys():
+        if key not in fields:
+            raise UserError(f"{path}.{key}: unknown config key; check the spelling (print every key with --cfg job)")
+        factory = fields[key].default_factory
+        if factory is not dataclasses.MISSING and dataclasses.is_dataclass(default := factory()):
+            _check_known_keys(node[key], type(default), f"{path}.{key}")
+
+
+def check_overrides(conf_dir: str, argv: list[str]) -> None:
+    """Compose the config for ``argv`` and raise ``UserError`` on any problem.
+
+    Sweeps and Hydra's informational flags are left to Hydra (each sweep job is
+    still checked by the structured schema when it is composed)."""
+    if any(a in _NO_PRECHECK_FLAGS or a.startswith("--config") for a in argv):
+        return
+    overrides = [a for a in argv if not a.startswith("hydra.") and not a.startswith("hydra/")
+                 and not a.startswith("+hydra")]
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    from milo_ray.config import ExecutionConfig, ModelConfig, RunConfig
+
+    GlobalHydra.instance().clear()
+    try:
+        with initialize_config_dir(config_dir=conf_dir, version_base="1.3"):
+            cfg = compose("config", overrides=overrides)
+    except Exception as exc:  # Hydra raises several unrelated types for input errors
+        raise UserError(explain(exc, conf_dir)) from None
+    finally:
+        GlobalHydra.instance().clear()
+    for section, schema in (("run", RunConfig), ("execution", ExecutionConfig), ("model", ModelConfig)):
+        _check_known_keys(cfg[section], schema, section)
+    if cfg.run.resume:
+        manifest = Path(cfg.run.resume).expanduser() / "manifest.json"
+        if not manifest.is_file():
+            raise UserError(f"run.resume={cfg.run.resume}: no run there (manifest.json missing); "
+                            "pass the run directory printed at the end of a run")
+    if cfg.run.time_limit_s is not None and cfg.run.time_limit_s <= 0:
+        raise UserError("run.time_limit_s: must be > 0 seconds (or null for no limit)")
+    budget = cfg.run.budget
+    for key in ("executions", "tokens", "cost_usd"):
+        if budget[key] is not None and budget[key] < 0:
+            raise UserError(f"run.budget.{key}: must be >= 0 (or null for unlimited)")
+    if cfg.execution.slots_per_node < 1:
+        raise UserError("execution.slots_per_node: must be >= 1")

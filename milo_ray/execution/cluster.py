@@ -1,0 +1,66 @@
+"""Connecting the driver to Ray: start a right-sized local instance, join one already
+running on this machine (so Hydra multirun jobs share it), or join a cluster."""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+SLOT_RESOURCE = "sandbox_slot"
+
+
+@dataclass(frozen=True)
+class ClusterInfo:
+    address: str
+    started_here: bool
+    nodes: int
+    cpus: float
+    slots: float
+
+
+def _running_local_address() -> str | None:
+    """The GCS address of a Ray instance already running on this machine, if any."""
+    try:
+        from ray._private.services import find_gcs_addresses  # noqa: PLC0415
+
+        addresses = find_gcs_addresses()
+    except Exception:  # pragma: no cover - private API moved; fall back to starting one
+        return None
+    return next(iter(addresses), None) if addresses else None
+
+
+def connect(execution: Any) -> ClusterInfo:
+    """Initialize Ray per ``execution`` (an ExecutionConfig-like object). Idempotent:
+    a driver that is already connected (multirun jobs in one process) stays connected."""
+    import ray  # noqa: PLC0415 - keep `import milo_ray.execution` light
+
+    started_here = False
+    if not ray.is_initialized():
+        address = execution.address or os.environ.get("RAY_ADDRESS")
+        if not address and execution.join_running:
+            address = _running_local_address()
+        common = dict(log_to_driver=False, configure_logging=True, logging_level=logging.WARNING)
+        if address:
+            log.info("joining Ray at %s", address)
+            ray.init(address=address, **common)
+        else:
+            started_here = True
+            ray.init(
+                num_cpus=execution.num_cpus,
+                include_dashboard=bool(execution.dashboard),
+                resources={SLOT_RESOURCE: float(execution.slots_per_node)},
+                **common,
+            )
+    nodes = [n for n in ray.nodes() if n.get("Alive")]
+    totals = ray.cluster_resources()
+    return ClusterInfo(
+        address=ray.get_runtime_context().gcs_address,
+        started_here=started_here,
+        nodes=len(nodes),
+        cpus=float(totals.get("CPU", 0.0)),
+        slots=float(totals.get(SLOT_RESOURCE, 0.0)),
+    )

@@ -1,0 +1,94 @@
+"""The run manifest (DESIGN §3): resolved config, package versions, git sha, seed,
+model id, start/stop times and status. Written at start, rewritten at the end; a
+resumed run keeps its run id and appends to its history."""
+
+from __future__ import annotations
+
+import json
+import platform
+import socket
+import subprocess
+import time
+import uuid
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+from milo_ray.config_errors import UserError
+
+_PACKAGES = ("milo_ray", "ray", "numpy", "scipy", "pyarrow", "hydra-core", "deepagents", "langchain",
+             "langchain-litellm", "litellm", "sentence-transformers", "torch", "duckdb")
+
+
+def package_versions() -> dict[str, str | None]:
+    versions: dict[str, str | None] = {}
+    for name in _PACKAGES:
+        try:
+            versions[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            versions[name] = None
+    return versions
+
+
+def git_sha() -> str | None:
+    """The commit of the milo_ray source tree, if it is a git checkout."""
+    here = Path(__file__).resolve().parent
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=here, capture_output=True, text=True, timeout=5)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return out.stdout.strip() or None if out.returncode == 0 else None
+
+
+def read_manifest(run_dir: Path) -> dict[str, Any]:
+    path = Path(run_dir) / "manifest.json"
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError:
+        raise UserError(f"run.resume={run_dir}: no run there (manifest.json missing)") from None
+    except json.JSONDecodeError as exc:
+        raise UserError(f"run.resume={run_dir}: manifest.json is not valid JSON ({exc})") from None
+
+
+def build_manifest(cfg: DictConfig, *, run_dir: Path, cluster: Any, resumed: bool) -> dict[str, Any]:
+    now = time.time()
+    history: list[dict[str, Any]] = []
+    run_id = None
+    if resumed:
+        previous = read_manifest(run_dir)
+        run_id = previous["run_id"]
+        history = previous.get("history", [])
+    entry = {
+        "started_at": now,
+        "host": socket.gethostname(),
+        "cluster": {"address": cluster.address, "nodes": cluster.nodes, "cpus": cluster.cpus, "slots": cluster.slots},
+        "resumed": resumed,
+    }
+    return {
+        "run_id": run_id or f"{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}",
+        "status": "running",
+        "config": OmegaConf.to_container(cfg, resolve=True),
+        "seed": int(cfg.run.seed),
+        "model_id": cfg.model.id,
+        "method": str(cfg.method.get("_target_", "")),
+        "benchmark": str(cfg.benchmark.get("_target_", "")),
+        "git_sha": git_sha(),
+        "python": platform.python_version(),
+        "packages": package_versions(),
+        "started_at": history[0]["started_at"] if history else now,
+        "finished_at": None,
+        "history": [*history, entry],
+    }
+
+
+def finish_manifest(manifest: dict[str, Any], *, status: str, summary: dict[str, Any], budget: Any) -> dict[str, Any]:
+    now = time.time()
+    done = dict(manifest)
+    done["status"] = status
+    done["finished_at"] = now
+    done["summary"] = json.loads(json.dumps(summary, default=str))
+    done["budget"] = {"executions_used": getattr(budget, "executions_used", None)}
+    done["history"] = [*manifest["history"][:-1], {**manifest["history"][-1], "finished_at": now, "status": status}]
+    return done
