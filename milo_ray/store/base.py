@@ -1,5 +1,6 @@
 """The RunStore contract (DESIGN §3). The Parquet store and the in-memory store both
-implement it and both pass ``tests/store/contract.py``.
+implement it and both pass the contract suite in
+``milo_ray/testing/store_contract.py`` (run by ``tests/store/test_contract.py``).
 
 Exactly one writer per run (the driver); readers may be anywhere.
 """
@@ -47,6 +48,12 @@ class RunStore(Protocol):
 
     def completed_keys(self) -> set[str]:
         """Cache keys of rollouts already stored (resume never runs these again)."""
+        ...
+
+    def get_rollouts(self, keys: Iterable[str]) -> dict[str, RolloutResult]:
+        """Stored rollouts for ``keys`` that are completed (error_kind != infra), rebuilt as
+        ``RolloutResult`` with ``trace_ref`` set and ``trace`` None; other keys are absent.
+        The scheduler serves cache hits after a resume from this."""
         ...
 
     def flush(self) -> None: ...

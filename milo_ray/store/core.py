@@ -1,0 +1,225 @@
+"""The store semantics every backend shares (DESIGN §3, ``store/base.py``).
+
+``StoreCore`` implements the whole ``RunStore`` protocol on top of five small
+persistence hooks, so the Parquet and the in-memory store cannot drift apart:
+validation, trace-to-blob moves, event sequence numbers, the completed-keys set,
+reconstruction of cached ``RolloutResult`` s and the closed-store rule live here.
+
+Thread-safety: one re-entrant lock guards every mutable field (buffers, counters,
+the completed set), because the single writer may be driven from an asyncio loop,
+worker threads and the background flusher at once. "One writer" means one
+*process*: a second process appending to the same run would reuse sequence
+numbers and miss the first one's completed keys.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+import uuid
+from dataclasses import fields
+from typing import Any, Iterable
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from milo_ray.execution.types import RolloutResult
+from milo_ray.store import blobs, schema
+
+_RESULT_FIELDS = tuple(f.name for f in fields(RolloutResult) if f.name != "trace")
+
+
+class StoreClosed(RuntimeError):
+    """A write reached a store after ``close()`` (or a read-only reader)."""
+
+
+class StoreCore:
+    """Backend-independent half of a run store. Subclasses implement the hooks."""
+
+    read_only: bool = False
+
+    def __init__(self, run_id: str | None):
+        self.run_id = run_id or f"run-{uuid.uuid4().hex[:12]}"
+        self._lock = threading.RLock()
+        self._completed: set[str] = set()
+        self._next_seq = 0
+        self._closed = False
+
+    # ---- persistence hooks ------------------------------------------------------------
+    def _ingest(self, table: str, data: pa.Table) -> None:
+        """Keep validated rows (called with the lock held)."""
+        raise NotImplementedError
+
+    def _scan(self, table: str, filter: pc.Expression | None = None) -> pa.Table:
+        """Every row of ``table`` in write order, optionally filtered."""
+        raise NotImplementedError
+
+    def _blob_write(self, ref: str, compressed: bytes) -> None:
+        raise NotImplementedError
+
+    def _blob_read(self, ref: str) -> bytes:
+        """Raise ``KeyError`` for an unknown ref."""
+        raise NotImplementedError
+
+    def _manifest_write(self, text: str) -> None:
+        raise NotImplementedError
+
+    def _manifest_read(self) -> str | None:
+        raise NotImplementedError
+
+    # ---- writes -----------------------------------------------------------------------
+    def _check_writable(self) -> None:
+        if self.read_only:
+            raise StoreClosed(f"store for run {self.run_id!r} is read-only (opened with open_run)")
+        if self._closed:
+            raise StoreClosed(f"store for run {self.run_id!r} is closed; open it again to append")
+
+    def append(self, table: str, rows: Iterable[dict[str, Any]]) -> None:
+        """Append rows (all-or-nothing per call: a bad row rejects the whole batch)."""
+        schema.check_table(table)
+        rows = list(rows)
+        if table == "events":
+            for i, r in enumerate(rows):
+                if isinstance(r, dict) and r.get("seq") is not None:
+                    raise ValueError(f"events.seq (row {i}) is assigned by the store; leave it out")
+        with self._lock:
+            self._check_writable()
+            if not rows:
+                return
+            if table == "events":
+                now = time.time()
+                rows = [
+                    {**r, "seq": self._next_seq + i, "time": now if r.get("time") is None else r["time"]}
+                    if isinstance(r, dict) else r
+                    for i, r in enumerate(rows)
+                ]
+            elif table == "rollouts":  # an empty run_id means "this run"
+                rows = [{**r, "run_id": r.get("run_id") or self.run_id} if isinstance(r, dict) else r for r in rows]
+            data = schema.to_table(table, rows)
+            try:
+                self._ingest(table, data)
+            finally:
+                # The rows are kept once _ingest starts (a failing flush leaves them
+                # buffered for the next one), so the counters must account for them.
+                if table == "events":
+                    self._next_seq += len(rows)
+                elif table == "rollouts":
+                    self._note_rollouts(data)
+
+    def _note_rollouts(self, data: pa.Table) -> None:
+        for key, kind in zip(data["cache_key"].to_pylist(), data["error_kind"].to_pylist()):
+            if key and kind != "infra":
+                self._completed.add(key)
+
+    def append_rollouts(self, results: Iterable[RolloutResult]) -> None:
+        """Store results. Each result's ``trace`` is moved into a blob: the result object is
+        updated in place (``trace_ref`` set, ``trace`` cleared) so callers keep a light result.
+        Blobs are written before rows, so every stored ``trace_ref`` resolves."""
+        results = list(results)
+        with self._lock:
+            self._check_writable()
+            rows = []
+            for r in results:
+                if not isinstance(r, RolloutResult):
+                    raise ValueError(f"append_rollouts takes RolloutResult objects, got {type(r).__name__}")
+                if r.trace is not None:
+                    r.trace_ref = self.put_blob(r.trace)
+                    r.trace = None
+                rows.append(r.row())
+            self.append("rollouts", rows)
+
+    def event(self, kind: str, payload: dict[str, Any] | None = None, **columns: Any) -> None:
+        """Append one ``events`` row; ``columns`` are round/island/harness_id (or time)."""
+        if not isinstance(kind, str) or not kind:
+            raise ValueError(f"event kind must be a non-empty string, got {kind!r}")
+        self.append("events", [{"kind": kind, "payload": payload, **columns}])
+
+    # ---- blobs ------------------------------------------------------------------------
+    def put_blob(self, data: bytes | str | dict | list) -> str:
+        ref, compressed = blobs.encode(data)
+        with self._lock:
+            self._check_writable()
+        self._blob_write(ref, compressed)
+        return ref
+
+    def get_blob(self, ref: str) -> Any:
+        return blobs.decode(self._blob_read(blobs.check_ref(ref)))
+
+    def put_harness_source(self, files: dict[str, str]) -> str:
+        """Store a harness's files (relative path -> text) as one JSON blob; returns its ref."""
+        if not isinstance(files, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in files.items()):
+            raise ValueError("put_harness_source takes a dict of relative path -> file text (str -> str)")
+        return self.put_blob(dict(files))
+
+    # ---- reads ------------------------------------------------------------------------
+    def read(self, table: str) -> pa.Table:
+        schema.check_table(table)
+        return self._scan(table)
+
+    def completed_keys(self) -> set[str]:
+        """Cache keys of stored rollouts whose error_kind is not ``infra`` (infra failures
+        are retried on resume). A copy: the caller may mutate it."""
+        with self._lock:
+            return set(self._completed)
+
+    def get_rollouts(self, keys: Iterable[str]) -> dict[str, RolloutResult]:
+        """Completed rollouts for ``keys`` rebuilt as ``RolloutResult`` (``trace`` None,
+        ``trace_ref`` set). Keys that are not completed are absent. When a key was stored
+        more than once, the last non-infra row wins."""
+        wanted = sorted({k for k in keys if k})
+        if not wanted:
+            return {}
+        data = self._scan("rollouts", pc.field("cache_key").isin(wanted))
+        out: dict[str, RolloutResult] = {}
+        for row in data.to_pylist():
+            if row["error_kind"] == "infra":
+                continue
+            kwargs = {k: row[k] for k in _RESULT_FIELDS if row.get(k) is not None}
+            out[row["cache_key"]] = RolloutResult(**kwargs)
+        return out
+
+    # ---- manifest ---------------------------------------------------------------------
+    def write_manifest(self, manifest: dict[str, Any]) -> None:
+        """Replace the manifest (a JSON object); ``run_id`` is filled in when absent."""
+        if not isinstance(manifest, dict):
+            raise ValueError(f"manifest must be a dict, got {type(manifest).__name__}")
+        manifest = {"run_id": self.run_id, **manifest}
+        try:
+            text = json.dumps(manifest, indent=2, sort_keys=True, default=schema._json_default)
+        except TypeError as e:
+            raise ValueError(f"manifest is not JSON-serializable: {e}") from None
+        with self._lock:
+            self._check_writable()
+            self._manifest_write(text + "\n")
+
+    def read_manifest(self) -> dict[str, Any]:
+        """The last manifest written, or ``{}`` if none was."""
+        text = self._manifest_read()
+        return {} if text is None else json.loads(text)
+
+    # ---- lifecycle --------------------------------------------------------------------
+    def flush(self) -> None:
+        pass
+
+    def compact(self) -> None:
+        pass
+
+    def close(self) -> None:
+        with self._lock:
+            if not self._closed and not self.read_only:
+                self.flush()
+            self._closed = True
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(run_id={self.run_id!r})"

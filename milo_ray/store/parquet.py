@@ -1,0 +1,391 @@
+"""The Parquet ``RunStore``: one run = one directory (DESIGN §3).
+
+Layout::
+
+    <root>/manifest.json                       atomic JSON (write_manifest)
+    <root>/<table>/part-<seq>-<uuid>.parquet   append-only parts, zstd, schema_version in footer
+    <root>/blobs/<ab>/<sha>.zst                content-addressed traces and harness sources
+    <root>/.writer.lock                        flock held by the one writing process
+
+Writes. Rows are validated on append and buffered per table; a buffer becomes one
+part file when it reaches ``flush_rows`` rows or its oldest row is ``flush_seconds``
+old (a background thread checks), and on ``flush()``/``close()``. So 10,000
+rollouts make a handful of files, and a crash loses at most the unflushed buffer.
+Every file (part, blob, manifest) is written to a dot-prefixed ``.tmp`` file in the
+same directory, fsynced, then ``os.replace``-d into place: a reader, DuckDB's
+``'<root>/rollouts/*.parquet'`` glob or ``pyarrow.dataset`` only ever sees whole
+files. A ``.tmp`` left by a crash is ignored by readers and deleted when a writer
+reopens the run.
+
+Compaction and crash safety. ``compact()`` merges each table's parts into one new
+part whose footer lists the names it replaces (``milo_ray.replaces``), then deletes
+those parts. The merged file appears atomically (rename), so at every instant the
+directory holds either the old parts, or the old parts plus a merged file that
+declares them replaced, or only the merged file. Readers of this module exclude
+every part named in a present file's replaces list, so they never double-count in
+any of these states; a writer reopening the run finishes an interrupted compaction
+by deleting the replaced parts. (A raw DuckDB glob can see duplicates only between
+such a crash and the next writer open.)
+
+One writer: the writing *process* holds ``flock`` on ``.writer.lock``; a second
+writer (another process, or a second store object on the same run) fails fast.
+The kernel drops the lock when the process dies, so a killed run can be resumed.
+Readers (``open_run``) take no lock and write nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+import time
+import uuid
+import weakref
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.dataset as ds
+import pyarrow.parquet as pq
+
+from milo_ray.store import schema
+from milo_ray.store.blobs import BlobDir, atomic_write_bytes, fsync_dir
+from milo_ray.store.core import StoreCore
+
+try:  # POSIX only; elsewhere the one-writer rule is documented, not enforced
+    import fcntl
+except ImportError:  # pragma: no cover
+    fcntl = None  # type: ignore[assignment]
+
+log = logging.getLogger(__name__)
+
+META_REPLACES = b"milo_ray.replaces"
+MANIFEST = "manifest.json"
+_LOCK = ".writer.lock"
+
+
+def _part_seq(name: str) -> int:
+    try:
+        return int(name.split("-")[1])
+    except (IndexError, ValueError):
+        return -1
+
+
+def _is_part(name: str) -> bool:
+    return name.startswith("part-") and name.endswith(".parquet")
+
+
+class ParquetRunStore(StoreCore):
+    """Parquet-backed run store rooted at ``root`` (created if missing; appended to if
+    it exists). ``run_id`` defaults to the manifest's, else the directory name."""
+
+    def __init__(
+        self,
+        root: str | os.PathLike,
+        run_id: str | None = None,
+        *,
+        flush_rows: int = 2000,
+        flush_seconds: float | None = 5.0,
+        read_only: bool = False,
+    ):
+        if not isinstance(flush_rows, int) or flush_rows < 1:
+            raise ValueError(f"flush_rows must be a positive int, got {flush_rows!r}")
+        if flush_seconds is not None and not flush_seconds > 0:
+            raise ValueError(f"flush_seconds must be > 0 or None (no age-based flush), got {flush_seconds!r}")
+        self.root = Path(root)
+        self.read_only = read_only
+        if read_only:
+            if not self.root.is_dir():
+                raise FileNotFoundError(f"no run directory at {self.root}")
+        else:
+            self.root.mkdir(parents=True, exist_ok=True)
+        self._lock_fd: int | None = None
+        if not read_only:
+            self._acquire_writer_lock()
+        stored_id = self._stored_run_id()
+        if run_id and stored_id and run_id != stored_id:
+            self._release_writer_lock()
+            raise ValueError(f"{self.root} holds run {stored_id!r}, not {run_id!r}; pass run_id={stored_id!r} or None")
+        super().__init__(run_id or stored_id or self.root.resolve().name)
+        self.flush_rows = flush_rows
+        self.flush_seconds = flush_seconds
+        self._blobs = BlobDir(self.root)
+        self._buffers: dict[str, list[pa.Table]] = {t: [] for t in schema.SCHEMAS}
+        self._buffered: dict[str, int] = {t: 0 for t in schema.SCHEMAS}
+        self._since: dict[str, float | None] = {t: None for t in schema.SCHEMAS}
+        self._replaces: dict[str, tuple[str, ...]] = {}  # part name -> names it replaces (files are immutable)
+        self._flusher: threading.Thread | None = None
+        self._stop = threading.Event()
+        if not read_only:
+            self._recover()
+        self._file_seq = {t: self._max_part_seq(t) + 1 for t in schema.SCHEMAS}
+        self._completed = self._load_completed()
+        seqs = self._scan("events").column("seq")
+        self._next_seq = 0 if len(seqs) == 0 else int(pc.max(seqs).as_py()) + 1
+
+    # ---- opening ----------------------------------------------------------------------
+    def _acquire_writer_lock(self) -> None:
+        if fcntl is None:
+            return
+        fd = os.open(self.root / _LOCK, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise RuntimeError(
+                f"another writer holds {self.root}; a run has exactly one writing process "
+                f"(close the other store, or read with milo_ray.store.open_run)"
+            ) from None
+        except OSError:  # filesystem without flock support: keep the documented rule only
+            pass
+        self._lock_fd = fd
+
+    def _release_writer_lock(self) -> None:
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)  # closing the descriptor drops the flock
+            self._lock_fd = None
+
+    def _stored_run_id(self) -> str | None:
+        text = self._manifest_read()
+        if text is None:
+            return None
+        try:
+            value = json.loads(text).get("run_id")
+        except (ValueError, AttributeError):
+            return None
+        return value if isinstance(value, str) and value else None
+
+    def _table_dir(self, table: str) -> Path:
+        return self.root / table
+
+    def _recover(self) -> None:
+        """Writer open: drop temp files of a crashed writer, finish interrupted compactions."""
+        for table in schema.SCHEMAS:
+            d = self._table_dir(table)
+            if not d.is_dir():
+                continue
+            for p in d.iterdir():
+                if p.name.startswith(".") and p.name.endswith(".tmp"):
+                    p.unlink(missing_ok=True)
+            present = {p.name for p in d.iterdir() if _is_part(p.name)}
+            stale = {r for name in present for r in self._replaced_by(d / name)} & present
+            if stale:
+                self._remove_parts(d, sorted(stale))
+        blob_root = self._blobs.root
+        if blob_root.is_dir():
+            for p in blob_root.glob("*/.*.tmp"):
+                p.unlink(missing_ok=True)
+        for p in self.root.glob(f".{MANIFEST}.*.tmp"):
+            p.unlink(missing_ok=True)
+
+    def _max_part_seq(self, table: str) -> int:
+        d = self._table_dir(table)
+        if not d.is_dir():
+            return -1
+        return max((_part_seq(p.name) for p in d.iterdir() if _is_part(p.name)), default=-1)
+
+    def _load_completed(self) -> set[str]:
+        data = self._scan("rollouts", columns=["cache_key", "error_kind"])
+        keys, kinds = data["cache_key"].to_pylist(), data["error_kind"].to_pylist()
+        return {k for k, kind in zip(keys, kinds) if k and kind != "infra"}
+
+    # ---- part files -------------------------------------------------------------------
+    def _replaced_by(self, path: Path) -> tuple[str, ...]:
+        cached = self._replaces.get(path.name)
+        if cached is None:
+            meta = pq.read_schema(path).metadata or {}
+            raw = meta.get(META_REPLACES)
+            cached = tuple(json.loads(raw)) if raw else ()
+            self._replaces[path.name] = cached
+        return cached
+
+    def live_parts(self, table: str) -> list[Path]:
+        """Part files holding ``table``'s flushed rows, in write order (parts superseded
+        by a compaction excluded)."""
+        schema.check_table(table)
+        d = self._table_dir(table)
+        if not d.is_dir():
+            return []
+        parts = sorted((p for p in d.iterdir() if _is_part(p.name)), key=lambda p: (_part_seq(p.name), p.name))
+        replaced = {r for p in parts for r in self._replaced_by(p)}
+        return [p for p in parts if p.name not in replaced]
+
+    def _write_part(self, table: str, data: pa.Table, replaces: list[str] | None = None) -> Path:
+        d = self._table_dir(table)
+        d.mkdir(parents=True, exist_ok=True)
+        seq = self._file_seq[table]
+        self._file_seq[table] = seq + 1
+        name = f"part-{seq:08d}-{uuid.uuid4().hex[:12]}.parquet"
+        meta = dict(schema.SCHEMAS[table].metadata)
+        if replaces:
+            meta[META_REPLACES] = json.dumps(replaces).encode()
+        data = data.cast(schema.SCHEMAS[table]).replace_schema_metadata(meta)
+        tmp = d / f".{name}.tmp"
+        try:
+            with open(tmp, "wb") as f:
+                pq.write_table(data, f, compression="zstd")
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, d / name)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
+        fsync_dir(d)
+        self._replaces[name] = tuple(replaces or ())
+        return d / name
+
+    def _remove_parts(self, d: Path, names: list[str]) -> None:
+        for name in names:
+            (d / name).unlink(missing_ok=True)
+        fsync_dir(d)
+
+    # ---- hooks ------------------------------------------------------------------------
+    def _ingest(self, table: str, data: pa.Table) -> None:
+        self._buffers[table].append(data)
+        self._buffered[table] += data.num_rows
+        now = time.monotonic()
+        if self._since[table] is None:
+            self._since[table] = now
+        if self._buffered[table] >= self.flush_rows or self._is_stale(table, now):
+            self._flush_table(table)
+        elif self.flush_seconds is not None and self._flusher is None:
+            self._start_flusher()
+
+    def _is_stale(self, table: str, now: float) -> bool:
+        since = self._since[table]
+        return self.flush_seconds is not None and since is not None and now - since >= self.flush_seconds
+
+    def _flush_table(self, table: str) -> None:
+        if not self._buffers[table]:
+            return
+        self._write_part(table, pa.concat_tables(self._buffers[table]))
+        # Cleared only after the file is in place: a failed write keeps the rows buffered.
+        self._buffers[table] = []
+        self._buffered[table] = 0
+        self._since[table] = None
+
+    def _scan(
+        self, table: str, filter: pc.Expression | None = None, columns: list[str] | None = None
+    ) -> pa.Table:
+        sch = schema.SCHEMAS[table]
+        if not self.read_only:
+            # The writer reads under its lock so a concurrent flush or compaction cannot
+            # move rows between the buffer and the files mid-read.
+            with self._lock:
+                return self._scan_unlocked(table, sch, filter, columns, self._buffers[table])
+        # A reader races the writer's compactions: a part may vanish between listing and
+        # reading; its rows are then in a newer part, so list again.
+        for attempt in range(10):
+            try:
+                return self._scan_unlocked(table, sch, filter, columns, [])
+            except FileNotFoundError:
+                if attempt == 9:
+                    raise
+                time.sleep(0.05)
+        raise AssertionError("unreachable")
+
+    def _scan_unlocked(self, table, sch, filter, columns, buffered) -> pa.Table:
+        files = [str(p) for p in self.live_parts(table)]
+        pieces = []
+        if files:
+            pieces.append(ds.dataset(files, schema=sch, format="parquet").to_table(filter=filter, columns=columns))
+        for b in buffered:
+            b = b if filter is None else b.filter(filter)
+            pieces.append(b if columns is None else b.select(columns))
+        if not pieces:
+            empty = sch.empty_table()
+            return empty if columns is None else empty.select(columns)
+        out = pieces[0] if len(pieces) == 1 else pa.concat_tables(pieces)
+        return out.replace_schema_metadata(sch.metadata) if columns is None else out
+
+    def _blob_write(self, ref: str, compressed: bytes) -> None:
+        self._blobs.write(ref, compressed)
+
+    def _blob_read(self, ref: str) -> bytes:
+        return self._blobs.read(ref)
+
+    def _manifest_write(self, text: str) -> None:
+        atomic_write_bytes(self.root / MANIFEST, text.encode("utf-8"))
+
+    def _manifest_read(self) -> str | None:
+        try:
+            return (self.root / MANIFEST).read_text("utf-8")
+        except FileNotFoundError:
+            return None
+
+    # ---- public lifecycle -------------------------------------------------------------
+    def completed_keys(self) -> set[str]:
+        if self.read_only:  # a reader follows a live writer
+            return self._load_completed()
+        return super().completed_keys()
+
+    def flush(self) -> None:
+        """Write every buffered row to a part file."""
+        with self._lock:
+            if self.read_only:
+                return
+            for table in schema.SCHEMAS:
+                self._flush_table(table)
+
+    def _flush_stale(self) -> None:
+        with self._lock:
+            if self._closed:
+                return
+            now = time.monotonic()
+            for table in schema.SCHEMAS:
+                if self._is_stale(table, now):
+                    self._flush_table(table)
+
+    def compact(self) -> None:
+        """Merge each table's parts into one file, rows and order unchanged (see module
+        docstring for why a crash at any point neither loses nor double-counts rows)."""
+        with self._lock:
+            self._check_writable()
+            self.flush()
+            for table in schema.SCHEMAS:
+                parts = self.live_parts(table)
+                if len(parts) <= 1:
+                    continue
+                data = ds.dataset([str(p) for p in parts], schema=schema.SCHEMAS[table], format="parquet").to_table()
+                self._write_part(table, data, replaces=[p.name for p in parts])
+                self._remove_parts(self._table_dir(table), [p.name for p in parts])
+
+    def close(self) -> None:
+        """Flush, stop the background flusher and release the writer lock. Idempotent."""
+        self._stop.set()
+        try:
+            super().close()
+        finally:
+            with self._lock:
+                self._release_writer_lock()
+        t = self._flusher
+        if t is not None and t is not threading.current_thread():
+            t.join(timeout=5)
+
+    def _start_flusher(self) -> None:
+        interval = max(0.01, min(1.0, self.flush_seconds / 4))  # type: ignore[operator]
+        self._flusher = threading.Thread(
+            target=_flusher_loop, args=(weakref.ref(self), self._stop, interval),
+            name=f"store-flusher-{self.run_id}", daemon=True,
+        )
+        self._flusher.start()
+
+
+def _flusher_loop(ref: "weakref.ref[ParquetRunStore]", stop: threading.Event, interval: float) -> None:
+    # Holds only a weak reference between ticks, so an abandoned store can be collected.
+    while not stop.wait(interval):
+        store = ref()
+        if store is None:
+            return
+        try:
+            store._flush_stale()
+        except Exception:  # keep the rows buffered; the next flush retries and raises
+            log.exception("background flush of run %s failed", store.run_id)
+        del store
+
+
+def open_run(path: str | os.PathLike) -> ParquetRunStore:
+    """Open a run directory for analysis: reads follow a live writer, writes raise."""
+    return ParquetRunStore(path, read_only=True)

@@ -1,0 +1,1 @@
+"""Reusable test suites for contracts that several implementations must honour."""
