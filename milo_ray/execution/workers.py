@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import math
 import os
 import time
 import traceback
@@ -136,7 +137,7 @@ class WorkerCore:
                 job = asyncio.ensure_future(self._call(harness, task, rollout_idx, seed))
                 # asyncio.wait (not wait_for) so a TimeoutError raised *by the executor*
                 # is an infrastructure failure, not mistaken for the cap.
-                done, _ = await asyncio.wait({job}, timeout=cap if cap > 0 else None)
+                done, _ = await asyncio.wait({job}, timeout=cap if 0 < cap < math.inf else None)
                 if not done:
                     job.cancel()
                     capped = True

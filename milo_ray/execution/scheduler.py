@@ -1,0 +1,625 @@
+"""RolloutScheduler: runs (harness, task, rollout_idx) requests across the cluster.
+
+The scheduler is the driver-side half of rollout execution (DESIGN §2). It owns:
+
+* **dispatch** -- one :class:`~milo_ray.execution.workers.RolloutWorker` async actor
+  per node with sandbox slots (the custom resource ``sandbox_slot``, or
+  ``slots_per_node`` when the cluster declares none), pinned to its node. Requests wait
+  in per-group FIFO queues on the driver and are handed to whichever node has a free
+  slot, round-robin across groups, never more than ``group_limits[group]`` in flight
+  per group. Batches go out in one actor call and finished outcomes come back in one
+  long poll, so results stream in as they finish with no batch barrier;
+* **the cache** -- a request's identity is ``RolloutRequest.key(model_id)``; a key runs
+  at most once per run: concurrent duplicates share one execution, keys finished in
+  this process or already in the store (resume) are returned without executing;
+* **the budget** -- the uncached part of a request batch is reserved on the
+  :class:`~milo_ray.execution.budget.BudgetLedger` before anything starts
+  (:class:`BudgetExceeded` otherwise) and committed as results arrive;
+* **faults** -- an executor that raises, or a worker actor / node that dies, is an
+  infrastructure failure: the rollout is retried with exponential backoff on a
+  recreated worker, each retry recorded as a ``rollout_retry`` event, and after
+  ``max_retries`` the result is recorded with ``error_kind="infra"``. Harness and task
+  failures are returned results, i.e. scores, and are never retried;
+* **recording** -- the driver is the store's single writer: it fills the bookkeeping
+  fields and appends each batch of finished results (the store moves traces to blobs).
+
+All driver state lives on one asyncio event loop; :meth:`RolloutScheduler.run` gives
+synchronous callers a private loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import time
+from collections import Counter, deque
+from dataclasses import dataclass, field
+from typing import Any, AsyncIterator, Iterable, Mapping
+
+import ray
+from ray.exceptions import RayError
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+from milo_ray.execution.budget import BudgetExceeded, BudgetLedger
+from milo_ray.execution.progress import RolloutProgress
+from milo_ray.execution.types import RolloutRequest, RolloutResult, Task
+from milo_ray.execution.workers import Item, Outcome, RolloutWorker
+
+log = logging.getLogger(__name__)
+
+SLOT_RESOURCE = "sandbox_slot"
+# How long one worker poll may wait for a finished rollout before returning empty.
+_POLL_WAIT_S = 1.0
+# A poll that has not answered after this long means the worker's event loop is
+# wedged (e.g. an executor blocking inside aexecute); the worker is then replaced.
+_STALL_S = 300.0
+# Actor calls beyond the rollout slots: submit/poll/ready must never queue behind rollouts.
+_CONTROL_CALLS = 4
+_WORKER_START_TIMEOUT_S = 120.0
+
+
+@dataclass(eq=False)
+class _Job:
+    """One unique key on its way through the scheduler."""
+
+    key: str
+    request: RolloutRequest
+    future: asyncio.Future
+    attempts: int = 0
+    item_id: int = -1
+
+
+@dataclass(eq=False)
+class _Node:
+    node_id: str
+    label: str
+    slots: int
+    claim_slots: bool
+    actor: Any = None
+    generation: int = 0
+    harnesses: set[str] = field(default_factory=set)
+    tasks: set[str] = field(default_factory=set)
+    inflight: dict[int, _Job] = field(default_factory=dict)
+    poller: asyncio.Task | None = None
+    alive: bool = True
+
+    def free(self) -> int:
+        return self.slots - len(self.inflight) if (self.alive and self.actor is not None) else 0
+
+
+def _positive_int(name: str, value: Any) -> None:
+    if not isinstance(value, int) or value < 1:
+        raise ValueError(f"RolloutScheduler: {name}={value!r} must be a positive integer")
+
+
+class RolloutScheduler:
+    """Runs rollouts on Ray, streams results into the store, caches, budgets, retries."""
+
+    def __init__(
+        self,
+        executor_config: Any,
+        tasks: Mapping[str, Task] | Iterable[Task],
+        store: Any,
+        model_id: str,
+        run_id: str,
+        budget: BudgetLedger | None = None,
+        *,
+        slots_per_node: int = 8,
+        group_limits: Mapping[str, int] | None = None,
+        default_group_limit: int | None = None,
+        max_retries: int = 3,
+        retry_backoff_s: float = 0.5,
+        time_cap_grace: float = 1.25,
+        progress: bool | RolloutProgress | None = None,
+        address: str | None = None,
+        slot_resource: str = SLOT_RESOURCE,
+    ) -> None:
+        self.executor_config = executor_config
+        self.tasks: dict[str, Task] = dict(tasks) if isinstance(tasks, Mapping) else {t.task_id: t for t in tasks}
+        self.store = store
+        self.model_id = model_id
+        self.run_id = run_id
+        self.budget = budget if budget is not None else BudgetLedger()
+        _positive_int("slots_per_node", slots_per_node)
+        for g, lim in (group_limits or {}).items():
+            _positive_int(f"group_limits[{g!r}]", lim)
+        if default_group_limit is not None:
+            _positive_int("default_group_limit", default_group_limit)
+        if not isinstance(max_retries, int) or max_retries < 0:
+            raise ValueError(f"RolloutScheduler: max_retries={max_retries!r} must be an integer >= 0")
+        if retry_backoff_s < 0:
+            raise ValueError(f"RolloutScheduler: retry_backoff_s={retry_backoff_s!r} must be >= 0")
+        if time_cap_grace < 1.0:
+            raise ValueError(
+                f"RolloutScheduler: time_cap_grace={time_cap_grace!r} must be >= 1 (it multiplies task.time_cap_s)"
+            )
+        self.slots_per_node = slots_per_node
+        self.group_limits = dict(group_limits or {})
+        self.default_group_limit = default_group_limit
+        self.max_retries = max_retries
+        self.retry_backoff_s = float(retry_backoff_s)
+        self.time_cap_grace = float(time_cap_grace)
+        self.address = address
+        self.slot_resource = slot_resource
+        self.progress = progress if isinstance(progress, RolloutProgress) else RolloutProgress(enabled=progress)
+
+        self._harnesses: dict[str, Any] = {}
+        self._harness_refs: dict[str, Any] = {}
+        self._results: dict[str, RolloutResult] = {}  # finished in this process
+        self._stored_keys: set[str] = set(store.completed_keys())
+        self._restore_budget()
+
+        self._items = itertools.count()
+        self._jobs: dict[str, _Job] = {}  # key -> unfinished job (queued, in flight or backing off)
+        self._pending: dict[str, deque[_Job]] = {}
+        self._group_running: Counter[str] = Counter()
+        self._nodes: dict[str, _Node] = {}
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._own_loop: asyncio.AbstractEventLoop | None = None
+        self._start_lock: asyncio.Lock | None = None
+        self._config_ref: Any = None
+        self._closed = False
+
+    # --- public API -------------------------------------------------------------------
+    def add_harness(self, harness: Any) -> None:
+        """Make a harness known (before any request names it); shipped to each worker once."""
+        hid = harness.harness_id
+        if hid not in self._harnesses:
+            self._harnesses[hid] = harness
+
+    def add_tasks(self, tasks: Iterable[Task]) -> None:
+        """Make more tasks known (e.g. a curriculum revision); shipped to workers on first use."""
+        for t in tasks:
+            self.tasks[t.task_id] = t
+
+    def cached(self, request: RolloutRequest) -> RolloutResult | None:
+        """The finished result for this request's key, from this run or the store, else None
+        (infrastructure failures are not cached: they run again when requested again)."""
+        key = request.key(self.model_id)
+        if key not in self._results and key in self._stored_keys:
+            self._load_stored([key])
+        return self._results.get(key)
+
+    async def arun(self, requests: Iterable[RolloutRequest]) -> list[RolloutResult]:
+        """Results in request order. Raises :class:`BudgetExceeded` before starting
+        anything if the uncached part does not fit the execution budget, or after
+        in-flight work settled if a token/cost cap stopped the batch midway."""
+        futures = await self._submit(list(requests))
+        if futures:
+            await asyncio.wait(set(futures))
+        return self._collect(futures)
+
+    async def astream(self, requests: Iterable[RolloutRequest]) -> AsyncIterator[RolloutResult]:
+        """Yield one result per request, in completion order (cached ones first)."""
+        futures = await self._submit(list(requests))
+        count: Counter[asyncio.Future] = Counter(futures)
+        ready: asyncio.Queue[asyncio.Future] = asyncio.Queue()
+        for fut in count:
+            fut.add_done_callback(ready.put_nowait)
+        failure: BaseException | None = None
+        for _ in range(len(count)):
+            fut = await ready.get()
+            if fut.exception() is not None:
+                failure = failure or fut.exception()
+                continue
+            for _ in range(count[fut]):
+                yield fut.result()
+        if failure is not None:
+            raise failure
+
+    def run(self, requests: Iterable[RolloutRequest]) -> list[RolloutResult]:
+        """Synchronous :meth:`arun` on the scheduler's private event loop."""
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            pass
+        else:
+            raise RuntimeError(
+                "RolloutScheduler.run() was called from inside a running event loop; "
+                "use `await scheduler.arun(requests)` (or `async for r in scheduler.astream(requests)`) there"
+            )
+        if self._own_loop is None or self._own_loop.is_closed():
+            self._own_loop = asyncio.new_event_loop()
+        return self._own_loop.run_until_complete(self.arun(requests))
+
+    def worker_actors(self) -> dict[str, Any]:
+        """Live worker actor handles by node label (diagnostics and fault injection)."""
+        return {n.label: n.actor for n in self._nodes.values() if n.actor is not None}
+
+    def close(self) -> None:
+        """Stop the workers and the progress display. The store stays open (the caller owns it)."""
+        if self._closed:
+            return
+        self._closed = True
+        for node in self._nodes.values():
+            if node.actor is not None:
+                ray.kill(node.actor)
+                node.actor = None
+        self.progress.close()
+        if self._own_loop is not None and not self._own_loop.is_closed():
+            self._own_loop.close()
+
+    def __enter__(self) -> "RolloutScheduler":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    # --- submission -------------------------------------------------------------------
+    async def _submit(self, requests: list[RolloutRequest]) -> list[asyncio.Future]:
+        if self._closed:
+            raise RuntimeError("RolloutScheduler is closed")
+        loop = self._bind_loop()
+        for r in requests:
+            if r.harness_id not in self._harnesses:
+                raise ValueError(f"request names harness {r.harness_id!r}, unknown: call add_harness(harness) first")
+            if r.task_id not in self.tasks:
+                raise ValueError(f"request names task {r.task_id!r}, which is not in the scheduler's tasks")
+        keys = [r.key(self.model_id) for r in requests]
+        self._load_stored([k for k in set(keys) if k not in self._results and k in self._stored_keys])
+        new: dict[str, RolloutRequest] = {}
+        for k, r in zip(keys, requests):
+            if k not in self._results and k not in self._jobs and k not in new:
+                new[k] = r
+        # Reserve the whole uncached part atomically, before any await: nothing starts
+        # unless all of it fits, and concurrent callers cannot double-book a key.
+        self.budget.reserve(len(new))
+        for k, r in new.items():
+            job = _Job(k, r, loop.create_future())
+            self._jobs[k] = job
+            self._pending.setdefault(r.group, deque()).append(job)
+        self.progress.add(len(new), n_cached=sum(1 for k in keys if k in self._results))
+        futures: list[asyncio.Future] = []
+        for k in keys:
+            if k in self._results:
+                fut = loop.create_future()
+                fut.set_result(self._results[k])
+            else:
+                fut = self._jobs[k].future
+            futures.append(fut)
+        if new:
+            try:
+                await self._ensure_workers()
+            except BaseException as exc:
+                self._abandon_pending(exc)
+                raise
+            self._pump()
+        return futures
+
+    def _collect(self, futures: list[asyncio.Future]) -> list[RolloutResult]:
+        partial: dict[int, RolloutResult] = {}
+        stop: BaseException | None = None
+        for i, fut in enumerate(futures):
+            exc = fut.exception()
+            if exc is None:
+                partial[i] = fut.result()
+            elif not isinstance(exc, BudgetExceeded):
+                raise exc
+            else:
+                stop = stop or exc
+        if stop is not None:
+            raise BudgetExceeded(f"{stop} ({len(partial)} of {len(futures)} requests finished)", partial=partial)
+        return [partial[i] for i in range(len(futures))]
+
+    def _bind_loop(self) -> asyncio.AbstractEventLoop:
+        loop = asyncio.get_running_loop()
+        if self._loop is not loop:
+            if self._jobs:
+                raise RuntimeError(
+                    "RolloutScheduler has rollouts in flight on another event loop; "
+                    "drive one scheduler from one loop at a time"
+                )
+            self._loop = loop
+            self._start_lock = asyncio.Lock()
+            for node in self._nodes.values():
+                node.poller = None
+        return loop
+
+    # --- cache and resume ---------------------------------------------------------------
+    def _load_stored(self, keys: list[str]) -> None:
+        if not keys:
+            return
+        getter = getattr(self.store, "get_rollouts", None)
+        if callable(getter):
+            found = getter(keys)
+        else:  # a store without the bulk getter: filter the table
+            wanted = set(keys)
+            rows = self.store.read("rollouts").to_pylist()
+            found = {r["cache_key"]: _result_from_row(r) for r in rows if r.get("cache_key") in wanted}
+        for key, result in found.items():
+            if result.error_kind != "infra":
+                self._results.setdefault(key, result)
+
+    def _restore_budget(self) -> None:
+        """Count the spend of rollouts stored before this scheduler existed (resume)."""
+        import pyarrow.compute as pc
+
+        table = self.store.read("rollouts")
+        if table.num_rows == 0:
+            return
+
+        def total(col: str) -> float:
+            if col not in table.column_names or table.num_rows == 0:
+                return 0
+            return pc.sum(table[col]).as_py() or 0
+
+        self.budget.restore(
+            executions=table.num_rows,
+            tokens=int(total("input_tokens") + total("output_tokens")),
+            cost_usd=float(total("cost_usd")),
+        )
+
+    # --- workers ----------------------------------------------------------------------
+    async def _ensure_workers(self) -> None:
+        assert self._start_lock is not None
+        async with self._start_lock:
+            if any(n.alive for n in self._nodes.values()):
+                return
+            if not ray.is_initialized():
+                ray.init(address=self.address)
+            self._config_ref = ray.put(self.executor_config)
+            for node in self._discover_nodes():
+                self._nodes[node.node_id] = node
+            await asyncio.gather(*(self._start_worker(n) for n in self._nodes.values()))
+            if not any(n.alive for n in self._nodes.values()):
+                raise RuntimeError("no Ray node could host a rollout worker; see the log for each node's error")
+
+    def _discover_nodes(self) -> list[_Node]:
+        alive = [n for n in ray.nodes() if n.get("Alive")]
+        with_slots = [n for n in alive if n.get("Resources", {}).get(self.slot_resource, 0) >= 1]
+        claim = bool(with_slots)
+        chosen = with_slots or alive
+        if not chosen:
+            raise RuntimeError("the Ray cluster has no alive nodes")
+        out = []
+        for n in chosen:
+            slots = int(n["Resources"][self.slot_resource]) if claim else self.slots_per_node
+            label = f"{n.get('NodeManagerAddress', '?')}:{n['NodeID'][:8]}"
+            out.append(_Node(n["NodeID"], label, slots, claim))
+        return out
+
+    async def _start_worker(self, node: _Node) -> None:
+        opts: dict[str, Any] = {
+            "scheduling_strategy": NodeAffinitySchedulingStrategy(node.node_id, soft=False),
+            "max_concurrency": node.slots + _CONTROL_CALLS,
+            "max_restarts": 0,
+        }
+        if node.claim_slots:
+            opts["resources"] = {self.slot_resource: node.slots}
+        actor = RolloutWorker.options(**opts).remote(self._config_ref, node.slots, self.time_cap_grace)
+        try:
+            info = await asyncio.wait_for(_aget(actor.ready.remote()), _WORKER_START_TIMEOUT_S)
+        except (RayError, asyncio.TimeoutError) as exc:
+            ray.kill(actor)
+            node.alive = False
+            log.error("rollout worker on %s did not start: %s", node.label, exc)
+            return
+        if info["error"]:
+            ray.kill(actor)
+            raise RuntimeError(f"the rollout worker could not build the executor from executor_config:\n{info['error']}")
+        node.actor = actor
+        node.generation += 1
+        node.harnesses.clear()
+        node.tasks.clear()
+
+    async def _replace_worker(self, node: _Node, exc: BaseException) -> None:
+        """The worker died or wedged: its rollouts become infrastructure failures and a
+        new worker is started on the same node if the node is still alive."""
+        old, node.actor = node.actor, None
+        if old is not None:
+            ray.kill(old)  # harmless when dead; stops a wedged one
+        jobs = list(node.inflight.values())
+        node.inflight.clear()
+        for job in jobs:
+            self._group_running[job.request.group] -= 1
+        self.store.event("rollout_worker_lost", {"node": node.label, "error": repr(exc), "in_flight": len(jobs)})
+        self._record([r for job in jobs if (r := self._infra_failure(job, f"worker lost: {exc!r}", node)) is not None])
+        node_alive = any(n["NodeID"] == node.node_id and n.get("Alive") for n in ray.nodes())
+        if node_alive:
+            await self._start_worker(node)
+        else:
+            node.alive = False
+        if not any(n.alive for n in self._nodes.values()):
+            self._abandon_pending(RuntimeError("every node with sandbox slots is gone; no rollout can run"))
+        self._pump()
+
+    # --- dispatch ---------------------------------------------------------------------
+    def _group_room(self, group: str) -> float:
+        limit = self.group_limits.get(group, self.default_group_limit)
+        return float("inf") if limit is None else limit - self._group_running[group]
+
+    def _pump(self) -> None:
+        """Hand queued jobs to free slots, round-robin across groups, within group caps."""
+        if self.budget.spend_exhausted():
+            self._abandon_pending(BudgetExceeded("token/cost budget spent; no new rollouts start"), budget=True)
+            return
+        nodes = [n for n in self._nodes.values() if n.free() > 0]
+        if not nodes:
+            return
+        batches: dict[str, list[_Job]] = {}
+        progressed = True
+        while progressed and nodes:
+            progressed = False
+            for group in list(self._pending):
+                queue = self._pending[group]
+                if not queue:
+                    del self._pending[group]
+                    continue
+                if self._group_room(group) <= 0 or not nodes:
+                    continue
+                node = max(nodes, key=_Node.free)
+                job = queue.popleft()
+                job.item_id = next(self._items)
+                job.attempts += 1
+                node.inflight[job.item_id] = job
+                self._group_running[group] += 1
+                batches.setdefault(node.node_id, []).append(job)
+                if node.free() <= 0:
+                    nodes.remove(node)
+                progressed = True
+        for node_id, jobs in batches.items():
+            self._send(self._nodes[node_id], jobs)
+
+    def _send(self, node: _Node, jobs: list[_Job]) -> None:
+        items: list[Item] = []
+        refs: dict[str, Any] = {}
+        tasks: dict[str, Task] = {}
+        for job in jobs:
+            r = job.request
+            items.append((job.item_id, r.harness_id, r.task_id, r.rollout_idx, r.seed))
+            if r.harness_id not in node.harnesses and r.harness_id not in refs:
+                refs[r.harness_id] = self._harness_ref(r.harness_id)
+            if r.task_id not in node.tasks and r.task_id not in tasks:
+                tasks[r.task_id] = self.tasks[r.task_id]
+        # Fire and forget: a failed submit surfaces as a failed poll (dead actor).
+        node.actor.submit.remote(items, refs, tasks)
+        node.harnesses.update(refs)
+        node.tasks.update(tasks)
+        self.progress.started(len(jobs))
+        if node.poller is None or node.poller.done():
+            node.poller = asyncio.ensure_future(self._poll(node, node.generation))
+
+    def _harness_ref(self, harness_id: str) -> Any:
+        if harness_id not in self._harness_refs:
+            self._harness_refs[harness_id] = ray.put(self._harnesses[harness_id])
+        return self._harness_refs[harness_id]
+
+    async def _poll(self, node: _Node, generation: int) -> None:
+        while node.inflight and node.generation == generation and node.actor is not None:
+            try:
+                outcomes = await asyncio.wait_for(_aget(node.actor.poll.remote(_POLL_WAIT_S)), _POLL_WAIT_S + _STALL_S)
+            except (RayError, asyncio.TimeoutError) as exc:
+                if node.generation == generation:
+                    await self._replace_worker(node, exc)
+                return
+            if node.generation != generation:
+                return
+            self._on_outcomes(node, outcomes)
+            self._pump()
+
+    # --- outcomes ---------------------------------------------------------------------
+    def _on_outcomes(self, node: _Node, outcomes: list[Outcome]) -> None:
+        finished: list[RolloutResult] = []
+        for o in outcomes:
+            job = node.inflight.pop(o.item_id, None)
+            if job is None:
+                continue
+            self._group_running[job.request.group] -= 1
+            if o.infra_error is not None:
+                result = self._infra_failure(job, o.infra_error, node)
+                if result is None:
+                    continue
+            elif o.capped:
+                task = self.tasks[job.request.task_id]
+                result = RolloutResult(
+                    harness_id=job.request.harness_id,
+                    task_id=job.request.task_id,
+                    rollout_idx=job.request.rollout_idx,
+                    score=0.0,
+                    latency_s=o.finished_at - o.started_at,
+                    timed_out=True,
+                    error=f"cancelled past the time cap ({task.time_cap_s:g} s x grace {self.time_cap_grace:g})",
+                )
+            else:
+                assert o.result is not None
+                result = o.result
+            finished.append(self._fill(job, result, node, o.started_at, o.finished_at))
+        self._record(finished)
+
+    def _infra_failure(self, job: _Job, error: str, node: _Node) -> RolloutResult | None:
+        """Schedule a retry (None) or, past the limit, build the final infra result."""
+        r = job.request
+        if job.attempts <= self.max_retries:
+            delay = self.retry_backoff_s * (2 ** (job.attempts - 1))
+            self.store.event(
+                "rollout_retry",
+                {
+                    "cache_key": job.key,
+                    "task_id": r.task_id,
+                    "rollout_idx": r.rollout_idx,
+                    "attempt": job.attempts,
+                    "error": error,
+                    "node": node.label,
+                    "backoff_s": delay,
+                },
+                round=r.round,
+                harness_id=r.harness_id,
+            )
+            self.progress.retried()
+            assert self._loop is not None
+            self._loop.call_later(delay, self._requeue, job)
+            return None
+        now = time.time()
+        result = RolloutResult(
+            harness_id=r.harness_id,
+            task_id=r.task_id,
+            rollout_idx=r.rollout_idx,
+            score=0.0,
+            error_kind="infra",
+            error=f"infrastructure failure after {job.attempts} attempts: {error}",
+        )
+        return self._fill(job, result, node, now, now)
+
+    def _requeue(self, job: _Job) -> None:
+        if job.future.done():
+            return
+        self._pending.setdefault(job.request.group, deque()).appendleft(job)
+        self._pump()
+
+    def _fill(self, job: _Job, result: RolloutResult, node: _Node, started: float, finished: float) -> RolloutResult:
+        r = job.request
+        result.harness_id, result.task_id, result.rollout_idx = r.harness_id, r.task_id, r.rollout_idx
+        result.run_id = self.run_id
+        result.method, result.round, result.stage = r.method, r.round, r.stage
+        result.split = r.split or self.tasks[r.task_id].split
+        result.node = node.label
+        result.started_at, result.finished_at = started, finished
+        result.cache_key = job.key
+        result.attempts = job.attempts
+        if not result.latency_s:
+            result.latency_s = max(finished - started, 0.0)
+        return result
+
+    def _record(self, results: list[RolloutResult]) -> None:
+        """Store a batch of final results (single writer), then settle budget and callers."""
+        if not results:
+            return
+        # The store moves each trace into a blob and sets trace_ref on the result in place.
+        self.store.append_rollouts(results)
+        for res in results:
+            self.budget.commit(tokens=res.input_tokens + res.output_tokens, cost_usd=res.cost_usd)
+            self.progress.finished(res)
+            # An infra failure is returned to its callers but not cached: a later request
+            # (or a resume) runs it again, as the store's completed_keys() implies.
+            if res.error_kind != "infra":
+                self._results[res.cache_key] = res
+                self._stored_keys.add(res.cache_key)
+            job = self._jobs.pop(res.cache_key)
+            if not job.future.done():
+                job.future.set_result(res)
+
+    def _abandon_pending(self, exc: BaseException, *, budget: bool = False) -> None:
+        """Fail every queued (not in-flight) job: its reservation is given back."""
+        dropped = [job for q in self._pending.values() for job in q]
+        self._pending.clear()
+        if not budget:
+            # Jobs waiting out a retry backoff are not queued; without nodes they never run.
+            queued = {id(j) for j in dropped}
+            inflight = {id(j) for n in self._nodes.values() for j in n.inflight.values()}
+            dropped += [j for j in self._jobs.values() if id(j) not in queued and id(j) not in inflight]
+        for job in dropped:
+            self._jobs.pop(job.key, None)
+            self.budget.release(1)
+            self.progress.dropped()
+            if not job.future.done():
+                job.future.set_exception(exc)
+
+
+async def _aget(ref: Any) -> Any:
+    return await ref
+
+
+def _result_from_row(row: dict[str, Any]) -> RolloutResult:
+    fields = RolloutResult.__dataclass_fields__
+    return RolloutResult(**{k: v for k, v in row.items() if k in fields and k != "trace"})
