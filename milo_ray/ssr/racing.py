@@ -359,6 +359,12 @@ class Race:
             self._stop_reason = "completed"
         return report
 
+    def abort(self, reason: str = "budget") -> None:
+        """Drop the pending stage (it could not be completed, e.g. a token/cost cap
+        stopped it): it never enters the comparison and the race ends."""
+        self._pending = None
+        self._stop_reason = reason
+
     @staticmethod
     def _rank_key(c: RaceCandidate, scores: dict[str, float]) -> tuple[float, int, int]:
         return (-scores[c.harness_id], c.diff_size, c.index)

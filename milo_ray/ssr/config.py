@@ -1,0 +1,102 @@
+"""SSR's structured config (registered by the entry point as ``method/ssr_schema``).
+
+Every field is implemented by ``milo_ray.ssr.loop.SSRMethod``; defaults are the
+paper's main SWE-Pro-V configuration (papers/002 App. 10, DESIGN §4.3). The budget B
+is the run-level ``run.budget.executions``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional
+
+EVIDENCE_STRATEGIES = ("rer", "topk_fixed", "topk_resampling", "fixed_n")
+ORDERINGS = ("rer", "random", "quality_only")
+RACINGS = ("successive_halving", "uniform")
+
+
+@dataclass
+class SSRConfig:
+    """Successive Scale Racing.
+
+    initial: name of the benchmark seed harness to start from (empty: the first seed).
+    train_split / val_split / test_split: benchmark split names (evidence / racing
+        validation / final test).
+    scales: evidence fractions α; candidate i gets the ⌈α_i·N⌉ best-ranked records.
+        Their count is the number of children M for every evidence strategy.
+    evidence: ``rer`` (nested multiscale prefixes), ``topk_fixed`` (every child gets the
+        same top ⌈scales[0]·N⌉ records), ``topk_resampling`` (each child an independent
+        uniform subset of that size), ``fixed_n`` (every child gets all N records).
+    ordering: ``rer`` (submodular quality+coverage greedy), ``random`` (uniform
+        permutation), ``quality_only`` (sort by q = a·u) — used for every prefix.
+    racing: ``successive_halving`` (eliminate to n_r after intermediate stages) or
+        ``uniform`` (same batches, no elimination).
+    stages: K; b_v: validation tasks per stage (one entry per stage, or one for all);
+    b_s / b_f: parent-success / parent-failure training tasks per stage;
+    rollouts: R executions per (harness, task) in racing.
+    patience: P consecutive rounds without strict improvement stop the run.
+    candidate_cap: cap on the total number of children generated over the run (None:
+        only budget, deadline and patience stop it).
+    test_rollouts: evaluations per test task of the initial and final harness
+        (outside the budget).
+    evaluate_initial: also test the initial harness (the summary reports both).
+    judge_retries: re-asks of a judge whose answer is malformed or out of range
+        before the record is stored as a judge failure (excluded from ranking).
+    judge_workers: concurrent judge calls (threads; judge calls are I/O-bound).
+    validate_timeout_s: time limit of a candidate's validation subprocess.
+    max_concurrent_candidates: children generated at once (Ray tasks).
+    """
+
+    _target_: str = "milo_ray.ssr.loop.SSRMethod"
+    initial: str = ""
+    train_split: str = "train"
+    val_split: str = "val"
+    test_split: str = "test"
+    scales: list[float] = field(default_factory=lambda: [0.25, 0.5, 0.75, 1.0])
+    evidence: str = "rer"
+    ordering: str = "rer"
+    racing: str = "successive_halving"
+    stages: int = 2
+    b_v: list[int] = field(default_factory=lambda: [10, 10])
+    b_s: int = 5
+    b_f: int = 5
+    rollouts: int = 2
+    patience: int = 2
+    candidate_cap: Optional[int] = None
+    test_rollouts: int = 3
+    evaluate_initial: bool = True
+    judge_retries: int = 2
+    judge_workers: int = 8
+    validate_timeout_s: float = 60.0
+    max_concurrent_candidates: int = 4
+
+    def __post_init__(self) -> None:
+        self.check()
+
+    def check(self) -> "SSRConfig":
+        """Raise ``ValueError`` naming the field and the fix on a bad value."""
+        if self.evidence not in EVIDENCE_STRATEGIES:
+            raise ValueError(f"method.evidence={self.evidence!r}; choose one of {EVIDENCE_STRATEGIES}")
+        if self.ordering not in ORDERINGS:
+            raise ValueError(f"method.ordering={self.ordering!r}; choose one of {ORDERINGS}")
+        if self.racing not in RACINGS:
+            raise ValueError(f"method.racing={self.racing!r}; choose one of {RACINGS}")
+        scales = [float(a) for a in self.scales]
+        if not scales or any(not 0 < a <= 1 for a in scales) or scales != sorted(scales):
+            raise ValueError(f"method.scales={list(self.scales)}; give increasing fractions in (0, 1], e.g. [0.25,0.5,0.75,1.0]")
+        b_v = list(self.b_v) if not isinstance(self.b_v, int) else [self.b_v]
+        if len(b_v) not in (1, self.stages):
+            raise ValueError(f"method.b_v={b_v}; give one entry per stage (stages={self.stages}) or a single number")
+        for name in ("stages", "rollouts", "patience", "test_rollouts", "judge_workers", "max_concurrent_candidates"):
+            if int(getattr(self, name)) < 1:
+                raise ValueError(f"method.{name} must be >= 1, got {getattr(self, name)}")
+        for name in ("b_s", "b_f", "judge_retries"):
+            if int(getattr(self, name)) < 0:
+                raise ValueError(f"method.{name} must be >= 0, got {getattr(self, name)}")
+        if self.candidate_cap is not None and self.candidate_cap < 1:
+            raise ValueError(f"method.candidate_cap must be >= 1 or null, got {self.candidate_cap}")
+        return self
+
+    @property
+    def m(self) -> int:
+        return len(self.scales)

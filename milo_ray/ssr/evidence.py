@@ -1,0 +1,256 @@
+"""Experience records and their ordering (SSR §4.1; DESIGN §4.2).
+
+This module owns the step from a parent's training trajectories to the ranked
+evidence the candidate optimizer sees:
+
+1. ``judge_records``: the judge distills each trajectory + feedback (ctrf test report,
+   score) into a verdict (w, a, u, summary, suggestions, insights). A malformed or
+   out-of-range answer is re-asked up to ``retries`` times; if it still fails the
+   record is kept with ``judge_error`` set and **excluded from ranking** (its scores
+   are stored as null, never clipped or zero-filled, so they cannot pose as data).
+   Judge calls run on a thread pool: they are I/O-bound (an HTTP request per call
+   for the LLM judge; microseconds for the offline judge), the traces already live
+   in the driver's store, and threads avoid shipping every trace to a Ray worker.
+2. ``embed_records``: z_i = embedding of summary + insights.
+3. ``order_records``: RER greedy over w, q = a·u and S = clipped cosine (or the
+   RANDOM / QUALITY-ONLY ablation orderings).
+4. ``evidence_sets``: the per-candidate record sets (nested multiscale prefixes, or
+   the TOP-K FIXED / TOP-K RESAMPLING / FIXED-N ablations).
+5. ``render_memory``: the markdown the optimizer reads.
+"""
+
+from __future__ import annotations
+
+import math
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+import numpy as np
+
+from milo_ray.agents.judges.schema import JudgeOutputError, parse_verdict, verdict_tags
+
+
+@dataclass
+class ExperienceRecord:
+    """One judged training trajectory. ``ok`` records have w, a, u, q in [0, 1]."""
+
+    task_id: str
+    round: int
+    harness_id: str
+    score: float
+    resolved: bool
+    w: float | None = None
+    a: float | None = None
+    u: float | None = None
+    summary: str = ""
+    suggestions: list[str] = field(default_factory=list)
+    insights: str = ""
+    failure_modes: list[str] = field(default_factory=list)
+    mechanisms: list[str] = field(default_factory=list)
+    trace_ref: str | None = None
+    judge_error: str | None = None
+    attempts: int = 0
+    embedding: np.ndarray | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.judge_error is None
+
+    @property
+    def q(self) -> float | None:
+        return None if self.a is None or self.u is None else self.a * self.u
+
+    @property
+    def text(self) -> str:
+        """What is embedded: the summary and the extracted insights."""
+        return f"{self.summary}\n{self.insights}".strip()
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON-able view handed to the optimizer (``MutationRequest.context['records']``)."""
+        return {
+            "task_id": self.task_id, "score": self.score, "resolved": self.resolved,
+            "w": self.w, "a": self.a, "u": self.u, "q": self.q, "summary": self.summary,
+            "suggestions": list(self.suggestions), "insights": self.insights,
+            "failure_modes": list(self.failure_modes), "mechanisms": list(self.mechanisms),
+            "trace_ref": self.trace_ref,
+        }
+
+    def row(self) -> dict[str, Any]:
+        """The ``experience`` table row (DESIGN §3)."""
+        return {
+            "task_id": self.task_id, "round": self.round, "harness_id": self.harness_id,
+            "w": self.w, "a": self.a, "u": self.u, "q": self.q, "summary": self.summary,
+            "suggestions": list(self.suggestions),
+            "embedding": None if self.embedding is None else [float(x) for x in self.embedding],
+            "judge_error": self.judge_error, "trace_ref": self.trace_ref,
+        }
+
+
+@dataclass(frozen=True)
+class JudgeItem:
+    """One trajectory to judge."""
+
+    task_id: str
+    trajectory: dict[str, Any]
+    feedback: dict[str, Any]
+    score: float
+    resolved: bool
+    trace_ref: str | None = None
+
+
+def judge_one(judge: Any, item: JudgeItem, *, round: int, harness_id: str, retries: int) -> ExperienceRecord:
+    """Ask, validate, re-ask up to ``retries`` times; never clip, never raise for a bad answer."""
+    rec = ExperienceRecord(item.task_id, round, harness_id, item.score, item.resolved, trace_ref=item.trace_ref)
+    last = ""
+    for attempt in range(retries + 1):
+        rec.attempts = attempt + 1
+        try:
+            raw = judge.judge(item.trajectory, item.feedback, item.task_id)
+            v = parse_verdict(raw)
+        except JudgeOutputError as e:
+            last = str(e)
+            continue
+        except Exception as e:  # a crashing judge call is a judge failure too, and is re-asked
+            last = f"{type(e).__name__}: {e}"
+            continue
+        tags = verdict_tags(raw)
+        rec.w, rec.a, rec.u = v.w, v.a, v.u
+        rec.summary, rec.suggestions, rec.insights = v.summary, list(v.suggestions), v.insights
+        rec.failure_modes, rec.mechanisms = tags["failure_modes"], tags["mechanisms"]
+        return rec
+    rec.judge_error = f"after {retries + 1} attempts: {last}"[:2000]
+    return rec
+
+
+def judge_records(judge: Any, items: Sequence[JudgeItem], *, round: int, harness_id: str, retries: int = 2,
+                  workers: int = 8) -> list[ExperienceRecord]:
+    """Judge every item concurrently; records come back in ``items`` order."""
+    if not items:
+        return []
+    with ThreadPoolExecutor(max_workers=max(1, min(workers, len(items)))) as pool:
+        futs = [pool.submit(judge_one, judge, it, round=round, harness_id=harness_id, retries=retries) for it in items]
+        return [f.result() for f in futs]
+
+
+def embed_records(records: Sequence[ExperienceRecord], embedder: Any) -> None:
+    """Fill ``embedding`` of every judged record (judge failures have none)."""
+    ok = [r for r in records if r.ok]
+    if not ok:
+        return
+    Z = np.asarray(embedder.embed([r.text for r in ok]), dtype=np.float32)
+    if Z.shape[0] != len(ok):
+        raise ValueError(f"embedder returned {Z.shape[0]} rows for {len(ok)} texts")
+    for r, z in zip(ok, Z):
+        r.embedding = z
+
+
+def order_records(records: Sequence[ExperienceRecord], ordering: str, rng: np.random.Generator) -> list[str]:
+    """Task ids of the judged records in evidence order (failures excluded).
+
+    ``rer``: the submodular greedy permutation (ties by lower record index);
+    ``quality_only``: q descending (ties by lower index); ``random``: uniform.
+    """
+    ok = [r for r in records if r.ok]
+    if not ok:
+        return []
+    if ordering == "random":
+        return [ok[i].task_id for i in rng.permutation(len(ok))]
+    q = np.array([r.q for r in ok], dtype=float)
+    if ordering == "quality_only":
+        return [ok[i].task_id for i in sorted(range(len(ok)), key=lambda i: (-q[i], i))]
+    if ordering != "rer":
+        raise ValueError(f"ordering={ordering!r}; choose rer, random or quality_only")
+    from milo_ray.kernels.submodular import clipped_cosine, rer_order
+
+    if any(r.embedding is None for r in ok):
+        raise ValueError("order_records: RER ordering needs embeddings (call embed_records first)")
+    w = np.array([r.w for r in ok], dtype=float)
+    S = clipped_cosine(np.stack([r.embedding for r in ok]))
+    return [ok[int(i)].task_id for i in rer_order(w, q, S)]
+
+
+def scale_sizes(n: int, fractions: Sequence[float]) -> list[int]:
+    """k = ⌈α·n⌉ per scale (at least 1 when n > 0)."""
+    if n <= 0:
+        return [0 for _ in fractions]
+    try:
+        from milo_ray.kernels.submodular import prefix_sizes
+
+        return [int(k) for k in prefix_sizes(n, list(fractions))]
+    except ImportError:  # the kernel is the reference; this is the same formula
+        return [max(1, min(n, math.ceil(a * n - 1e-9))) for a in fractions]
+
+
+def evidence_sets(order: Sequence[str], fractions: Sequence[float], strategy: str,
+                  rng: np.random.Generator) -> list[tuple[str, ...]]:
+    """One evidence set per candidate (task ids, each in evidence order).
+
+    ``rer``: nested prefixes ⌈α_i·N⌉; ``topk_fixed``: the same top ⌈α_1·N⌉ for all;
+    ``topk_resampling``: an independent uniform ⌈α_1·N⌉-subset each; ``fixed_n``: all N.
+    """
+    n, m = len(order), len(fractions)
+    sizes = scale_sizes(n, fractions)
+    if strategy == "rer":
+        return [tuple(order[:k]) for k in sizes]
+    if strategy == "topk_fixed":
+        return [tuple(order[: sizes[0]]) for _ in range(m)]
+    if strategy == "fixed_n":
+        return [tuple(order) for _ in range(m)]
+    if strategy == "topk_resampling":
+        out = []
+        for _ in range(m):
+            pick = set(rng.choice(n, size=sizes[0], replace=False).tolist()) if n else set()
+            out.append(tuple(t for i, t in enumerate(order) if i in pick))
+        return out
+    raise ValueError(f"evidence={strategy!r}; choose rer, topk_fixed, topk_resampling or fixed_n")
+
+
+def render_memory(records: Sequence[ExperienceRecord], *, k: int, n: int, evidence_dir: str = "") -> str:
+    """The optimizer's view of its evidence: ranked summaries and suggestions, with
+    where the raw trajectories live (read on demand)."""
+    lines = [
+        f"# Experience records ({k} of {n}, in evidence order)",
+        "",
+        "Each record distills one training trajectory of the parent harness: what happened,",
+        "why, and what to change in the harness. Scores: w = importance (generality),",
+        "a = actionability, u = judge confidence.",
+    ]
+    if evidence_dir:
+        lines.append(f"Raw trajectories of these records: `{evidence_dir}/traces/<task_id>/trajectory.json`.")
+    for i, r in enumerate(records, 1):
+        status = "resolved" if r.resolved else f"score {r.score:.2f}"
+        lines += ["", f"## {i}. {r.task_id} ({status}; w={r.w:.2f} a={r.a:.2f} u={r.u:.2f})", "", r.summary]
+        if r.insights:
+            lines += ["", f"Insight: {r.insights}"]
+        if r.suggestions:
+            lines += ["", "Suggestions:"] + [f"- {s}" for s in r.suggestions]
+    return "\n".join(lines) + "\n"
+
+
+def pool_statistics(results: Sequence[Any]) -> dict[str, Any]:
+    """Pool-level facts handed to the judge in ``feedback['pool']`` so it can rate how
+    general an experience is (fraction resolved, timed out, mean score, task count)."""
+    n = len(results)
+    if not n:
+        return {"tasks": 0}
+    return {
+        "tasks": n,
+        "resolved_rate": sum(1 for r in results if r.score >= 1.0) / n,
+        "timeout_rate": sum(1 for r in results if r.timed_out) / n,
+        "mean_score": float(np.mean([r.score for r in results])),
+    }
+
+
+def judge_items(results: Sequence[Any], store: Any) -> list[JudgeItem]:
+    """Turn stored training rollouts into judge inputs (trace from the blob store)."""
+    pool = pool_statistics(results)
+    items = []
+    for r in results:
+        trace = (store.get_blob(r.trace_ref) if r.trace_ref else r.trace) or {}
+        feedback = {
+            "score": r.score, "resolved": r.score >= 1.0, "timed_out": r.timed_out,
+            "error_kind": r.error_kind, "error": r.error, "ctrf": trace.get("ctrf", {}), "pool": pool,
+        }
+        items.append(JudgeItem(r.task_id, trace.get("trajectory", {}), feedback, r.score, r.score >= 1.0, r.trace_ref))
+    return items
