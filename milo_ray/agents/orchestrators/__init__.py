@@ -1,0 +1,2 @@
+"""MILO orchestrator agents: the decision schema shared by every orchestrator and
+the offline rule-based orchestrator."""

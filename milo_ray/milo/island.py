@@ -1,0 +1,279 @@
+"""One MILO island (papers/000 §4.2): its lineage tree, admitted set H_j^+, parent
+selection, admission verdicts and held-out stall counter.
+
+Owns :class:`Island`, a plain object with no Ray or I/O (unit-tested directly), and
+:class:`IslandActor`, the thin Ray shell the loop drives (one actor per island,
+typed methods, small arguments). The island *decides* (which parent, admitted or
+not); the loop *carries out* (mutation, evaluation, events). Every state change of
+an island is the application of one ``events`` row, so the driver can rebuild an
+island after a crash by replaying them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from milo_ray.kernels.hypervolume import delta_hv
+from milo_ray.kernels.pareto import admits, dominates, sample_parent, selection_scores
+from milo_ray.milo.lineage import Lineage, LineageNode
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """Admission of a child: Adm(h) plus its hypervolume contribution and a reason."""
+
+    admitted: bool
+    delta_hv: float
+    reason: str
+
+
+class Island:
+    """State and policies of island j. Not thread-safe: one owner (the actor or a test)."""
+
+    def __init__(self, island: int, *, eps: float = 0.02, temperature: float = 1.0) -> None:
+        if eps < 0:
+            raise ValueError(f"Island: eps={eps} must be >= 0")
+        if temperature <= 0:
+            raise ValueError(f"Island: temperature={temperature} must be > 0")
+        self.island = int(island)
+        self.eps = float(eps)
+        self.temperature = float(temperature)
+        self.lineage = Lineage(island)
+        self.stall = 0
+        self.rounds_done = 0
+        self.best_val: float | None = None
+        self.best_val_node: str | None = None
+
+    # --- lineage ---------------------------------------------------------------------
+    def add_node(self, node: dict[str, Any]) -> None:
+        self.lineage.add(LineageNode.from_dict(node))
+
+    def node(self, node_id: str) -> dict[str, Any]:
+        return self.lineage.node(node_id).to_dict()
+
+    def nodes(self) -> list[dict[str, Any]]:
+        return [n.to_dict() for n in self.lineage]
+
+    def relabel(self, node_id: str, changes: dict[str, Any]) -> None:
+        self.lineage.update(node_id, **changes)
+
+    def find(self, key: str) -> str | None:
+        n = self.lineage.find(key)
+        return None if n is None else n.node_id
+
+    # --- admission (§4.2 stage 4, Eq. 7) ----------------------------------------------
+    def _admitted_matrix(self) -> tuple[list[LineageNode], np.ndarray]:
+        adm = [n for n in self.lineage.admitted() if n.fitness is not None]
+        F = np.array([n.fitness for n in adm], dtype=float) if adm else np.zeros((0, 0))
+        return adm, F
+
+    def judge(self, fitness: list[float]) -> Verdict:
+        """Adm(child) = no admitted harness of this island eps-dominates it; ΔHV is recorded."""
+        child = np.asarray(fitness, dtype=float)
+        adm, F = self._admitted_matrix()
+        if not adm:
+            return Verdict(True, float(delta_hv(np.zeros((0, child.size)), child)), "admitted: first harness of the island")
+        dhv = float(delta_hv(F, child))
+        if admits(F, child, eps=self.eps):
+            return Verdict(True, dhv, "admitted: not dominated by any admitted harness")
+        # Name the strongest dominator so mutators see *why* an edit failed.
+        doms = [n for n in adm if dominates(np.asarray(n.fitness), child, eps=self.eps)]
+        top = max(doms, key=lambda n: (n.accuracy or 0.0)) if doms else adm[0]
+        return Verdict(
+            False,
+            dhv,
+            f"dominated by {top.node_id} (acc {top.accuracy:.3f} vs {child[0]:.3f})",
+        )
+
+    # --- parent selection (§4.2 stage 1) ------------------------------------------------
+    def selection_probabilities(self) -> tuple[list[str], list[float]]:
+        """softmax(eta/T) over the admitted set, eta = -sum_h2 Dom(h1,h2) * Sim(h1,h2)."""
+        adm, F = self._admitted_matrix()
+        if not adm:
+            raise ValueError(f"island {self.island}: no admitted harness to select a parent from")
+        B = self._behavior_matrix(adm)
+        eta = np.asarray(selection_scores(F, B, eps=self.eps), dtype=float)
+        z = eta / self.temperature
+        p = np.exp(z - z.max())
+        p /= p.sum()
+        return [n.node_id for n in adm], p.tolist()
+
+    def select_parent(self, seed: int, mode: str = "softmax") -> str:
+        """The parent's node id. ``mode="best"`` picks the admitted harness with the highest
+        search accuracy (the flat-archive baseline of App. A.5); ties by insertion order."""
+        adm, F = self._admitted_matrix()
+        if not adm:
+            raise ValueError(f"island {self.island}: no admitted harness to select a parent from")
+        if mode == "best":
+            return max(adm, key=lambda n: n.accuracy or 0.0).node_id
+        if mode != "softmax":
+            raise ValueError(f"parent selection mode={mode!r}; expected 'softmax' or 'best'")
+        B = self._behavior_matrix(adm)
+        eta = np.asarray(selection_scores(F, B, eps=self.eps), dtype=float)
+        idx = int(sample_parent(eta, temperature=self.temperature, rng=np.random.default_rng(seed)))
+        return adm[idx].node_id
+
+    @staticmethod
+    def _behavior_matrix(adm: list[LineageNode]) -> np.ndarray:
+        # After a curriculum change every admitted node is re-fit on the same task set,
+        # so the shared keys are the current B_search.
+        common = set(adm[0].behavior)
+        for n in adm[1:]:
+            common &= set(n.behavior)
+        tasks = sorted(common)
+        if not tasks:
+            return np.zeros((len(adm), 1))
+        return np.array([[n.behavior[t] for t in tasks] for n in adm], dtype=float)
+
+    # --- held-out monitoring (§4.2 stage 5) ---------------------------------------------
+    def record_val(self, node_id: str, val_accuracy: float) -> bool:
+        """Store a held-out score; True when it is a new held-out best of the island."""
+        self.lineage.update(node_id, val_accuracy=float(val_accuracy))
+        if self.best_val is None or val_accuracy > self.best_val:
+            self.best_val, self.best_val_node = float(val_accuracy), node_id
+            return True
+        return False
+
+    def set_progress(self, rounds_done: int, stall: int) -> None:
+        self.rounds_done, self.stall = int(rounds_done), int(stall)
+
+    def best(self) -> dict[str, Any] | None:
+        """The island's best admitted harness: highest held-out score, then search accuracy."""
+        adm = [n for n in self.lineage.admitted() if n.evaluated]
+        if not adm:
+            return None
+        n = max(adm, key=lambda n: (n.val_accuracy if n.val_accuracy is not None else -1.0, n.accuracy or 0.0))
+        return n.to_dict()
+
+    # --- speciation --------------------------------------------------------------------
+    def detach_subtree(self, node_id: str) -> list[dict[str, Any]]:
+        if node_id not in self.lineage:
+            raise ValueError(f"island {self.island} has no node {node_id!r} to speciate")
+        if self.lineage.node(node_id) in self.lineage.roots():
+            raise ValueError(f"node {node_id!r} is a root of island {self.island}; speciate a descendant")
+        moved = [n.to_dict() for n in self.lineage.detach_subtree(node_id)]
+        if self.best_val_node is not None and self.best_val_node not in self.lineage:
+            vals = [(n.val_accuracy, n.node_id) for n in self.lineage.admitted() if n.val_accuracy is not None]
+            self.best_val, self.best_val_node = max(vals) if vals else (None, None)
+        return moved
+
+    def adopt_subtree(self, nodes: list[dict[str, Any]]) -> None:
+        """Seed this (new) island with a moved subtree; its root becomes admitted here,
+        since the dominating lineage it was crowded out by stays behind."""
+        for i, d in enumerate(nodes):
+            n = LineageNode.from_dict(d)
+            if i == 0:
+                n.admitted = True
+                n.verdict_reason = f"admitted: speciated from island {d['island']}"
+            self.lineage.add(n)
+        for n in self.lineage.admitted():
+            if n.val_accuracy is not None and (self.best_val is None or n.val_accuracy > self.best_val):
+                self.best_val, self.best_val_node = n.val_accuracy, n.node_id
+
+    # --- summaries for the orchestrator --------------------------------------------------
+    def summary(self, recent: int = 5) -> dict[str, Any]:
+        children = [n for n in self.lineage if n.origin in ("mutation", "graft")]
+        last = children[-recent:]
+        return {
+            "island": self.island,
+            "stall": self.stall,
+            "rounds_done": self.rounds_done,
+            "best": self.best(),
+            "best_val": self.best_val,
+            "n_nodes": len(self.lineage),
+            "n_admitted": len(self.lineage.admitted()),
+            "recent": [
+                {"node_id": n.node_id, "admitted": n.admitted, "mutation": n.mutation, "reason": n.verdict_reason,
+                 "accuracy": n.accuracy, "mutator": n.mutator}
+                for n in last
+            ],
+            "admitted": [
+                {"node_id": n.node_id, "harness_id": n.harness_id, "accuracy": n.accuracy,
+                 "val_accuracy": n.val_accuracy, "behavior": dict(n.behavior), "fitness": n.fitness}
+                for n in self.lineage.admitted() if n.evaluated
+            ],
+            "nodes": [
+                {"node_id": n.node_id, "harness_id": n.harness_id, "accuracy": n.accuracy, "admitted": n.admitted,
+                 "behavior": dict(n.behavior), "fitness": n.fitness, "is_root": n.parent is None, "origin": n.origin}
+                for n in self.lineage if n.evaluated
+            ],
+        }
+
+    def render(self, *, memory: str = "lineage", mutator: str | None = None) -> str:
+        from milo_ray.milo.render import render_flat_archive, render_island
+
+        if memory == "flat":
+            return render_flat_archive(self.lineage)
+        return render_island(self.lineage, mutator=mutator, stall=self.stall, best_val=self.best_val)
+
+
+def _make_actor_class():
+    import ray
+
+    @ray.remote(num_cpus=0)
+    class IslandActor:
+        """Ray shell around :class:`Island`: one actor per island, explicit small calls."""
+
+        def __init__(self, island: int, eps: float, temperature: float) -> None:
+            self._island = Island(island, eps=eps, temperature=temperature)
+
+        def add_node(self, node: dict) -> None:
+            self._island.add_node(node)
+
+        def relabel(self, node_id: str, changes: dict) -> None:
+            self._island.relabel(node_id, changes)
+
+        def node(self, node_id: str) -> dict:
+            return self._island.node(node_id)
+
+        def nodes(self) -> list:
+            return self._island.nodes()
+
+        def find(self, key: str) -> str | None:
+            return self._island.find(key)
+
+        def judge(self, fitness: list) -> Verdict:
+            return self._island.judge(fitness)
+
+        def select_parent(self, seed: int, mode: str) -> str:
+            return self._island.select_parent(seed, mode)
+
+        def record_val(self, node_id: str, val_accuracy: float) -> bool:
+            return self._island.record_val(node_id, val_accuracy)
+
+        def set_progress(self, rounds_done: int, stall: int) -> None:
+            self._island.set_progress(rounds_done, stall)
+
+        def progress(self) -> tuple[int, int]:
+            return self._island.rounds_done, self._island.stall
+
+        def best(self) -> dict | None:
+            return self._island.best()
+
+        def detach_subtree(self, node_id: str) -> list:
+            return self._island.detach_subtree(node_id)
+
+        def adopt_subtree(self, nodes: list) -> None:
+            self._island.adopt_subtree(nodes)
+
+        def summary(self, recent: int) -> dict:
+            return self._island.summary(recent)
+
+        def render(self, memory: str, mutator: str | None) -> str:
+            return self._island.render(memory=memory, mutator=mutator)
+
+    return IslandActor
+
+
+_ACTOR_CLASS = None
+
+
+def island_actor_class():
+    """The Ray actor class (created lazily so importing this module never needs Ray)."""
+    global _ACTOR_CLASS
+    if _ACTOR_CLASS is None:
+        _ACTOR_CLASS = _make_actor_class()
+    return _ACTOR_CLASS

@@ -1,0 +1,166 @@
+"""The mutator pool G (papers/000 §4.1.2): mutator specs, the island -> mutator
+assignment m^(r), per-spec concurrency limits and the per-mutation time cap.
+
+Owns :class:`MutatorPool` (plain, unit-tested without Ray), :func:`run_mutation`
+(what one Ray task executes: build the mutator from its ``_target_`` spec and call
+``mutate``) and the async :class:`MutatorPoolActor` shell that runs mutations as Ray
+tasks. A mutator that times out, crashes or returns nothing yields a
+``MutationResult`` with ``error`` set — the loop records it as a rejected child.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from milo_ray.agents.protocols import MutationRequest, MutationResult
+
+
+def spec_names(specs: Sequence[Mapping[str, Any]]) -> list[str]:
+    """Stable, unique display names for specs: ``name`` if given, else the
+    ``personality``/``model`` field, else the class name; duplicates get ``#k``."""
+    out: list[str] = []
+    for i, s in enumerate(specs):
+        if "_target_" not in s:
+            raise ValueError(f"mutator spec #{i} has no _target_ (got keys {sorted(s)}); see conf/backend/*.yaml")
+        base = str(s.get("name") or s.get("personality") or s.get("model") or str(s["_target_"]).rsplit(".", 1)[-1])
+        name, k = base, 2
+        while name in out:
+            name, k = f"{base}#{k}", k + 1
+        out.append(name)
+    return out
+
+
+class MutatorPool:
+    """Specs by name, the assignment, and the limits the actor enforces."""
+
+    def __init__(self, specs: Sequence[Mapping[str, Any]], *, time_cap_s: float = 2700.0,
+                 max_concurrent: int | Mapping[str, int] = 8) -> None:
+        if not specs:
+            raise ValueError("mutator pool: no mutator specs (ctx.extras['agents']['mutators'] is empty)")
+        if time_cap_s <= 0:
+            raise ValueError(f"mutator pool: time_cap_s={time_cap_s} must be > 0")
+        names = spec_names(specs)
+        self.specs: dict[str, dict[str, Any]] = {n: dict(s) for n, s in zip(names, specs)}
+        self.names = names
+        self.time_cap_s = float(time_cap_s)
+        if isinstance(max_concurrent, Mapping):
+            self.limits = {n: int(max_concurrent.get(n, 8)) for n in names}
+        else:
+            self.limits = {n: int(max_concurrent) for n in names}
+        for n, lim in self.limits.items():
+            if lim < 1:
+                raise ValueError(f"mutator pool: concurrency limit of {n!r} is {lim}; must be >= 1")
+        self.assignment: dict[int, str] = {}
+
+    def spec(self, name: str) -> dict[str, Any]:
+        if name not in self.specs:
+            raise ValueError(f"mutator {name!r} is not in the pool {self.names}")
+        return dict(self.specs[name])
+
+    def assign_initial(self, islands: Sequence[int], rng: np.random.Generator, default: str | None = None) -> dict[int, str]:
+        """m^(1): ``default`` for every island if given, else uniform random from G."""
+        if default is not None:
+            self.spec(default)
+        for j in islands:
+            self.assignment[int(j)] = default if default is not None else self.names[int(rng.integers(len(self.names)))]
+        return dict(self.assignment)
+
+    def assign(self, island: int, name: str) -> None:
+        """Set m_j (initial assignment, Reassign, or a speciated island's mutator)."""
+        self.spec(name)
+        self.assignment[int(island)] = name
+
+    def mutator_for(self, island: int) -> str:
+        try:
+            return self.assignment[int(island)]
+        except KeyError:
+            raise ValueError(f"island {island} has no mutator assigned") from None
+
+
+def run_mutation(spec: dict[str, Any], request: MutationRequest) -> MutationResult:
+    """Build the mutator from its spec and run one mutation (body of a Ray task)."""
+    import hydra.utils
+
+    t0 = time.monotonic()
+    try:
+        mutator = hydra.utils.instantiate(spec, _convert_="all")
+        res = mutator.mutate(request)
+    except Exception as e:  # a crashing mutator is a rejected child, never a crashed run
+        return MutationResult(None, error=f"mutator crashed: {type(e).__name__}: {e}"[:500],
+                              seconds=time.monotonic() - t0)
+    if not isinstance(res, MutationResult):
+        return MutationResult(None, error=f"mutator returned {type(res).__name__}, not MutationResult",
+                              seconds=time.monotonic() - t0)
+    if res.child is None and not res.error:
+        # The protocol allows writing the child into the workdir instead of returning it.
+        path = request.workdir / "harness.py"
+        if path.exists():
+            from milo_ray.harness.model import Harness
+
+            try:
+                child = Harness.from_dir(request.workdir)
+                return MutationResult(child, report=res.report, input_tokens=res.input_tokens,
+                                      output_tokens=res.output_tokens, seconds=res.seconds)
+            except Exception as e:
+                return MutationResult(None, error=f"invalid output in workdir: {e}")
+        return MutationResult(None, report=res.report, error="mutator produced no child")
+    return res
+
+
+def _make_actor_class():
+    import ray
+
+    remote_mutation = ray.remote(max_retries=0)(run_mutation)
+
+    @ray.remote(num_cpus=0)
+    class MutatorPoolActor:
+        """Async Ray shell: holds the pool, runs each mutation as a Ray task under the
+        spec's concurrency limit and the time cap (timeout -> ``ray.cancel``)."""
+
+        def __init__(self, specs: list, time_cap_s: float, max_concurrent: Any, task_num_cpus: float) -> None:
+            self._pool = MutatorPool(specs, time_cap_s=time_cap_s, max_concurrent=max_concurrent)
+            self._sems = {n: asyncio.Semaphore(l) for n, l in self._pool.limits.items()}
+            self._num_cpus = float(task_num_cpus)
+
+        def names(self) -> list:
+            return list(self._pool.names)
+
+        def assignment(self) -> dict:
+            return dict(self._pool.assignment)
+
+        def assign(self, island: int, name: str) -> None:
+            self._pool.assign(island, name)
+
+        def mutator_for(self, island: int) -> str:
+            return self._pool.mutator_for(island)
+
+        async def mutate(self, name: str, request: MutationRequest) -> MutationResult:
+            spec = self._pool.spec(name)
+            async with self._sems[name]:
+                t0 = time.monotonic()
+                ref = remote_mutation.options(num_cpus=self._num_cpus).remote(spec, request)
+                try:
+                    return await asyncio.wait_for(asyncio.wrap_future(ref.future()), timeout=self._pool.time_cap_s)
+                except asyncio.TimeoutError:
+                    ray.cancel(ref, force=True)
+                    return MutationResult(None, error=f"mutation timed out after {self._pool.time_cap_s:g}s",
+                                          seconds=time.monotonic() - t0)
+                except Exception as e:  # worker died, task cancelled: the child is rejected
+                    return MutationResult(None, error=f"mutation task failed: {type(e).__name__}: {e}"[:500],
+                                          seconds=time.monotonic() - t0)
+
+    return MutatorPoolActor
+
+
+_ACTOR_CLASS = None
+
+
+def mutator_pool_actor_class():
+    global _ACTOR_CLASS
+    if _ACTOR_CLASS is None:
+        _ACTOR_CLASS = _make_actor_class()
+    return _ACTOR_CLASS
