@@ -21,7 +21,6 @@ evidence the candidate optimizer sees:
 
 from __future__ import annotations
 
-import math
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Sequence
@@ -171,15 +170,11 @@ def order_records(records: Sequence[ExperienceRecord], ordering: str, rng: np.ra
 
 
 def scale_sizes(n: int, fractions: Sequence[float]) -> list[int]:
-    """k = ⌈α·n⌉ per scale (at least 1 when n > 0)."""
-    if n <= 0:
-        return [0 for _ in fractions]
-    try:
-        from milo_ray.kernels.submodular import prefix_sizes
+    """k = ⌈α·n⌉ per scale, as the kernel defines them: strictly increasing, repeated
+    sizes kept once, the full pool always last (so tiny pools yield fewer scales)."""
+    from milo_ray.kernels.submodular import prefix_sizes
 
-        return [int(k) for k in prefix_sizes(n, list(fractions))]
-    except ImportError:  # the kernel is the reference; this is the same formula
-        return [max(1, min(n, math.ceil(a * n - 1e-9))) for a in fractions]
+    return [int(k) for k in prefix_sizes(n, list(fractions))]
 
 
 def evidence_sets(order: Sequence[str], fractions: Sequence[float], strategy: str,

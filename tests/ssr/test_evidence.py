@@ -83,14 +83,17 @@ def test_random_order_is_a_seeded_permutation():
     assert a == ev.order_records(recs, "random", np.random.default_rng(5))
 
 
-def test_rer_order_uses_the_submodular_kernel():
-    pytest.importorskip("milo_ray.kernels.submodular")
-    # two near-duplicate high-quality records and one distinct lower-quality record:
-    # coverage puts the distinct one before the duplicate
-    recs = _recs([0.9, 0.85, 0.5])
-    recs[1].embedding = np.array([1.0, 0.05, 0.0], dtype=np.float32) / np.linalg.norm([1.0, 0.05, 0.0])
-    order = ev.order_records(recs, "rer", np.random.default_rng(0))
-    assert order[0] == "t0" and order.index("t2") < order.index("t1")
+def test_rer_order_trades_quality_for_coverage():
+    # t0 and t1 are duplicates of high quality; t2 is distinct, a little lower in
+    # quality but more important: coverage ranks it before the duplicate.
+    recs = _recs([0.9, 0.9, 0.85])
+    recs[1].embedding = recs[0].embedding.copy()
+    recs[0].w = recs[1].w = 0.3
+    recs[2].w = 1.0
+    rer = ev.order_records(recs, "rer", np.random.default_rng(0))
+    quality = ev.order_records(recs, "quality_only", np.random.default_rng(0))
+    assert quality == ["t0", "t1", "t2"]
+    assert rer.index("t2") < rer.index("t1")
 
 
 ORDER = [f"t{i}" for i in range(10)]
