@@ -154,3 +154,74 @@ def format_table(rows: Sequence[dict[str, Any]]) -> str:
         lines.append(f"{r['fraction']:>7.0%} {r['rule']:>8} {r['batch']:>7d} {r['selected_quality']:>9.4f} "
                      f"{r['full_matrix_best']:>7.4f} {r['gap']:>7.4f} {r['executions']:>8.0f} {r['cost_fraction']:>6.1%}")
     return "\n".join(lines)
+
+
+def generate_surrogate_matrix(benchmark: Any, *, optimizer: Any, judge: Any, embedder: Any, workdir: Any,
+                              per_scale: int = 3, scales: Sequence[float] = (0.25, 0.5, 0.75, 1.0),
+                              audit_splits: Sequence[str] = ("val", "test"), rollouts: int = 2, seed: int = 0,
+                              parent: Any = None) -> RewardMatrix:
+    """Build the audit's fixed matrix on a benchmark (offline: the surrogate).
+
+    The parent (default: the first seed harness) runs once on every training task;
+    the judge, embedder and RER ordering give the nested prefixes; ``per_scale``
+    children per scale are independent optimizer edits (distinct derived seeds), as in
+    the paper's 12-candidate audit. Parent and children then run ``rollouts`` times on
+    every task of ``audit_splits`` (disjoint from the training evidence), executed
+    in this process by the benchmark's executor. Invalid or duplicate children are
+    dropped (their count is smaller than 12 then).
+    """
+    from pathlib import Path
+
+    from hydra.utils import instantiate
+
+    from milo_ray.agents.protocols import MutationRequest
+    from milo_ray.harness.diff import diff
+    from milo_ray.harness.validate import forbidden_fragments_for, validate
+    from milo_ray.ssr import evidence as ev
+    from milo_ray.ssr.store_io import derive_seed
+
+    executor = instantiate(benchmark.executor_config(), _convert_="all")
+    parent = parent or benchmark.seed_harnesses()[0]
+    train = benchmark.tasks("train")
+    results = [executor.execute(parent, t, 0, seed) for t in train]
+
+    class _Traces:  # judge_items reads traces from a store; here they are inline
+        def get_blob(self, ref):
+            raise KeyError(ref)
+
+    for r in results:
+        r.trace_ref = None
+    items = ev.judge_items(results, _Traces())
+    records = ev.judge_records(judge, items, round=0, harness_id=parent.harness_id)
+    ev.embed_records(records, embedder)
+    order = ev.order_records(records, "rer", np.random.default_rng(seed))
+    sets = ev.evidence_sets(order, scales, "rer", np.random.default_rng(seed))
+    by_task = {r.task_id: r for r in records}
+    root = Path(workdir)
+    parent_dir = parent.write_to(root / "parent")
+    all_tasks = [t for split in benchmark.splits().values() for t in split]
+    forbidden = forbidden_fragments_for(all_tasks)
+    children, sizes, seen = [], [], {parent.harness_id}
+    for s, tasks in enumerate(sets):
+        recs = [by_task[t] for t in tasks]
+        for j in range(per_scale):
+            cdir = root / f"candidate-{s}-{j}"
+            (cdir / "work").mkdir(parents=True, exist_ok=True)
+            (cdir / "evidence").mkdir(parents=True, exist_ok=True)
+            req = MutationRequest(parent=parent, parent_dir=parent_dir, evidence_dir=cdir / "evidence",
+                                  memory_markdown=ev.render_memory(recs, k=len(tasks), n=len(order)),
+                                  workdir=cdir / "work", seed=derive_seed(seed, "audit", s, j),
+                                  context={"records": [r.as_dict() for r in recs], "scale": len(tasks)})
+            child = optimizer.mutate(req).child
+            if child is None or child.harness_id in seen or not validate(child, forbidden_fragments=forbidden).ok:
+                continue
+            seen.add(child.harness_id)
+            children.append(child)
+            d = diff(parent, child)
+            sizes.append(d.added + d.deleted)
+    harnesses = [parent] + children
+    audit_tasks = [t for split in audit_splits for t in benchmark.tasks(split)]
+    R = np.array([[[executor.execute(h, t, i, seed).score for i in range(rollouts)] for t in audit_tasks]
+                  for h in harnesses])
+    return RewardMatrix(tuple(h.harness_id for h in harnesses), tuple(t.task_id for t in audit_tasks), R,
+                        (0,) + tuple(sizes))
