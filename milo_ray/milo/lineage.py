@@ -60,6 +60,7 @@ class LineageNode:
     diff_deleted: int = 0
     validation_error: str | None = None
     search_version: int = 0
+    source_ref: str | None = None
 
     def __post_init__(self) -> None:
         if self.origin not in ORIGINS:

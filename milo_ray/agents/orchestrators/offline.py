@@ -146,12 +146,18 @@ class OfflineOrchestrator:
         return (1 if d["reassign"] else 0) + len(d["recombine"]) + len(d["speciate"]) + (1 if d["curriculum"] else 0)
 
     def _looks_dry(self, me: dict[str, Any], parsed: list[dict[str, Any]]) -> tuple[bool, str]:
-        recent = parsed[-self.window:]
-        rejected = [p for p in recent if not p["admitted"]]
-        earlier_rejected = {p["mutation"] for p in parsed[:-len(recent) or None] if not p["admitted"]} if recent else set()
-        repeats = [p["mutation"] for p in recent if p["mutation"] in earlier_rejected]
+        recent_start = max(0, len(parsed) - self.window)
+        rejected_before: set[str] = set()
+        repeats = []
+        for i, p in enumerate(parsed):
+            if i >= recent_start and p["mutation"] in rejected_before:
+                repeats.append(p["mutation"])
+            if not p["admitted"]:
+                rejected_before.add(p["mutation"])
         if repeats:
-            return True, f"it repeats already-rejected edits ({repeats[0]!r})"
+            return True, f"it repeats an already-rejected edit ({repeats[0]!r})"
+        recent = parsed[recent_start:] or [{"admitted": r["admitted"]} for r in (me.get("recent") or [])[-self.window:]]
+        rejected = [p for p in recent if not p["admitted"]]
         if recent and len(rejected) * 2 > len(recent):
             return True, f"{len(rejected)} of its last {len(recent)} children were rejected"
         return False, "its recent children did not move the held-out score"

@@ -1,0 +1,113 @@
+"""MILO's method config (registered by the entry point as ``milo_schema``).
+
+Every field is read by :class:`milo_ray.milo.loop.MiloMethod`; defaults follow the
+paper (papers/000 §4, App. A.1). The A.5 ablation ladder is expressed with
+``mutator_mode``, ``memory``, ``parent_selection``, ``num_islands`` and
+``orchestrator`` (see ``conf/method/milo_A.yaml`` … ``milo_E.yaml``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+
+@dataclass
+class MiloConfig:
+    """MILO search settings.
+
+    num_islands: K, islands seeded by the K most behavior-dissimilar seeds; with K=1
+        every seed starts in the single population (the A.5 baselines).
+    patience: P, rounds without a new held-out best before the orchestrator is called.
+    temperature: T of the parent-selection softmax over eta.
+    eps: tolerance of the accuracy tie band in dominance.
+    k_search / k_val / k_test: rollouts per task on B_search, B_val, and the final test
+        evaluation (the leaderboard k).
+    token_cap / seconds_cap: per-task cost caps c_i of the fitness economy axes.
+    max_moves: most orchestrator moves per intervention.
+    island_concurrency: concurrent rollouts per island (scheduler group limit).
+    pool_size: use the first N mutator specs of the backend (all if fewer exist).
+    default_mutator: give every island this mutator initially (None: uniform random).
+    mutation_time_cap_s: cap of one mutation or graft (timeout -> rejected child).
+    mutator_concurrency: concurrent mutations per mutator spec.
+    mutation_num_cpus: CPUs reserved by each mutation's Ray task.
+    time_limit_s: the method's own wall-clock limit (the run's deadline also applies).
+    max_rounds: stop an island after this many rounds (None: until time or budget).
+    search_size / val_size: tasks in B_search / B_val drawn (with the run seed) from the
+        benchmark's search / val split (None: the whole split); the rest of the search
+        split is the pool a curriculum revision may draw from.
+    search_split / val_split / test_split: the benchmark's split names.
+    mutator_mode: "agentic" (the mutator reads the parent's evidence dir and the memory)
+        or "one_shot" (parent source and aggregate score only; passed to the mutator as
+        ``context['mode']``).
+    memory: "lineage" (indented tree with verdicts, diffs and the needle ranking) or
+        "flat" (admitted harnesses and scores only).
+    parent_selection: "softmax" (eta/T) or "best" (highest search accuracy).
+    orchestrator: call the orchestrator on stalls (False: stalls are only recorded).
+    round_sync: islands advance in lock-step rounds (fully reproducible) instead of
+        free-running (the paper; an island never waits for a slower one).
+    validate_timeout_s: timeout of a child's validation subprocess.
+    final_candidates: evaluate this many best harnesses (by held-out score, one per
+        island first) on the test split.
+    """
+
+    _target_: str = "milo_ray.milo.loop.MiloMethod"
+    num_islands: int = 3
+    patience: int = 3
+    temperature: float = 1.0
+    eps: float = 0.02
+    k_search: int = 3
+    k_val: int = 3
+    k_test: int = 5
+    token_cap: float = 20_000_000
+    seconds_cap: float = 7_200
+    max_moves: int = 2
+    island_concurrency: int = 8
+    pool_size: int = 6
+    default_mutator: Optional[str] = None
+    mutation_time_cap_s: float = 2_700
+    mutator_concurrency: int = 8
+    mutation_num_cpus: float = 0.25
+    time_limit_s: Optional[float] = 72 * 3600
+    max_rounds: Optional[int] = None
+    search_size: Optional[int] = None
+    val_size: Optional[int] = None
+    search_split: str = "search"
+    val_split: str = "val"
+    test_split: str = "test"
+    mutator_mode: str = "agentic"
+    memory: str = "lineage"
+    parent_selection: str = "softmax"
+    orchestrator: bool = True
+    round_sync: bool = False
+    validate_timeout_s: float = 60.0
+    final_candidates: int = 1
+
+    def check(self) -> None:
+        """Reject values the loop cannot honour, naming the field."""
+        def bad(field: str, why: str) -> None:
+            raise ValueError(f"method.{field}={getattr(self, field)!r}: {why}")
+
+        for f in ("num_islands", "patience", "k_search", "k_val", "k_test", "island_concurrency", "pool_size",
+                  "mutator_concurrency", "final_candidates"):
+            if int(getattr(self, f)) < 1:
+                bad(f, "must be >= 1")
+        if self.max_moves < 0:
+            bad("max_moves", "must be >= 0")
+        if self.temperature <= 0:
+            bad("temperature", "must be > 0")
+        if not 0 <= self.eps < 1:
+            bad("eps", "must be in [0, 1)")
+        if self.token_cap <= 0 or self.seconds_cap <= 0:
+            bad("token_cap" if self.token_cap <= 0 else "seconds_cap", "must be > 0")
+        if self.mutator_mode not in ("agentic", "one_shot"):
+            bad("mutator_mode", "expected 'agentic' or 'one_shot'")
+        if self.memory not in ("lineage", "flat"):
+            bad("memory", "expected 'lineage' or 'flat'")
+        if self.parent_selection not in ("softmax", "best"):
+            bad("parent_selection", "expected 'softmax' or 'best'")
+        if self.max_rounds is not None and self.max_rounds < 0:
+            bad("max_rounds", "must be >= 0 or null")
+        for f in ("search_size", "val_size"):
+            if getattr(self, f) is not None and getattr(self, f) < 1:
+                bad(f, "must be >= 1 or null")

@@ -1,0 +1,198 @@
+"""Driving MILO's orchestrator (papers/000 §4.1.3, Eq. 5–6): build what it sees,
+ask it for a decision, validate it, and carry the moves out.
+
+Owns :func:`intervene` (one stall -> diagnosis -> ≤ ``max_moves`` moves) and
+:func:`apply_decision`. The orchestrator agent (offline rules or an LLM, behind the
+``Orchestrator`` protocol) only decides; everything here is the loop applying the
+decision mechanically, except Graft, whose child faces normal admission. Each
+diagnosis, move and completion is an ``events`` row, so an intervention interrupted
+by a crash is completed on resume from its stored decision.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from milo_ray.agents.orchestrators.schema import DecisionError, validate_decision
+from milo_ray.agents.protocols import MutationRequest, MutationResult
+from milo_ray.kernels.pareto import task_regret
+from milo_ray.milo.determinism import derive_seed
+from milo_ray.milo.evaluate import dumps, write_evidence
+from milo_ray.milo.render import render_population
+
+if TYPE_CHECKING:
+    from milo_ray.milo.loop import MiloRun
+
+
+async def population_regret(run: "MiloRun") -> dict[str, float]:
+    """rho(tau) over every admitted harness H+ on the current B_search."""
+    rows = []
+    for j in sorted(run.islands):
+        for n in (await run.islands[j].summary.remote(5))["admitted"]:
+            if all(t in n["behavior"] for t in run.search_tasks):
+                rows.append([n["behavior"][t] for t in run.search_tasks])
+    if not rows:
+        return {t: 0.0 for t in run.search_tasks}
+    rho = task_regret(np.array(rows))
+    return {t: float(x) for t, x in zip(run.search_tasks, rho)}
+
+
+async def build_inputs(run: "MiloRun", trigger: int | None) -> tuple[str, dict[str, Any]]:
+    """The population snapshot markdown and the structured state the orchestrator reads."""
+    summaries = {j: await run.islands[j].summary.remote(5) for j in sorted(run.islands)}
+    trees = {j: await run.islands[j].render.remote("lineage", run.assignment.get(j)) for j in sorted(run.islands)}
+    regret = await population_regret(run)
+    md = render_population([(j, summaries[j], trees[j]) for j in sorted(run.islands)], assignment=run.assignment,
+                           pool=run.pool_plain.names, regret=regret, search_tasks=run.search_tasks, trigger=trigger,
+                           curriculum_version=run.version)
+    state = {
+        "trigger": trigger,
+        "islands": [summaries[j] for j in sorted(run.islands)],
+        "assignment": {str(j): m for j, m in run.assignment.items()},
+        "pool": list(run.pool_plain.names),
+        "search_tasks": list(run.search_tasks),
+        "task_pool": list(run.task_pool),
+        "regret": regret,
+        "max_moves": run.cfg.max_moves,
+        "patience": run.cfg.patience,
+        "mutator_stats": {m: dict(s) for m, s in run.mutator_stats.items()},
+        "next_island": max(run.islands) + 1,
+    }
+    return md, state
+
+
+async def intervene(run: "MiloRun", j: int) -> None:
+    """Island j stalled (stall_j >= P): diagnose and apply at most ``max_moves`` moves."""
+    r = run.progress[j][0]
+    did = f"d{j}-{r}"
+    md, state = await build_inputs(run, j)
+    odir = run.run_dir / "orchestrator" / did
+    odir.mkdir(parents=True, exist_ok=True)
+    (odir / "snapshot.md").write_text(md)
+    seed = derive_seed(run.ctx.seed, "orchestrate", j, r)
+    orch = run.orchestrator()
+    try:
+        raw = await asyncio.wait_for(asyncio.to_thread(orch.decide, md, state, seed), timeout=run.cfg.mutation_time_cap_s)
+    except Exception as e:  # a failing orchestrator call skips this intervention, never the run
+        raw = {"error": f"{type(e).__name__}: {e}"}
+    (odir / "decision.json").write_text(dumps(raw))
+    owners = {s["island"]: [n["node_id"] for n in s["nodes"]] + [n["harness_id"] for n in s["nodes"]]
+              for s in state["islands"]}
+    try:
+        d = validate_decision(raw, islands=run.islands.keys(), mutators=run.pool_plain.names,
+                              max_moves=run.cfg.max_moves, harnesses=owners, tasks=run.task_pool,
+                              assignment=run.assignment)
+    except DecisionError as e:
+        await run.emit("milo.decision_invalid", {"decision_id": did, "trigger": j, "error": str(e), "raw": raw},
+                       island=j, round=r)
+        await run.emit("milo.progress", {"island": j, "rounds_done": r, "stall": 0}, island=j, round=r)
+        return
+    await run.emit("milo.decision", {"decision_id": did, "trigger": j, "round": r, "decision": d}, island=j, round=r)
+    await apply_decision(run, did, j, r, d)
+
+
+def moves_of(d: dict[str, Any]) -> list[tuple[str, Any]]:
+    """The decision's moves in application order (reassign first: it is instantaneous)."""
+    out: list[tuple[str, Any]] = []
+    if d.get("reassign"):
+        out.append(("reassign", d["reassign"]))
+    out += [("speciate", m) for m in d.get("speciate") or []]
+    out += [("recombine", m) for m in d.get("recombine") or []]
+    if d.get("curriculum"):
+        out.append(("curriculum", d["curriculum"]))
+    return out
+
+
+async def apply_decision(run: "MiloRun", did: str, trigger: int, r: int, d: dict[str, Any]) -> None:
+    done = run.moves_done.get(did, set())
+    for i, (kind, m) in enumerate(moves_of(d)):
+        if i in done or run.stop:
+            continue
+        if kind == "reassign":
+            for a in m:
+                await run.emit("milo.reassign", {"island": a["island"], "mutator": a["mutator"], "decision_id": did},
+                               island=a["island"], round=r)
+        elif kind == "speciate":
+            await speciate(run, did, i, m, r)
+        elif kind == "recombine":
+            await graft(run, did, i, m)
+        elif kind == "curriculum":
+            await curriculum(run, did, m["tasks"], r)
+        await run.emit("milo.move_done", {"decision_id": did, "index": i, "kind": kind}, island=trigger, round=r)
+    if run.stop:
+        return
+    # The intervention gets P fresh rounds to show an effect before the next call.
+    await run.emit("milo.progress", {"island": trigger, "rounds_done": run.progress[trigger][0], "stall": 0},
+                   island=trigger, round=r)
+    await run.emit("milo.intervention_done", {"decision_id": did}, island=trigger, round=r)
+
+
+async def speciate(run: "MiloRun", did: str, i: int, m: dict[str, Any], r: int) -> None:
+    src = int(m["from_island"])
+    node_id = await run.islands[src].find.remote(m["harness_id"])
+    node = await run.islands[src].node.remote(node_id) if node_id else None
+    if node is None or node.get("parent") is None:
+        # Speciating a root would empty its island: record the skipped move and go on.
+        run.store.event("milo.move_failed", {"decision_id": did, "index": i,
+                                             "error": f"{m['harness_id']!r} is missing or a root of island {src}"},
+                        island=src)
+        return
+    new = max(run.islands) + 1
+    await run.emit("milo.island", {"island": new, "from_island": src, "node_id": node_id, "mutator": m["mutator"],
+                                   "decision_id": did}, island=new, round=r)
+    root = run.node_index[node_id][1]
+    if root.get("val_accuracy") is None:
+        await run.heldout(new, root, round=0)
+    run.spawn(new)
+
+
+async def graft(run: "MiloRun", did: str, i: int, m: dict[str, Any]) -> None:
+    dst, donor = int(m["dest_island"]), int(m["donor_island"])
+    a, b = await run.islands[dst].best.remote(), await run.islands[donor].best.remote()
+    if a is None or b is None:
+        return
+    r = run.progress[dst][0]
+    wd = run.run_dir / "work" / "graft" / f"{did}-{i}"
+    wd.mkdir(parents=True, exist_ok=True)
+    req = MutationRequest(
+        parent=run.harness(a), parent_dir=Path(a["harness_path"]).parent,
+        evidence_dir=Path(a["evidence_path"]) if a.get("evidence_path") else wd, memory_markdown="", workdir=wd,
+        seed=derive_seed(run.ctx.seed, "graft", did, i),
+        context={"mode": "graft", "co_parent_source": run.harness(b).source, "co_parent_dir": str(Path(b["harness_path"]).parent),
+                 "donor_island": donor, "dest_island": dst, "diagnosis": run.decisions[did]["decision"]["diagnosis"],
+                 "why": m.get("why", "")},
+    )
+    orch = run.orchestrator()
+    try:
+        res = await asyncio.wait_for(asyncio.to_thread(orch.graft, req), timeout=run.cfg.mutation_time_cap_s)
+    except Exception as e:
+        res = MutationResult(None, error=f"graft failed: {type(e).__name__}: {e}")
+    d = await run.child(dst, r, node_id=f"{did}-g{i}", parent=a, res=res, origin="graft", mutator="orchestrator",
+                        co_parent=b["node_id"])
+    if d["admitted"]:
+        await run.heldout(dst, d, round=r)
+
+
+async def curriculum(run: "MiloRun", did: str, tasks: list[str], r: int) -> None:
+    """Replace B_search and re-fit every admitted harness on it (cached rollouts reused)."""
+    async with run.lock:
+        if list(tasks) != run.search_tasks:
+            await run.emit("milo.curriculum", {"version": run.version + 1, "tasks": list(tasks), "decision_id": did},
+                           round=r)
+        run.sched.add_tasks(run.tasks_of(run.search_tasks))
+        for j in sorted(run.islands):
+            for n in (await run.islands[j].summary.remote(5))["admitted"]:
+                node = run.node_index[n["node_id"]][1]
+                if node.get("search_version") == run.version:
+                    continue
+                h = run.harness(node)
+                ev = await run.eval_search(h, island=j, round=r)
+                write_evidence(run.run_dir, h, ev.results, run.tasks_of(run.search_tasks), run.store)
+                changes = {"accuracy": ev.accuracy, "costs": ev.costs, "behavior": ev.behavior, "fitness": ev.fitness,
+                           "search_version": run.version}
+                await run.emit("milo.refit", {"island": j, "node_id": n["node_id"], "changes": changes},
+                               island=j, round=r, harness_id=node["harness_id"])
