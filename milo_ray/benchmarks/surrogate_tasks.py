@@ -1,0 +1,163 @@
+"""Surrogate benchmark presets and synthetic task generation (a SIMULATOR).
+
+A surrogate task is a latent description, not a real environment: difficulty, a
+failure-mode propensity vector over ``FAILURE_MODES``, a hidden-test count, a time
+and token cap, nominal output tokens/seconds, and a synthetic instruction text
+distinct per task. The presets mirror the split sizes of the papers' benchmarks:
+
+* ``surrogate_swepro`` — SWE-Pro-V as in SSR: train/val/test 80/20/100 (disjoint).
+* ``surrogate_deepswe`` — DeepSWE as in SSR: train/val/test 50/13/50 (113 tasks).
+* ``surrogate_tb21`` — Terminal-Bench 2.1, 89 tasks: ``search`` = a fixed seeded subset
+  of 40 tasks (MILO's B_search), ``val`` = 20 further tasks held out from search (the
+  held-out monitor), ``test`` = all 89 tasks, because the paper reports the full
+  benchmark. A test task shares its task_id (and cached rollouts) with its copy in
+  search/val.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from milo_ray.execution.types import Task
+from milo_ray.harness.mechanisms import FAILURE_MODES
+
+M = len(FAILURE_MODES)
+
+
+@dataclass(frozen=True)
+class Preset:
+    """Everything that distinguishes one simulated benchmark.
+
+    target_resolve: resolve rate of the best seed on ``test`` the calibration solves for.
+    effect_scale: multiplies every mechanism effect (sets the gap to the reachable
+    optimum; tuned with scripts/calibrate_surrogate.py).
+    mode_prior: mean failure-mode propensities; tasks draw Dirichlet(concentration*prior).
+    """
+
+    name: str
+    splits: dict[str, int]
+    n_tasks: int
+    target_resolve: float
+    effect_scale: float
+    mode_prior: tuple[float, ...]
+    time_caps_s: tuple[float, ...]
+    tests_range: tuple[int, int]
+    tokens_median: float
+    input_output_ratio: float = 8.0
+    token_cap: int = 20_000_000
+    concentration: float = 4.0
+    difficulty_sd: float = 1.0
+    full_test: bool = False  # test = every task (Terminal-Bench) instead of a disjoint split
+    seed_names: tuple[str, ...] = ("minimal", "stock", "division_of_labor", "plan_and_solve", "reproduce_first")
+    extra: dict = field(default_factory=dict)
+
+
+PRESETS: dict[str, Preset] = {
+    "surrogate_swepro": Preset(
+        "surrogate_swepro", {"train": 80, "val": 20, "test": 100}, 200, target_resolve=0.577, effect_scale=0.7,
+        mode_prior=(0.20, 0.10, 0.30, 0.20, 0.12, 0.08), time_caps_s=(3600.0,), tests_range=(3, 25),
+        tokens_median=45_000.0,
+    ),
+    "surrogate_deepswe": Preset(
+        "surrogate_deepswe", {"train": 50, "val": 13, "test": 50}, 113, target_resolve=0.59, effect_scale=0.75,
+        mode_prior=(0.15, 0.25, 0.20, 0.12, 0.20, 0.08), time_caps_s=(5400.0,), tests_range=(5, 40),
+        tokens_median=90_000.0,
+    ),
+    "surrogate_tb21": Preset(
+        "surrogate_tb21", {"search": 40, "val": 20, "test": 89}, 89, target_resolve=0.741, effect_scale=1.0,
+        mode_prior=(0.25, 0.25, 0.20, 0.15, 0.08, 0.07), time_caps_s=(900.0, 1800.0, 3600.0, 7200.0, 10800.0),
+        tests_range=(2, 20), tokens_median=60_000.0, full_test=True,
+    ),
+}
+
+
+def get_preset(name: str) -> Preset:
+    try:
+        return PRESETS[name]
+    except KeyError:
+        raise ValueError(f"surrogate preset {name!r}: unknown; choose one of {sorted(PRESETS)}") from None
+
+
+def preset_rng(preset: str, seed: int, purpose: str) -> np.random.Generator:
+    """A Generator for (preset, seed, purpose): independent streams, stable across runs."""
+    digest = hashlib.sha256(f"{preset}|{purpose}".encode()).digest()
+    return np.random.default_rng([int(seed), int.from_bytes(digest[:8], "little")])
+
+
+_VERBS = ("Fix", "Implement", "Repair", "Extend", "Configure", "Port", "Harden", "Refactor", "Restore", "Build")
+_OBJECTS = (
+    "the CSV export in {mod}", "pagination of the {mod} REST endpoint", "the {mod} cache invalidation",
+    "a systemd-style service for {mod}", "unicode handling in {mod}", "the retry policy of {mod}",
+    "the build of the {mod} C extension", "timezone parsing in {mod}", "the {mod} migration script",
+    "log rotation for {mod}", "the {mod} dependency resolver", "concurrent writes in {mod}",
+)
+_CONSTRAINTS = (
+    "without changing the public API", "so that it runs on port {port}", "keeping memory under {mb} MB",
+    "while preserving backward compatibility with v{ver}", "so that {n} hidden tests pass",
+    "using only the standard library", "within {sec} seconds per request",
+)
+_MODULES = ("ledger", "atlas", "quill", "harbor", "sprocket", "lumen", "cobalt", "pylon", "mosaic", "tundra",
+            "ember", "vertex", "basalt", "orchid", "relay", "summit")
+
+
+def _instruction(rng: np.random.Generator, i: int, n_tests: int) -> str:
+    mod = f"{_MODULES[rng.integers(len(_MODULES))]}_{i:03d}"
+    obj = _OBJECTS[rng.integers(len(_OBJECTS))].format(mod=mod)
+    con = _CONSTRAINTS[rng.integers(len(_CONSTRAINTS))].format(
+        port=int(rng.integers(1024, 65000)), mb=int(rng.integers(64, 2048)), ver=int(rng.integers(1, 9)),
+        n=n_tests, sec=int(rng.integers(1, 30)))
+    path = f"/app/{mod}/"
+    return (f"{_VERBS[rng.integers(len(_VERBS))]} {obj} {con}. The project lives in {path}; "
+            f"the grader runs hidden tests against the final state of the environment.")
+
+
+def generate_tasks(preset: Preset, seed: int) -> list[Task]:
+    """The preset's task pool (no splits assigned yet: ``split=''``), deterministic in seed.
+
+    Metadata (read by the surrogate executor only): difficulty, propensity (list over
+    FAILURE_MODES), n_tests, tokens (nominal output tokens), seconds (nominal agent seconds).
+    """
+    rng = preset_rng(preset.name, seed, "tasks")
+    prior = np.asarray(preset.mode_prior, dtype=float)
+    prior = prior / prior.sum()
+    tasks = []
+    for i in range(preset.n_tasks):
+        difficulty = float(rng.normal(0.0, preset.difficulty_sd))
+        propensity = rng.dirichlet(preset.concentration * prior * M)
+        lo, hi = preset.tests_range
+        n_tests = int(rng.integers(lo, hi + 1))
+        cap = float(preset.time_caps_s[rng.integers(len(preset.time_caps_s))])
+        seconds = float(cap * rng.uniform(0.15, 0.45) * np.exp(0.25 * difficulty))
+        tokens = float(preset.tokens_median * rng.lognormal(0.0, 0.5) * np.exp(0.3 * difficulty))
+        tasks.append(Task(
+            task_id=f"{preset.name.removeprefix('surrogate_')}-{i:03d}",
+            split="",
+            instruction=_instruction(rng, i, n_tests),
+            time_cap_s=cap,
+            token_cap=preset.token_cap,
+            metadata={"difficulty": difficulty, "propensity": [float(p) for p in propensity],
+                      "n_tests": n_tests, "tokens": tokens, "seconds": seconds},
+        ))
+    return tasks
+
+
+def assign_splits(preset: Preset, tasks: list[Task], seed: int) -> dict[str, list[Task]]:
+    """Seeded split assignment; with ``full_test`` the test split is the whole pool."""
+    rng = preset_rng(preset.name, seed, "splits")
+    order = rng.permutation(len(tasks))
+    out: dict[str, list[Task]] = {}
+    at = 0
+    for name, size in preset.splits.items():
+        if preset.full_test and name == "test":
+            out[name] = [dataclasses.replace(t, split="test") for t in tasks]
+            continue
+        idx = sorted(order[at: at + size])
+        at += size
+        out[name] = [dataclasses.replace(tasks[i], split=name) for i in idx]
+    if at > len(tasks):
+        raise ValueError(f"preset {preset.name}: splits {preset.splits} need {at} tasks, pool has {len(tasks)}")
+    return out
