@@ -8,14 +8,20 @@ canonical (sorted keys): equal dicts dedupe; tuples come back as lists.
 
 On disk: ``<root>/blobs/<ab>/<sha>.zst`` written temp-then-rename, so a blob file
 either is complete or does not exist, and re-writing an existing ref is a no-op.
+Durability is batched (``BlobDir.sync``).
 """
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
+import functools
 import hashlib
 import json
 import os
 import re
+import sys
+import threading
 import uuid
 from pathlib import Path
 from typing import Any
@@ -93,10 +99,20 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
 
 
 class BlobDir:
-    """``<root>/blobs`` on a local filesystem."""
+    """``<root>/blobs`` on a local filesystem.
+
+    Blob files appear atomically (temp-then-rename) but are not fsynced one by one
+    (an fsync costs ~0.5 ms, more than the rest of a rollout append): ``sync()``
+    makes every blob written so far durable in one call, and the Parquet store runs
+    it before each part file, so a row never becomes durable before the blob it
+    references. A killed process loses nothing either way (the page cache survives
+    it); ``sync`` only matters for power loss or a kernel crash.
+    """
 
     def __init__(self, root: Path):
         self.root = Path(root) / "blobs"
+        self._unsynced: set[Path] = set()
+        self._lock = threading.Lock()
 
     def path(self, ref: str) -> Path:
         return self.root / ref[:2] / f"{ref}.zst"
@@ -106,10 +122,59 @@ class BlobDir:
         if path.exists():  # content-addressed: an existing file already holds these bytes
             return
         path.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write_bytes(path, compressed)
+        tmp = path.parent / f".{path.name}.{uuid.uuid4().hex[:8]}.tmp"
+        try:
+            tmp.write_bytes(compressed)
+            os.replace(tmp, path)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
+        with self._lock:
+            self._unsynced.add(path)
+
+    def sync(self) -> None:
+        """Make every blob written by this object durable."""
+        with self._lock:
+            pending, self._unsynced = self._unsynced, set()
+        if not pending:
+            return
+        if _syncfs(self.root):
+            return
+        for path in pending:
+            fd = os.open(path, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        for d in {p.parent for p in pending} | {self.root}:
+            fsync_dir(d)
 
     def read(self, ref: str) -> bytes:
         try:
             return self.path(check_ref(ref)).read_bytes()
         except FileNotFoundError:
             raise KeyError(f"no blob {ref} under {self.root}") from None
+
+
+def _syncfs(path: Path) -> bool:
+    """One ``syncfs(2)`` for the filesystem holding ``path`` (Linux); False if unavailable."""
+    libc = _libc()
+    if libc is None:
+        return False
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        return libc.syncfs(fd) == 0
+    finally:
+        os.close(fd)
+
+
+@functools.lru_cache(maxsize=1)
+def _libc():
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+        libc.syncfs  # noqa: B018  (absent on very old glibc)
+        return libc
+    except (OSError, AttributeError):
+        return None

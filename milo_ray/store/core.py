@@ -207,9 +207,11 @@ class StoreCore:
 
     def close(self) -> None:
         with self._lock:
-            if not self._closed and not self.read_only:
-                self.flush()
-            self._closed = True
+            try:
+                if not self._closed and not self.read_only:
+                    self.flush()
+            finally:
+                self._closed = True
 
     @property
     def closed(self) -> bool:

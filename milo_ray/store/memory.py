@@ -28,8 +28,10 @@ class MemoryRunStore(StoreCore):
 
     def _scan(self, table: str, filter: pc.Expression | None = None) -> pa.Table:
         with self._lock:
-            parts = list(self._tables[table])
-        data = pa.concat_tables([schema.empty_table(table), *parts])
+            parts = self._tables[table]
+            if len(parts) > 1:  # many one-row appends: merge once so later reads stay fast
+                self._tables[table] = parts = [pa.concat_tables(parts).combine_chunks()]
+        data = parts[0] if parts else schema.empty_table(table)
         if filter is not None:
             data = data.filter(filter)
         return data

@@ -35,6 +35,7 @@ Readers (``open_run``) take no lock and write nothing.
 
 from __future__ import annotations
 
+import atexit
 import json
 import logging
 import os
@@ -120,6 +121,7 @@ class ParquetRunStore(StoreCore):
         self._stop = threading.Event()
         if not read_only:
             self._recover()
+            _OPEN_WRITERS.add(self)
         self._file_seq = {t: self._max_part_seq(t) + 1 for t in schema.SCHEMAS}
         self._completed = self._load_completed()
         seqs = self._scan("events").column("seq")
@@ -218,6 +220,7 @@ class ParquetRunStore(StoreCore):
         seq = self._file_seq[table]
         self._file_seq[table] = seq + 1
         name = f"part-{seq:08d}-{uuid.uuid4().hex[:12]}.parquet"
+        self._blobs.sync()  # blobs referenced by these rows become durable first
         meta = dict(schema.SCHEMAS[table].metadata)
         if replaces:
             meta[META_REPLACES] = json.dumps(replaces).encode()
@@ -291,7 +294,10 @@ class ParquetRunStore(StoreCore):
         pieces = []
         if files:
             pieces.append(ds.dataset(files, schema=sch, format="parquet").to_table(filter=filter, columns=columns))
-        for b in buffered:
+        if buffered:
+            b = pa.concat_tables(buffered).combine_chunks()
+            if len(buffered) > 1:  # many one-row appends: merge once so later reads stay fast
+                buffered[:] = [b]
             b = b if filter is None else b.filter(filter)
             pieces.append(b if columns is None else b.select(columns))
         if not pieces:
@@ -328,6 +334,7 @@ class ParquetRunStore(StoreCore):
                 return
             for table in schema.SCHEMAS:
                 self._flush_table(table)
+            self._blobs.sync()  # blobs stored without rows (harness sources) too
 
     def _flush_stale(self) -> None:
         with self._lock:
@@ -364,6 +371,15 @@ class ParquetRunStore(StoreCore):
         if t is not None and t is not threading.current_thread():
             t.join(timeout=5)
 
+    def __del__(self) -> None:
+        # A writer dropped without close() still lands its buffered rows and frees the
+        # run for the next writer (the flusher holds only a weak reference).
+        try:
+            if not self._closed:
+                self.close()
+        except Exception:
+            pass
+
     def _start_flusher(self) -> None:
         interval = max(0.01, min(1.0, self.flush_seconds / 4))  # type: ignore[operator]
         self._flusher = threading.Thread(
@@ -371,6 +387,19 @@ class ParquetRunStore(StoreCore):
             name=f"store-flusher-{self.run_id}", daemon=True,
         )
         self._flusher.start()
+
+
+_OPEN_WRITERS: "weakref.WeakSet[ParquetRunStore]" = weakref.WeakSet()
+
+
+@atexit.register
+def _close_open_writers() -> None:
+    # A driver that exits normally without closing its store still flushes the buffers.
+    for store in list(_OPEN_WRITERS):
+        try:
+            store.close()
+        except Exception:
+            log.exception("closing run store %s at exit failed", getattr(store, "run_id", "?"))
 
 
 def _flusher_loop(ref: "weakref.ref[ParquetRunStore]", stop: threading.Event, interval: float) -> None:

@@ -4,6 +4,8 @@ safety, one writer, readers, schema evolution."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import time
 
 import duckdb
@@ -197,3 +199,43 @@ def test_blob_files_are_content_addressed_zstd(store):
     mtime = path.stat().st_mtime_ns
     assert store.put_blob({"trajectory": {"steps": []}}) == ref
     assert path.stat().st_mtime_ns == mtime  # idempotent: not rewritten
+
+
+def test_a_dropped_writer_flushes_and_frees_the_run(tmp_path):
+    store = ParquetRunStore(tmp_path / "run", flush_rows=1000, flush_seconds=None)
+    store.append_rollouts([make_result(0)])
+    del store  # no close(): garbage collection closes it
+    with ParquetRunStore(tmp_path / "run") as again:
+        assert again.read("rollouts").num_rows == 1
+
+
+def test_a_writer_exiting_without_close_keeps_its_rows(tmp_path):
+    code = (
+        "import sys\n"
+        "from milo_ray.store import ParquetRunStore\n"
+        "store = ParquetRunStore(sys.argv[1], flush_rows=1000, flush_seconds=None)\n"
+        "store.event('only-in-buffer')\n"
+    )
+    subprocess.run([sys.executable, "-c", code, str(tmp_path / "run")], check=True)
+    assert open_run(tmp_path / "run").read("events")["kind"].to_pylist() == ["only-in-buffer"]
+
+
+@pytest.mark.parametrize("syncfs_available", [True, False])
+def test_blobs_are_made_durable_before_the_rows_that_reference_them(store, monkeypatch, syncfs_available):
+    from milo_ray.store import blobs
+
+    if not syncfs_available:
+        monkeypatch.setattr(blobs, "_syncfs", lambda path: False)  # per-file fsync fallback
+    real_sync = store._blobs.sync
+    seen = []
+
+    def sync():
+        seen.append((len(store._blobs._unsynced), len(parts(store.root, "rollouts"))))
+        real_sync()
+
+    monkeypatch.setattr(store._blobs, "sync", sync)
+    store.append_rollouts([make_result(i) for i in range(3)])
+    store.flush()
+    assert seen[0] == (3, 0)  # three blobs synced while no rollouts part existed yet
+    assert not store._blobs._unsynced
+    assert len(parts(store.root, "rollouts")) == 1
