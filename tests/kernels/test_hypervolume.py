@@ -1,0 +1,146 @@
+"""Hypervolume kernels against closed forms, the general path and moocore (MILO §4.2)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+moocore = pytest.importorskip("moocore")
+
+from milo_ray.kernels.hypervolume import (  # noqa: E402
+    _contrib3_grid,
+    _hv_general,
+    _leave_one_out,
+    delta_hv,
+    hv_contributions,
+    hypervolume,
+)
+
+REL = 1e-12
+
+
+def _front(rng, n, d):
+    """Mutually non-dominated points on the positive unit sphere."""
+    x = np.abs(rng.normal(size=(n, d)))
+    return x / np.linalg.norm(x, axis=1, keepdims=True)
+
+
+def _cases(rng, d, count=12):
+    """Fronts, uniform clouds (mostly dominated) and coarse grids (ties and duplicates)."""
+    for t in range(count):
+        n = int(rng.integers(1, 40))
+        if t % 3 == 0:
+            yield _front(rng, n, d)
+        elif t % 3 == 1:
+            yield rng.random((n, d))
+        else:
+            yield np.round(rng.random((n, d)) * 4) / 4
+
+
+def _moocore_hv(P, ref):
+    return moocore.hypervolume(P, ref=ref, maximise=True)
+
+
+def test_two_d_staircase_closed_form():
+    assert hypervolume([[1, 3], [2, 2], [3, 1]]) == 6.0
+    assert hypervolume([[1, 3], [2, 2], [3, 1]], ref=[1, 1]) == 1.0  # only (2, 2) is strictly above ref
+    assert hypervolume([[1, 3], [2, 2], [3, 1]], ref=[0.5, 0.5]) == 3.25
+
+
+def test_three_d_closed_form_volume_and_contributions():
+    P = [[2, 1, 1], [1, 2, 1], [1, 1, 2]]
+    assert hypervolume(P) == 4.0  # 3 * 2 - 3 * 1 + 1 (inclusion-exclusion)
+    np.testing.assert_array_equal(hv_contributions(P), [1.0, 1.0, 1.0])
+    assert hypervolume([[1, 1, 1]], ref=[-1, -1, -1]) == 8.0
+
+
+def test_points_not_strictly_above_ref_contribute_nothing():
+    assert hypervolume([[1.0, 0.0, 5.0]]) == 0.0
+    assert hypervolume([[2, 2], [3, 0]]) == 4.0
+    np.testing.assert_array_equal(hv_contributions([[2, 2], [3, 0]]), [4.0, 0.0])
+    assert delta_hv([[1, 1]], [5, 0]) == 0.0
+
+
+def test_empty_inputs_give_zero():
+    assert hypervolume(np.empty((0, 3))) == 0.0
+    assert hv_contributions(np.empty((0, 2))).shape == (0,)
+    assert delta_hv(np.empty((0, 2)), [2.0, 3.0]) == 6.0
+
+
+def test_one_dimension_is_the_largest_coordinate():
+    assert hypervolume([[0.25], [0.75]]) == 0.75
+
+
+@pytest.mark.parametrize("d", [2, 3, 4, 5])
+def test_hypervolume_matches_moocore(d):
+    rng = np.random.default_rng(100 + d)
+    for P in _cases(rng, d, count=15 if d < 5 else 8):
+        ref = np.zeros(d) if rng.random() < 0.5 else -rng.random(d)
+        ours, theirs = hypervolume(P, ref=ref), _moocore_hv(P, ref)
+        assert abs(ours - theirs) <= REL * theirs, (ours, theirs)
+
+
+@pytest.mark.parametrize("n", [300, 1000])
+def test_three_d_sweep_matches_moocore_on_large_fronts(n):
+    P = _front(np.random.default_rng(n), n, 3)
+    theirs = _moocore_hv(P, np.zeros(3))
+    assert abs(hypervolume(P) - theirs) <= REL * theirs
+
+
+@pytest.mark.parametrize("d", [2, 3, 4])
+def test_fast_paths_match_the_general_sweep(d):
+    rng = np.random.default_rng(200 + d)
+    for P in _cases(rng, d, count=10):
+        ours, general = hypervolume(P), _hv_general(P)
+        assert abs(ours - general) <= REL * max(general, 1e-300)
+
+
+@pytest.mark.parametrize("d", [2, 3, 4, 5])
+def test_contributions_match_moocore_leave_one_out(d):
+    rng = np.random.default_rng(300 + d)
+    for P in _cases(rng, d, count=12 if d < 5 else 6):
+        total = _moocore_hv(P, np.zeros(d))
+        ours = hv_contributions(P)
+        theirs = moocore.hv_contributions(P, ref=np.zeros(d), maximise=True, ignore_dominated=False)
+        # Relative to each contribution, with an absolute floor at the total's rounding level.
+        np.testing.assert_allclose(ours, theirs, rtol=REL, atol=REL * total)
+
+
+def test_contributions_on_a_3d_front_match_moocore_default():
+    P = _front(np.random.default_rng(1), 200, 3)
+    theirs = moocore.hv_contributions(P, ref=np.zeros(3), maximise=True)
+    np.testing.assert_allclose(hv_contributions(P), theirs, rtol=REL, atol=REL * _moocore_hv(P, np.zeros(3)))
+
+
+def test_duplicates_and_dominated_points_get_no_credit():
+    P = np.array([[2.0, 1.0, 1.0], [2.0, 1.0, 1.0], [1.0, 2.0, 1.0], [0.5, 0.5, 0.5]])
+    c = hv_contributions(P)
+    assert c[0] == 0.0 and c[1] == 0.0 and c[3] == 0.0
+    assert c[2] == pytest.approx(hypervolume(P) - hypervolume(np.delete(P, 2, axis=0)))
+
+
+def test_a_dominated_point_reduces_its_only_dominators_contribution():
+    P = np.array([[2.0, 2.0], [1.0, 1.0]])
+    np.testing.assert_allclose(hv_contributions(P), [3.0, 0.0])
+
+
+def test_grid_contributions_equal_leave_one_out_on_fronts():
+    rng = np.random.default_rng(5)
+    for n in (2, 5, 30, 80):
+        P = _front(rng, n, 3)
+        loo = np.array([_leave_one_out(P, i) for i in range(n)])
+        np.testing.assert_allclose(_contrib3_grid(P), loo, rtol=1e-10, atol=1e-13)
+
+
+@pytest.mark.parametrize("d", [2, 3, 4])
+def test_delta_hv_is_the_volume_gain(d):
+    rng = np.random.default_rng(400 + d)
+    for P in _cases(rng, d, count=10):
+        c = rng.random(d)
+        gain = hypervolume(np.vstack([P, c])) - hypervolume(P)
+        assert delta_hv(P, c) == pytest.approx(gain, rel=1e-10, abs=1e-12)
+        assert delta_hv(P, c) >= 0.0
+
+
+def test_delta_hv_of_a_dominated_candidate_is_zero():
+    assert delta_hv([[0.9, 0.9, 0.9]], [0.5, 0.5, 0.5]) == 0.0
