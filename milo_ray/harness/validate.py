@@ -294,7 +294,7 @@ def _collect(job: _Job, memory_mb: int | None, timeout_s: float, timed_out: bool
             if -rc == signal.SIGXCPU:
                 reason = f"validation exceeded its CPU-time limit ({int(math.ceil(timeout_s)) + 1}s)"
             elif -rc == signal.SIGKILL and memory_mb is not None:
-                reason = f"validation process was killed by SIGKILL (memory limit {memory_mb} MB?)"
+                reason = "validation process was killed by SIGKILL (out of memory, or killed from outside)"
             else:
                 reason = f"validation process was killed by {name}"
         else:
@@ -317,7 +317,7 @@ def _check_options(timeout_s: float, memory_mb: int | None, max_workers: int) ->
 def validate_many(
     harnesses: Sequence[Harness],
     *,
-    forbidden_fragments: Sequence[str] = (),
+    forbidden_fragments: Sequence[str] | ForbiddenIndex = (),
     timeout_s: float = 60,
     memory_mb: int | None = 2048,
     min_fragment_chars: int = 40,
@@ -325,11 +325,19 @@ def validate_many(
 ) -> list[ValidationResult]:
     """Validate several harnesses, at most ``max_workers`` subprocesses at a time.
 
-    Results are in input order. The subprocesses are driven from the calling thread
+    ``forbidden_fragments`` may be a prebuilt :class:`ForbiddenIndex` (its own
+    ``min_chars`` then applies). Results are in input order. The subprocesses are driven from the calling thread
     (no thread pool), so the preexec_fn that sets the resource limits never forks
-    from a thread this module started."""
+    from a thread this module started. Callers that validate from worker threads
+    (``asyncio.to_thread``) are still safe in practice: the preexec_fn only makes
+    setrlimit system calls, and it runs after the new session is created, so even a
+    child stuck before exec is killed with its group at the timeout."""
     _check_options(timeout_s, memory_mb, max_workers)
-    index = _cached_index(tuple(forbidden_fragments), min_fragment_chars)
+    index = (
+        forbidden_fragments
+        if isinstance(forbidden_fragments, ForbiddenIndex)
+        else _cached_index(tuple(forbidden_fragments), min_fragment_chars)
+    )
     results: list[ValidationResult | None] = [None] * len(harnesses)
     pending: list[int] = []
     for i, h in enumerate(harnesses):
@@ -373,7 +381,7 @@ def validate_many(
 def validate(
     harness: Harness,
     *,
-    forbidden_fragments: Sequence[str] = (),
+    forbidden_fragments: Sequence[str] | ForbiddenIndex = (),
     timeout_s: float = 60,
     memory_mb: int | None = 2048,
     min_fragment_chars: int = 40,

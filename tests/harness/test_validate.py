@@ -10,6 +10,7 @@ import textwrap
 import numpy as np
 import pytest
 
+from milo_ray.execution.types import Task
 from milo_ray.harness.model import Harness
 from milo_ray.harness.validate import (
     ForbiddenIndex,
@@ -173,13 +174,18 @@ def test_generality_scales_to_two_hundred_long_instructions():
     vocab = [f"w{i}" for i in range(5000)]
     instructions = [" ".join(rng.choice(vocab, size=400)) for _ in range(200)]
     assert all(len(t) >= 2000 for t in instructions)
-    tasks = [type("T", (), {"task_id": f"bench-{i:03d}", "instruction": t})() for i, t in enumerate(instructions)]
+    tasks = [Task(f"bench-{i:03d}", "train", t, time_cap_s=600.0, token_cap=10**6) for i, t in enumerate(instructions)]
     fragments = forbidden_fragments_for(tasks)
     clean = Harness.from_source(PLAIN + "".join(f"# note {' '.join(rng.choice(vocab, 5))}\n" for _ in range(500)))
     assert generality_violation(clean, fragments) is None
     leaked = clean.with_source(clean.source + f"# {instructions[137][1000:1045]}\n")
     assert "verbatim fragment" in generality_violation(leaked, fragments)
     assert "bench-150" in generality_violation(clean.with_source(clean.source + "# bench-150\n"), fragments)
+    # A prebuilt index is accepted wherever fragments are.
+    index = ForbiddenIndex(fragments)
+    assert generality_violation(leaked, index) == generality_violation(leaked, fragments)
+    r = validate(leaked, forbidden_fragments=index)
+    assert not r.ok and r.check == "generality"
 
 
 def test_instruction_shorter_than_the_window_is_ignored():
@@ -270,3 +276,16 @@ def test_validate_many_keeps_input_order_and_isolates_failures():
 def test_bad_options_raise_value_error_naming_the_field(kwargs, field):
     with pytest.raises(ValueError, match=field):
         validate(src(PLAIN), **kwargs)
+
+
+def test_validation_from_worker_threads_gives_the_same_results():
+    # Drivers call validate through asyncio.to_thread; concurrent calls must not interfere.
+    import asyncio
+
+    hs = [src(PLAIN), src("def build_agent(model):\n    pass\n"), src("import os\n" + PLAIN)]
+
+    async def run_all():
+        return await asyncio.gather(*(asyncio.to_thread(validate, h) for h in hs))
+
+    rs = asyncio.run(run_all())
+    assert [(r.ok, r.check) for r in rs] == [(True, None), (False, "signature"), (True, None)]
