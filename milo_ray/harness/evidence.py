@@ -1,0 +1,131 @@
+"""The evidence directory a mutator reads about a parent harness (MILO App. C.1).
+
+Layout written by ``write_evidence_dir``:
+
+* ``report.md`` — aggregate accuracy (mean score), resolve rate, timeouts, mean tokens
+  and seconds, then one row per task: pass/fail, tests passed (worst rollout), mean
+  score, tokens, seconds, timeouts.
+* ``ctrf.json`` — one merged ctrf report: the worst rollout's tests of every task,
+  test names prefixed with the task id, summary totals.
+* ``traces/<task_id>/trajectory.json`` and ``traces/<task_id>/ctrf.json`` — the worst
+  rollout of the task (lowest score, then lowest rollout index). With k > 1 rollouts
+  every rollout is also kept as ``traces/<task_id>/rollout-<i>/{trajectory,ctrf}.json``;
+  the top-level files are copies of the worst one, so a reader that only knows the
+  ``traces/<task>/trajectory.json`` convention still sees the most telling failure.
+* ``traces/<task_id>/result.json`` — for failed tasks only (a task fails when any
+  rollout is not fully resolved): the verifier reward per rollout and errors.
+
+Traces come from ``result.trace`` when still inline, else ``store.get_blob(result.trace_ref)``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from pathlib import Path
+from typing import Any, Iterable, Mapping
+
+from milo_ray.execution.types import RolloutResult, Task
+
+
+def _trace(result: RolloutResult, store: Any) -> dict[str, Any] | None:
+    if result.trace is not None:
+        return result.trace
+    if result.trace_ref and store is not None:
+        try:
+            return store.get_blob(result.trace_ref)
+        except Exception:  # a missing blob is missing evidence, not a crash of the round
+            return None
+    return None
+
+
+def _dump(path: Path, obj: Any) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(obj, indent=1, sort_keys=False))
+
+
+def _tests_passed(trace: dict[str, Any] | None) -> tuple[int, int] | None:
+    try:
+        s = trace["ctrf"]["results"]["summary"]  # type: ignore[index]
+        return int(s["passed"]), int(s["tests"])
+    except (KeyError, TypeError):
+        return None
+
+
+def write_evidence_dir(path: str | Path, harness: Any, results: Iterable[RolloutResult],
+                       tasks: Mapping[str, Task] | Iterable[Task], store: Any = None) -> Path:
+    """Write the evidence directory of ``harness`` from its rollout ``results``; returns ``path``."""
+    root = Path(path)
+    root.mkdir(parents=True, exist_ok=True)
+    task_map = dict(tasks) if isinstance(tasks, Mapping) else {t.task_id: t for t in tasks}
+    by_task: dict[str, list[RolloutResult]] = defaultdict(list)
+    for r in results:
+        by_task[r.task_id].append(r)
+    order = [t for t in task_map if t in by_task] + sorted(t for t in by_task if t not in task_map)
+    merged_tests: list[dict[str, Any]] = []
+    rows: list[str] = []
+    n_roll = n_res = n_timeouts = 0
+    sum_score = sum_tok = sum_sec = 0.0
+    for tid in order:
+        rs = sorted(by_task[tid], key=lambda r: r.rollout_idx)
+        worst = min(rs, key=lambda r: (r.score, r.rollout_idx))
+        traces = {r.rollout_idx: _trace(r, store) for r in rs}
+        tdir = root / "traces" / tid
+        if len(rs) > 1:
+            for r in rs:
+                tr = traces[r.rollout_idx]
+                if tr is not None:
+                    _dump(tdir / f"rollout-{r.rollout_idx}" / "trajectory.json", tr.get("trajectory"))
+                    _dump(tdir / f"rollout-{r.rollout_idx}" / "ctrf.json", tr.get("ctrf"))
+        wt = traces[worst.rollout_idx]
+        if wt is not None:
+            _dump(tdir / "trajectory.json", wt.get("trajectory"))
+            _dump(tdir / "ctrf.json", wt.get("ctrf"))
+            for t in ((wt.get("ctrf") or {}).get("results") or {}).get("tests", []):
+                merged_tests.append({**t, "name": f"{tid}::{t.get('name')}"})
+        failed = any(not r.resolved for r in rs)
+        if failed:
+            _dump(tdir / "result.json", {
+                "task_id": tid, "reward": sum(r.score for r in rs) / len(rs),
+                "rollouts": [{"rollout_idx": r.rollout_idx, "reward": r.score, "resolved": r.resolved,
+                              "timed_out": r.timed_out, "error_kind": r.error_kind, "error": r.error,
+                              "output_tokens": r.output_tokens, "seconds": r.latency_s} for r in rs]})
+        tp = _tests_passed(wt)
+        mean = sum(r.score for r in rs) / len(rs)
+        tok = sum(r.output_tokens for r in rs) / len(rs)
+        sec = sum(r.latency_s for r in rs) / len(rs)
+        tos = sum(r.timed_out for r in rs)
+        errs = sorted({r.error_kind for r in rs if r.error_kind})
+        rows.append(f"| {tid} | {'FAIL' if failed else 'pass'} | {f'{tp[0]}/{tp[1]}' if tp else '-'} | {mean:.3f} | "
+                    f"{sum(r.resolved for r in rs)}/{len(rs)} | {tok:,.0f} | {sec:,.0f} | {tos} | {','.join(errs) or '-'} |")
+        n_roll += len(rs)
+        n_res += sum(r.resolved for r in rs)
+        n_timeouts += tos
+        sum_score += sum(r.score for r in rs)
+        sum_tok += sum(r.output_tokens for r in rs)
+        sum_sec += sum(r.latency_s for r in rs)
+    n = max(n_roll, 1)
+    name = getattr(harness, "name", "") or ""
+    head = [
+        f"# Evidence for harness {getattr(harness, 'harness_id', '?')} {f'({name})' if name else ''}".rstrip(),
+        "",
+        f"- tasks: {len(order)}, rollouts: {n_roll}",
+        f"- accuracy (mean fraction of tests passed): {sum_score / n:.3f}",
+        f"- resolve rate: {n_res / n:.3f}",
+        f"- timeouts: {n_timeouts}",
+        f"- mean output tokens: {sum_tok / n:,.0f}",
+        f"- mean agent seconds: {sum_sec / n:,.0f}",
+        "",
+        "Per task (tests passed = the worst rollout, whose trace is in traces/<task>/):",
+        "",
+        "| task | status | tests passed | mean score | resolved | output tokens | seconds | timeouts | errors |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    (root / "report.md").write_text("\n".join(head + rows) + "\n")
+    passed = sum(t.get("status") == "passed" for t in merged_tests)
+    _dump(root / "ctrf.json", {"results": {
+        "tool": {"name": "milo_ray-evidence"},
+        "summary": {"tests": len(merged_tests), "passed": passed, "failed": len(merged_tests) - passed,
+                    "skipped": 0, "pending": 0, "other": 0},
+        "tests": merged_tests}})
+    return root
