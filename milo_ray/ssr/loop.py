@@ -147,8 +147,7 @@ class _SSRRun:
             "mean_score": float(np.mean([r.score for r in results])), "judge_failures": failures,
             "order": order, "ordering": self.cfg.ordering, "executions_used": len(self.keys),
         }, round=rnd, harness_id=parent.harness_id)
-        evidence_dir = self.work / f"round-{rnd:03d}" / "evidence"
-        return {"results": results, "records": records, "order": order, "evidence_dir": evidence_dir}
+        return {"results": results, "records": records, "order": order}
 
     # ------------------------------------------------------------------ candidates
     def _candidates(self, parent: Harness, ev_state: dict, rnd: int) -> list[RaceCandidate]:
@@ -309,7 +308,10 @@ class _SSRRun:
                 summary["test_initial"] = summary["test_final"]
         if hasattr(self.bench, "true_quality"):
             for label, h in (("initial", initial), ("final", final)):
-                summary[f"true_quality_{label}"] = float(self.bench.true_quality(h, cfg.test_split)["score"])
+                tq = self.bench.true_quality(h, cfg.test_split)
+                summary[f"true_quality_{label}"] = float(tq["score"])
+                if "resolve_rate" in tq:
+                    summary[f"true_resolve_{label}"] = float(tq["resolve_rate"])
         self.out.event("ssr.summary", {k: v for k, v in summary.items() if k != "history"}, round=rounds,
                        harness_id=final.harness_id)
         self.store.flush()

@@ -28,7 +28,7 @@ def test_timed_out_failure_is_a_deadline_overrun_with_an_addressing_mechanism():
 
 
 def test_explicit_tag_and_test_messages_are_read():
-    ctrf = {"results": {"tests": [{"name": "test_x", "status": "failed", "message": "AssertionError: expected 3"}]}}
+    ctrf = {"results": {"tests": [{"name": "test_x", "status": "failed", "message": "edge case returns wrong value"}]}}
     raw = OfflineJudge().judge({"events": [{"kind": "lax_verification"}]}, _fb(ctrf=ctrf), "t2")
     assert raw["failure_modes"][0] == "lax_verification"
 
@@ -36,7 +36,7 @@ def test_explicit_tag_and_test_messages_are_read():
 def test_confidence_drops_when_the_ending_is_ambiguous():
     j = OfflineJudge()
     clear = j.verdict({"events": [{"kind": "premature_completion"}]}, _fb(score=0.0), "a")
-    noisy = j.verdict({"events": [{"kind": "premature_completion"}], "note": "tool error; context length exceeded"},
+    noisy = j.verdict({"events": [{"kind": "premature_completion"}], "note": "invalid arguments; context length exceeded"},
                       _fb(score=0.5, error_kind="harness"), "b")
     unknown = j.verdict({"steps": ["did some work"]}, _fb(score=0.0), "c")
     assert noisy["u"] < clear["u"]

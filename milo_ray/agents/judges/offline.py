@@ -45,24 +45,27 @@ MODE_PRIOR: dict[str, float] = {
     "missing_knowhow": 0.35,
 }
 
-# Cue phrases (lower case) that reveal a mode in trajectory text or test messages.
+# Cue phrases (lower case) that reveal a mode in the trajectory's ending or in the
+# failed tests' messages. Specific phrases only: generic words ("error", "expected")
+# would fire on every failing trace and drown the signal.
 MODE_CUES: dict[str, tuple[str, ...]] = {
-    "premature_completion": ("premature", "declared done", "declared success", "declared complete",
-                             "stopped early", "finished early", "claimed complete", "marked complete",
-                             "gave up", "incomplete", "not implemented", "stub"),
-    "deadline_overrun": ("deadline", "time cap", "timed out", "timeout", "time limit", "ran out of time",
-                         "out of time"),
-    "lax_verification": ("lax verification", "unverified", "did not verify", "without verifying",
-                         "self-check", "weak check", "no tests run", "did not run the tests",
-                         "assertionerror", "expected", "mismatch", "wrong output", "regression"),
-    "missing_knowhow": ("missing know", "know-how", "knowhow", "did not know", "unknown command",
-                        "not sure how", "no such option", "unfamiliar", "modulenotfounderror",
-                        "command not found"),
-    "context_overflow": ("context overflow", "context window", "context length", "lost track",
-                         "too long", "truncated", "repeated the same", "forgot"),
-    "tool_misuse": ("tool misuse", "tool error", "invalid argument", "malformed", "bad tool call",
-                    "overwrote", "destructive", "thrash", "wrong tool", "retried the tool"),
+    "premature_completion": ("should be complete", "without further checks", "declared done", "stopped early",
+                             "finished early", "not implemented", "required behaviour missing",
+                             "required behavior missing", "left a stub"),
+    "deadline_overrun": ("time limit", "timed out", "attempt was stopped", "ran out of time", "deadline",
+                         "time cap"),
+    "lax_verification": ("smoke check", "sanity check", "confirms the fix works", "did not run the tests",
+                         "without running the tests", "edge case returns wrong value", "weak check"),
+    "missing_knowhow": ("unknown option", "do not know how", "don't know how", "no matching subcommand",
+                        "not configured", "command not found", "unfamiliar toolchain"),
+    "context_overflow": ("context window exceeded", "context length", "lost track", "characters of output",
+                         "summarized and dropped", "inconsistent state"),
+    "tool_misuse": ("invalid arguments", "not found in file", "overwriting the whole file", "wrote 0 bytes",
+                    "truncated or malformed", "malformed tool call", "destructive"),
 }
+
+# How many trailing trajectory steps form the "ending" the judge reads closely.
+ENDING_STEPS = 8
 
 _TAG_KEYS = ("failure_mode", "failure_modes", "kind", "event", "type", "mode")
 
@@ -103,7 +106,7 @@ def _failed_test_messages(ctrf: dict[str, Any]) -> list[str]:
     out = []
     for t in tests:
         if isinstance(t, dict) and t.get("status") not in ("passed", "skipped"):
-            out.append(" ".join(str(t.get(k, "")) for k in ("name", "message", "trace")))
+            out.append(" ".join(str(t.get(k, "")) for k in ("message", "trace")))
     return out
 
 
@@ -123,19 +126,25 @@ class OfflineJudge:
 
     # ------------------------------------------------------------------ analysis
     def failure_modes(self, trajectory: dict[str, Any], feedback: dict[str, Any]) -> Counter[str]:
-        """Evidence strength per failure mode (explicit tags count most)."""
+        """Evidence strength per failure mode: explicit tags (3 each), each cue found in
+        the trajectory's ending or in a distinct failed-test message (1 each), and the
+        timed-out flag (3)."""
         from milo_ray.harness.mechanisms import FAILURE_MODES
 
         modes = tuple(FAILURE_MODES)
         hits: Counter[str] = Counter()
         for m in _tags(trajectory, modes):
             hits[m] += 3
-        texts = [s.lower() for s in _strings(trajectory)]
-        texts += [s.lower() for s in _failed_test_messages(feedback.get("ctrf") or {})]
+        steps = trajectory.get("steps") if isinstance(trajectory, dict) else None
+        ending = steps[-ENDING_STEPS:] if isinstance(steps, list) else trajectory
+        rest = {k: v for k, v in trajectory.items() if k != "steps"} if isinstance(trajectory, dict) else {}
+        text = " \n".join(s.lower() for s in [*_strings(ending), *_strings(rest.get("final", {}))])
+        messages = sorted({m.lower() for m in _failed_test_messages(feedback.get("ctrf") or {})})
         for mode in modes:
             for cue in MODE_CUES.get(mode, ()):
-                hits[mode] += sum(1 for s in texts if cue in s)
-        if feedback.get("timed_out"):
+                hits[mode] += (cue in text) + sum(1 for m in messages if cue in m)
+        final = trajectory.get("final") if isinstance(trajectory, dict) else None
+        if feedback.get("timed_out") or (isinstance(final, dict) and final.get("status") == "timeout"):
             hits["deadline_overrun"] += 3
         return +hits
 
