@@ -34,7 +34,7 @@ def as_array(
     if arr.size and not np.all(np.isfinite(arr)):
         bad = np.argwhere(~np.isfinite(arr))[0]
         raise ValueError(
-            f"{name}: contains a non-finite value {arr[tuple(bad)]!r} at index {tuple(int(b) for b in bad)}"
+            f"{name}: contains a non-finite value {float(arr[tuple(bad)])!r} at index {tuple(int(b) for b in bad)}"
         )
     return arr
 
@@ -45,10 +45,10 @@ def check_range(name: str, arr: np.ndarray, *, low: float | None = None, high: f
         return
     if low is not None and arr.min() < low:
         idx = np.unravel_index(int(np.argmin(arr)), arr.shape)
-        raise ValueError(f"{name}: values must be >= {low}, got {arr[idx]!r} at index {tuple(int(i) for i in idx)}")
+        raise ValueError(f"{name}: values must be >= {low}, got {float(arr[idx])!r} at index {tuple(int(i) for i in idx)}")
     if high is not None and arr.max() > high:
         idx = np.unravel_index(int(np.argmax(arr)), arr.shape)
-        raise ValueError(f"{name}: values must be <= {high}, got {arr[idx]!r} at index {tuple(int(i) for i in idx)}")
+        raise ValueError(f"{name}: values must be <= {high}, got {float(arr[idx])!r} at index {tuple(int(i) for i in idx)}")
 
 
 def as_scalar(name: str, value, *, low: float | None = None, strict_low: bool = False) -> float:

@@ -78,14 +78,14 @@ def _sum_nonzero(h: np.ndarray, problem: str) -> float:
 def _check_first(h: np.ndarray) -> None:
     if h.min() < 0:
         i = int(np.argmin(h))
-        raise ValueError(f"h: first_autocorrelation needs heights >= 0, got h[{i}] = {h[i]!r}")
+        raise ValueError(f"h: first_autocorrelation needs heights >= 0, got h[{i}] = {float(h[i])!r}")
 
 
 def _check_erdos(h: np.ndarray) -> None:
     n = h.shape[0]
     if h.min() < -_TOL_BOX or h.max() > 1 + _TOL_BOX:
         i = int(np.argmin(h)) if h.min() < -_TOL_BOX else int(np.argmax(h))
-        raise ValueError(f"h: erdos_minimum_overlap needs heights in [0, 1], got h[{i}] = {h[i]!r}")
+        raise ValueError(f"h: erdos_minimum_overlap needs heights in [0, 1], got h[{i}] = {float(h[i])!r}")
     s = float(np.sum(h))
     if abs(s - n / 2) > _TOL_SUM_REL * n:
         raise ValueError(f"h: erdos_minimum_overlap needs sum(h) = n/2 = {n / 2!r}, got {s!r}")

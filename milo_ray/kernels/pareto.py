@@ -63,7 +63,7 @@ def fitness_vectors(acc, costs, caps) -> np.ndarray:
     check_range("costs", costs, low=0.0)
     if caps.size and not np.all(caps > 0):
         i = int(np.argmin(caps))
-        raise ValueError(f"caps: every cap must be > 0, got {caps[i]!r} at index {i}")
+        raise ValueError(f"caps: every cap must be > 0, got {float(caps[i])!r} at index {i}")
     F = np.empty((acc.shape[0], 1 + caps.shape[0]), dtype=np.float64)
     F[:, 0] = acc
     F[:, 1:] = np.clip(1.0 - costs / caps, 0.0, 1.0)

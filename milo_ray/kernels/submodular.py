@@ -180,7 +180,7 @@ def prefix_sizes(n: int, fractions) -> list[int]:
     fr = as_array("fractions", fractions, ndim=1, allow_empty=False)
     if np.any(fr <= 0) or np.any(fr > 1):
         bad = fr[(fr <= 0) | (fr > 1)][0]
-        raise ValueError(f"fractions: each fraction must be in (0, 1], got {bad!r}")
+        raise ValueError(f"fractions: each fraction must be in (0, 1], got {float(bad)!r}")
     if n == 0:
         return []
     sizes = {max(1, math.ceil(float(a) * n - 1e-9)) for a in fr}
