@@ -42,7 +42,9 @@ class SimulatedInfraError(RuntimeError):
 class SleepExecutor:
     """Sleeps asynchronously, then reports a score.
 
-    ``seconds`` is the default duration; a task's ``metadata["sleep_s"]`` overrides it.
+    ``seconds``, ``fail_rate`` and ``crash_rate`` are defaults; a task's metadata keys
+    ``sleep_s``, ``fail_rate`` and ``crash_rate`` override them for that task, so one
+    executor can serve a mix of fast, slow, failing and crashing tasks.
     ``score`` is the score of a clean run. ``input_tokens``/``output_tokens``/``cost_usd``
     are reported per rollout so budget caps can be exercised. ``trace=False`` returns no
     trace at all (what the overhead benchmark wants).
@@ -97,7 +99,8 @@ class SleepExecutor:
         with self._lock:
             self.calls += 1
             rng = self._rng(harness.harness_id, task.task_id, rollout_idx, seed)
-            if self.crash_rate and rng.random() < self.crash_rate:
+            crash_rate = float(task.metadata.get("crash_rate", self.crash_rate))
+            if crash_rate and rng.random() < crash_rate:
                 raise SimulatedInfraError(f"simulated infrastructure crash on {task.task_id}#{rollout_idx}")
             self._running[harness.harness_id] += 1
             self._running["__total__"] += 1
@@ -109,7 +112,8 @@ class SleepExecutor:
 
     def _end(self, harness: Any, task: Task, rollout_idx: int, rng, seen: dict, t0: float) -> RolloutResult:
         self._release(harness)
-        failed = bool(self.fail_rate and rng.random() < self.fail_rate)
+        fail_rate = float(task.metadata.get("fail_rate", self.fail_rate))
+        failed = bool(fail_rate and rng.random() < fail_rate)
         trace = None
         if self.trace:
             trace = {

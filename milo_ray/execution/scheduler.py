@@ -94,7 +94,24 @@ def _positive_int(name: str, value: Any) -> None:
 
 
 class RolloutScheduler:
-    """Runs rollouts on Ray, streams results into the store, caches, budgets, retries."""
+    """Runs rollouts on Ray, streams results into the store, caches, budgets, retries.
+
+    ``executor_config`` is a ``_target_`` mapping (or a picklable executor object) that
+    each worker builds once. ``tasks`` are the tasks requests may name. ``budget``
+    defaults to an uncapped ledger; on construction it is charged with the rollouts
+    already in ``store`` (resume). Slots per node come from the node's ``slot_resource``
+    (``sandbox_slot``); when no node declares it, every alive node gets
+    ``slots_per_node``. ``claim_slots=True`` makes each worker hold its node's slots as a
+    Ray resource, so concurrent schedulers on one shared cluster queue for the slots
+    instead of oversubscribing the sandboxes (a second scheduler then waits until the
+    first is closed). ``group_limits`` caps rollouts in flight per ``RolloutRequest.group``
+    (``default_group_limit`` for unlisted groups; None = only the slots limit).
+    ``max_retries`` infrastructure retries per rollout, the n-th after
+    ``retry_backoff_s * 2**(n-1)`` seconds. A rollout running longer than
+    ``task.time_cap_s * time_cap_grace`` is cancelled and recorded ``timed_out``.
+    ``progress``: None = live line on a TTY, False = quiet, or a ``RolloutProgress``.
+    ``address`` is used to connect only when Ray is not initialised yet.
+    """
 
     def __init__(
         self,
@@ -114,6 +131,7 @@ class RolloutScheduler:
         progress: bool | RolloutProgress | None = None,
         address: str | None = None,
         slot_resource: str = SLOT_RESOURCE,
+        claim_slots: bool = False,
     ) -> None:
         self.executor_config = executor_config
         self.tasks: dict[str, Task] = dict(tasks) if isinstance(tasks, Mapping) else {t.task_id: t for t in tasks}
@@ -142,6 +160,7 @@ class RolloutScheduler:
         self.time_cap_grace = float(time_cap_grace)
         self.address = address
         self.slot_resource = slot_resource
+        self.claim_slots = bool(claim_slots)
         self.progress = progress if isinstance(progress, RolloutProgress) else RolloutProgress(enabled=progress)
 
         self._harnesses: dict[str, Any] = {}
@@ -368,13 +387,13 @@ class RolloutScheduler:
     def _discover_nodes(self) -> list[_Node]:
         alive = [n for n in ray.nodes() if n.get("Alive")]
         with_slots = [n for n in alive if n.get("Resources", {}).get(self.slot_resource, 0) >= 1]
-        claim = bool(with_slots)
         chosen = with_slots or alive
+        claim = bool(with_slots) and self.claim_slots
         if not chosen:
             raise RuntimeError("the Ray cluster has no alive nodes")
         out = []
         for n in chosen:
-            slots = int(n["Resources"][self.slot_resource]) if claim else self.slots_per_node
+            slots = int(n["Resources"][self.slot_resource]) if with_slots else self.slots_per_node
             label = f"{n.get('NodeManagerAddress', '?')}:{n['NodeID'][:8]}"
             out.append(_Node(n["NodeID"], label, slots, claim))
         return out
@@ -478,25 +497,40 @@ class RolloutScheduler:
         node.tasks.update(tasks)
         self.progress.started(len(jobs))
         if node.poller is None or node.poller.done():
-            node.poller = asyncio.ensure_future(self._poll(node, node.generation))
+            node.poller = asyncio.ensure_future(self._poll(node))
+            node.poller.add_done_callback(self._poller_done)
 
     def _harness_ref(self, harness_id: str) -> Any:
         if harness_id not in self._harness_refs:
             self._harness_refs[harness_id] = ray.put(self._harnesses[harness_id])
         return self._harness_refs[harness_id]
 
-    async def _poll(self, node: _Node, generation: int) -> None:
-        while node.inflight and node.generation == generation and node.actor is not None:
+    async def _poll(self, node: _Node) -> None:
+        """The node's only poller: long-polls its current worker while rollouts are in
+        flight there, and replaces the worker (then keeps polling the new one) when it dies."""
+        while node.inflight and node.actor is not None:
+            actor, generation = node.actor, node.generation
             try:
-                outcomes = await asyncio.wait_for(_aget(node.actor.poll.remote(_POLL_WAIT_S)), _POLL_WAIT_S + _STALL_S)
+                outcomes = await asyncio.wait_for(_aget(actor.poll.remote(_POLL_WAIT_S)), _POLL_WAIT_S + _STALL_S)
             except (RayError, asyncio.TimeoutError) as exc:
                 if node.generation == generation:
                     await self._replace_worker(node, exc)
-                return
+                continue
             if node.generation != generation:
-                return
+                continue  # outcomes of a replaced worker were already settled as failures
             self._on_outcomes(node, outcomes)
             self._pump()
+
+    def _poller_done(self, task: asyncio.Task) -> None:
+        # A poller only ends by exception on a scheduler bug; fail the waiting callers
+        # loudly instead of leaving them to wait forever.
+        if task.cancelled() or task.exception() is None:
+            return
+        exc = task.exception()
+        log.error("rollout poller failed", exc_info=exc)
+        for job in list(self._jobs.values()):
+            if not job.future.done():
+                job.future.set_exception(exc)
 
     # --- outcomes ---------------------------------------------------------------------
     def _on_outcomes(self, node: _Node, outcomes: list[Outcome]) -> None:

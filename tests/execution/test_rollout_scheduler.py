@@ -1,0 +1,191 @@
+"""RolloutScheduler on a local Ray instance: cache, budget, retries, caps, streaming.
+
+One scheduler serves most tests (starting workers costs time on a 2-core machine);
+its SleepExecutor reads each task's behaviour from the task metadata.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+import ray
+
+from milo_ray.execution.budget import BudgetExceeded, BudgetLedger
+from milo_ray.execution.scheduler import RolloutScheduler
+from milo_ray.execution.types import RolloutRequest, Task
+from milo_ray.harness.model import Harness
+from milo_ray.store import MemoryRunStore
+
+EXECUTOR = {"_target_": "milo_ray.execution.fake.SleepExecutor", "seconds": 0.05}
+H_A = Harness.from_source("def build_agent(model, backend):\n    return 'a'\n")
+H_B = Harness.from_source("def build_agent(model, backend):\n    return 'b'\n")
+TASKS = {
+    t.task_id: t
+    for t in [
+        Task("fast", "search", "x", 30.0, 1000, {"sleep_s": 0.0}),
+        Task("mid", "search", "x", 30.0, 1000, {"sleep_s": 0.25}),
+        Task("slow", "search", "x", 30.0, 1000, {"sleep_s": 0.8}),
+        Task("crash", "search", "x", 30.0, 1000, {"crash_rate": 1.0}),
+        Task("fail", "search", "x", 30.0, 1000, {"fail_rate": 1.0}),
+        Task("hang", "search", "x", 0.2, 1000, {"sleep_s": 30.0}),
+    ]
+}
+
+
+def _req(task_id: str, idx: int = 0, harness: Harness = H_A, **kw) -> RolloutRequest:
+    return RolloutRequest(harness.harness_id, task_id, idx, seed=11, **kw)
+
+
+def _scheduler(store, **kw) -> RolloutScheduler:
+    kw.setdefault("progress", False)
+    s = RolloutScheduler(EXECUTOR, TASKS, store, model_id="m", run_id=store.run_id, **kw)
+    s.add_harness(H_A)
+    s.add_harness(H_B)
+    return s
+
+
+def _events(store, kind: str) -> list[dict]:
+    rows = store.read("events").to_pylist()
+    return [json.loads(r["payload"]) for r in rows if r["kind"] == kind]
+
+
+@pytest.fixture(scope="module")
+def shared(ray_local):
+    store = MemoryRunStore(run_id="sched-tests")
+    sched = _scheduler(store, group_limits={"cap2": 2, "cap3": 3}, max_retries=2, retry_backoff_s=0.01)
+    yield sched, store
+    sched.close()
+
+
+def test_batch_over_the_execution_budget_is_refused_before_anything_runs():
+    store = MemoryRunStore(run_id="refuse")
+    sched = _scheduler(store, budget=BudgetLedger(executions=3))
+    with pytest.raises(BudgetExceeded):
+        sched.run([_req("fast", i) for i in range(4)])
+    assert store.read("rollouts").num_rows == 0
+    assert sched.worker_actors() == {}  # no worker was even started
+    assert sched.budget.executions_used == 0 and sched.budget.reserved == 0
+    sched.close()
+
+
+def test_executions_are_exact_and_concurrent_duplicates_run_once(ray_local):
+    store = MemoryRunStore(run_id="exact")
+    sched = _scheduler(store, budget=BudgetLedger(executions=30))
+    batches = [[_req("fast", i) for i in range(0, 12)], [_req("fast", i) for i in range(6, 20)],
+               [_req("fast", i) for i in range(10, 20)] * 2]
+
+    async def main():
+        return await asyncio.gather(*(sched.arun(b) for b in batches))
+
+    out = asyncio.run(main())
+    assert [len(o) for o in out] == [len(b) for b in batches]
+    keys = store.read("rollouts").column("cache_key").to_pylist()
+    assert len(keys) == len(set(keys)) == 20
+    assert sched.budget.executions_used == 20 and sched.budget.remaining_executions() == 10
+    assert out[1][0] is out[0][6]  # the shared execution's result
+    with pytest.raises(BudgetExceeded):
+        sched.run([_req("fast", i) for i in range(20, 31)])
+    assert store.read("rollouts").num_rows == 20
+    sched.close()
+
+    # Resume: a new scheduler over the same store serves everything stored without
+    # executing -- its budget has no execution left, and no worker starts.
+    again = _scheduler(store, budget=BudgetLedger(executions=20))
+    assert again.budget.executions_used == 20
+    served = again.run([_req("fast", i) for i in range(20)])
+    assert [r.cache_key for r in served] == [r.cache_key for r in out[0] + out[1][6:]]
+    assert again.worker_actors() == {} and store.read("rollouts").num_rows == 20
+    assert again.cached(_req("fast", 3)).score == 1.0 and again.cached(_req("fast", 99)) is None
+    again.close()
+
+
+def test_results_carry_bookkeeping_and_traces_move_to_blobs(shared):
+    sched, store = shared
+    (r,) = sched.run([_req("fast", 0, method="milo", round=4, stage="s1", group="g")])
+    assert (r.run_id, r.method, r.round, r.stage, r.split) == ("sched-tests", "milo", 4, "s1", "search")
+    assert r.node and r.finished_at >= r.started_at > 0 and r.attempts == 1
+    assert r.cache_key == _req("fast", 0).key("m") and r.trace is None
+    assert store.get_blob(r.trace_ref)["ctrf"]["results"]["summary"]["tests"] == 1
+
+
+def test_executor_raising_is_retried_then_recorded_as_infra(shared):
+    sched, store = shared
+    crash, fail = sched.run([_req("crash", 0), _req("fail", 0)])
+    assert crash.error_kind == "infra" and crash.attempts == 3 and crash.score == 0.0
+    retries = [e for e in _events(store, "rollout_retry") if e["cache_key"] == crash.cache_key]
+    assert [e["attempt"] for e in retries] == [1, 2]
+    # A harness failure is a score: returned once, never retried.
+    assert fail.error_kind == "harness" and fail.attempts == 1
+    assert not [e for e in _events(store, "rollout_retry") if e["cache_key"] == fail.cache_key]
+
+
+def test_killed_worker_rollouts_are_retried_on_a_new_worker(shared):
+    sched, store = shared
+    requests = [_req("slow", i) for i in range(12)]
+
+    async def main():
+        run = asyncio.ensure_future(sched.arun(requests))
+        while sched.progress.running < 8:
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(0.1)
+        (actor,) = sched.worker_actors().values()
+        ray.kill(actor)
+        return await run
+
+    results = asyncio.run(main())
+    assert all(r.error_kind is None and r.score == 1.0 for r in results)
+    retried = {r.cache_key for r in results if r.attempts == 2}
+    assert len(retried) >= 1
+    events = {e["cache_key"] for e in _events(store, "rollout_retry") if "worker lost" in e["error"]}
+    assert retried == events & {r.cache_key for r in results}
+    assert _events(store, "rollout_worker_lost")
+
+
+def test_group_caps_bound_rollouts_in_flight_per_group(shared):
+    sched, store = shared
+    requests = [_req("mid", i, H_A, group="cap2") for i in range(6)]
+    requests += [_req("mid", i, H_B, group="cap3") for i in range(6)]
+    results = sched.run(requests)
+    seen = {"cap2": 0, "cap3": 0}
+    for req, r in zip(requests, results):
+        in_flight = store.get_blob(r.trace_ref)["trajectory"]["in_flight_same_harness"]
+        seen[req.group] = max(seen[req.group], in_flight)
+    assert seen == {"cap2": 2, "cap3": 3}
+
+
+def test_rollout_past_its_time_cap_is_recorded_timed_out(shared):
+    sched, _ = shared
+    (r,) = sched.run([_req("hang", 0)])
+    assert r.timed_out and r.score == 0.0 and r.error_kind is None and r.attempts == 1
+
+
+def test_astream_yields_results_in_completion_order(shared):
+    sched, _ = shared
+
+    async def main():
+        return [r async for r in sched.astream([_req("slow", 100), _req("fast", 100), _req("mid", 100)])]
+
+    order = asyncio.run(main())
+    assert [r.task_id for r in order] == ["fast", "mid", "slow"]
+
+
+def test_sync_run_inside_a_running_loop_is_a_clear_error():
+    sched = _scheduler(MemoryRunStore(run_id="loop"))
+
+    async def main():
+        sched.run([_req("fast")])
+
+    with pytest.raises(RuntimeError, match="await scheduler.arun"):
+        asyncio.run(main())
+    sched.close()
+
+
+def test_unknown_harness_or_task_is_a_value_error():
+    sched = _scheduler(MemoryRunStore(run_id="names"))
+    with pytest.raises(ValueError, match="add_harness"):
+        sched.run([RolloutRequest("nope", "fast", 0, 1)])
+    with pytest.raises(ValueError, match="task 'nope'"):
+        sched.run([_req("nope")])
+    sched.close()
