@@ -65,8 +65,6 @@ def build_agent(spec: Any) -> Any:
 def generate_one(optimizer_spec: Any, job: CandidateJob, forbidden: Sequence[str], timeout_s: float) -> CandidateOutcome:
     """Run the optimizer on one request, read the child back, validate it. Never raises
     for a bad child: the reason lands in ``error``."""
-    from milo_ray.harness.validate import validate
-
     t0 = time.monotonic()
     req = job.request
     out = CandidateOutcome(job.index, job.scale, req.seed, None, None)
@@ -86,11 +84,30 @@ def generate_one(optimizer_spec: Any, job: CandidateJob, forbidden: Sequence[str
         out.seconds = time.monotonic() - t0
         return out
     out.child = child
-    v = validate(child, forbidden_fragments=tuple(forbidden), timeout_s=timeout_s)
-    if not v.ok:
-        out.error = f"validation: {v.reason}"
+    if child.harness_id == req.parent.harness_id:
+        out.error = "duplicate: identical to the parent"
+    else:
+        ok, reason = _validate_cached(child, tuple(forbidden), timeout_s)
+        if not ok:
+            out.error = f"validation: {reason}"
     out.seconds = time.monotonic() - t0
     return out
+
+
+# Validation is a pure function of the harness content and the options, and a
+# subprocess start costs seconds; optimizers often re-propose an identical child in a
+# later round, so verdicts are remembered per process.
+_VERDICTS: dict[tuple[str, int, float], tuple[bool, str | None]] = {}
+
+
+def _validate_cached(child: Harness, forbidden: tuple[str, ...], timeout_s: float) -> tuple[bool, str | None]:
+    from milo_ray.harness.validate import validate
+
+    key = (child.harness_id, hash(forbidden), float(timeout_s))
+    if key not in _VERDICTS:
+        v = validate(child, forbidden_fragments=forbidden, timeout_s=timeout_s)
+        _VERDICTS[key] = (v.ok, v.reason)
+    return _VERDICTS[key]
 
 
 _remote = None

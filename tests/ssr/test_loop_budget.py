@@ -1,0 +1,172 @@
+"""SSR's driver rules without Ray: an in-process scheduler stand-in runs the real
+surrogate executor, the store is the real in-memory store, and a small rule-based
+optimizer adds the mechanisms the records name."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+
+import numpy as np
+import pytest
+from hydra.utils import instantiate
+
+from milo_ray.agents.embedder import HashingEmbedder
+from milo_ray.agents.judges.offline import OfflineJudge
+from milo_ray.agents.protocols import MutationResult
+from milo_ray.context import RunContext
+from milo_ray.execution.budget import BudgetLedger
+from milo_ray.harness.mechanisms import add_mechanism, detect_mechanisms
+from milo_ray.ssr.loop import SSRMethod
+from milo_ray.store.memory import MemoryRunStore
+
+N_TRAIN, N_VAL, N_TEST = 12, 6, 6
+
+
+class InProcessScheduler:
+    """The scheduler's contract in one process: cache by key, reserve the uncached
+    part of a request atomically against the ledger, store every result."""
+
+    def __init__(self, bench, store, budget):
+        self.executor = instantiate(bench.executor_config(), _convert_="all")
+        self.tasks = {t.task_id: t for s in bench.splits().values() for t in s}
+        self.store, self.budget, self.model_id = store, budget, "offline"
+        self.harnesses, self.results = {}, {}
+        self.executed = 0
+
+    def add_harness(self, h):
+        self.harnesses[h.harness_id] = h
+
+    def run(self, reqs):
+        keys = [r.key(self.model_id) for r in reqs]
+        new = {k: r for k, r in zip(keys, reqs) if k not in self.results}
+        self.budget.reserve(len(new))
+        fresh = []
+        for k, r in new.items():
+            res = self.executor.execute(self.harnesses[r.harness_id], self.tasks[r.task_id], r.rollout_idx, r.seed)
+            res.stage, res.round, res.split, res.cache_key, res.method = r.stage, r.round, r.split, k, r.method
+            self.budget.commit()
+            self.results[k] = res
+            fresh.append(res)
+            self.executed += 1
+        self.store.append_rollouts(fresh)
+        return [self.results[k] for k in keys]
+
+
+class RuleOptimizer:
+    """Adds the best-weighted mechanism the records suggest (or, if ``inert``, returns
+    the parent unchanged, which never races) — enough to exercise both outcomes."""
+
+    name = "rule-optimizer"
+
+    def __init__(self, inert=False):
+        self.inert = inert
+
+    def mutate(self, req):
+        rng = np.random.default_rng(req.seed)
+        present = detect_mechanisms(req.parent.source)
+        if self.inert:
+            return MutationResult(req.parent)
+        weight = Counter()
+        for r in req.context["records"]:
+            for m in r["mechanisms"][:1]:
+                weight[m] += r["w"] * r["q"]
+        choices = [m for m, _ in weight.most_common() if m not in present]
+        if not choices:
+            return MutationResult(None, error="no new mechanism suggested")
+        pick = choices[int(rng.integers(min(2, len(choices))))]
+        return MutationResult(req.parent.with_source(add_mechanism(req.parent.source, pick)))
+
+
+class Slice:
+    def __init__(self, bench):
+        self.b, self.name = bench, bench.name
+        self._s = {"train": bench.tasks("train")[:N_TRAIN], "val": bench.tasks("val")[:N_VAL],
+                   "test": bench.tasks("test")[:N_TEST]}
+
+    def splits(self):
+        return {k: list(v) for k, v in self._s.items()}
+
+    def tasks(self, split):
+        return list(self._s[split])
+
+    def task(self, task_id):
+        return self.b.task(task_id)
+
+    def executor_config(self):
+        return self.b.executor_config()
+
+    def seed_harnesses(self):
+        return self.b.seed_harnesses()
+
+    def true_quality(self, harness, split):
+        return self.b.true_quality(harness, split)
+
+
+@pytest.fixture(scope="module")
+def bench():
+    from milo_ray.benchmarks.surrogate import SurrogateBenchmark
+
+    return Slice(SurrogateBenchmark(preset="surrogate_swepro", seed=0))
+
+
+def _run(tmp_path, bench, budget, *, inert=False, seed=3, **cfg):
+    store = MemoryRunStore(run_id="t")
+    sched = InProcessScheduler(bench, store, BudgetLedger(executions=budget))
+    agents = {"judge": OfflineJudge(), "optimizer": RuleOptimizer(inert), "embedder": HashingEmbedder(64)}
+    ctx = RunContext(run_id="t", run_dir=tmp_path, seed=seed, store=store, benchmark=bench, scheduler=sched,
+                     model_id="offline", extras={"agents": agents})
+    params = dict(initial="minimal", b_v=[2, 2], b_s=2, b_f=2, rollouts=2, test_rollouts=3, evaluate_initial=True)
+    params.update(cfg)
+    summary = SSRMethod(**params).run(ctx)
+    return summary, store, sched
+
+
+@pytest.mark.parametrize("budget", [11, 40, 130])
+def test_total_search_executions_never_exceed_budget(tmp_path, bench, budget):
+    summary, store, sched = _run(tmp_path, bench, budget)
+    rows = store.read("rollouts").to_pylist()
+    search = [r for r in rows if r["stage"] != "test"]
+    assert sched.budget.executions_used == len(search) == summary["executions_used"] <= budget
+    # the test evaluation ran outside the budget: 3 per test task per tested harness
+    assert len(rows) - len(search) == 3 * N_TEST * (2 if summary["improved"] else 1)
+
+
+def test_refresh_that_does_not_fit_returns_the_incumbent(tmp_path, bench):
+    summary, store, _ = _run(tmp_path, bench, N_TRAIN - 1)
+    assert summary["stop_reason"] == "budget" and not summary["improved"]
+    assert summary["executions_used"] == 0 and summary["candidates_generated"] == 0
+    assert [e["kind"] for e in store.read("events").to_pylist()].count("ssr.refresh_unaffordable") == 1
+
+
+def test_stage_that_does_not_fit_is_not_started(tmp_path, bench):
+    # refresh (12) + stage 1 with >= 1 child: 2 rollouts x 2+ harnesses x 6 tasks >= 24
+    summary, store, _ = _run(tmp_path, bench, N_TRAIN + 30)
+    stages = [json.loads(e["payload"]) for e in store.read("events").to_pylist() if e["kind"] == "ssr.stage"]
+    assert all(s["executions"] <= 30 for s in stages)
+    assert summary["executions_used"] <= N_TRAIN + 30
+
+
+def test_patience_stops_after_rounds_without_strict_improvement(tmp_path, bench):
+    summary, store, _ = _run(tmp_path, bench, 10_000, inert=True, initial="stock", patience=2)
+    assert summary["stop_reason"] == "patience"
+    assert not any(h["replaced"] for h in summary["history"])
+    assert summary["rounds"] == 2 and summary["executions_used"] == N_TRAIN  # nothing raced
+    cands = [h for h in store.read("harnesses").to_pylist() if h["origin"] == "ssr_candidate"]
+    assert cands and all("duplicate" in h["validation_error"] for h in cands)
+    # the parent kept: records reused, one refresh only
+    assert [e["kind"] for e in store.read("events").to_pylist()].count("ssr.refresh") == 1
+
+
+def test_accepted_update_refreshes_all_training_tasks(tmp_path, bench):
+    summary, store, _ = _run(tmp_path, bench, 10_000, patience=2, candidate_cap=12)
+    rows = store.read("rollouts").to_pylist()
+    refreshed = Counter(r["harness_id"] for r in rows if r["stage"] == "refresh")
+    parents = {summary["initial_harness"]} | {h["selected"] for h in summary["history"] if h["replaced"]}
+    assert set(refreshed) <= parents
+    for h in refreshed:
+        assert refreshed[h] == N_TRAIN
+    assert summary["candidates_generated"] <= 12
+    # every racing rollout is fresh for its round: racing never reuses a refresh trajectory
+    race = [r for r in rows if r["stage"].startswith("race")]
+    assert all(r["rollout_idx"] >= 1 for r in race)
