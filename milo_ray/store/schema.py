@@ -148,7 +148,7 @@ def check_table(table: str) -> None:
 def json_dumps(value: Any) -> str:
     """Canonical JSON used for payloads, ``extra`` and JSON blobs (sorted keys, so equal
     objects give equal text and equal blob refs)."""
-    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=_json_default)
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), default=_json_default)
 
 
 def _json_default(obj: Any) -> Any:
