@@ -52,8 +52,8 @@ class ExecutionConfig:
 
     address: None starts (or joins, if ``join_running``) a Ray instance on this machine;
         ``auto`` or ``ray://host:10001`` joins an existing cluster.
-    join_running: with address None, join a Ray instance already running on this
-        machine instead of starting a private one (so multirun jobs share it).
+    join_running: with address None, join a Ray instance started on this machine with
+        `ray start` (so concurrent multirun jobs share it) instead of starting a private one.
     num_cpus: CPUs of a locally started instance (None: all).
     slots_per_node: sandbox slots per node (custom resource ``sandbox_slot``); the
         rollout concurrency of each node's worker.

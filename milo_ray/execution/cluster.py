@@ -23,14 +23,17 @@ class ClusterInfo:
 
 
 def _running_local_address() -> str | None:
-    """The GCS address of a Ray instance already running on this machine, if any."""
-    try:
-        from ray._private.services import find_gcs_addresses  # noqa: PLC0415
+    """The address of a Ray instance started on this machine with ``ray start``, if any.
 
-        addresses = find_gcs_addresses()
-    except Exception:  # pragma: no cover - private API moved; fall back to starting one
+    Only ``ray start`` records its address (in Ray's temp dir); instances that another
+    driver started privately with ``ray.init()`` die with that driver, so they are never
+    joined."""
+    try:
+        from ray._private.utils import read_ray_address  # noqa: PLC0415
+
+        return read_ray_address() or None
+    except Exception:  # pragma: no cover - private API moved: start a private instance
         return None
-    return next(iter(addresses), None) if addresses else None
 
 
 def connect(execution: Any) -> ClusterInfo:
