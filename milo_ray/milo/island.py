@@ -152,7 +152,7 @@ class Island:
     def detach_subtree(self, node_id: str) -> list[dict[str, Any]]:
         if node_id not in self.lineage:
             raise ValueError(f"island {self.island} has no node {node_id!r} to speciate")
-        if self.lineage.node(node_id) in self.lineage.roots():
+        if any(r.node_id == node_id for r in self.lineage.roots()):
             raise ValueError(f"node {node_id!r} is a root of island {self.island}; speciate a descendant")
         moved = [n.to_dict() for n in self.lineage.detach_subtree(node_id)]
         if self.best_val_node is not None and self.best_val_node not in self.lineage:
@@ -176,6 +176,7 @@ class Island:
     # --- summaries for the orchestrator --------------------------------------------------
     def summary(self, recent: int = 5) -> dict[str, Any]:
         children = [n for n in self.lineage if n.origin in ("mutation", "graft")]
+        roots = {n.node_id for n in self.lineage.roots()}
         last = children[-recent:]
         return {
             "island": self.island,
@@ -197,7 +198,7 @@ class Island:
             ],
             "nodes": [
                 {"node_id": n.node_id, "harness_id": n.harness_id, "accuracy": n.accuracy, "admitted": n.admitted,
-                 "behavior": dict(n.behavior), "fitness": n.fitness, "is_root": n.parent is None, "origin": n.origin}
+                 "behavior": dict(n.behavior), "fitness": n.fitness, "is_root": n.node_id in roots, "origin": n.origin}
                 for n in self.lineage if n.evaluated
             ],
         }
@@ -234,6 +235,9 @@ def _make_actor_class():
 
         def find(self, key: str) -> str | None:
             return self._island.find(key)
+
+        def is_root(self, node_id: str) -> bool:
+            return any(r.node_id == node_id for r in self._island.lineage.roots())
 
         def judge(self, fitness: list) -> Verdict:
             return self._island.judge(fitness)

@@ -134,8 +134,7 @@ async def apply_decision(run: "MiloRun", did: str, trigger: int, r: int, d: dict
 async def speciate(run: "MiloRun", did: str, i: int, m: dict[str, Any], r: int) -> None:
     src = int(m["from_island"])
     node_id = await run.islands[src].find.remote(m["harness_id"])
-    node = await run.islands[src].node.remote(node_id) if node_id else None
-    if node is None or node.get("parent") is None:
+    if node_id is None or await run.islands[src].is_root.remote(node_id):
         # Speciating a root would empty its island: record the skipped move and go on.
         run.store.event("milo.move_failed", {"decision_id": did, "index": i,
                                              "error": f"{m['harness_id']!r} is missing or a root of island {src}"},
