@@ -3,8 +3,6 @@ store and Ray; then a resumed run replays every decision from the cache."""
 
 from __future__ import annotations
 
-import pytest
-
 from milo_ray.context import RunContext
 from milo_ray.execution.budget import BudgetLedger
 
@@ -52,7 +50,6 @@ def _ctx(tmp_path, store, bench, *, resumed=False):
                       model_id="offline", resumed=resumed, extras={"agents": agents})
 
 
-@pytest.mark.slow
 def test_ssr_end_to_end_within_budget_and_resume_replays_from_cache(tmp_path, ray_local):
     from milo_ray.benchmarks.surrogate import SurrogateBenchmark
     from milo_ray.ssr.loop import SSRMethod
