@@ -519,7 +519,7 @@ class RolloutScheduler:
             if node.generation != generation:
                 continue  # outcomes of a replaced worker were already settled as failures
             self._on_outcomes(node, outcomes)
-            self._pump()
+            self._pump()  # slots freed by retried rollouts
 
     def _poller_done(self, task: asyncio.Task) -> None:
         # A poller only ends by exception on a scheduler bug; fail the waiting callers
@@ -616,13 +616,18 @@ class RolloutScheduler:
         return result
 
     def _record(self, results: list[RolloutResult]) -> None:
-        """Store a batch of final results (single writer), then settle budget and callers."""
+        """Settle the budget, refill the freed slots, store the batch (single writer),
+        then hand the results to their callers."""
         if not results:
             return
+        for res in results:
+            self.budget.commit(tokens=res.input_tokens + res.output_tokens, cost_usd=res.cost_usd)
+        # Dispatch before writing: the next submission is on the critical path of every
+        # wave of rollouts, the store write is not.
+        self._pump()
         # The store moves each trace into a blob and sets trace_ref on the result in place.
         self.store.append_rollouts(results)
         for res in results:
-            self.budget.commit(tokens=res.input_tokens + res.output_tokens, cost_usd=res.cost_usd)
             self.progress.finished(res)
             # An infra failure is returned to its callers but not cached: a later request
             # (or a resume) runs it again, as the store's completed_keys() implies.
