@@ -189,3 +189,21 @@ def test_unknown_harness_or_task_is_a_value_error():
     with pytest.raises(ValueError, match="task 'nope'"):
         sched.run([_req("nope")])
     sched.close()
+
+
+def test_token_cap_stops_new_rollouts_and_keeps_finished_ones(ray_local):
+    store = MemoryRunStore(run_id="tokens")
+    executor = {"_target_": "milo_ray.execution.fake.SleepExecutor", "input_tokens": 7, "output_tokens": 3}
+    sched = RolloutScheduler(executor, TASKS, store, model_id="m", run_id="tokens", progress=False,
+                             budget=BudgetLedger(tokens=50), default_group_limit=1)
+    sched.add_harness(H_A)
+    with pytest.raises(BudgetExceeded) as info:
+        sched.run([_req("fast", i) for i in range(9)])
+    # One at a time (group limit 1): the fifth result reaches 50 tokens, nothing starts after it.
+    assert sorted(info.value.partial) == [0, 1, 2, 3, 4]
+    assert store.read("rollouts").num_rows == 5 and sched.budget.tokens_used == 50
+    assert sched.budget.executions_used == 5 and sched.budget.reserved == 0
+    with pytest.raises(BudgetExceeded):
+        sched.run([_req("fast", 20)])
+    assert sched.run([_req("fast", 0)])[0].score == 1.0  # cached results are still served
+    sched.close()

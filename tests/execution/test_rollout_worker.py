@@ -72,3 +72,23 @@ def test_slots_bound_concurrency():
     core = WorkerCore(SleepExecutor(seconds=0.05), slots=3, time_cap_grace=1.25)
     outcomes = asyncio.run(_run_all(core, [_task(f"t{i}") for i in range(9)]))
     assert max(o.result.trace["trajectory"]["in_flight_total"] for o in outcomes) == 3
+
+
+def test_executor_is_built_from_a_target_config_or_dictconfig():
+    from omegaconf import OmegaConf
+
+    from milo_ray.execution.workers import build_executor
+
+    cfg = {"_target_": "milo_ray.execution.fake.SleepExecutor", "seconds": 0.5, "fail_rate": 0.25}
+    for c in (cfg, OmegaConf.create(cfg)):
+        ex = build_executor(c)
+        assert isinstance(ex, SleepExecutor) and ex.seconds == 0.5 and ex.fail_rate == 0.25
+
+
+def test_a_config_that_builds_no_executor_is_a_clear_error():
+    import pytest
+
+    from milo_ray.execution.workers import build_executor
+
+    with pytest.raises(TypeError, match="neither execute"):
+        build_executor({"_target_": "builtins.dict"})
