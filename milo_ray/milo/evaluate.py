@@ -85,13 +85,8 @@ def write_evidence(run_dir: Path, harness: Harness, results: Sequence[RolloutRes
                    store: Any) -> Path:
     """The evidence directory mutators read (report.md, ctrf.json, traces/...)."""
     path = harness_dir(run_dir, harness.harness_id) / "evidence"
-    try:
-        from milo_ray.harness.evidence import write_evidence_dir
-    except ImportError:  # TEMP-INTEGRATION: the evidence writer lands separately; a bare report until then
-        path.mkdir(parents=True, exist_ok=True)
-        lines = ["# Evidence", ""] + [f"- {r.task_id} #{r.rollout_idx}: score {r.score:.2f}" for r in results]
-        (path / "report.md").write_text("\n".join(lines) + "\n")
-        return path
+    from milo_ray.harness.evidence import write_evidence_dir
+
     return Path(write_evidence_dir(path, harness, list(results), list(tasks), store))
 
 

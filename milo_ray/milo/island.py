@@ -281,3 +281,10 @@ def island_actor_class():
     if _ACTOR_CLASS is None:
         _ACTOR_CLASS = _make_actor_class()
     return _ACTOR_CLASS
+
+
+def __getattr__(name: str):
+    # ``IslandActor`` is built on first access so importing this module never requires Ray.
+    if name == "IslandActor":
+        return island_actor_class()
+    raise AttributeError(name)

@@ -164,3 +164,10 @@ def mutator_pool_actor_class():
     if _ACTOR_CLASS is None:
         _ACTOR_CLASS = _make_actor_class()
     return _ACTOR_CLASS
+
+
+def __getattr__(name: str):
+    # ``MutatorPoolActor`` is built on first access so importing this module never requires Ray.
+    if name == "MutatorPoolActor":
+        return mutator_pool_actor_class()
+    raise AttributeError(name)
