@@ -9,6 +9,7 @@ Matrix sources:
 Examples:
   python scripts/racing_audit.py --generate --preset surrogate_swepro --replays 3
   python scripts/racing_audit.py --run runs/2026-01-01_12-00-00 --rollouts 2
+  python scripts/racing_audit.py --generate --save m.npz && python scripts/racing_audit.py --load m.npz --replays 20
 """
 
 from __future__ import annotations
@@ -39,11 +40,21 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--stages", type=int, default=2)
     p.add_argument("--budgets", default="0.2,0.3,0.4,0.5,0.6", help="fractions of the full-matrix cost")
     p.add_argument("--embedder", default="packaged", help="sentence-transformers model (generate)")
+    p.add_argument("--save", default=None, help="write the matrix to this .npz file")
+    p.add_argument("--load", default=None, help="read the matrix from a .npz file written by --save")
     args = p.parse_args(argv)
 
     from milo_ray.ssr.audit import audit, format_table, generate_surrogate_matrix, matrix_from_rollouts
 
-    if args.run:
+    if args.load:
+        import numpy as np
+
+        from milo_ray.ssr.audit import RewardMatrix
+
+        z = np.load(args.load)
+        m = RewardMatrix(tuple(z["harness_ids"].tolist()), tuple(z["task_ids"].tolist()), z["rewards"],
+                         tuple(int(x) for x in z["diff_sizes"]))
+    elif args.run:
         import pyarrow.dataset as ds
 
         rows = ds.dataset(os.path.join(args.run, "rollouts"), format="parquet").to_table().to_pylist()
@@ -60,6 +71,11 @@ def main(argv: list[str] | None = None) -> int:
             m = generate_surrogate_matrix(bench, optimizer=OfflineCandidateOptimizer(), judge=OfflineJudge(),
                                           embedder=SentenceTransformerEmbedder(args.embedder), workdir=tmp,
                                           per_scale=args.per_scale, rollouts=args.rollouts, seed=args.seed)
+    if args.save:
+        import numpy as np
+
+        np.savez(args.save, harness_ids=np.array(m.harness_ids), task_ids=np.array(m.task_ids), rewards=m.rewards,
+                 diff_sizes=np.array(m.diff_sizes or (0,) * len(m.harness_ids)))
     q = m.quality()
     print(f"matrix: {len(m.harness_ids)} harnesses (parent + {len(m.harness_ids) - 1} children) x "
           f"{len(m.task_ids)} tasks x {m.rewards.shape[2]} rollouts = {m.full_cost} executions")

@@ -43,20 +43,23 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     root = Path(args.root or tempfile.mkdtemp(prefix="ssr-seeds-"))
     rows = []
-    head = (f"{'seed':>4} {'true init':>9} {'true final':>10} {'delta':>7} {'RR@3 init':>9} {'RR@3 final':>10} "
-            f"{'execs':>6} {'rounds':>6}  stop")
+    head = (f"{'seed':>4} {'score init':>10} {'score final':>11} {'resolve init':>12} {'resolve final':>13} "
+            f"{'RR@3 init':>9} {'RR@3 final':>10} {'execs':>6} {'rounds':>6}  stop")
+    print("true = the surrogate's exact expected test quality (score: partial credit; resolve: pass@1)")
     print(head)
     print("-" * len(head))
     for s in args.seeds:
         sm = run_seed(args.experiment, s, root, args.overrides, not args.fixed_benchmark)
-        ti, tf = sm.get("true_quality_initial"), sm.get("true_quality_final")
-        ri, rf = sm["test_initial"]["rr_at_k"], sm["test_final"]["rr_at_k"]
-        rows.append((s, ti, tf, ri, rf, sm))
-        print(f"{s:>4} {ti:>9.4f} {tf:>10.4f} {tf - ti:>+7.4f} {ri:>9.3f} {rf:>10.3f} "
+        rows.append(sm)
+        print(f"{s:>4} {sm['true_quality_initial']:>10.4f} {sm['true_quality_final']:>11.4f} "
+              f"{sm['true_resolve_initial']:>12.4f} {sm['true_resolve_final']:>13.4f} "
+              f"{sm['test_initial']['rr_at_k']:>9.3f} {sm['test_final']['rr_at_k']:>10.3f} "
               f"{sm['executions_used']:>6} {sm['rounds']:>6}  {sm['stop_reason']}", flush=True)
-    improved = sum(1 for r in rows if r[2] > r[1])
-    mean_delta = sum(r[2] - r[1] for r in rows) / len(rows)
-    print(f"\ntrue quality improved in {improved}/{len(rows)} seeds; mean delta {mean_delta:+.4f}; runs in {root}")
+    for key, label in (("true_quality", "score"), ("true_resolve", "resolve")):
+        deltas = [r[f"{key}_final"] - r[f"{key}_initial"] for r in rows]
+        print(f"true {label}: improved in {sum(d > 0 for d in deltas)}/{len(rows)} seeds, "
+              f"mean delta {sum(deltas) / len(deltas):+.4f}")
+    print(f"runs in {root}")
     return 0
 
 

@@ -168,7 +168,8 @@ def generate_surrogate_matrix(benchmark: Any, *, optimizer: Any, judge: Any, emb
     the paper's 12-candidate audit. Parent and children then run ``rollouts`` times on
     every task of ``audit_splits`` (disjoint from the training evidence), executed
     in this process by the benchmark's executor. Invalid or duplicate children are
-    dropped (their count is smaller than 12 then).
+    dropped and replaced by further seeds (up to 3·per_scale tries per scale), so a
+    scale may end up with fewer children when the optimizer keeps repeating itself.
     """
     from pathlib import Path
 
@@ -204,7 +205,10 @@ def generate_surrogate_matrix(benchmark: Any, *, optimizer: Any, judge: Any, emb
     children, sizes, seen = [], [], {parent.harness_id}
     for s, tasks in enumerate(sets):
         recs = [by_task[t] for t in tasks]
-        for j in range(per_scale):
+        got = 0
+        for j in range(3 * per_scale):  # the offline optimizer repeats itself: try more seeds
+            if got == per_scale:
+                break
             cdir = root / f"candidate-{s}-{j}"
             (cdir / "work").mkdir(parents=True, exist_ok=True)
             (cdir / "evidence").mkdir(parents=True, exist_ok=True)
@@ -216,6 +220,7 @@ def generate_surrogate_matrix(benchmark: Any, *, optimizer: Any, judge: Any, emb
             if child is None or child.harness_id in seen or not validate(child, forbidden_fragments=forbidden).ok:
                 continue
             seen.add(child.harness_id)
+            got += 1
             children.append(child)
             d = diff(parent, child)
             sizes.append(d.added + d.deleted)

@@ -122,18 +122,19 @@ def _remote_fn():
     return _remote
 
 
+def use_ray() -> bool:
+    """Candidates go to Ray tasks whenever the driver is connected to Ray."""
+    import ray
+
+    return ray.is_initialized()
+
+
 def generate_candidates(optimizer_spec: Any, jobs: Sequence[CandidateJob], *, forbidden: Sequence[str],
                         timeout_s: float, max_concurrent: int = 4) -> list[CandidateOutcome]:
     """Generate every candidate in parallel; outcomes in ``jobs`` order."""
     if not jobs:
         return []
-    try:
-        import ray
-
-        use_ray = ray.is_initialized()
-    except ImportError:  # pragma: no cover - ray is a hard dependency
-        use_ray = False
-    if not use_ray:
+    if not use_ray():
         with ThreadPoolExecutor(max_workers=max(1, min(max_concurrent, len(jobs)))) as pool:
             return list(pool.map(lambda j: generate_one(optimizer_spec, j, forbidden, timeout_s), jobs))
     import ray

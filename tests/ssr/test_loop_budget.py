@@ -103,6 +103,13 @@ class Slice:
         return self.b.true_quality(harness, split)
 
 
+@pytest.fixture(autouse=True)
+def _in_process_candidates(monkeypatch):
+    # The optimizer stand-in lives in this test module, which Ray workers cannot
+    # import; these tests are about the driver's rules, so generate in threads.
+    monkeypatch.setattr("milo_ray.ssr.candidates.use_ray", lambda: False)
+
+
 @pytest.fixture(scope="module")
 def bench():
     from milo_ray.benchmarks.surrogate import SurrogateBenchmark
