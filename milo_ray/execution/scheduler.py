@@ -34,29 +34,32 @@ import itertools
 import logging
 import time
 from collections import Counter, deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, AsyncIterator, Iterable, Mapping
 
 import ray
 from ray.exceptions import RayError
-from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from milo_ray.execution.budget import BudgetExceeded, BudgetLedger
 from milo_ray.execution.progress import RolloutProgress
 from milo_ray.execution.types import RolloutRequest, RolloutResult, Task
-from milo_ray.execution.workers import Item, Outcome, RolloutWorker
+from milo_ray.execution.workers import (
+    SLOT_RESOURCE,
+    Item,
+    Outcome,
+    WorkerNode,
+    aget,
+    discover_nodes,
+    start_worker,
+)
 
 log = logging.getLogger(__name__)
 
-SLOT_RESOURCE = "sandbox_slot"
 # How long one worker poll may wait for a finished rollout before returning empty.
 _POLL_WAIT_S = 1.0
 # A poll that has not answered after this long means the worker's event loop is
 # wedged (e.g. an executor blocking inside aexecute); the worker is then replaced.
 _STALL_S = 300.0
-# Actor calls beyond the rollout slots: submit/poll/ready must never queue behind rollouts.
-_CONTROL_CALLS = 4
-_WORKER_START_TIMEOUT_S = 120.0
 
 
 @dataclass(eq=False)
@@ -66,26 +69,9 @@ class _Job:
     key: str
     request: RolloutRequest
     future: asyncio.Future
+    ledger: BudgetLedger  # the ledger it was reserved on (the run budget or the uncounted one)
     attempts: int = 0
     item_id: int = -1
-
-
-@dataclass(eq=False)
-class _Node:
-    node_id: str
-    label: str
-    slots: int
-    claim_slots: bool
-    actor: Any = None
-    generation: int = 0
-    harnesses: set[str] = field(default_factory=set)
-    tasks: set[str] = field(default_factory=set)
-    inflight: dict[int, _Job] = field(default_factory=dict)
-    poller: asyncio.Task | None = None
-    alive: bool = True
-
-    def free(self) -> int:
-        return self.slots - len(self.inflight) if (self.alive and self.actor is not None) else 0
 
 
 def _positive_int(name: str, value: Any) -> None:
@@ -139,6 +125,8 @@ class RolloutScheduler:
         self.model_id = model_id
         self.run_id = run_id
         self.budget = budget if budget is not None else BudgetLedger()
+        # Spend of batches run with count_budget=False (never capped).
+        self.uncounted = BudgetLedger()
         _positive_int("slots_per_node", slots_per_node)
         for g, lim in (group_limits or {}).items():
             _positive_int(f"group_limits[{g!r}]", lim)
@@ -173,7 +161,7 @@ class RolloutScheduler:
         self._jobs: dict[str, _Job] = {}  # key -> unfinished job (queued, in flight or backing off)
         self._pending: dict[str, deque[_Job]] = {}
         self._group_running: Counter[str] = Counter()
-        self._nodes: dict[str, _Node] = {}
+        self._nodes: dict[str, WorkerNode] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
         self._own_loop: asyncio.AbstractEventLoop | None = None
         self._start_lock: asyncio.Lock | None = None
@@ -200,18 +188,23 @@ class RolloutScheduler:
             self._load_stored([key])
         return self._results.get(key)
 
-    async def arun(self, requests: Iterable[RolloutRequest]) -> list[RolloutResult]:
+    async def arun(self, requests: Iterable[RolloutRequest], *, count_budget: bool = True) -> list[RolloutResult]:
         """Results in request order. Raises :class:`BudgetExceeded` before starting
         anything if the uncached part does not fit the execution budget, or after
-        in-flight work settled if a token/cost cap stopped the batch midway."""
-        futures = await self._submit(list(requests))
+        in-flight work settled if a token/cost cap stopped the batch midway.
+
+        ``count_budget=False`` runs the batch outside the run's budget (e.g. a final
+        test-split evaluation); its spend is tallied on ``uncounted`` instead."""
+        futures = await self._submit(list(requests), count_budget)
         if futures:
             await asyncio.wait(set(futures))
         return self._collect(futures)
 
-    async def astream(self, requests: Iterable[RolloutRequest]) -> AsyncIterator[RolloutResult]:
+    async def astream(
+        self, requests: Iterable[RolloutRequest], *, count_budget: bool = True
+    ) -> AsyncIterator[RolloutResult]:
         """Yield one result per request, in completion order (cached ones first)."""
-        futures = await self._submit(list(requests))
+        futures = await self._submit(list(requests), count_budget)
         count: Counter[asyncio.Future] = Counter(futures)
         ready: asyncio.Queue[asyncio.Future] = asyncio.Queue()
         for fut in count:
@@ -227,7 +220,7 @@ class RolloutScheduler:
         if failure is not None:
             raise failure
 
-    def run(self, requests: Iterable[RolloutRequest]) -> list[RolloutResult]:
+    def run(self, requests: Iterable[RolloutRequest], *, count_budget: bool = True) -> list[RolloutResult]:
         """Synchronous :meth:`arun` on the scheduler's private event loop."""
         try:
             asyncio.get_running_loop()
@@ -240,7 +233,7 @@ class RolloutScheduler:
             )
         if self._own_loop is None or self._own_loop.is_closed():
             self._own_loop = asyncio.new_event_loop()
-        return self._own_loop.run_until_complete(self.arun(requests))
+        return self._own_loop.run_until_complete(self.arun(requests, count_budget=count_budget))
 
     def worker_actors(self) -> dict[str, Any]:
         """Live worker actor handles by node label (diagnostics and fault injection)."""
@@ -266,7 +259,7 @@ class RolloutScheduler:
         self.close()
 
     # --- submission -------------------------------------------------------------------
-    async def _submit(self, requests: list[RolloutRequest]) -> list[asyncio.Future]:
+    async def _submit(self, requests: list[RolloutRequest], count_budget: bool = True) -> list[asyncio.Future]:
         if self._closed:
             raise RuntimeError("RolloutScheduler is closed")
         loop = self._bind_loop()
@@ -283,9 +276,10 @@ class RolloutScheduler:
                 new[k] = r
         # Reserve the whole uncached part atomically, before any await: nothing starts
         # unless all of it fits, and concurrent callers cannot double-book a key.
-        self.budget.reserve(len(new))
+        ledger = self.budget if count_budget else self.uncounted
+        ledger.reserve(len(new))
         for k, r in new.items():
-            job = _Job(k, r, loop.create_future())
+            job = _Job(k, r, loop.create_future(), ledger)
             self._jobs[k] = job
             self._pending.setdefault(r.group, deque()).append(job)
         self.progress.add(len(new), n_cached=sum(1 for k in keys if k in self._results))
@@ -384,45 +378,15 @@ class RolloutScheduler:
             if not any(n.alive for n in self._nodes.values()):
                 raise RuntimeError("no Ray node could host a rollout worker; see the log for each node's error")
 
-    def _discover_nodes(self) -> list[_Node]:
-        alive = [n for n in ray.nodes() if n.get("Alive")]
-        with_slots = [n for n in alive if n.get("Resources", {}).get(self.slot_resource, 0) >= 1]
-        chosen = with_slots or alive
-        claim = bool(with_slots) and self.claim_slots
-        if not chosen:
-            raise RuntimeError("the Ray cluster has no alive nodes")
-        out = []
-        for n in chosen:
-            slots = int(n["Resources"][self.slot_resource]) if with_slots else self.slots_per_node
-            label = f"{n.get('NodeManagerAddress', '?')}:{n['NodeID'][:8]}"
-            out.append(_Node(n["NodeID"], label, slots, claim))
-        return out
+    def _discover_nodes(self) -> list[WorkerNode]:
+        return discover_nodes(self.slot_resource, self.slots_per_node, claim_slots=self.claim_slots)
 
-    async def _start_worker(self, node: _Node) -> None:
-        opts: dict[str, Any] = {
-            "scheduling_strategy": NodeAffinitySchedulingStrategy(node.node_id, soft=False),
-            "max_concurrency": node.slots + _CONTROL_CALLS,
-            "max_restarts": 0,
-        }
-        if node.claim_slots:
-            opts["resources"] = {self.slot_resource: node.slots}
-        actor = RolloutWorker.options(**opts).remote(self._config_ref, node.slots, self.time_cap_grace)
-        try:
-            info = await asyncio.wait_for(_aget(actor.ready.remote()), _WORKER_START_TIMEOUT_S)
-        except (RayError, asyncio.TimeoutError) as exc:
-            ray.kill(actor)
-            node.alive = False
-            log.error("rollout worker on %s did not start: %s", node.label, exc)
-            return
-        if info["error"]:
-            ray.kill(actor)
-            raise RuntimeError(f"the rollout worker could not build the executor from executor_config:\n{info['error']}")
-        node.actor = actor
-        node.generation += 1
-        node.harnesses.clear()
-        node.tasks.clear()
+    async def _start_worker(self, node: WorkerNode) -> None:
+        error = await start_worker(node, self._config_ref, self.time_cap_grace, self.slot_resource)
+        if error:
+            raise RuntimeError(f"the rollout worker could not build the executor from executor_config:\n{error}")
 
-    async def _replace_worker(self, node: _Node, exc: BaseException) -> None:
+    async def _replace_worker(self, node: WorkerNode, exc: BaseException) -> None:
         """The worker died or wedged: its rollouts become infrastructure failures and a
         new worker is started on the same node if the node is still alive."""
         old, node.actor = node.actor, None
@@ -450,9 +414,6 @@ class RolloutScheduler:
 
     def _pump(self) -> None:
         """Hand queued jobs to free slots, round-robin across groups, within group caps."""
-        if self.budget.spend_exhausted():
-            self._abandon_pending(BudgetExceeded("token/cost budget spent; no new rollouts start"), budget=True)
-            return
         nodes = [n for n in self._nodes.values() if n.free() > 0]
         if not nodes:
             return
@@ -467,8 +428,12 @@ class RolloutScheduler:
                     continue
                 if self._group_room(group) <= 0 or not nodes:
                     continue
-                node = max(nodes, key=_Node.free)
                 job = queue.popleft()
+                progressed = True
+                if job.ledger.spend_exhausted():
+                    self._drop(job, BudgetExceeded("token/cost budget spent; no new rollouts start"))
+                    continue
+                node = max(nodes, key=WorkerNode.free)
                 job.item_id = next(self._items)
                 job.attempts += 1
                 node.inflight[job.item_id] = job
@@ -476,11 +441,10 @@ class RolloutScheduler:
                 batches.setdefault(node.node_id, []).append(job)
                 if node.free() <= 0:
                     nodes.remove(node)
-                progressed = True
         for node_id, jobs in batches.items():
             self._send(self._nodes[node_id], jobs)
 
-    def _send(self, node: _Node, jobs: list[_Job]) -> None:
+    def _send(self, node: WorkerNode, jobs: list[_Job]) -> None:
         items: list[Item] = []
         refs: dict[str, Any] = {}
         tasks: dict[str, Task] = {}
@@ -505,13 +469,13 @@ class RolloutScheduler:
             self._harness_refs[harness_id] = ray.put(self._harnesses[harness_id])
         return self._harness_refs[harness_id]
 
-    async def _poll(self, node: _Node) -> None:
+    async def _poll(self, node: WorkerNode) -> None:
         """The node's only poller: long-polls its current worker while rollouts are in
         flight there, and replaces the worker (then keeps polling the new one) when it dies."""
         while node.inflight and node.actor is not None:
             actor, generation = node.actor, node.generation
             try:
-                outcomes = await asyncio.wait_for(_aget(actor.poll.remote(_POLL_WAIT_S)), _POLL_WAIT_S + _STALL_S)
+                outcomes = await asyncio.wait_for(aget(actor.poll.remote(_POLL_WAIT_S)), _POLL_WAIT_S + _STALL_S)
             except (RayError, asyncio.TimeoutError) as exc:
                 if node.generation == generation:
                     await self._replace_worker(node, exc)
@@ -533,7 +497,7 @@ class RolloutScheduler:
                 job.future.set_exception(exc)
 
     # --- outcomes ---------------------------------------------------------------------
-    def _on_outcomes(self, node: _Node, outcomes: list[Outcome]) -> None:
+    def _on_outcomes(self, node: WorkerNode, outcomes: list[Outcome]) -> None:
         finished: list[RolloutResult] = []
         for o in outcomes:
             job = node.inflight.pop(o.item_id, None)
@@ -561,7 +525,7 @@ class RolloutScheduler:
             finished.append(self._fill(job, result, node, o.started_at, o.finished_at))
         self._record(finished)
 
-    def _infra_failure(self, job: _Job, error: str, node: _Node) -> RolloutResult | None:
+    def _infra_failure(self, job: _Job, error: str, node: WorkerNode) -> RolloutResult | None:
         """Schedule a retry (None) or, past the limit, build the final infra result."""
         r = job.request
         if job.attempts <= self.max_retries:
@@ -601,7 +565,7 @@ class RolloutScheduler:
         self._pending.setdefault(job.request.group, deque()).appendleft(job)
         self._pump()
 
-    def _fill(self, job: _Job, result: RolloutResult, node: _Node, started: float, finished: float) -> RolloutResult:
+    def _fill(self, job: _Job, result: RolloutResult, node: WorkerNode, started: float, finished: float) -> RolloutResult:
         r = job.request
         result.harness_id, result.task_id, result.rollout_idx = r.harness_id, r.task_id, r.rollout_idx
         result.run_id = self.run_id
@@ -621,7 +585,7 @@ class RolloutScheduler:
         if not results:
             return
         for res in results:
-            self.budget.commit(tokens=res.input_tokens + res.output_tokens, cost_usd=res.cost_usd)
+            self._jobs[res.cache_key].ledger.commit(tokens=res.input_tokens + res.output_tokens, cost_usd=res.cost_usd)
         # Dispatch before writing: the next submission is on the critical path of every
         # wave of rollouts, the store write is not.
         self._pump()
@@ -638,25 +602,20 @@ class RolloutScheduler:
             if not job.future.done():
                 job.future.set_result(res)
 
-    def _abandon_pending(self, exc: BaseException, *, budget: bool = False) -> None:
-        """Fail every queued (not in-flight) job: its reservation is given back."""
-        dropped = [job for q in self._pending.values() for job in q]
+    def _abandon_pending(self, exc: BaseException) -> None:
+        """Fail every job that is not in flight (queued or waiting out a retry backoff)."""
         self._pending.clear()
-        if not budget:
-            # Jobs waiting out a retry backoff are not queued; without nodes they never run.
-            queued = {id(j) for j in dropped}
-            inflight = {id(j) for n in self._nodes.values() for j in n.inflight.values()}
-            dropped += [j for j in self._jobs.values() if id(j) not in queued and id(j) not in inflight]
-        for job in dropped:
-            self._jobs.pop(job.key, None)
-            self.budget.release(1)
-            self.progress.dropped()
-            if not job.future.done():
-                job.future.set_exception(exc)
+        inflight = {id(j) for n in self._nodes.values() for j in n.inflight.values()}
+        for job in [j for j in self._jobs.values() if id(j) not in inflight]:
+            self._drop(job, exc)
 
-
-async def _aget(ref: Any) -> Any:
-    return await ref
+    def _drop(self, job: _Job, exc: BaseException) -> None:
+        """A job that will not run (again): its reservation is given back."""
+        self._jobs.pop(job.key, None)
+        job.ledger.release(1)
+        self.progress.dropped()
+        if not job.future.done():
+            job.future.set_exception(exc)
 
 
 def _result_from_row(row: dict[str, Any]) -> RolloutResult:

@@ -20,23 +20,37 @@ Per-rollout time caps are enforced here, next to the rollout: past
 marked as capped. An executor that raises is reported as an infrastructure failure
 (the driver decides about retries). The actor is a thin shell around
 :class:`WorkerCore`, which is plain asyncio and testable without Ray.
+
+The driver-side half of a worker's life is here too: :func:`discover_nodes` decides
+which nodes host one and with how many slots, :func:`start_worker` pins a worker to its
+node (``NodeAffinitySchedulingStrategy``) and waits until it has built its executor.
 """
 
 from __future__ import annotations
 
 import asyncio
 import functools
+import logging
 import math
 import os
 import time
 import traceback
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 import ray
+from ray.exceptions import RayError
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from milo_ray.execution.types import RolloutResult, Task
+
+log = logging.getLogger(__name__)
+
+SLOT_RESOURCE = "sandbox_slot"
+# Actor calls beyond the rollout slots: submit/poll/ready must never queue behind rollouts.
+_CONTROL_CALLS = 4
+_WORKER_START_TIMEOUT_S = 120.0
 
 # (item_id, harness_id, task_id, rollout_idx, seed): what the driver sends per rollout.
 Item = tuple[int, str, str, int, int]
@@ -199,3 +213,76 @@ class _RolloutWorkerShell:
 
 # num_cpus=0: the worker waits on I/O; the node's capacity is its sandbox slots.
 RolloutWorker = ray.remote(num_cpus=0)(_RolloutWorkerShell)
+
+
+# --- driver side: which nodes host a worker, and starting one -------------------------
+
+
+@dataclass(eq=False)
+class WorkerNode:
+    """The driver's view of one node's worker: its actor, what was shipped to it, and
+    the rollouts in flight there (item id -> the scheduler's job)."""
+
+    node_id: str
+    label: str
+    slots: int
+    claim_slots: bool
+    actor: Any = None
+    generation: int = 0  # bumped each time a (re)started worker comes up
+    harnesses: set[str] = field(default_factory=set)
+    tasks: set[str] = field(default_factory=set)
+    inflight: dict[int, Any] = field(default_factory=dict)
+    poller: Any = None  # the asyncio task long-polling this node
+    alive: bool = True
+
+    def free(self) -> int:
+        return self.slots - len(self.inflight) if (self.alive and self.actor is not None) else 0
+
+
+def discover_nodes(slot_resource: str, slots_per_node: int, *, claim_slots: bool) -> list[WorkerNode]:
+    """Alive nodes that declare ``slot_resource`` (their slot count is its total); when
+    none declares it, every alive node with ``slots_per_node`` slots."""
+    alive = [n for n in ray.nodes() if n.get("Alive")]
+    with_slots = [n for n in alive if n.get("Resources", {}).get(slot_resource, 0) >= 1]
+    if not alive:
+        raise RuntimeError("the Ray cluster has no alive nodes")
+    out = []
+    for n in with_slots or alive:
+        slots = int(n["Resources"][slot_resource]) if with_slots else slots_per_node
+        label = f"{n.get('NodeManagerAddress', '?')}:{n['NodeID'][:8]}"
+        out.append(WorkerNode(n["NodeID"], label, slots, claim_slots and bool(with_slots)))
+    return out
+
+
+async def start_worker(node: WorkerNode, config_ref: Any, time_cap_grace: float, slot_resource: str) -> str | None:
+    """Start a worker pinned to ``node`` and wait until it is up. Returns the executor
+    construction error (a config problem, not retried) or None; a worker that cannot be
+    placed or dies while starting marks the node as not alive."""
+    opts: dict[str, Any] = {
+        "scheduling_strategy": NodeAffinitySchedulingStrategy(node.node_id, soft=False),
+        "max_concurrency": node.slots + _CONTROL_CALLS,
+        "max_restarts": 0,
+    }
+    if node.claim_slots:
+        opts["resources"] = {slot_resource: node.slots}
+    actor = RolloutWorker.options(**opts).remote(config_ref, node.slots, time_cap_grace)
+    try:
+        info = await asyncio.wait_for(aget(actor.ready.remote()), _WORKER_START_TIMEOUT_S)
+    except (RayError, asyncio.TimeoutError) as exc:
+        ray.kill(actor)
+        node.alive = False
+        log.error("rollout worker on %s did not start: %s", node.label, exc)
+        return None
+    if info["error"]:
+        ray.kill(actor)
+        return info["error"]
+    node.actor = actor
+    node.generation += 1
+    node.harnesses.clear()
+    node.tasks.clear()
+    return None
+
+
+async def aget(ref: Any) -> Any:
+    """Await an ObjectRef as a coroutine (what ``asyncio.wait_for`` wants)."""
+    return await ref

@@ -88,15 +88,19 @@ def test_executions_are_exact_and_concurrent_duplicates_run_once(ray_local):
     with pytest.raises(BudgetExceeded):
         sched.run([_req("fast", i) for i in range(20, 31)])
     assert store.read("rollouts").num_rows == 20
+    # Work outside the run's budget (e.g. a final evaluation) is tallied apart.
+    sched.run([_req("fast", i) for i in range(20, 31)], count_budget=False)
+    assert sched.budget.executions_used == 20 and sched.uncounted.executions_used == 11
     sched.close()
 
     # Resume: a new scheduler over the same store serves everything stored without
-    # executing -- its budget has no execution left, and no worker starts.
-    again = _scheduler(store, budget=BudgetLedger(executions=20))
-    assert again.budget.executions_used == 20
+    # executing -- its budget (charged with the 31 stored rollouts) has no execution
+    # left, and no worker starts.
+    again = _scheduler(store, budget=BudgetLedger(executions=31))
+    assert again.budget.executions_used == 31
     served = again.run([_req("fast", i) for i in range(20)])
     assert [r.cache_key for r in served] == [r.cache_key for r in out[0] + out[1][6:]]
-    assert again.worker_actors() == {} and store.read("rollouts").num_rows == 20
+    assert again.worker_actors() == {} and store.read("rollouts").num_rows == 31
     assert again.cached(_req("fast", 3)).score == 1.0 and again.cached(_req("fast", 99)) is None
     again.close()
 
