@@ -47,9 +47,9 @@ def test_every_method_config_composes(method):
     assert get_class(cfg.method._target_) is not None
 
 
-@pytest.mark.parametrize("benchmark", BENCHMARKS)
-def test_every_benchmark_config_composes(benchmark):
-    cfg = _compose([f"benchmark={benchmark}"])
+@pytest.mark.parametrize("benchmark_name", BENCHMARKS)
+def test_every_benchmark_config_composes(benchmark_name):
+    cfg = _compose([f"benchmark={benchmark_name}"])
     assert get_class(cfg.benchmark._target_) is not None
 
 
