@@ -60,6 +60,8 @@ _POLL_WAIT_S = 1.0
 # A poll that has not answered after this long means the worker's event loop is
 # wedged (e.g. an executor blocking inside aexecute); the worker is then replaced.
 _STALL_S = 300.0
+# How often new work looks for nodes that joined the cluster since the last look.
+_REDISCOVER_S = 60.0
 
 
 @dataclass(eq=False)
@@ -166,6 +168,7 @@ class RolloutScheduler:
         self._own_loop: asyncio.AbstractEventLoop | None = None
         self._start_lock: asyncio.Lock | None = None
         self._config_ref: Any = None
+        self._discovered_at = 0.0
         self._closed = False
 
     # --- public API -------------------------------------------------------------------
@@ -365,21 +368,28 @@ class RolloutScheduler:
 
     # --- workers ----------------------------------------------------------------------
     async def _ensure_workers(self) -> None:
+        """Start workers on the nodes that have none: on first use, then at most every
+        ``_REDISCOVER_S`` seconds so nodes that joined the cluster are put to work."""
         assert self._start_lock is not None
         async with self._start_lock:
-            if any(n.alive for n in self._nodes.values()):
+            have_workers = any(n.alive for n in self._nodes.values())
+            if have_workers and time.monotonic() - self._discovered_at < _REDISCOVER_S:
                 return
             if not ray.is_initialized():
                 ray.init(address=self.address)
-            self._config_ref = ray.put(self.executor_config)
-            for node in self._discover_nodes():
+            if self._config_ref is None:
+                self._config_ref = ray.put(self.executor_config)
+            self._discovered_at = time.monotonic()
+            fresh = [
+                n
+                for n in discover_nodes(self.slot_resource, self.slots_per_node, claim_slots=self.claim_slots)
+                if n.node_id not in self._nodes or not self._nodes[n.node_id].alive
+            ]
+            for node in fresh:
                 self._nodes[node.node_id] = node
-            await asyncio.gather(*(self._start_worker(n) for n in self._nodes.values()))
+            await asyncio.gather(*(self._start_worker(n) for n in fresh))
             if not any(n.alive for n in self._nodes.values()):
                 raise RuntimeError("no Ray node could host a rollout worker; see the log for each node's error")
-
-    def _discover_nodes(self) -> list[WorkerNode]:
-        return discover_nodes(self.slot_resource, self.slots_per_node, claim_slots=self.claim_slots)
 
     async def _start_worker(self, node: WorkerNode) -> None:
         error = await start_worker(node, self._config_ref, self.time_cap_grace, self.slot_resource)
