@@ -8,13 +8,16 @@ The scheduler is the driver-side half of rollout execution (DESIGN §2). It owns
   in per-group FIFO queues on the driver and are handed to whichever node has a free
   slot, round-robin across groups, never more than ``group_limits[group]`` in flight
   per group. Batches go out in one actor call and finished outcomes come back in one
-  long poll, so results stream in as they finish with no batch barrier;
+  long poll, so results stream in as they finish with no batch barrier. Nodes that
+  join the cluster get a worker the next time work arrives (checked once a minute);
 * **the cache** -- a request's identity is ``RolloutRequest.key(model_id)``; a key runs
   at most once per run: concurrent duplicates share one execution, keys finished in
   this process or already in the store (resume) are returned without executing;
 * **the budget** -- the uncached part of a request batch is reserved on the
   :class:`~milo_ray.execution.budget.BudgetLedger` before anything starts
-  (:class:`BudgetExceeded` otherwise) and committed as results arrive;
+  (:class:`BudgetExceeded` otherwise) and committed as results arrive; once a token or
+  cost cap is reached no queued rollout starts. ``count_budget=False`` batches (final
+  evaluations) are tallied on ``uncounted`` instead;
 * **faults** -- an executor that raises, or a worker actor / node that dies, is an
   infrastructure failure: the rollout is retried with exponential backoff on a
   recreated worker, each retry recorded as a ``rollout_retry`` event, and after
