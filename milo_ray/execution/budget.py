@@ -154,6 +154,22 @@ class BudgetLedger:
             self._tokens_used += int(tokens)
             self._cost_used += float(cost_usd)
 
+    def restore_from_rollouts(self, rollouts: Any) -> None:
+        """Charge every row of a stored ``rollouts`` table (a pyarrow Table): each row was
+        one execution, with its tokens and cost. Infra failures count too -- they ran."""
+        if rollouts.num_rows == 0:
+            return
+        import pyarrow.compute as pc
+
+        def total(col: str) -> float:
+            return (pc.sum(rollouts[col]).as_py() or 0) if col in rollouts.column_names else 0
+
+        self.restore(
+            executions=rollouts.num_rows,
+            tokens=int(total("input_tokens") + total("output_tokens")),
+            cost_usd=float(total("cost_usd")),
+        )
+
     def __repr__(self) -> str:
         s = self.snapshot()
         return (

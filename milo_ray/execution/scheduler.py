@@ -160,7 +160,8 @@ class RolloutScheduler:
         self._harness_refs: dict[str, Any] = {}
         self._results: dict[str, RolloutResult] = {}  # finished in this process
         self._stored_keys: set[str] = set(store.completed_keys())
-        self._restore_budget()
+        # Resume: rollouts stored before this scheduler existed were spent already.
+        self.budget.restore_from_rollouts(store.read("rollouts"))
 
         self._items = itertools.count()
         self._jobs: dict[str, _Job] = {}  # key -> unfinished job (queued, in flight or backing off)
@@ -349,25 +350,6 @@ class RolloutScheduler:
         for key, result in found.items():
             if result.error_kind != "infra":
                 self._results.setdefault(key, result)
-
-    def _restore_budget(self) -> None:
-        """Count the spend of rollouts stored before this scheduler existed (resume)."""
-        import pyarrow.compute as pc
-
-        table = self.store.read("rollouts")
-        if table.num_rows == 0:
-            return
-
-        def total(col: str) -> float:
-            if col not in table.column_names or table.num_rows == 0:
-                return 0
-            return pc.sum(table[col]).as_py() or 0
-
-        self.budget.restore(
-            executions=table.num_rows,
-            tokens=int(total("input_tokens") + total("output_tokens")),
-            cost_usd=float(total("cost_usd")),
-        )
 
     # --- workers ----------------------------------------------------------------------
     async def _ensure_workers(self) -> None:

@@ -87,3 +87,20 @@ def test_bad_caps_name_the_field(kwargs):
 def test_commit_without_reservation_is_an_error():
     with pytest.raises(RuntimeError, match="without a matching reserve"):
         BudgetLedger().commit()
+
+
+def test_stored_rollouts_are_charged_on_resume_including_infra_failures():
+    import pyarrow as pa
+
+    rows = pa.table({
+        "input_tokens": [10, 0, 5],
+        "output_tokens": [1, 0, 2],
+        "cost_usd": [0.1, 0.0, 0.2],
+        "error_kind": [None, "infra", "harness"],
+    })
+    ledger = BudgetLedger(executions=5)
+    ledger.restore_from_rollouts(rows)
+    assert ledger.executions_used == 3 and ledger.tokens_used == 18
+    assert ledger.cost_used_usd == pytest.approx(0.3) and ledger.remaining_executions() == 2
+    ledger.restore_from_rollouts(rows.slice(0, 0))
+    assert ledger.executions_used == 3
