@@ -254,7 +254,9 @@ def test_harness_code_never_runs_in_the_callers_process(tmp_path, monkeypatch):
     assert "milo_ray_validate_" in cwd and not os.path.exists(cwd)
     assert not (tmp_path / "relative_marker.txt").exists()
     assert "harness" not in set(sys.modules) - before
-    assert not any(getattr(m, "MARKER_MODULE_LOADED", False) for m in list(sys.modules.values()))
+    # vars(), not getattr(): some installed modules answer any attribute via __getattr__.
+    assert not any(vars(m).get("MARKER_MODULE_LOADED") is True for m in list(sys.modules.values())
+                   if hasattr(m, "__dict__"))
 
 
 def test_validate_many_keeps_input_order_and_isolates_failures():
