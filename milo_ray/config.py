@@ -108,10 +108,7 @@ def register_configs() -> None:
     cs.store(group="model", name="model_schema", node=ModelConfig)
     cs.store(group="method", name="eval_schema", node=EvalConfig)
     for group_name, module, cls in _METHOD_SCHEMAS:
-        try:  # TEMP-INTEGRATION: methods land separately
-            mod = __import__(module, fromlist=[cls])
-        except ImportError:
-            continue
+        mod = __import__(module, fromlist=[cls])
         cs.store(group="method", name=group_name, node=getattr(mod, cls))
 
 

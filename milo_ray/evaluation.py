@@ -157,3 +157,39 @@ class EvalMethod:
         print_scores(f"{ctx.benchmark.name}: {self.split} split, k={self.k}", rows)
         ctx.store.event("eval_summary", {"split": self.split, "k": self.k, "rows": [r.as_dict() for r in rows]})
         return {"method": "eval", "split": self.split, "k": self.k, "harnesses": [r.as_dict() for r in rows]}
+
+
+def _fmt(value: Any, spec: str = ".3f") -> str:
+    return "-" if value is None else format(value, spec) if isinstance(value, (int, float)) else str(value)
+
+
+def print_run_summary(summary: dict[str, Any]) -> None:
+    """The end-of-run console report of any method: MILO's per-island table, the final
+    test leaderboard rows (``final_test``: ``HarnessScore.as_dict()`` rows) and the
+    headline figures. ``eval`` prints its own table while it runs."""
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console(width=160)
+    islands = summary.get("islands") or {}
+    if islands:
+        table = Table(title="MILO islands (search = B_search accuracy, held-out = B_val)")
+        for col in ("island", "mutator", "rounds", "best", "search acc", "held-out acc", "out tokens", "seconds",
+                    "true quality"):
+            table.add_column(col, justify="left" if col in ("island", "mutator", "best") else "right")
+        for j, row in sorted(islands.items(), key=lambda kv: int(kv[0])):
+            table.add_row(str(j), str(row.get("mutator", "-")), _fmt(row.get("rounds"), "d"),
+                          str(row.get("harness_id", "-"))[:10], _fmt(row.get("search_accuracy")),
+                          _fmt(row.get("heldout_accuracy")), _fmt(row.get("output_tokens"), ",.0f"),
+                          _fmt(row.get("seconds"), ",.0f"), _fmt(row.get("true_quality")))
+        console.print(table)
+    rows = summary.get("final_test") or []
+    if rows:
+        fields = set(HarnessScore.__dataclass_fields__)
+        scores = [HarnessScore(**{k: (tuple(v) if isinstance(v, list) else v) for k, v in r.items() if k in fields})
+                  for r in rows]
+        print_scores("final evaluation on the test split", scores)
+    headline = {k: summary[k] for k in ("executions_used", "best_seed_true_quality", "initial_true_quality",
+                                        "final_true_quality", "rounds", "stop_reason") if k in summary}
+    if headline:
+        console.print("  ".join(f"{k}={_fmt(v) if isinstance(v, float) else v}" for k, v in headline.items()))

@@ -64,6 +64,7 @@ def run_job(cfg: DictConfig) -> dict[str, Any]:
 
     from milo_ray.benchmarks.base import BenchmarkDataMissing
     from milo_ray.context import RunContext
+    from milo_ray.evaluation import print_run_summary
     from milo_ray.execution.budget import BudgetLedger
     from milo_ray.execution.cluster import connect
     from milo_ray.execution.scheduler import RolloutScheduler
@@ -120,6 +121,7 @@ def run_job(cfg: DictConfig) -> dict[str, Any]:
     try:
         summary = method.run(ctx) or {}
         status = "finished"
+        print_run_summary(summary)
     except KeyboardInterrupt:
         status = "interrupted"
         raise

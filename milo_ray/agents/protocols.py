@@ -86,6 +86,12 @@ class Orchestrator(Protocol):
 
     def decide(self, snapshot_markdown: str, state: dict[str, Any], seed: int) -> dict[str, Any]: ...
 
+    def graft(self, request: MutationRequest) -> MutationResult:
+        """Write the recombined child of a Graft move: ``request.parent`` is the
+        destination island's best; ``request.context`` holds ``co_parent_source`` (the
+        donor's best ``harness.py``), ``co_parent_dir`` and the island indices."""
+        ...
+
 
 @runtime_checkable
 class Embedder(Protocol):

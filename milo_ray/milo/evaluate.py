@@ -1,6 +1,7 @@
 """Evaluating one harness for MILO: rollouts through the RolloutScheduler, the
 aggregates the lineage stores (accuracy, costs, behavior, fitness) and the on-disk
-harness directory ``<run_dir>/harnesses/<harness_id>/{harness.py, diff.patch, evidence/}``.
+harness directory ``<run_dir>/workspace/harnesses/<harness_id>/{harness.py, diff.patch, evidence/}``
+(outside the store's table directories, so ``<run_dir>/harnesses/`` holds only Parquet parts).
 
 Owns :class:`Evaluation` and :func:`evaluate`; no policy lives here.
 """
@@ -69,7 +70,7 @@ async def evaluate(sched: Any, harness: Harness, task_ids: Sequence[str], k: int
 
 
 def harness_dir(run_dir: Path, harness_id: str) -> Path:
-    return Path(run_dir) / "harnesses" / harness_id
+    return Path(run_dir) / "workspace" / "harnesses" / harness_id
 
 
 def write_harness_dir(run_dir: Path, harness: Harness, patch: str | None) -> Path:

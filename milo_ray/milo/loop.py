@@ -304,7 +304,7 @@ class MiloRun:
         parent = await isl.node.remote(parent_id)
         mutator = self.assignment[j]
         memory_md = await isl.render.remote(cfg.memory, mutator)
-        workdir = self.run_dir / "work" / f"island-{j}" / f"round-{r}"
+        workdir = self.run_dir / "workspace" / "mutations" / f"island-{j}" / f"round-{r}"
         shutil.rmtree(workdir, ignore_errors=True)
         workdir.mkdir(parents=True)
         (workdir.parent / f"round-{r}.memory.md").write_text(memory_md)

@@ -155,7 +155,7 @@ async def graft(run: "MiloRun", did: str, i: int, m: dict[str, Any]) -> None:
     if a is None or b is None:
         return
     r = run.progress[dst][0]
-    wd = run.run_dir / "work" / "graft" / f"{did}-{i}"
+    wd = run.run_dir / "workspace" / "mutations" / "graft" / f"{did}-{i}"
     wd.mkdir(parents=True, exist_ok=True)
     req = MutationRequest(
         parent=run.harness(a), parent_dir=Path(a["harness_path"]).parent,

@@ -90,7 +90,7 @@ class _SSRRun:
         self.cap = getattr(self.sched.budget, "executions", None)
         self.keys: set[str] = set()  # distinct rollouts this run asked for under the budget
         self.out = StoreWriter(self.store, resumed=bool(ctx.resumed))
-        self.work = Path(ctx.run_dir) / "ssr"
+        self.work = Path(ctx.run_dir) / "workspace" / "ssr"
         self.harnesses: dict[str, Harness] = {}
         self.generated = 0
 

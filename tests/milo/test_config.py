@@ -41,7 +41,7 @@ def test_full_milo_defaults_follow_the_paper():
     assert m.time_limit_s == 72 * 3600 and m.mutation_time_cap_s == 45 * 60
 
 
-@pytest.mark.parametrize("exp", ["milo_quick", "milo_tb21", "milo_deepswe", "milo_swepro"])
+@pytest.mark.parametrize("exp", ["milo_tb21", "milo_deepswe", "milo_swepro"])
 def test_experiments_compose(exp):
     c = _compose(f"+experiment={exp}")
     assert c.method._target_ == "milo_ray.milo.loop.MiloMethod"
