@@ -14,6 +14,8 @@ numbers and miss the first one's completed keys.
 
 from __future__ import annotations
 
+import abc
+
 import json
 import threading
 import time
@@ -34,7 +36,7 @@ class StoreClosed(RuntimeError):
     """A write reached a store after ``close()`` (or a read-only reader)."""
 
 
-class StoreCore:
+class StoreCore(abc.ABC):
     """Backend-independent half of a run store. Subclasses implement the hooks."""
 
     read_only: bool = False
@@ -47,26 +49,32 @@ class StoreCore:
         self._closed = False
 
     # ---- persistence hooks ------------------------------------------------------------
+    @abc.abstractmethod
     def _ingest(self, table: str, data: pa.Table) -> None:
         """Keep validated rows (called with the lock held)."""
-        raise NotImplementedError
+        ...
 
+    @abc.abstractmethod
     def _scan(self, table: str, filter: pc.Expression | None = None) -> pa.Table:
         """Every row of ``table`` in write order, optionally filtered."""
-        raise NotImplementedError
+        ...
 
+    @abc.abstractmethod
     def _blob_write(self, ref: str, compressed: bytes) -> None:
-        raise NotImplementedError
+        ...
 
+    @abc.abstractmethod
     def _blob_read(self, ref: str) -> bytes:
         """Raise ``KeyError`` for an unknown ref."""
-        raise NotImplementedError
+        ...
 
+    @abc.abstractmethod
     def _manifest_write(self, text: str) -> None:
-        raise NotImplementedError
+        ...
 
+    @abc.abstractmethod
     def _manifest_read(self) -> str | None:
-        raise NotImplementedError
+        ...
 
     # ---- writes -----------------------------------------------------------------------
     def _check_writable(self) -> None:
