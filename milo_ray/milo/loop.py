@@ -84,6 +84,7 @@ class MiloRun:
         self.decisions: dict[str, dict[str, Any]] = {}
         self.moves_done: dict[str, set[int]] = {}
         self.decisions_done: set[str] = set()
+        self.last_intervention: dict[int, int] = {}  # island -> rounds_done when it last triggered the orchestrator
         self.mutator_stats: dict[str, dict[str, int]] = {}
         self.node_index: dict[str, tuple[int, dict[str, Any]]] = {}  # node_id -> (island, node dict)
         self.harnesses: dict[str, Harness] = {}
@@ -152,6 +153,10 @@ class MiloRun:
         elif kind == "milo.decision":
             self.decisions[p["decision_id"]] = p
             self.moves_done.setdefault(p["decision_id"], set())
+            self.last_intervention[int(p["trigger"])] = int(p["round"])
+        elif kind == "milo.decision_invalid":
+            j = int(p["trigger"])
+            self.last_intervention[j] = int(p.get("round", self.progress.get(j, (0, 0))[0]))
         elif kind == "milo.move_done":
             self.moves_done.setdefault(p["decision_id"], set()).add(int(p["index"]))
         elif kind == "milo.intervention_done":
@@ -297,8 +302,7 @@ class MiloRun:
     # ------------------------------------------------------------------ one round
     async def island_round(self, j: int) -> None:
         cfg = self.cfg
-        rounds_done, stall = self.progress[j]
-        r = rounds_done + 1
+        r = self.progress[j][0] + 1
         isl = self.islands[j]
         parent_id = await isl.select_parent.remote(derive_seed(self.ctx.seed, "parent", j, r), cfg.parent_selection)
         parent = await isl.node.remote(parent_id)
@@ -322,6 +326,9 @@ class MiloRun:
         new_best = False
         if d["admitted"]:
             new_best = await self.heldout(j, d, round=r)
+        # Read the counter now, not at the start of the round: a graft into this island may
+        # have produced a held-out gain (and reset it) while this round's mutation ran.
+        stall = self.progress[j][1]
         await self.emit("milo.progress", {"island": j, "rounds_done": r, "stall": 0 if new_best else stall + 1},
                         island=j, round=r)
 
@@ -373,7 +380,15 @@ class MiloRun:
         return self._orchestrator
 
     def _should_orchestrate(self, j: int) -> bool:
-        return self.cfg.orchestrator and self.cfg.max_moves > 0 and self.progress[j][1] >= self.cfg.patience
+        """stall_j >= P, and island j has run P rounds since its last intervention.
+
+        stall_j itself only resets on a held-out gain (it is what the orchestrator reads);
+        the spacing gives each intervention P rounds to show an effect before the next one.
+        """
+        rounds, stall = self.progress[j]
+        P = self.cfg.patience
+        spaced = j not in self.last_intervention or rounds - self.last_intervention[j] >= P
+        return bool(self.cfg.orchestrator and self.cfg.max_moves > 0 and stall >= P and spaced)
 
     def _island_done(self, j: int) -> bool:
         return self.cfg.max_rounds is not None and self.progress[j][0] >= self.cfg.max_rounds

@@ -87,9 +87,8 @@ async def intervene(run: "MiloRun", j: int) -> None:
                               max_moves=run.cfg.max_moves, harnesses=owners, tasks=run.task_pool,
                               assignment=run.assignment)
     except DecisionError as e:
-        await run.emit("milo.decision_invalid", {"decision_id": did, "trigger": j, "error": str(e), "raw": raw},
-                       island=j, round=r)
-        await run.emit("milo.progress", {"island": j, "rounds_done": r, "stall": 0}, island=j, round=r)
+        await run.emit("milo.decision_invalid", {"decision_id": did, "trigger": j, "round": r, "error": str(e),
+                                                 "raw": raw}, island=j, round=r)
         return
     await run.emit("milo.decision", {"decision_id": did, "trigger": j, "round": r, "decision": d}, island=j, round=r)
     await apply_decision(run, did, j, r, d)
@@ -125,9 +124,8 @@ async def apply_decision(run: "MiloRun", did: str, trigger: int, r: int, d: dict
         await run.emit("milo.move_done", {"decision_id": did, "index": i, "kind": kind}, island=trigger, round=r)
     if run.stop:
         return
-    # The intervention gets P fresh rounds to show an effect before the next call.
-    await run.emit("milo.progress", {"island": trigger, "rounds_done": run.progress[trigger][0], "stall": 0},
-                   island=trigger, round=r)
+    # stall_trigger is left alone (it resets only on a held-out gain); the loop spaces the
+    # next intervention P rounds after this one (MiloRun._should_orchestrate).
     await run.emit("milo.intervention_done", {"decision_id": did}, island=trigger, round=r)
 
 
@@ -172,8 +170,10 @@ async def graft(run: "MiloRun", did: str, i: int, m: dict[str, Any]) -> None:
         res = MutationResult(None, error=f"graft failed: {type(e).__name__}: {e}")
     d = await run.child(dst, r, node_id=f"{did}-g{i}", parent=a, res=res, origin="graft", mutator="orchestrator",
                         co_parent=b["node_id"])
-    if d["admitted"]:
-        await run.heldout(dst, d, round=r)
+    if d["admitted"] and await run.heldout(dst, d, round=r):
+        # A held-out gain on the destination island resets its stall like any other.
+        await run.emit("milo.progress", {"island": dst, "rounds_done": run.progress[dst][0], "stall": 0},
+                       island=dst, round=r)
 
 
 async def curriculum(run: "MiloRun", did: str, tasks: list[str], r: int) -> None:

@@ -2,15 +2,14 @@
 summary dict the entry point prints and stores in the manifest.
 
 The final evaluation is outside the search budget: it runs on the same scheduler
-(same store, same cache) with the ledger temporarily swapped for an unlimited one,
-then restored so the manifest reports the search's own spending.
+(same store, same cache) with ``count_budget=False``, so it is neither refused by nor
+charged to the search's ledger and the manifest reports the search's own spending.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from milo_ray.execution.budget import BudgetLedger
 from milo_ray.milo.evaluate import requests_for
 
 if TYPE_CHECKING:
@@ -46,19 +45,14 @@ async def final_summary(run: "MiloRun") -> dict[str, Any]:
     bests.sort(key=lambda t: (-t[0], -t[1], t[2]))
     final: list[dict[str, Any]] = []
     test_ids = [t.task_id for t in run.bench.tasks(cfg.test_split)]
-    saved = run.sched.budget
-    run.sched.budget = BudgetLedger()  # the final evaluation does not count against the search budget
-    try:
-        for val, acc, j, b in bests[: cfg.final_candidates]:
-            h = run.harness(b)
-            run.sched.add_harness(h)
-            reqs = requests_for(h.harness_id, test_ids, cfg.k_test, seed=run.ctx.seed, split=cfg.test_split,
-                                round=run.progress[j][0], stage="final", group="final")
-            res = await run.sched.arun(reqs)
-            sc = summarize(f"island-{j}:{b['node_id']}", h, res, test_ids, cfg.k_test, true_score=_true(run, h))
-            final.append({"island": j, "node_id": b["node_id"], **sc.as_dict()})
-    finally:
-        run.sched.budget = saved
+    for val, acc, j, b in bests[: cfg.final_candidates]:
+        h = run.harness(b)
+        run.sched.add_harness(h)
+        reqs = requests_for(h.harness_id, test_ids, cfg.k_test, seed=run.ctx.seed, split=cfg.test_split,
+                            round=run.progress[j][0], stage="final", group="final")
+        res = await run.sched.arun(reqs, count_budget=False)
+        sc = summarize(f"island-{j}:{b['node_id']}", h, res, test_ids, cfg.k_test, true_score=_true(run, h))
+        final.append({"island": j, "node_id": b["node_id"], **sc.as_dict()})
     seed_true = {h.name or h.harness_id: _true(run, h) for h in run.bench.seed_harnesses()}
     best = bests[0][3] if bests else None
     summary = {
