@@ -8,8 +8,8 @@ all N), judge + embed + order the records; generate M candidates from the eviden
 sets (fresh derived seeds every round); race them against the protected parent;
 accept the winner only on a strictly higher cumulative score. Stop at budget
 exhaustion, the deadline, the candidate cap, or P rounds without strict improvement.
-Finally test the initial and final harness (``test_rollouts`` per task, outside the
-budget) and return a summary.
+Finally test the final (and initial) harness (``test_rollouts`` per task, outside the
+budget, ``count_budget=False``) and return a summary.
 
 Budget: B (= the scheduler ledger's execution cap) counts training refreshes and all
 racing executions. The method keeps its own count of the distinct rollouts it asked
@@ -44,7 +44,7 @@ from milo_ray.ssr import evidence as ev
 from milo_ray.ssr.candidates import CandidateJob, build_agent, generate_candidates
 from milo_ray.ssr.config import SSRConfig
 from milo_ray.ssr.racing import Race, RaceCandidate, RaceConfig, UniformRace
-from milo_ray.ssr.store_io import StoreWriter, derive_seed, run_unbudgeted, test_summary
+from milo_ray.ssr.store_io import StoreWriter, derive_seed
 
 METHOD = "ssr"
 GROUP = "ssr"
@@ -289,29 +289,45 @@ class _SSRRun:
         return self._summary(initial, parent, rnd, stop, history)
 
     def _summary(self, initial: Harness, final: Harness, rounds: int, stop: str, history: list) -> dict[str, Any]:
+        """The run's summary: search facts, the test-split leaderboard rows of the final
+        (and, with ``evaluate_initial``, the initial) harness in ``final_test``
+        (``HarnessScore.as_dict()``; ``test_final``/``test_initial`` name the same rows),
+        and the benchmark's ground truth when it has one."""
+        from milo_ray.evaluation import summarize
+
         cfg = self.cfg
+        # Ground truth (the surrogate's exact expected quality) when the benchmark has it.
+        truth = {h.harness_id: self.bench.true_quality(h, cfg.test_split) for h in (initial, final)} \
+            if hasattr(self.bench, "true_quality") else {}
         summary: dict[str, Any] = {
             "method": METHOD, "initial_harness": initial.harness_id, "final_harness": final.harness_id,
             "improved": final.harness_id != initial.harness_id, "rounds": rounds, "stop_reason": stop,
             "executions_used": len(self.keys), "execution_budget": self.cap, "candidates_generated": self.generated,
             "history": history, "evidence": cfg.evidence, "ordering": cfg.ordering, "racing": cfg.racing,
         }
-        test = self.bench.tasks(cfg.test_split)
-        if test:
-            to_test = [("final", final)] + ([("initial", initial)] if cfg.evaluate_initial and final is not initial else [])
-            for label, h in to_test:
-                reqs = [self._req(h.harness_id, t.task_id, i, cfg.test_split, rounds, "test")
-                        for t in test for i in range(cfg.test_rollouts)]
-                results = run_unbudgeted(self.sched, reqs)
-                summary[f"test_{label}"] = test_summary(results, [t.task_id for t in test], cfg.test_rollouts)
-            if "test_initial" not in summary:
-                summary["test_initial"] = summary["test_final"]
-        if hasattr(self.bench, "true_quality"):
+        test_ids = [t.task_id for t in self.bench.tasks(cfg.test_split)]
+        to_test = [("final", final)]
+        if cfg.evaluate_initial and initial.harness_id != final.harness_id:
+            to_test.append(("initial", initial))
+        rows = []
+        for label, h in to_test if test_ids else []:
+            reqs = [self._req(h.harness_id, t, i, cfg.test_split, rounds, "test")
+                    for t in test_ids for i in range(cfg.test_rollouts)]
+            # Outside the budget B: the test split never informs a decision.
+            results = self.sched.run(reqs, count_budget=False)
+            row = summarize(f"ssr {label}", h, results, test_ids, cfg.test_rollouts,
+                            true_score=float(truth[h.harness_id]["score"]) if truth else None).as_dict()
+            rows.append(row)
+            summary[f"test_{label}"] = row
+        if rows and initial.harness_id == final.harness_id:
+            summary["test_initial"] = summary["test_final"]  # the same harness: tested once
+        summary["final_test"] = rows
+        if truth:
             for label, h in (("initial", initial), ("final", final)):
-                tq = self.bench.true_quality(h, cfg.test_split)
-                summary[f"true_quality_{label}"] = float(tq["score"])
+                tq = truth[h.harness_id]
+                summary[f"{label}_true_quality"] = float(tq["score"])
                 if "resolve_rate" in tq:
-                    summary[f"true_resolve_{label}"] = float(tq["resolve_rate"])
+                    summary[f"{label}_true_resolve"] = float(tq["resolve_rate"])
         self.out.event("ssr.summary", {k: v for k, v in summary.items() if k != "history"}, round=rounds,
                        harness_id=final.harness_id)
         self.store.flush()

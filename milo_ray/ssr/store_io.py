@@ -1,5 +1,4 @@
-"""SSR's side effects on the run: idempotent store rows, derived seeds, unbudgeted
-test evaluation and its metrics.
+"""SSR's side effects on the run: idempotent store rows and derived seeds.
 
 ``StoreWriter`` is the only place SSR writes rows; on a resumed run it skips rows
 already present (same harness and round, same experience record, same event), so
@@ -68,59 +67,3 @@ class StoreWriter:
         if self._event_keys and key in self._event_keys:
             return
         self.store.event(kind, json.loads(text), **cols)
-
-
-def run_unbudgeted(sched: Any, reqs: list[Any]) -> list[Any]:
-    """Run requests outside the execution budget (final test evaluation).
-
-    Uses ``sched.run(reqs, count_budget=False)`` when the scheduler offers it;
-    otherwise the ledger is swapped for an uncapped one for the duration of the
-    call (nothing else runs at that point of the method), so the test executions are
-    neither refused by nor charged to the search budget B.
-    """
-    import inspect
-
-    if "count_budget" in inspect.signature(sched.run).parameters:
-        return sched.run(reqs, count_budget=False)
-    from milo_ray.execution.budget import BudgetLedger
-
-    saved = sched.budget
-    sched.budget = BudgetLedger()
-    try:
-        return sched.run(reqs)
-    finally:
-        sched.budget = saved
-
-
-def score_matrix(results: Sequence[Any], task_ids: Sequence[str], k: int) -> np.ndarray:
-    """S (n_tasks, k) of scores, tasks in ``task_ids`` order."""
-    idx = {t: i for i, t in enumerate(task_ids)}
-    S = np.zeros((len(task_ids), k))
-    for r in results:
-        S[idx[r.task_id], r.rollout_idx % k] = r.score
-    return S
-
-
-def test_summary(results: Sequence[Any], task_ids: Sequence[str], k: int) -> dict[str, Any]:
-    """pass@k, PR@k (mean partial score), RR@k (= average pass@1 over the k trials)
-    with task-clustered 95% intervals when the metrics kernel provides them."""
-    from milo_ray.kernels import metrics
-
-    S = score_matrix(results, task_ids, k)
-    out: dict[str, Any] = {"tasks": len(task_ids), "k": k, "pass_at_k": float(metrics.pass_at_k(S)),
-                           "pr_at_k": float(metrics.pr_at_k(S)), "rr_at_k": float(metrics.rr_at_k(S))}
-    ci = getattr(metrics, "clustered_ci", None)
-    if ci is not None:
-        try:
-            out["rr_ci"] = [float(x) for x in np.ravel(_ci_bounds(ci((S >= 1.0).astype(float))))]
-        except Exception:  # intervals are a convenience; the point estimates are the result
-            pass
-    return out
-
-
-def _ci_bounds(value: Any) -> Any:
-    if isinstance(value, dict):
-        return [value.get("low", value.get("lo")), value.get("high", value.get("hi"))]
-    if hasattr(value, "low") and hasattr(value, "high"):
-        return [value.low, value.high]
-    return value

@@ -19,6 +19,7 @@ from milo_ray.execution.budget import BudgetLedger
 from milo_ray.harness.mechanisms import add_mechanism, detect_mechanisms
 from milo_ray.ssr.loop import SSRMethod
 from milo_ray.store.memory import MemoryRunStore
+from ssr_slice import SliceBenchmark
 
 N_TRAIN, N_VAL, N_TEST = 12, 6, 6
 
@@ -31,21 +32,23 @@ class InProcessScheduler:
         self.executor = instantiate(bench.executor_config(), _convert_="all")
         self.tasks = {t.task_id: t for s in bench.splits().values() for t in s}
         self.store, self.budget, self.model_id = store, budget, "offline"
+        self.uncounted = BudgetLedger()  # count_budget=False batches (the final test evaluation)
         self.harnesses, self.results = {}, {}
         self.executed = 0
 
     def add_harness(self, h):
         self.harnesses[h.harness_id] = h
 
-    def run(self, reqs):
+    def run(self, reqs, *, count_budget=True):
         keys = [r.key(self.model_id) for r in reqs]
         new = {k: r for k, r in zip(keys, reqs) if k not in self.results}
-        self.budget.reserve(len(new))
+        ledger = self.budget if count_budget else self.uncounted
+        ledger.reserve(len(new))
         fresh = []
         for k, r in new.items():
             res = self.executor.execute(self.harnesses[r.harness_id], self.tasks[r.task_id], r.rollout_idx, r.seed)
             res.stage, res.round, res.split, res.cache_key, res.method = r.stage, r.round, r.split, k, r.method
-            self.budget.commit()
+            ledger.commit()
             self.results[k] = res
             fresh.append(res)
             self.executed += 1
@@ -78,31 +81,6 @@ class RuleOptimizer:
         return MutationResult(req.parent.with_source(add_mechanism(req.parent.source, pick)))
 
 
-class Slice:
-    def __init__(self, bench):
-        self.b, self.name = bench, bench.name
-        self._s = {"train": bench.tasks("train")[:N_TRAIN], "val": bench.tasks("val")[:N_VAL],
-                   "test": bench.tasks("test")[:N_TEST]}
-
-    def splits(self):
-        return {k: list(v) for k, v in self._s.items()}
-
-    def tasks(self, split):
-        return list(self._s[split])
-
-    def task(self, task_id):
-        return self.b.task(task_id)
-
-    def executor_config(self):
-        return self.b.executor_config()
-
-    def seed_harnesses(self):
-        return self.b.seed_harnesses()
-
-    def true_quality(self, harness, split):
-        return self.b.true_quality(harness, split)
-
-
 @pytest.fixture(autouse=True)
 def _in_process_candidates(monkeypatch):
     # The optimizer stand-in lives in this test module, which Ray workers cannot
@@ -114,7 +92,8 @@ def _in_process_candidates(monkeypatch):
 def bench():
     from milo_ray.benchmarks.surrogate import SurrogateBenchmark
 
-    return Slice(SurrogateBenchmark(preset="surrogate_swepro", seed=0))
+    return SliceBenchmark(SurrogateBenchmark(preset="surrogate_swepro", seed=0),
+                          {"train": N_TRAIN, "val": N_VAL, "test": N_TEST})
 
 
 def _run(tmp_path, bench, budget, *, inert=False, seed=3, **cfg):
@@ -177,3 +156,12 @@ def test_accepted_update_refreshes_all_training_tasks(tmp_path, bench):
     # every racing rollout is fresh for its round: racing never reuses a refresh trajectory
     race = [r for r in rows if r["stage"].startswith("race")]
     assert all(r["rollout_idx"] >= 1 for r in race)
+
+
+def test_untested_initial_harness_is_not_reported_with_the_final_scores(tmp_path, bench):
+    summary, store, _ = _run(tmp_path, bench, 10_000, seed=0, patience=2, candidate_cap=12, evaluate_initial=False)
+    assert summary["improved"], "seed 0 on this slice accepts an update (precondition of the check below)"
+    tested = {r["harness_id"] for r in store.read("rollouts").to_pylist() if r["stage"] == "test"}
+    assert tested == {summary["final_harness"]}
+    assert "test_initial" not in summary
+    assert [r["harness_id"] for r in summary["final_test"]] == [summary["final_harness"]]

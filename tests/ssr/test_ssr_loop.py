@@ -5,34 +5,9 @@ from __future__ import annotations
 
 from milo_ray.context import RunContext
 from milo_ray.execution.budget import BudgetLedger
+from ssr_slice import SliceBenchmark
 
 BUDGET = 140
-
-
-class SliceBenchmark:
-    """The first n tasks of each split of a benchmark (keeps the test small)."""
-
-    def __init__(self, bench, sizes):
-        self.b, self.name = bench, bench.name
-        self._s = {k: bench.tasks(k)[:n] for k, n in sizes.items()}
-
-    def splits(self):
-        return {k: list(v) for k, v in self._s.items()}
-
-    def tasks(self, split):
-        return list(self._s[split])
-
-    def task(self, task_id):
-        return self.b.task(task_id)
-
-    def executor_config(self):
-        return self.b.executor_config()
-
-    def seed_harnesses(self):
-        return self.b.seed_harnesses()
-
-    def true_quality(self, harness, split):
-        return self.b.true_quality(harness, split)
 
 
 def _ctx(tmp_path, store, bench, *, resumed=False):
@@ -74,8 +49,10 @@ def test_ssr_end_to_end_within_budget_and_resume_replays_from_cache(tmp_path, ra
     # test evaluation: 3 per test task for the final (and initial) harness, outside the budget
     tested = [r for r in rollouts if r["stage"] == "test"]
     assert len(tested) == 3 * 10 * (2 if summary["improved"] else 1)
-    assert {"pass_at_k", "rr_at_k", "pr_at_k"} <= set(summary["test_final"])
-    assert "true_quality_final" in summary and "true_quality_initial" in summary
+    assert {"pass_at_k", "rr_at_k", "pr_at_k", "rr_ci", "pr_ci"} <= set(summary["test_final"])
+    assert [r["harness_id"] for r in summary["final_test"]][0] == summary["final_harness"]
+    assert all(r["k"] == 3 and r["n_tasks"] == 10 and r["true_score"] is not None for r in summary["final_test"])
+    assert "final_true_quality" in summary and "initial_true_quality" in summary
 
     harnesses = store.read("harnesses").to_pylist()
     assert [h["origin"] for h in harnesses].count("seed") == 1
