@@ -27,7 +27,6 @@ Rules (DESIGN §4.3):
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Sequence
 
@@ -77,8 +76,15 @@ class RaceConfig:
 
 
 def keep_count(m: int, k: int, r: int) -> int:
-    """n_r = max(1, M − round(r·M/K)) children kept after stage r (half rounds up)."""
-    return max(1, m - math.floor(r * m / k + 0.5))
+    """n_r = max(1, M − round(r·M/K)) children kept after stage r.
+
+    ``round`` is the arithmetic one, halves up, in exact integer arithmetic — not
+    Python's ``round`` (halves to even), which would make the removals depend on the
+    parity of ⌊r·M/K⌋: M=5, K=2 keeps 2 after stage 1 here (2.5 → 3 removed) where
+    banker's rounding would keep 3; M=2, K=4 keeps 1 (0.5 → 1) where it would keep 2.
+    The paper's cases have no half: M=4, K=2 → 4/2 and M=12, K=2 → 12/6.
+    """
+    return max(1, m - (2 * r * m + k) // (2 * k))
 
 
 @dataclass(frozen=True)

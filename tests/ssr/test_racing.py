@@ -37,6 +37,13 @@ def test_keep_counts_match_the_paper():
     assert [keep_count(6, 3, r) for r in (1, 2)] == [4, 2]
 
 
+@pytest.mark.parametrize("m,k,r,kept", [(5, 2, 1, 2), (3, 2, 1, 1), (2, 4, 1, 1), (6, 4, 1, 4), (6, 4, 3, 1),
+                                        (7, 2, 1, 3), (10, 4, 1, 7), (10, 4, 3, 2)])
+def test_half_quotas_round_up_not_to_even(m, k, r, kept):
+    # r*M/K = x.5: the arithmetic rounding removes ceil(x.5) children (banker's rounding would not).
+    assert keep_count(m, k, r) == kept
+
+
 @pytest.mark.parametrize("m,expected", [(4, 2), (12, 6)])
 def test_intermediate_elimination_quota(m, expected):
     race = _race(m=m)
