@@ -155,11 +155,16 @@ class BudgetLedger:
             self._cost_used += float(cost_usd)
 
     def restore_from_rollouts(self, rollouts: Any) -> None:
-        """Charge every row of a stored ``rollouts`` table (a pyarrow Table): each row was
-        one execution, with its tokens and cost. Infra failures count too -- they ran."""
+        """Charge every budgeted row of a stored ``rollouts`` table (a pyarrow Table):
+        each row was one execution, with its tokens and cost. Infra failures count too --
+        they ran. Rows run outside the budget (``budgeted`` false: final evaluations) do
+        not; rows written before that column existed (null) do."""
+        import pyarrow.compute as pc
+
+        if "budgeted" in rollouts.column_names:
+            rollouts = rollouts.filter(pc.fill_null(rollouts["budgeted"], True))
         if rollouts.num_rows == 0:
             return
-        import pyarrow.compute as pc
 
         def total(col: str) -> float:
             return (pc.sum(rollouts[col]).as_py() or 0) if col in rollouts.column_names else 0

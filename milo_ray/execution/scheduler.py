@@ -570,6 +570,7 @@ class RolloutScheduler:
         result.started_at, result.finished_at = started, finished
         result.cache_key = job.key
         result.attempts = job.attempts
+        result.budgeted = job.ledger is self.budget
         if not result.latency_s:
             result.latency_s = max(finished - started, 0.0)
         return result

@@ -99,6 +99,8 @@ class RolloutResult:
     finished_at: float = 0.0
     cache_key: str = ""
     attempts: int = 1
+    # False for batches run outside the run's budget (final test evaluations).
+    budgeted: bool = True
 
     @property
     def resolved(self) -> bool:

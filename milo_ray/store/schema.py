@@ -80,6 +80,7 @@ _SPECS: dict[str, tuple[Column, ...]] = {
         _c("finished_at", F64),
         _c("cache_key", STR, required=True),
         _c("attempts", I64),
+        _c("budgeted", BOOL),
     ),
     "harnesses": (
         _c("harness_id", STR, required=True),

@@ -104,3 +104,18 @@ def test_stored_rollouts_are_charged_on_resume_including_infra_failures():
     assert ledger.cost_used_usd == pytest.approx(0.3) and ledger.remaining_executions() == 2
     ledger.restore_from_rollouts(rows.slice(0, 0))
     assert ledger.executions_used == 3
+
+
+def test_rollouts_run_outside_the_budget_are_not_charged_on_resume():
+    import pyarrow as pa
+
+    rows = pa.table({
+        "input_tokens": [10, 100, 5],
+        "output_tokens": [1, 100, 2],
+        "cost_usd": [0.1, 9.0, 0.2],
+        "budgeted": [True, False, None],  # None: written before the column existed
+    })
+    ledger = BudgetLedger(executions=5)
+    ledger.restore_from_rollouts(rows)
+    assert ledger.executions_used == 2 and ledger.tokens_used == 18
+    assert ledger.cost_used_usd == pytest.approx(0.3)

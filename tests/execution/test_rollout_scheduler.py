@@ -94,10 +94,10 @@ def test_executions_are_exact_and_concurrent_duplicates_run_once(ray_local):
     sched.close()
 
     # Resume: a new scheduler over the same store serves everything stored without
-    # executing -- its budget (charged with the 31 stored rollouts) has no execution
-    # left, and no worker starts.
-    again = _scheduler(store, budget=BudgetLedger(executions=31))
-    assert again.budget.executions_used == 31
+    # executing -- its budget (charged with the 20 budgeted rollouts; the 11 run outside
+    # the budget are not charged) has no execution left, and no worker starts.
+    again = _scheduler(store, budget=BudgetLedger(executions=20))
+    assert again.budget.executions_used == 20
     served = again.run([_req("fast", i) for i in range(20)])
     assert [r.cache_key for r in served] == [r.cache_key for r in out[0] + out[1][6:]]
     assert again.worker_actors() == {} and store.read("rollouts").num_rows == 31
