@@ -51,12 +51,12 @@ def main(argv: list[str] | None = None) -> int:
     for s in args.seeds:
         sm = run_seed(args.experiment, s, root, args.overrides, not args.fixed_benchmark)
         rows.append(sm)
-        print(f"{s:>4} {sm['true_quality_initial']:>10.4f} {sm['true_quality_final']:>11.4f} "
-              f"{sm['true_resolve_initial']:>12.4f} {sm['true_resolve_final']:>13.4f} "
+        print(f"{s:>4} {sm['initial_true_quality']:>10.4f} {sm['final_true_quality']:>11.4f} "
+              f"{sm['initial_true_resolve']:>12.4f} {sm['final_true_resolve']:>13.4f} "
               f"{sm['test_initial']['rr_at_k']:>9.3f} {sm['test_final']['rr_at_k']:>10.3f} "
               f"{sm['executions_used']:>6} {sm['rounds']:>6}  {sm['stop_reason']}", flush=True)
     for key, label in (("true_quality", "score"), ("true_resolve", "resolve")):
-        deltas = [r[f"{key}_final"] - r[f"{key}_initial"] for r in rows]
+        deltas = [r[f"final_{key}"] - r[f"initial_{key}"] for r in rows]
         print(f"true {label}: improved in {sum(d > 0 for d in deltas)}/{len(rows)} seeds, "
               f"mean delta {sum(deltas) / len(deltas):+.4f}")
     print(f"runs in {root}")
