@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import ray
 
 from milo_ray.kernels.hypervolume import delta_hv
 from milo_ray.kernels.pareto import admits, dominates, sample_parent, selection_scores
@@ -211,80 +212,57 @@ class Island:
         return render_island(self.lineage, mutator=mutator, stall=self.stall, best_val=self.best_val)
 
 
-def _make_actor_class():
-    import ray
+@ray.remote(num_cpus=0)
+class IslandActor:
+    """Ray shell around :class:`Island`: one actor per island, explicit small calls."""
 
-    @ray.remote(num_cpus=0)
-    class IslandActor:
-        """Ray shell around :class:`Island`: one actor per island, explicit small calls."""
+    def __init__(self, island: int, eps: float, temperature: float) -> None:
+        self._island = Island(island, eps=eps, temperature=temperature)
 
-        def __init__(self, island: int, eps: float, temperature: float) -> None:
-            self._island = Island(island, eps=eps, temperature=temperature)
+    def add_node(self, node: dict) -> None:
+        self._island.add_node(node)
 
-        def add_node(self, node: dict) -> None:
-            self._island.add_node(node)
+    def relabel(self, node_id: str, changes: dict) -> None:
+        self._island.relabel(node_id, changes)
 
-        def relabel(self, node_id: str, changes: dict) -> None:
-            self._island.relabel(node_id, changes)
+    def node(self, node_id: str) -> dict:
+        return self._island.node(node_id)
 
-        def node(self, node_id: str) -> dict:
-            return self._island.node(node_id)
+    def nodes(self) -> list:
+        return self._island.nodes()
 
-        def nodes(self) -> list:
-            return self._island.nodes()
+    def find(self, key: str) -> str | None:
+        return self._island.find(key)
 
-        def find(self, key: str) -> str | None:
-            return self._island.find(key)
+    def is_root(self, node_id: str) -> bool:
+        return any(r.node_id == node_id for r in self._island.lineage.roots())
 
-        def is_root(self, node_id: str) -> bool:
-            return any(r.node_id == node_id for r in self._island.lineage.roots())
+    def judge(self, fitness: list) -> Verdict:
+        return self._island.judge(fitness)
 
-        def judge(self, fitness: list) -> Verdict:
-            return self._island.judge(fitness)
+    def select_parent(self, seed: int, mode: str) -> str:
+        return self._island.select_parent(seed, mode)
 
-        def select_parent(self, seed: int, mode: str) -> str:
-            return self._island.select_parent(seed, mode)
+    def record_val(self, node_id: str, val_accuracy: float) -> bool:
+        return self._island.record_val(node_id, val_accuracy)
 
-        def record_val(self, node_id: str, val_accuracy: float) -> bool:
-            return self._island.record_val(node_id, val_accuracy)
+    def set_progress(self, rounds_done: int, stall: int) -> None:
+        self._island.set_progress(rounds_done, stall)
 
-        def set_progress(self, rounds_done: int, stall: int) -> None:
-            self._island.set_progress(rounds_done, stall)
+    def progress(self) -> tuple[int, int]:
+        return self._island.rounds_done, self._island.stall
 
-        def progress(self) -> tuple[int, int]:
-            return self._island.rounds_done, self._island.stall
+    def best(self) -> dict | None:
+        return self._island.best()
 
-        def best(self) -> dict | None:
-            return self._island.best()
+    def detach_subtree(self, node_id: str) -> list:
+        return self._island.detach_subtree(node_id)
 
-        def detach_subtree(self, node_id: str) -> list:
-            return self._island.detach_subtree(node_id)
+    def adopt_subtree(self, nodes: list) -> None:
+        self._island.adopt_subtree(nodes)
 
-        def adopt_subtree(self, nodes: list) -> None:
-            self._island.adopt_subtree(nodes)
+    def summary(self, recent: int) -> dict:
+        return self._island.summary(recent)
 
-        def summary(self, recent: int) -> dict:
-            return self._island.summary(recent)
-
-        def render(self, memory: str, mutator: str | None) -> str:
-            return self._island.render(memory=memory, mutator=mutator)
-
-    return IslandActor
-
-
-_ACTOR_CLASS = None
-
-
-def island_actor_class():
-    """The Ray actor class (created lazily so importing this module never needs Ray)."""
-    global _ACTOR_CLASS
-    if _ACTOR_CLASS is None:
-        _ACTOR_CLASS = _make_actor_class()
-    return _ACTOR_CLASS
-
-
-def __getattr__(name: str):
-    # ``IslandActor`` is built on first access so importing this module never requires Ray.
-    if name == "IslandActor":
-        return island_actor_class()
-    raise AttributeError(name)
+    def render(self, memory: str, mutator: str | None) -> str:
+        return self._island.render(memory=memory, mutator=mutator)

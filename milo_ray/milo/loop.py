@@ -32,9 +32,9 @@ from milo_ray.kernels.pareto import most_dissimilar
 from milo_ray.milo.config import MiloConfig
 from milo_ray.milo.determinism import derive_seed
 from milo_ray.milo.evaluate import Evaluation, empty_dir, evaluate, write_evidence, write_harness_dir
-from milo_ray.milo.island import island_actor_class
+from milo_ray.milo.island import IslandActor
 from milo_ray.milo.lineage import LineageNode
-from milo_ray.milo.mutator_pool import MutatorPool, mutator_pool_actor_class
+from milo_ray.milo.mutator_pool import MutatorPool, MutatorPoolActor
 
 log = logging.getLogger(__name__)
 
@@ -69,7 +69,7 @@ class MiloRun:
         agents = (ctx.extras or {}).get("agents") or {}
         specs = list(agents.get("mutators") or [])[: cfg.pool_size]
         self.pool_plain = MutatorPool(specs, time_cap_s=cfg.mutation_time_cap_s, max_concurrent=cfg.mutator_concurrency)
-        self.pool = mutator_pool_actor_class().remote(specs, cfg.mutation_time_cap_s, cfg.mutator_concurrency,
+        self.pool = MutatorPoolActor.remote(specs, cfg.mutation_time_cap_s, cfg.mutator_concurrency,
                                                       cfg.mutation_num_cpus)
         self.orch_spec = agents.get("orchestrator")
         self._orchestrator: Any = None
@@ -169,7 +169,7 @@ class MiloRun:
 
     async def _new_island(self, j: int) -> None:
         if j not in self.islands:
-            self.islands[j] = island_actor_class().remote(j, self.cfg.eps, self.cfg.temperature)
+            self.islands[j] = IslandActor.remote(j, self.cfg.eps, self.cfg.temperature)
             self.progress.setdefault(j, (0, 0))
             self.sched.group_limits[f"island-{j}"] = int(self.cfg.island_concurrency)
 

@@ -15,6 +15,7 @@ import time
 from typing import Any, Mapping, Sequence
 
 import numpy as np
+import ray
 
 from milo_ray.agents.protocols import MutationRequest, MutationResult
 
@@ -111,63 +112,41 @@ def run_mutation(spec: dict[str, Any], request: MutationRequest) -> MutationResu
     return res
 
 
-def _make_actor_class():
-    import ray
+remote_mutation = ray.remote(max_retries=0)(run_mutation)
 
-    remote_mutation = ray.remote(max_retries=0)(run_mutation)
+@ray.remote(num_cpus=0)
+class MutatorPoolActor:
+    """Async Ray shell: holds the pool, runs each mutation as a Ray task under the
+    spec's concurrency limit and the time cap (timeout -> ``ray.cancel``)."""
 
-    @ray.remote(num_cpus=0)
-    class MutatorPoolActor:
-        """Async Ray shell: holds the pool, runs each mutation as a Ray task under the
-        spec's concurrency limit and the time cap (timeout -> ``ray.cancel``)."""
+    def __init__(self, specs: list, time_cap_s: float, max_concurrent: Any, task_num_cpus: float) -> None:
+        self._pool = MutatorPool(specs, time_cap_s=time_cap_s, max_concurrent=max_concurrent)
+        self._sems = {n: asyncio.Semaphore(l) for n, l in self._pool.limits.items()}
+        self._num_cpus = float(task_num_cpus)
 
-        def __init__(self, specs: list, time_cap_s: float, max_concurrent: Any, task_num_cpus: float) -> None:
-            self._pool = MutatorPool(specs, time_cap_s=time_cap_s, max_concurrent=max_concurrent)
-            self._sems = {n: asyncio.Semaphore(l) for n, l in self._pool.limits.items()}
-            self._num_cpus = float(task_num_cpus)
+    def names(self) -> list:
+        return list(self._pool.names)
 
-        def names(self) -> list:
-            return list(self._pool.names)
+    def assignment(self) -> dict:
+        return dict(self._pool.assignment)
 
-        def assignment(self) -> dict:
-            return dict(self._pool.assignment)
+    def assign(self, island: int, name: str) -> None:
+        self._pool.assign(island, name)
 
-        def assign(self, island: int, name: str) -> None:
-            self._pool.assign(island, name)
+    def mutator_for(self, island: int) -> str:
+        return self._pool.mutator_for(island)
 
-        def mutator_for(self, island: int) -> str:
-            return self._pool.mutator_for(island)
-
-        async def mutate(self, name: str, request: MutationRequest) -> MutationResult:
-            spec = self._pool.spec(name)
-            async with self._sems[name]:
-                t0 = time.monotonic()
-                ref = remote_mutation.options(num_cpus=self._num_cpus).remote(spec, request)
-                try:
-                    return await asyncio.wait_for(asyncio.wrap_future(ref.future()), timeout=self._pool.time_cap_s)
-                except asyncio.TimeoutError:
-                    ray.cancel(ref, force=True)
-                    return MutationResult(None, error=f"mutation timed out after {self._pool.time_cap_s:g}s",
-                                          seconds=time.monotonic() - t0)
-                except Exception as e:  # worker died, task cancelled: the child is rejected
-                    return MutationResult(None, error=f"mutation task failed: {type(e).__name__}: {e}"[:500],
-                                          seconds=time.monotonic() - t0)
-
-    return MutatorPoolActor
-
-
-_ACTOR_CLASS = None
-
-
-def mutator_pool_actor_class():
-    global _ACTOR_CLASS
-    if _ACTOR_CLASS is None:
-        _ACTOR_CLASS = _make_actor_class()
-    return _ACTOR_CLASS
-
-
-def __getattr__(name: str):
-    # ``MutatorPoolActor`` is built on first access so importing this module never requires Ray.
-    if name == "MutatorPoolActor":
-        return mutator_pool_actor_class()
-    raise AttributeError(name)
+    async def mutate(self, name: str, request: MutationRequest) -> MutationResult:
+        spec = self._pool.spec(name)
+        async with self._sems[name]:
+            t0 = time.monotonic()
+            ref = remote_mutation.options(num_cpus=self._num_cpus).remote(spec, request)
+            try:
+                return await asyncio.wait_for(asyncio.wrap_future(ref.future()), timeout=self._pool.time_cap_s)
+            except asyncio.TimeoutError:
+                ray.cancel(ref, force=True)
+                return MutationResult(None, error=f"mutation timed out after {self._pool.time_cap_s:g}s",
+                                      seconds=time.monotonic() - t0)
+            except Exception as e:  # worker died, task cancelled: the child is rejected
+                return MutationResult(None, error=f"mutation task failed: {type(e).__name__}: {e}"[:500],
+                                      seconds=time.monotonic() - t0)
