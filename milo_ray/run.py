@@ -60,11 +60,27 @@ def _resume_config(cfg: DictConfig) -> DictConfig:
     return stored
 
 
-def run_job(cfg: DictConfig) -> dict[str, Any]:
-    """Run one configured job to completion; returns the method's summary."""
+def _build(section: str, node: DictConfig) -> Any:
+    """Instantiate one config section; a constructor's complaint about its arguments is
+    bad input, reported as one line naming the section."""
+    from hydra.errors import InstantiationException
     from hydra.utils import instantiate
 
     from milo_ray.benchmarks.base import BenchmarkDataMissing
+
+    try:
+        return instantiate(node, _convert_="all")
+    except BenchmarkDataMissing as exc:
+        raise UserError(f"{section}: {exc}") from None
+    except InstantiationException as exc:
+        cause = exc.__cause__ or exc
+        if isinstance(cause, (ValueError, TypeError, BenchmarkDataMissing)):
+            raise UserError(f"{section}: {str(cause).strip().splitlines()[0]}") from None
+        raise
+
+
+def run_job(cfg: DictConfig) -> dict[str, Any]:
+    """Run one configured job to completion; returns the method's summary."""
     from milo_ray.context import RunContext
     from milo_ray.evaluation import print_run_summary
     from milo_ray.execution.budget import BudgetLedger
@@ -78,11 +94,8 @@ def run_job(cfg: DictConfig) -> dict[str, Any]:
     run_dir = _run_dir(cfg)
 
     # Everything that can fail on bad input happens before the store is touched.
-    try:
-        benchmark = instantiate(cfg.benchmark, _convert_="all")
-    except BenchmarkDataMissing as exc:
-        raise UserError(f"benchmark: {exc}") from None
-    method = instantiate(cfg.method, _convert_="all")
+    benchmark = _build("benchmark", cfg.benchmark)
+    method = _build("method", cfg.method)
     cluster = connect(cfg.execution)
 
     manifest = build_manifest(cfg, run_dir=run_dir, cluster=cluster, resumed=resumed)

@@ -89,3 +89,15 @@ def test_cli_bad_key_exits_2_with_one_line_and_writes_nothing(tmp_path):
     assert len(err_lines) == 1 and err_lines[0].startswith("error: nosuchkey")
     assert sorted(p.name for p in run_dir.iterdir()) == ["keep.txt"]
     assert not (tmp_path / "runs").exists()
+
+
+def test_cli_bad_constructor_argument_exits_2_naming_the_section(tmp_path):
+    proc = subprocess.run(
+        [sys.executable, "-m", "milo_ray.run", "benchmark.preset=no_such_preset", f"run.dir={tmp_path / 'r'}"],
+        capture_output=True, text=True, timeout=120, cwd=tmp_path,
+    )
+    assert proc.returncode == 2
+    err_lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert len(err_lines) == 1 and err_lines[0].startswith("error: benchmark: ")
+    assert "no_such_preset" in err_lines[0]
+    assert not (tmp_path / "r").exists()
