@@ -30,6 +30,7 @@ from bisect import bisect_left
 
 import numpy as np
 
+from milo_ray.kernels._hv3_sweep import contributions_3d_general_position
 from milo_ray.kernels._validate import as_array
 
 __all__ = ["hypervolume", "hv_contributions", "delta_hv"]
@@ -105,11 +106,20 @@ def _hv3(Q: np.ndarray) -> float:
             yright = ys[hi]
         else:
             hi = pos
-            if ys[pos - 1] > y:
-                # Common case: nothing is removed, the gain is one rectangle.
+            yleft = ys[pos - 1]
+            if yleft > y:
+                # Nothing is removed: the gain is one rectangle.
                 area += (x - xs[pos - 1]) * (y - yright)
                 xs.insert(pos, x)
                 ys.insert(pos, y)
+                continue
+            if ys[pos - 2] > y:
+                # Exactly one point (pos - 1) is removed: replace it in place.
+                xp = xs[pos - 1]
+                xleft = xs[pos - 2]
+                area += y * (x - xleft) - (xp - xleft) * yleft - (x - xp) * yright
+                xs[pos - 1] = x
+                ys[pos - 1] = y
                 continue
         a = pos
         while ys[a - 1] <= y:
@@ -278,7 +288,9 @@ def hv_contributions(points, /, *, ref=None) -> np.ndarray:
     gets credit).  A row that weakly dominates another row has that row's box
     subtracted from its own exclusive region.
 
-    Complexity: O(n^2 d) dominance flags, then
+    Complexity: d = 3 with mutually non-dominated rows and no tie on any axis
+    (the usual front): O(n^2) vectorized work and O(n^2) bytes
+    (``_hv3_sweep``).  Otherwise O(n^2 d) dominance flags, then
     d = 2: O(n log n) neighbour formula; d = 3: O(n^2) height-field grid
     (``_contrib3_grid``); rows that dominate other rows, d >= 4 and very large
     3-D fronts: one clipped hypervolume per row (O(n) hypervolume calls).
@@ -293,6 +305,11 @@ def hv_contributions(points, /, *, ref=None) -> np.ndarray:
     if n == 1:
         out[keep[0]] = float(np.prod(Q[0]))
         return out
+    if d == 3 and n <= _GRID_MAX_POINTS:
+        fast = contributions_3d_general_position(Q)
+        if fast is not None:
+            out[keep] = fast
+            return out
     strict, twin, dominator = _dominance_flags(Q)
     # One representative per group of identical rows still covers space for the others.
     _, first = np.unique(Q, axis=0, return_index=True)

@@ -7,6 +7,7 @@ import pytest
 
 moocore = pytest.importorskip("moocore")
 
+from milo_ray.kernels._hv3_sweep import contributions_3d_general_position  # noqa: E402
 from milo_ray.kernels.hypervolume import (  # noqa: E402
     _contrib3_grid,
     _hv_general,
@@ -144,3 +145,46 @@ def test_delta_hv_is_the_volume_gain(d):
 
 def test_delta_hv_of_a_dominated_candidate_is_zero():
     assert delta_hv([[0.9, 0.9, 0.9]], [0.5, 0.5, 0.5]) == 0.0
+
+
+def _shaped_fronts(rng):
+    """3-D fronts of several shapes (convex, concave, linear), including sizes past the 8-bit rank path."""
+    for n in (2, 3, 7, 40, 120, 254, 255, 300):
+        for power in (0.4, 1.0, 2.5):
+            yield n, _front(rng, n, 3) ** power
+    for n in (5, 60):
+        S = rng.dirichlet(np.ones(3), size=n)  # points on the simplex x + y + z = 1
+        yield n, S
+
+
+def test_general_position_contributions_match_moocore_and_the_grid():
+    rng = np.random.default_rng(77)
+    for n, P in _shaped_fronts(rng):
+        fast = contributions_3d_general_position(P)
+        assert fast is not None, n
+        theirs = moocore.hv_contributions(P, ref=np.zeros(3), maximise=True)
+        scale = REL * _moocore_hv(P, np.zeros(3))
+        np.testing.assert_allclose(fast, theirs, rtol=REL, atol=scale)
+        np.testing.assert_allclose(fast, _contrib3_grid(P), rtol=1e-10, atol=scale)
+        assert np.all(fast > 0)  # every point of a front in general position has an exclusive box
+
+
+def test_general_position_path_declines_ties_and_dominated_rows():
+    P = _front(np.random.default_rng(8), 30, 3)
+    tie = P.copy()
+    tie[3, 0] = tie[7, 0]
+    dominated = np.vstack([P, P[4] * 0.9])
+    assert contributions_3d_general_position(tie) is None
+    assert contributions_3d_general_position(dominated) is None
+    # The public function still answers them exactly through the general path.
+    for Q in (tie, dominated):
+        loo = np.array([_leave_one_out(Q, i) for i in range(Q.shape[0])])
+        np.testing.assert_allclose(hv_contributions(Q), loo, rtol=1e-10, atol=1e-13)
+
+
+def test_rows_on_the_reference_are_dropped_before_the_front_path():
+    P = _front(np.random.default_rng(9), 50, 3)
+    with_flat = np.vstack([P[:20], [[0.5, 0.0, 0.5]], P[20:]])
+    c = hv_contributions(with_flat)
+    assert c[20] == 0.0
+    np.testing.assert_allclose(np.delete(c, 20), hv_contributions(P), rtol=1e-14, atol=0)
