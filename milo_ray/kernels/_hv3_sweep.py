@@ -63,7 +63,8 @@ def contributions_3d_general_position(Q: np.ndarray) -> np.ndarray | None:
     """
     n = Q.shape[0]
     zo = np.argsort(Q[:, 2])[::-1]
-    x, y, z = Q[zo, 0], Q[zo, 1], Q[zo, 2]  # sweep order: z descending
+    Qz = Q[zo]
+    x, y, z = Qz[:, 0], Qz[:, 1], Qz[:, 2]  # sweep order: z descending
     xo = np.argsort(x)
     yo = np.argsort(y)
     xs, ys = x[xo], y[yo]
@@ -80,17 +81,25 @@ def contributions_3d_general_position(Q: np.ndarray) -> np.ndarray | None:
     # Relations as [j, i] matrices (reductions over axis 0 run along contiguous rows).
     Xg = xr[:, None] > xr  # x_j > x_i
     Yg = yr[:, None] > yr  # y_j > y_i
-    buf = np.empty((n, n), rdt)
-    K = Xg & Yg
-    # kill(i) = first j whose xy-rectangle contains i's, as the max of n - j.
-    kv = np.multiply(K, (n - arr)[:, None], out=buf).max(axis=0)
+    T = _earlier_mask(n, arr)
+    M = np.empty((3, n, n), bool)
+    np.logical_and(Xg, Yg, out=M[0])  # j's xy-rectangle contains i's
+    np.logical_and(T, Yg, out=M[1])  # candidates for L(i)
+    np.logical_and(T, Xg, out=M[2])  # candidates for R(i)
+    V = np.empty((3, n, 1), rdt)
+    V[0, :, 0] = n - arr  # kill(i) = the first such j: max of n - j
+    V[1, :, 0] = xr + 1  # L(i) = the highest x: x rank + 1 (0 = none)
+    V[2, :, 0] = yr + 1  # R(i) = the highest y: y rank + 1 (0 = none)
+    if small:
+        # 0/1 -> 0/255 masks, then AND with the values: two cheap 8-bit passes
+        # (a bool-by-uint8 multiply goes through a slow casting loop).
+        Mu = M.view(np.uint8)
+        np.negative(Mu, out=Mu)
+        kv, lv, rv = np.bitwise_and(Mu, V, out=Mu).max(axis=1)
+    else:
+        kv, lv, rv = np.multiply(M, V, dtype=rdt).max(axis=1)
     if (kv > n - arr).any():
         return None  # an earlier (higher-z) point contains it: dominated
-    T = _earlier_mask(n, arr)
-    np.logical_and(T, Yg, out=K)
-    lv = np.multiply(K, (xr + 1)[:, None], out=buf).max(axis=0)  # x rank + 1 of L(i), 0 = none
-    np.logical_and(T, Xg, out=K)
-    rv = np.multiply(K, (yr + 1)[:, None], out=buf).max(axis=0)  # y rank + 1 of R(i), 0 = none
     iL = np.flatnonzero(lv)
     iR = np.flatnonzero(rv)
     iK = np.flatnonzero(kv)

@@ -58,8 +58,13 @@ def _points_and_ref(points, ref, *, name: str = "points") -> tuple[np.ndarray, n
 
 
 def _shift(P: np.ndarray, r: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Shift to ``ref = 0`` and keep rows strictly above it; returns (shifted rows, their indices)."""
-    Q = P - r
+    """Shift to ``ref = 0`` and keep rows strictly above it; returns (shifted rows, their indices).
+
+    The result may be ``P`` itself (origin reference): callers only read it.
+    """
+    Q = P - r if r.any() else P
+    if Q.size == 0 or Q.min() > 0:
+        return Q, np.arange(Q.shape[0])
     # Column by column: a reduction over a short trailing axis is several times slower.
     ok = Q[:, 0] > 0
     for ax in range(1, Q.shape[1]):
@@ -297,19 +302,22 @@ def hv_contributions(points, /, *, ref=None) -> np.ndarray:
     MILO §4.2.
     """
     P, r = _points_and_ref(points, ref)
-    out = np.zeros(P.shape[0])
     Q, keep = _shift(P, r)
     n, d = Q.shape
+    if d == 3 and 2 <= n <= _GRID_MAX_POINTS:
+        fast = contributions_3d_general_position(Q)
+        if fast is not None:
+            if n == P.shape[0]:
+                return fast
+            out = np.zeros(P.shape[0])
+            out[keep] = fast
+            return out
+    out = np.zeros(P.shape[0])
     if n == 0:
         return out
     if n == 1:
         out[keep[0]] = float(np.prod(Q[0]))
         return out
-    if d == 3 and n <= _GRID_MAX_POINTS:
-        fast = contributions_3d_general_position(Q)
-        if fast is not None:
-            out[keep] = fast
-            return out
     strict, twin, dominator = _dominance_flags(Q)
     # One representative per group of identical rows still covers space for the others.
     _, first = np.unique(Q, axis=0, return_index=True)
