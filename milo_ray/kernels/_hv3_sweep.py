@@ -82,22 +82,27 @@ def contributions_3d_general_position(Q: np.ndarray) -> np.ndarray | None:
     Xg = xr[:, None] > xr  # x_j > x_i
     Yg = yr[:, None] > yr  # y_j > y_i
     T = _earlier_mask(n, arr)
-    M = np.empty((3, n, n), bool)
-    np.logical_and(Xg, Yg, out=M[0])  # j's xy-rectangle contains i's
-    np.logical_and(T, Yg, out=M[1])  # candidates for L(i)
-    np.logical_and(T, Xg, out=M[2])  # candidates for R(i)
-    V = np.empty((3, n, 1), rdt)
-    V[0, :, 0] = n - arr  # kill(i) = the first such j: max of n - j
-    V[1, :, 0] = xr + 1  # L(i) = the highest x: x rank + 1 (0 = none)
-    V[2, :, 0] = yr + 1  # R(i) = the highest y: y rank + 1 (0 = none)
+    # kill(i) = the first such j: max of n - j; L(i) / R(i) = the highest x / y:
+    # rank + 1, 0 = none.
+    pairs = ((Xg, Yg, n - arr), (T, Yg, xr + 1), (T, Xg, yr + 1))
     if small:
+        M = np.empty((3, n, n), bool)
+        V = np.empty((3, n, 1), rdt)
+        for k, (a, b, v) in enumerate(pairs):
+            np.logical_and(a, b, out=M[k])
+            V[k, :, 0] = v
         # 0/1 -> 0/255 masks, then AND with the values: two cheap 8-bit passes
         # (a bool-by-uint8 multiply goes through a slow casting loop).
         Mu = M.view(np.uint8)
         np.negative(Mu, out=Mu)
         kv, lv, rv = np.bitwise_and(Mu, V, out=Mu).max(axis=1)
     else:
-        kv, lv, rv = np.multiply(M, V, dtype=rdt).max(axis=1)
+        # One relation at a time keeps the peak memory at a few n x n arrays.
+        K = np.empty((n, n), bool)
+        buf = np.empty((n, n), rdt)
+        kv, lv, rv = (
+            np.multiply(np.logical_and(a, b, out=K), v[:, None], out=buf).max(axis=0) for a, b, v in pairs
+        )
     if (kv > n - arr).any():
         return None  # an earlier (higher-z) point contains it: dominated
     iL = np.flatnonzero(lv)
