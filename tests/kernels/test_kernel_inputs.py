@@ -14,6 +14,8 @@ def _calls(rng, freeze):
     B = freeze(rng.random((12, 5)))
     P3 = freeze(rng.random((25, 3)))
     P4 = freeze(rng.random((10, 4)))
+    sphere = np.abs(rng.normal(size=(30, 3)))
+    front3 = freeze(sphere / np.linalg.norm(sphere, axis=1, keepdims=True))  # general-position front path
     Z = freeze(rng.normal(size=(9, 4)))
     w, q = freeze(rng.random(9), rng.random(9))
     S = freeze(submodular.clipped_cosine(Z))
@@ -37,6 +39,8 @@ def _calls(rng, freeze):
         ("hypervolume4", lambda: hypervolume.hypervolume(P4)),
         ("hv_contributions", lambda: hypervolume.hv_contributions(P3)),
         ("hv_contributions4", lambda: hypervolume.hv_contributions(P4)),
+        ("hv_contributions_front", lambda: hypervolume.hv_contributions(front3)),
+        ("hypervolume_front", lambda: hypervolume.hypervolume(front3)),
         ("delta_hv", lambda: hypervolume.delta_hv(P3, P3[0])),
         ("clipped_cosine", lambda: submodular.clipped_cosine(Z)),
         ("coverage_objective", lambda: submodular.coverage_objective([0, 2], w, q, S)),
