@@ -103,6 +103,16 @@ def test_rer_order_is_a_permutation_on_a_larger_instance():
     np.testing.assert_array_equal(order[:40], naive_greedy(w, q, S)[:40])
 
 
+def test_rer_order_equals_naive_greedy_when_linear_bounds_are_tight():
+    # Near-parallel embeddings make the coverage grow fast, so log1p(x) ~ x and the
+    # cheap linear bounds decide most rows; the order must still be the naive one.
+    rng = np.random.default_rng(31)
+    for shift, n in ((2.0, 150), (0.0, 120), (0.5, 200)):
+        S = clipped_cosine(rng.normal(size=(n, 8)) + shift)
+        w, q = rng.random(n), rng.random(n) * 3
+        np.testing.assert_array_equal(rer_order(w, q, S), naive_greedy(w, q, S))
+
+
 @st.composite
 def instances(draw):
     n = draw(st.integers(min_value=1, max_value=10))
