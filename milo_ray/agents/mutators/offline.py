@@ -34,6 +34,7 @@ from typing import Any
 import numpy as np
 
 from milo_ray.agents.mutators.diagnosis import Diagnosis, History, diagnose_records, diagnose_traces, parse_memory
+from milo_ray.agents.mutators.multiscale import MAX_CHANGES, Planner, aggregate
 from milo_ray.agents.protocols import MutationRequest, MutationResult
 from milo_ray.harness.mechanisms import (
     FAILURE_MODES,
@@ -269,7 +270,61 @@ class OfflineMutator:
 
 
 class OfflineCandidateOptimizer(OfflineMutator):
-    """SSR's candidate optimizer: the same engine, reading ``context['records']``."""
+    """SSR's candidate optimizer: the same engine, reading ``context['records']``.
 
-    def __init__(self, personality: str = "conservative", name: str | None = None) -> None:
+    With records it plans an evidence-proportional edit (``multiscale.py``): one change
+    per failure mode the prefix's records support, so a larger, more representative
+    prefix yields a broader, better-supported child. Without records (or when no
+    change can be planned) it falls back to the single-edit engine above.
+    """
+
+    def __init__(self, personality: str = "conservative", name: str | None = None,
+                 max_changes: int = MAX_CHANGES) -> None:
         super().__init__(personality, name or f"offline-optimizer-{personality}")
+        self.planner = Planner(temperature=self.p.temperature, step=self.p.param_step,
+                               max_changes=max_changes + self.p.n_add - 1, partner=PARTNER, stepper=_step)
+
+    def mutate(self, request: MutationRequest) -> MutationResult:
+        records = (request.context or {}).get("records")
+        if not isinstance(records, list) or not records:
+            return super().mutate(request)
+        rng = _rng(request.seed, self.personality)
+        parent_file = Path(request.parent_dir) / ENTRY_FILE
+        source = parent_file.read_text() if parent_file.exists() else request.parent.source
+        try:
+            compile(source, "harness.py", "exec")
+        except SyntaxError as e:
+            return MutationResult(None, error=f"parent harness does not compile: {e}")
+        ev = aggregate(records)
+        hist = parse_memory(request.memory_markdown, (request.context or {}).get("parent_node"))
+        plan = self.planner.plan(ev, detect_mechanisms(source), rng, exclude=hist.rejected)
+        child, applied, failed = source, [], []
+        for change in plan.changes:  # one change at a time: an impossible one is dropped, not fatal
+            try:
+                child = self._apply(child, list(change.ops))
+                applied.append(change)
+            except ValueError as e:
+                failed.append(f"{change.label}: {e}")
+        if not applied:
+            return super().mutate(request)
+        if rng.random() < self.p.error_rate:
+            child = self._corrupt(child, rng)
+        workdir = Path(request.workdir)
+        workdir.mkdir(parents=True, exist_ok=True)
+        (workdir / ENTRY_FILE).write_text(child)
+        label = " & ".join(c.label for c in applied)
+        scope = "refinement" if len(applied) == 1 else f"redesign ({len(applied)} changes)"
+        lines = [label,
+                 f"evidence: {ev.n_records} records ({ev.n_failed} failed), failure weight {ev.failure_weight:.3g}"
+                 + ("; time-pressed: no new stop-gates" if plan.time_pressed else ""),
+                 f"scope: {scope}"]
+        for mode in plan.modes:
+            done = [c.label for c in applied if c.mode == mode]
+            why = ", ".join(done) if done else plan.skipped.get(mode, "change could not be applied")
+            lines.append(f"failure mode: {mode} (weight {ev.mode_weight[mode]:.3g}, share {ev.share(mode):.0%}, "
+                         f"{ev.mode_records[mode]} records, e.g. {ev.examples.get(mode, '-')}) -> {why}")
+        lines += [f"dropped: {f}" for f in failed]
+        lines.append(f"change: {label}")
+        files = {**request.parent.files, ENTRY_FILE: child}
+        return MutationResult(Harness(files, name=f"{request.parent.name or 'harness'}+"), report="\n".join(lines),
+                              input_tokens=len(request.memory_markdown or source) // 4, output_tokens=len(child) // 4)
