@@ -122,7 +122,8 @@ def _hv3(Q: np.ndarray) -> float:
                 # Exactly one point (pos - 1) is removed: replace it in place.
                 xp = xs[pos - 1]
                 xleft = xs[pos - 2]
-                area += y * (x - xleft) - (xp - xleft) * yleft - (x - xp) * yright
+                # Same grouping as the general branch below, so the sum is bit-identical.
+                area += y * (x - xleft) - ((xp - xleft) * yleft + (x - xp) * yright)
                 xs[pos - 1] = x
                 ys[pos - 1] = y
                 continue
