@@ -114,3 +114,131 @@ def test_candidate_optimizer_diagnoses_from_experience_records(tmp_path):
         hits += any("deadline_overrun" in MECHANISMS[n].addresses
                     for n in _changed_mechanisms(parent.source, res.child.source))
     assert hits >= 14
+
+
+# ------------------------------------------------------------------ multiscale (SSR)
+def _records(n_per_mode: dict[str, int], resolved: int = 0, seed: int = 0) -> list[dict]:
+    """Judge-style records: failures labelled with their mode and the mechanisms the
+    judge suggests for it (most specific first), plus resolved records."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for mode, n in n_per_mode.items():
+        mechs = sorted((m for m, s in MECHANISMS.items() if mode in s.addresses),
+                       key=lambda m: (len(MECHANISMS[m].addresses), m))[:3]
+        for i in range(n):
+            w, a, u = 0.4 + 0.3 * rng.random(), 0.8, 0.75 + 0.15 * rng.random()
+            out.append({"task_id": f"{mode}-{i}", "score": 0.0, "resolved": False, "w": w, "a": a, "u": u,
+                        "q": a * u, "summary": f"Task failed; the trace shows {mode.replace('_', ' ')}.",
+                        "suggestions": [f"Add {m}: {MECHANISMS[m].description}" for m in mechs],
+                        "failure_modes": [mode], "mechanisms": mechs})
+    for i in range(resolved):
+        out.append({"task_id": f"ok-{i}", "score": 1.0, "resolved": True, "w": 0.25, "a": 0.15, "u": 0.9,
+                    "q": 0.135, "summary": "Task resolved.", "suggestions": ["No change needed."],
+                    "failure_modes": [], "mechanisms": []})
+    order = rng.permutation(len(out))
+    return [out[i] for i in order]
+
+
+def _prefixes(records: list[dict], fractions=(0.25, 0.5, 0.75, 1.0)) -> list[list[dict]]:
+    return [records[: int(np.ceil(f * len(records)))] for f in fractions]
+
+
+def _n_changes(res) -> int:
+    return len(res.report.splitlines()[0].split(" & "))
+
+
+def test_larger_evidence_prefix_makes_at_least_as_many_changes(tmp_path):
+    parent = load_seeds(["reproduce_first"])[0]
+    for trial in range(6):
+        recs = _records({"deadline_overrun": 12, "missing_knowhow": 8, "premature_completion": 6,
+                         "lax_verification": 5, "tool_misuse": 2}, resolved=47, seed=trial)
+        counts = []
+        for i, prefix in enumerate(_prefixes(recs)):
+            res = OfflineCandidateOptimizer().mutate(
+                _request(tmp_path, parent, tmp_path / "none", 100 * trial + i, context={"records": prefix}))
+            assert res.child is not None, res.error
+            counts.append(_n_changes(res))
+        assert counts == sorted(counts), counts
+        assert counts[-1] >= 3 and counts[0] <= 2, counts
+
+
+def test_full_prefix_redesign_covers_every_recurring_failure_mode(tmp_path):
+    parent = load_seeds(["stock"])[0]
+    modes = {"deadline_overrun": 10, "missing_knowhow": 8, "context_overflow": 6, "tool_misuse": 5}
+    recs = _records(modes, resolved=20)
+    res = OfflineCandidateOptimizer().mutate(_request(tmp_path, parent, tmp_path / "none", 3, context={"records": recs}))
+    changed = _changed_mechanisms(parent.source, res.child.source)
+    for mode in modes:
+        assert any(mode in MECHANISMS[n].addresses for n in changed), (mode, changed)
+
+
+def test_distinct_prefixes_give_distinct_children_in_most_trials(tmp_path):
+    parent = load_seeds(["reproduce_first"])[0]
+    distinct = 0
+    for trial in range(10):
+        recs = _records({"deadline_overrun": 9, "missing_knowhow": 7, "premature_completion": 5,
+                         "lax_verification": 4, "context_overflow": 2}, resolved=40, seed=trial)
+        ids = {OfflineCandidateOptimizer().mutate(
+            _request(tmp_path, parent, tmp_path / "none", 10 * trial + i, context={"records": p})).child.harness_id
+            for i, p in enumerate(_prefixes(recs))}
+        distinct += len(ids) >= 3
+    assert distinct >= 8, distinct
+
+
+def test_candidate_optimizer_never_adds_a_mechanism_that_conflicts_with_one_present(tmp_path):
+    for name in ("reproduce_first", "plan_and_solve"):
+        parent = load_seeds([name])[0]
+        before = set(detect_mechanisms(parent.source))
+        for seed in range(15):
+            recs = _records({"premature_completion": 8, "lax_verification": 8, "missing_knowhow": 6},
+                            resolved=10, seed=seed)
+            res = OfflineCandidateOptimizer("explorer").mutate(
+                _request(tmp_path, parent, tmp_path / "none", seed, context={"records": recs}))
+            after = detect_mechanisms(res.child.source)
+            for n in after:
+                assert not any(c in after for c in MECHANISMS[n].conflicts), (name, seed, sorted(after))
+            assert before <= set(after)
+
+
+def test_time_pressed_harness_gets_no_new_stop_gate(tmp_path):
+    from milo_ray.agents.mutators.multiscale import is_gate
+
+    parent = load_seeds(["reproduce_first"])[0]
+    before = detect_mechanisms(parent.source)
+    for seed in range(15):
+        recs = _records({"deadline_overrun": 14, "premature_completion": 6, "lax_verification": 5}, resolved=10,
+                        seed=seed)
+        res = OfflineCandidateOptimizer("bold").mutate(
+            _request(tmp_path, parent, tmp_path / "none", seed, context={"records": recs}))
+        after = detect_mechanisms(res.child.source)
+        assert not [n for n in after if n not in before and is_gate(n)], sorted(after)
+        for n, params in before.items():  # no present gate bounces more often
+            for p in ("max_gates", "max_iterations"):
+                if p in params and n in after:
+                    assert after[n][p] <= params[p]
+        assert "time-pressed" in res.report
+
+
+def test_present_mechanism_that_under_fires_gets_tuned(tmp_path):
+    from milo_ray.harness.mechanisms import add_mechanism
+
+    parent = load_seeds(["stock"])[0]
+    parent = parent.with_source(add_mechanism(add_mechanism(parent.source, "deadline_governor"), "scaffold_floor"))
+    recs = _records({"deadline_overrun": 12}, resolved=5)
+    tuned = 0
+    for seed in range(10):
+        res = OfflineCandidateOptimizer().mutate(
+            _request(tmp_path, parent, tmp_path / "none", seed, context={"records": recs}))
+        before, after = detect_mechanisms(parent.source), detect_mechanisms(res.child.source)
+        gov = after.get("deadline_governor", {})
+        tuned += gov.get("warn_frac", 0.5) < before["deadline_governor"]["warn_frac"] or \
+            gov.get("final_frac", 0.8) != before["deadline_governor"]["final_frac"]
+    assert tuned >= 8, tuned
+
+
+def test_candidate_optimizer_is_deterministic_given_the_seed(tmp_path):
+    parent = load_seeds(["reproduce_first"])[0]
+    recs = _records({"deadline_overrun": 9, "missing_knowhow": 7, "premature_completion": 5}, resolved=30)
+    a = OfflineCandidateOptimizer().mutate(_request(tmp_path, parent, tmp_path / "none", 7, context={"records": recs}))
+    b = OfflineCandidateOptimizer().mutate(_request(tmp_path, parent, tmp_path / "none", 7, context={"records": recs}))
+    assert a.child.harness_id == b.child.harness_id and a.report == b.report
