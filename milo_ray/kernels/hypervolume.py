@@ -87,7 +87,7 @@ def _hv2(Q: np.ndarray) -> float:
 
 
 def _hv3(Q: np.ndarray) -> float:
-    """z-sweep over a 2-D staircase (x ascending, y strictly descending)."""
+    """z-sweep over a 2-D staircase (x non-decreasing, y strictly descending)."""
     order = np.argsort(-Q[:, 2], kind="stable")
     S = Q[order]
     zc = S[:, 2]
@@ -106,27 +106,26 @@ def _hv3(Q: np.ndarray) -> float:
         yright = ys[pos]
         if yright >= y:
             continue  # weakly dominated in the xy-plane by an earlier (higher-z) point
-        if xs[pos] == x:
-            hi = pos + 1  # same x, lower y: replaced by the new point
-            yright = ys[hi]
-        else:
-            hi = pos
-            yleft = ys[pos - 1]
-            if yleft > y:
-                # Nothing is removed: the gain is one rectangle.
-                area += (x - xs[pos - 1]) * (y - yright)
-                xs.insert(pos, x)
-                ys.insert(pos, y)
-                continue
-            if ys[pos - 2] > y:
-                # Exactly one point (pos - 1) is removed: replace it in place.
-                xp = xs[pos - 1]
-                xleft = xs[pos - 2]
-                # Same grouping as the general branch below, so the sum is bit-identical.
-                area += y * (x - xleft) - ((xp - xleft) * yleft + (x - xp) * yright)
-                xs[pos - 1] = x
-                ys[pos - 1] = y
-                continue
+        # An earlier point with the same x and a lower y stays, right after the
+        # new one, as a zero-width step: it adds no area and is removed with
+        # the new point's left part later, so no equality test is needed here.
+        yleft = ys[pos - 1]
+        if yleft > y:
+            # Nothing is removed: the gain is one rectangle.
+            area += (x - xs[pos - 1]) * (y - yright)
+            xs.insert(pos, x)
+            ys.insert(pos, y)
+            continue
+        if ys[pos - 2] > y:
+            # Exactly one point (pos - 1) is removed: replace it in place.
+            xp = xs[pos - 1]
+            xleft = xs[pos - 2]
+            # Same grouping as the general branch below, so the sum is bit-identical.
+            area += y * (x - xleft) - ((xp - xleft) * yleft + (x - xp) * yright)
+            xs[pos - 1] = x
+            ys[pos - 1] = y
+            continue
+        hi = pos
         a = pos
         while ys[a - 1] <= y:
             a -= 1
