@@ -86,16 +86,17 @@ def contributions_3d_general_position(Q: np.ndarray) -> np.ndarray | None:
     # rank + 1, 0 = none.
     pairs = ((Xg, Yg, n - arr), (T, Yg, xr + 1), (T, Xg, yr + 1))
     if small:
-        M = np.empty((3, n, n), bool)
-        V = np.empty((3, n, 1), rdt)
+        # Layout [j, relation, i]: the max over j then runs over rows of 3n bytes.
+        M = np.empty((n, 3, n), bool)
+        V = np.empty((n, 3, 1), rdt)
         for k, (a, b, v) in enumerate(pairs):
-            np.logical_and(a, b, out=M[k])
-            V[k, :, 0] = v
+            np.logical_and(a, b, out=M[:, k])
+            V[:, k, 0] = v
         # 0/1 -> 0/255 masks, then AND with the values: two cheap 8-bit passes
         # (a bool-by-uint8 multiply goes through a slow casting loop).
         Mu = M.view(np.uint8)
         np.negative(Mu, out=Mu)
-        kv, lv, rv = np.bitwise_and(Mu, V, out=Mu).max(axis=1)
+        kv, lv, rv = np.bitwise_and(Mu, V, out=Mu).max(axis=0)
     else:
         # One relation at a time keeps the peak memory at a few n x n arrays.
         K = np.empty((n, n), bool)

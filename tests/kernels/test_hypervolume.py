@@ -188,3 +188,14 @@ def test_rows_on_the_reference_are_dropped_before_the_front_path():
     c = hv_contributions(with_flat)
     assert c[20] == 0.0
     np.testing.assert_allclose(np.delete(c, 20), hv_contributions(P), rtol=1e-14, atol=0)
+
+
+def test_three_d_sweep_is_exact_with_heavy_ties_and_duplicates():
+    # Coarse grids put many points on the same x (zero-width staircase steps) and repeat rows.
+    rng = np.random.default_rng(21)
+    for k in (2, 3, 5, 8):
+        P = np.round(rng.random((250, 3)) * k) / k + 0.01
+        P = np.vstack([P, P[:40]])
+        theirs = _moocore_hv(P, np.zeros(3))
+        assert abs(hypervolume(P) - theirs) <= REL * theirs
+        assert abs(_hv_general(P) - theirs) <= REL * theirs
