@@ -21,7 +21,9 @@ Algorithms (n points, d axes):
 Exclusive contributions use the leave-one-out definition
 ``HV(X) - HV(X minus {p})``: dominated and duplicated points get 0, and a
 dominated point does reduce its dominator's contribution.  See
-``hv_contributions`` for the fast 2-D/3-D formulas.
+``hv_contributions`` for the fast 2-D/3-D formulas; 3-D fronts in general
+position (no ties, no dominated rows) go through ``_hv3_sweep``, the z-sweep
+vectorized over all points at once (O(n^2) 8-bit work).
 """
 
 from __future__ import annotations
