@@ -123,6 +123,18 @@ def _step(name: str, param: str, current: Any, mode: str, steps: int) -> Any | N
     return None if new == current else new
 
 
+def _parent_source(request: MutationRequest) -> tuple[str, str | None]:
+    """The parent's ``harness.py`` as the mutator finds it on disk (falling back to the
+    in-memory harness), or an error when it does not compile."""
+    parent_file = Path(request.parent_dir) / ENTRY_FILE
+    source = parent_file.read_text() if parent_file.exists() else request.parent.source
+    try:
+        compile(source, "harness.py", "exec")
+    except SyntaxError as e:
+        return source, f"parent harness does not compile: {e}"
+    return source, None
+
+
 class OfflineMutator:
     """Mutator protocol implementation (see module docstring)."""
 
@@ -211,12 +223,9 @@ class OfflineMutator:
     # ------------------------------------------------------------------- main
     def mutate(self, request: MutationRequest) -> MutationResult:
         rng = _rng(request.seed, self.personality)
-        parent_file = Path(request.parent_dir) / ENTRY_FILE
-        source = parent_file.read_text() if parent_file.exists() else request.parent.source
-        try:
-            compile(source, "harness.py", "exec")
-        except SyntaxError as e:
-            return MutationResult(None, error=f"parent harness does not compile: {e}")
+        source, error = _parent_source(request)
+        if error:
+            return MutationResult(None, error=error)
         records = (request.context or {}).get("records")
         diag: Diagnosis = diagnose_records(records) if isinstance(records, list) else diagnose_traces(request.evidence_dir)
         hist = parse_memory(request.memory_markdown, (request.context or {}).get("parent_node"))
@@ -289,12 +298,9 @@ class OfflineCandidateOptimizer(OfflineMutator):
         if not isinstance(records, list) or not records:
             return super().mutate(request)
         rng = _rng(request.seed, self.personality)
-        parent_file = Path(request.parent_dir) / ENTRY_FILE
-        source = parent_file.read_text() if parent_file.exists() else request.parent.source
-        try:
-            compile(source, "harness.py", "exec")
-        except SyntaxError as e:
-            return MutationResult(None, error=f"parent harness does not compile: {e}")
+        source, error = _parent_source(request)
+        if error:
+            return MutationResult(None, error=error)
         ev = aggregate(records)
         hist = parse_memory(request.memory_markdown, (request.context or {}).get("parent_node"))
         plan = self.planner.plan(ev, detect_mechanisms(source), rng, exclude=hist.rejected)
