@@ -340,14 +340,7 @@ class RolloutScheduler:
     def _load_stored(self, keys: list[str]) -> None:
         if not keys:
             return
-        getter = getattr(self.store, "get_rollouts", None)
-        if callable(getter):
-            found = getter(keys)
-        else:  # a store without the bulk getter: filter the table
-            wanted = set(keys)
-            rows = self.store.read("rollouts").to_pylist()
-            found = {r["cache_key"]: _result_from_row(r) for r in rows if r.get("cache_key") in wanted}
-        for key, result in found.items():
+        for key, result in self.store.get_rollouts(keys).items():
             if result.error_kind != "infra":
                 self._results.setdefault(key, result)
 
@@ -612,8 +605,3 @@ class RolloutScheduler:
         self.progress.dropped()
         if not job.future.done():
             job.future.set_exception(exc)
-
-
-def _result_from_row(row: dict[str, Any]) -> RolloutResult:
-    fields = RolloutResult.__dataclass_fields__
-    return RolloutResult(**{k: v for k, v in row.items() if k in fields and k != "trace"})
