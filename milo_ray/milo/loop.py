@@ -280,6 +280,14 @@ class MiloRun:
             "islands": list(range(len(groups))), "assignment": {str(j): m for j, m in assignment.items()},
             "seeds": [{"name": h.name, "harness_id": h.harness_id, "accuracy": ev.accuracy} for h, ev in zip(seeds, evs)],
         })
+        # Seeds left without an island were still evaluated: the harnesses table keeps them.
+        chosen = {i for idxs in groups for i in idxs}
+        self.store.append("harnesses", [{
+            "harness_id": h.harness_id, "name": h.name, "round": 0, "origin": "seed", "admitted": False,
+            "verdict_reason": f"not among the {K} most behavior-dissimilar seeds: no island",
+            "fitness": [float(f) for f in ev.fitness], "source_ref": self.store.put_harness_source(dict(h.files)),
+            "created_at": time.time(), "extra": {"accuracy": ev.accuracy, "costs": ev.costs},
+        } for i, (h, ev) in enumerate(zip(seeds, evs)) if i not in chosen])
         for j, idxs in enumerate(groups):
             for i in idxs:
                 h, ev = seeds[i], evs[i]

@@ -252,3 +252,15 @@ def test_orchestrator_is_called_only_at_stall_ge_patience_and_sees_the_true_coun
             # At most one intervention per island per round.
             assert last.get(j) != rounds.get(j, 0), f"island {j} intervened twice at round {rounds.get(j)}"
             last[j] = rounds.get(j, 0)
+
+
+def test_every_evaluated_seed_is_in_the_harnesses_table(scripted_run):
+    """Seeds not chosen for an island were evaluated too, so they are recorded (no island,
+    not admitted, with the reason); the chosen ones are island roots."""
+    ctx, _ = scripted_run
+    seeds = ctx.benchmark.seed_harnesses()
+    rows = [r for r in ctx.store.read("harnesses").to_pylist() if r["origin"] == "seed"]
+    assert {r["harness_id"] for r in rows} == {h.harness_id for h in seeds}
+    unplaced = [r for r in rows if r["island"] is None]
+    assert len(unplaced) == len(seeds) - 2  # num_islands=2 in the scripted run
+    assert all(not r["admitted"] and "no island" in r["verdict_reason"] for r in unplaced)
