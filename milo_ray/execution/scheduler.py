@@ -229,11 +229,7 @@ class RolloutScheduler:
 
     def run(self, requests: Iterable[RolloutRequest], *, count_budget: bool = True) -> list[RolloutResult]:
         """Synchronous :meth:`arun` on the scheduler's private event loop."""
-        try:
-            asyncio.get_running_loop()
-        except RuntimeError:
-            pass
-        else:
+        if _loop_running():
             raise RuntimeError(
                 "RolloutScheduler.run() was called from inside a running event loop; "
                 "use `await scheduler.arun(requests)` (or `async for r in scheduler.astream(requests)`) there"
@@ -605,3 +601,11 @@ class RolloutScheduler:
         self.progress.dropped()
         if not job.future.done():
             job.future.set_exception(exc)
+
+
+def _loop_running() -> bool:
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return False
+    return True

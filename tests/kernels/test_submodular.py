@@ -17,20 +17,7 @@ from milo_ray.kernels.submodular import (
     prefix_sizes,
     rer_order,
 )
-
-
-def naive_greedy(w, q, S):
-    """Reference: recompute every remaining gain after each pick, argmax with ties to the lower index."""
-    n = len(w)
-    C = np.zeros(n)
-    remaining = list(range(n))
-    order = []
-    while remaining:
-        g = _gains(np.asarray(remaining), 1.0 / (1.0 + C), w, q, S)
-        i = remaining.pop(int(np.argmax(g)))
-        order.append(i)
-        C = C + q[i] * S[i]
-    return np.asarray(order, dtype=np.intp)
+from milo_ray.testing.kernel_reference import naive_greedy
 
 
 def test_clipped_cosine_closed_form_and_zero_rows():
