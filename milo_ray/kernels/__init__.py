@@ -1,4 +1,7 @@
-"""Pure numpy/scipy kernels: one concept per module, no I/O, no Ray, inputs never mutated.
+"""Pure array kernels: one concept per module, no I/O, no Ray, inputs never mutated.
+
+Vectorized numpy/scipy throughout, except the two sequential 3-D hypervolume
+sweeps, which are compiled with numba (``_sweep3d``, loaded on first use).
 
 * ``pareto``      fitness vectors, pass-primary epsilon-dominance, admission, parent selection (MILO §4.2)
 * ``hypervolume`` exact hypervolume, exclusive contributions, delta-HV (MILO §4.2)

@@ -12,9 +12,10 @@ Algorithms (n points, d axes):
 
 * d = 1: the largest coordinate, O(n).
 * d = 2: sort by x descending + running max of y, O(n log n), vectorized.
-* d = 3: sweep in z (descending) over a 2-D staircase kept in sorted lists
-  (bisect insertion, amortized O(1) removals), O(n log n) comparisons plus
-  O(n^2) worst-case list shifting (memmove, negligible in practice).
+* d = 3: sweep in z (descending) over the xy staircase, O(n log n)
+  comparisons plus O(n^2) worst-case element moves (negligible in practice);
+  compiled (``_sweep3d``) from ``_COMPILED_HV3_MIN_POINTS`` points on, a
+  Python loop over sorted lists below that.
 * d >= 4: exact dimension sweep (slice on the last axis, recurse on the
   prefixes down to the 3-D sweep), O(n^{d-2} log n).
 
@@ -22,17 +23,18 @@ Exclusive contributions use the leave-one-out definition
 ``HV(X) - HV(X minus {p})``: dominated and duplicated points get 0, and a
 dominated point does reduce its dominator's contribution.  See
 ``hv_contributions`` for the fast 2-D/3-D formulas; 3-D fronts in general
-position (no ties, no dominated rows) go through ``_hv3_sweep``, the z-sweep
-vectorized over all points at once (O(n^2) 8-bit work).
+position (no ties, no dominated rows) go through the compiled z-sweep of
+``_sweep3d`` that keeps one exclusive-volume account per staircase point.
 """
 
 from __future__ import annotations
 
+import functools
 from bisect import bisect_left
+from types import ModuleType
 
 import numpy as np
 
-from milo_ray.kernels._hv3_sweep import contributions_3d_general_position
 from milo_ray.kernels._validate import as_array
 
 __all__ = ["hypervolume", "hv_contributions", "delta_hv"]
@@ -40,6 +42,20 @@ __all__ = ["hypervolume", "hv_contributions", "delta_hv"]
 # Above this many non-dominated points the O(n^2)-memory 3-D contribution grid
 # would need more than ~200 MB, so the leave-one-out path is used instead.
 _GRID_MAX_POINTS = 4000
+
+# Below this many points the 3-D volume sweep runs as a Python loop (under
+# ~100 us).  MILO's admission computes small 3-D volumes in every island actor,
+# and those processes should not pay numba's import and cache load (~0.6 s,
+# several seconds on the very first compile) for fronts of a few dozen points.
+_COMPILED_HV3_MIN_POINTS = 128
+
+
+@functools.cache
+def _compiled() -> ModuleType:
+    """The numba sweeps, imported on first use (see ``_COMPILED_HV3_MIN_POINTS``)."""
+    from milo_ray.kernels import _sweep3d
+
+    return _sweep3d
 
 
 # --------------------------------------------------------------------------- input
@@ -90,6 +106,8 @@ def _hv2(Q: np.ndarray) -> float:
 
 def _hv3(Q: np.ndarray) -> float:
     """z-sweep over a 2-D staircase (x non-decreasing, y strictly descending)."""
+    if Q.shape[0] >= _COMPILED_HV3_MIN_POINTS:
+        return float(_compiled().hypervolume3(np.ascontiguousarray(Q)))
     order = np.argsort(-Q[:, 2], kind="stable")
     S = Q[order]
     zc = S[:, 2]
@@ -296,8 +314,8 @@ def hv_contributions(points, /, *, ref=None) -> np.ndarray:
     subtracted from its own exclusive region.
 
     Complexity: d = 3 with mutually non-dominated rows and no tie on any axis
-    (the usual front): O(n^2) vectorized work and O(n^2) bytes
-    (``_hv3_sweep``).  Otherwise O(n^2 d) dominance flags, then
+    (the usual front): one compiled z-sweep, O(n log n) for usual fronts
+    (``_sweep3d.contributions3``).  Otherwise O(n^2 d) dominance flags, then
     d = 2: O(n log n) neighbour formula; d = 3: O(n^2) height-field grid
     (``_contrib3_grid``); rows that dominate other rows, d >= 4 and very large
     3-D fronts: one clipped hypervolume per row (O(n) hypervolume calls).
@@ -307,8 +325,8 @@ def hv_contributions(points, /, *, ref=None) -> np.ndarray:
     Q, keep = _shift(P, r)
     n, d = Q.shape
     if d == 3 and 2 <= n <= _GRID_MAX_POINTS:
-        fast = contributions_3d_general_position(Q)
-        if fast is not None:
+        fast, ok = _compiled().contributions3(np.ascontiguousarray(Q))
+        if ok:
             if n == P.shape[0]:
                 return fast
             out = np.zeros(P.shape[0])

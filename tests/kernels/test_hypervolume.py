@@ -7,8 +7,9 @@ import pytest
 
 moocore = pytest.importorskip("moocore")
 
-from milo_ray.kernels._hv3_sweep import contributions_3d_general_position  # noqa: E402
+from milo_ray.kernels import _sweep3d  # noqa: E402
 from milo_ray.kernels.hypervolume import (  # noqa: E402
+    _COMPILED_HV3_MIN_POINTS,
     _contrib3_grid,
     _hv_general,
     _leave_one_out,
@@ -157,10 +158,15 @@ def _shaped_fronts(rng):
         yield n, S
 
 
+def _sweep_contributions(P):
+    fast, ok = _sweep3d.contributions3(np.ascontiguousarray(P, dtype=float))
+    return fast if ok else None
+
+
 def test_general_position_contributions_match_moocore_and_the_grid():
     rng = np.random.default_rng(77)
     for n, P in _shaped_fronts(rng):
-        fast = contributions_3d_general_position(P)
+        fast = _sweep_contributions(P)
         assert fast is not None, n
         theirs = moocore.hv_contributions(P, ref=np.zeros(3), maximise=True)
         scale = REL * _moocore_hv(P, np.zeros(3))
@@ -174,10 +180,14 @@ def test_general_position_path_declines_ties_and_dominated_rows():
     tie = P.copy()
     tie[3, 0] = tie[7, 0]
     dominated = np.vstack([P, P[4] * 0.9])
-    assert contributions_3d_general_position(tie) is None
-    assert contributions_3d_general_position(dominated) is None
+    tie_y = P.copy()
+    tie_y[5, 1] = tie_y[2, 1]
+    tie_z = P.copy()
+    tie_z[9, 2] = tie_z[1, 2]
+    for declined in (tie, tie_y, tie_z, dominated):
+        assert _sweep_contributions(declined) is None
     # The public function still answers them exactly through the general path.
-    for Q in (tie, dominated):
+    for Q in (tie, tie_y, tie_z, dominated):
         loo = np.array([_leave_one_out(Q, i) for i in range(Q.shape[0])])
         np.testing.assert_allclose(hv_contributions(Q), loo, rtol=1e-10, atol=1e-13)
 
@@ -199,3 +209,35 @@ def test_three_d_sweep_is_exact_with_heavy_ties_and_duplicates():
         theirs = _moocore_hv(P, np.zeros(3))
         assert abs(hypervolume(P) - theirs) <= REL * theirs
         assert abs(_hv_general(P) - theirs) <= REL * theirs
+
+
+def test_python_and_compiled_volume_sweeps_agree_on_both_sides_of_the_switch(monkeypatch):
+    import milo_ray.kernels.hypervolume as hv_module
+
+    rng = np.random.default_rng(31)
+    sizes = (1, 2, 9, _COMPILED_HV3_MIN_POINTS - 1, _COMPILED_HV3_MIN_POINTS, 400)
+    inputs = []
+    for n in sizes:
+        inputs += [_front(rng, n, 3), rng.random((n, 3)), np.round(rng.random((n, 3)) * 4) / 4 + 0.01]
+    compiled = [_sweep3d.hypervolume3(np.ascontiguousarray(P)) for P in inputs]
+    monkeypatch.setattr(hv_module, "_COMPILED_HV3_MIN_POINTS", 10**9)
+    for P, c in zip(inputs, compiled):
+        theirs = _moocore_hv(P, np.zeros(3))
+        assert abs(c - theirs) <= REL * theirs
+        assert abs(hypervolume(P) - theirs) <= REL * theirs  # the Python loop
+
+
+def test_small_three_d_volumes_do_not_load_the_compiler():
+    # MILO's admission fronts are small; their processes must not pay numba's start-up.
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, numpy as np\n"
+        "from milo_ray.kernels.hypervolume import delta_hv, hypervolume\n"
+        "P = np.random.default_rng(0).random((60, 3))\n"
+        "assert hypervolume(P) > 0 and delta_hv(P, [0.9, 0.9, 0.9]) >= 0\n"
+        "print('numba' in sys.modules)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
