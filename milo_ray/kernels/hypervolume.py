@@ -324,7 +324,7 @@ def hv_contributions(points, /, *, ref=None) -> np.ndarray:
     P, r = _points_and_ref(points, ref)
     Q, keep = _shift(P, r)
     n, d = Q.shape
-    if d == 3 and 2 <= n <= _GRID_MAX_POINTS:
+    if d == 3 and n >= 2:
         fast, ok = _compiled().contributions3(np.ascontiguousarray(Q))
         if ok:
             if n == P.shape[0]:
