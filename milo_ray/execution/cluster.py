@@ -36,6 +36,22 @@ def _running_local_address() -> str | None:
         return None
 
 
+class _DropDefaultTokenAuthNotice(logging.Filter):
+    """Drops Ray's notice that a new local instance enabled token authentication.
+
+    Token auth stays on (Ray's default for a new local instance); only the warning that
+    it did so, printed at the top of every run, goes.  Other auth messages pass."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith("Token authentication is enabled")
+
+
+def _quiet_default_token_auth_notice() -> None:
+    logger = logging.getLogger("ray._private.authentication.authentication_token_setup")
+    if not any(isinstance(f, _DropDefaultTokenAuthNotice) for f in logger.filters):
+        logger.addFilter(_DropDefaultTokenAuthNotice())
+
+
 def connect(execution: Any) -> ClusterInfo:
     """Initialize Ray per ``execution`` (an ExecutionConfig-like object). Idempotent:
     a driver that is already connected (multirun jobs in one process) stays connected."""
@@ -52,6 +68,7 @@ def connect(execution: Any) -> ClusterInfo:
             ray.init(address=address, **common)
         else:
             started_here = True
+            _quiet_default_token_auth_notice()
             ray.init(
                 num_cpus=execution.num_cpus,
                 include_dashboard=bool(execution.dashboard),
