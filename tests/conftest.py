@@ -12,6 +12,11 @@ os.environ.setdefault("RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO", "0")
 
 import pytest
 
+# The store contract suite and the kernel references live in the package
+# (milo_ray.testing); rewrite their asserts for readable failures.  This must run
+# before any test module imports them, hence the root conftest.
+pytest.register_assert_rewrite("milo_ray.testing")
+
 
 @pytest.fixture(scope="session")
 def ray_local():
