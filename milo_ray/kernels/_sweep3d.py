@@ -41,6 +41,21 @@ def _first_at_least(sx, m, v):
 
 
 @numba.njit(**_JIT)
+def _empty_staircase(n):
+    """Staircase arrays for up to ``n`` points: (x, y, point id), holding only the sentinels."""
+    sx = np.empty(n + 2)
+    sy = np.empty(n + 2)
+    ids = np.empty(n + 2, np.int64)
+    sx[0] = 0.0
+    sy[0] = np.inf
+    sx[1] = np.inf
+    sy[1] = 0.0
+    ids[0] = -1
+    ids[1] = -1
+    return sx, sy, ids
+
+
+@numba.njit(**_JIT)
 def _replace_block(a, b, c, lo, hi, m, va, vb, vc):
     """Replace entries ``[lo, hi)`` of the parallel arrays (length ``m``) by one entry; return the new length."""
     removed = hi - lo
@@ -75,13 +90,7 @@ def hypervolume3(Q):
     if n == 0:
         return 0.0
     order = np.argsort(-Q[:, 2], kind="mergesort")
-    sx = np.empty(n + 2)
-    sy = np.empty(n + 2)
-    dummy = np.empty(n + 2, np.int64)
-    sx[0] = 0.0
-    sy[0] = np.inf
-    sx[1] = np.inf
-    sy[1] = 0.0
+    sx, sy, ids = _empty_staircase(n)
     m = 2
     area = 0.0
     vol = 0.0
@@ -111,7 +120,7 @@ def hypervolume3(Q):
             prev = sx[j]
         covered += (x - prev) * yright
         area += y * (x - xleft) - covered
-        m = _replace_block(sx, sy, dummy, a, pos, m, x, y, 0)
+        m = _replace_block(sx, sy, ids, a, pos, m, x, y, i)
     return vol + area * zprev
 
 
@@ -177,15 +186,7 @@ def contributions3(Q):
     for j in range(1, n):
         if z[order[j]] == z[order[j - 1]]:
             return vals, False
-    sx = np.empty(n + 2)
-    sy = np.empty(n + 2)
-    sid = np.empty(n + 2, np.int64)
-    sx[0] = 0.0
-    sy[0] = np.inf
-    sx[1] = np.inf
-    sy[1] = 0.0
-    sid[0] = -1
-    sid[1] = -1
+    sx, sy, sid = _empty_staircase(n)
     m = 2
     xlow = np.zeros(n)
     ylow = np.zeros(n)
