@@ -183,8 +183,14 @@ def evidence_sets(order: Sequence[str], fractions: Sequence[float], strategy: st
 
     ``rer``: nested prefixes ⌈α_i·N⌉; ``topk_fixed``: the same top ⌈α_1·N⌉ for all;
     ``topk_resampling``: an independent uniform ⌈α_1·N⌉-subset each; ``fixed_n``: all N.
+    No evidence (every judge call failed) gives no candidates under every strategy,
+    so the ablations stay comparable.
     """
     n, m = len(order), len(fractions)
+    if strategy not in ("rer", "topk_fixed", "topk_resampling", "fixed_n"):
+        raise ValueError(f"evidence={strategy!r}; choose rer, topk_fixed, topk_resampling or fixed_n")
+    if n == 0:
+        return []
     sizes = scale_sizes(n, fractions)
     if strategy == "rer":
         return [tuple(order[:k]) for k in sizes]
@@ -192,13 +198,11 @@ def evidence_sets(order: Sequence[str], fractions: Sequence[float], strategy: st
         return [tuple(order[: sizes[0]]) for _ in range(m)]
     if strategy == "fixed_n":
         return [tuple(order) for _ in range(m)]
-    if strategy == "topk_resampling":
-        out = []
-        for _ in range(m):
-            pick = set(rng.choice(n, size=sizes[0], replace=False).tolist()) if n else set()
-            out.append(tuple(t for i, t in enumerate(order) if i in pick))
-        return out
-    raise ValueError(f"evidence={strategy!r}; choose rer, topk_fixed, topk_resampling or fixed_n")
+    out = []  # topk_resampling
+    for _ in range(m):
+        pick = set(rng.choice(n, size=sizes[0], replace=False).tolist())
+        out.append(tuple(t for i, t in enumerate(order) if i in pick))
+    return out
 
 
 def render_memory(records: Sequence[ExperienceRecord], *, k: int, n: int, evidence_dir: str = "") -> str:

@@ -38,6 +38,7 @@ from typing import Any
 import numpy as np
 
 from milo_ray.agents.protocols import MutationRequest
+from milo_ray.execution.budget import BudgetExceeded
 from milo_ray.execution.types import RolloutRequest
 from milo_ray.harness.model import Harness
 from milo_ray.ssr import evidence as ev
@@ -102,8 +103,14 @@ class _SSRRun:
         return sum(1 for k in {r.key(self.sched.model_id) for r in reqs} if k not in self.keys)
 
     def _run(self, reqs: list[RolloutRequest]) -> list[Any]:
+        try:
+            results = self.sched.run(reqs)
+        except BudgetExceeded as e:
+            # Only what finished was executed (and charged); a refused batch charged nothing.
+            self.keys.update(reqs[i].key(self.sched.model_id) for i in e.partial)
+            raise
         self.keys.update(r.key(self.sched.model_id) for r in reqs)
-        return self.sched.run(reqs)
+        return results
 
     def _req(self, h: str, t: str, i: int, split: str, rnd: int, stage: str) -> RolloutRequest:
         return RolloutRequest(h, t, i, self.ctx.seed, split=split, method=METHOD, round=rnd, stage=stage, group=GROUP)
@@ -133,7 +140,13 @@ class _SSRRun:
             self.out.event("ssr.refresh_unaffordable", {"needed": need, "remaining": self.remaining()}, round=rnd,
                            harness_id=parent.harness_id)
             return None
-        results = self._run(reqs)
+        try:
+            results = self._run(reqs)
+        except BudgetExceeded as e:
+            # A token/cost cap ran out: the incumbent stands, the run stops cleanly.
+            self.out.event("ssr.refresh_aborted", {"reason": str(e), "finished": len(e.partial)}, round=rnd,
+                           harness_id=parent.harness_id)
+            return None
         items = ev.judge_items(results, self.store)
         records = ev.judge_records(self.judge, items, round=rnd, harness_id=parent.harness_id,
                                    retries=self.cfg.judge_retries, workers=self.cfg.judge_workers)
@@ -150,7 +163,8 @@ class _SSRRun:
         return {"results": results, "records": records, "order": order}
 
     # ------------------------------------------------------------------ candidates
-    def _candidates(self, parent: Harness, ev_state: dict, rnd: int) -> list[RaceCandidate]:
+    def _candidates(self, parent: Harness, ev_state: dict, rnd: int) -> tuple[list[RaceCandidate], int]:
+        """The children that race this round, and how many were generated (M)."""
         from milo_ray.harness.diff import diff
         from milo_ray.harness.evidence import write_evidence_dir
 
@@ -201,18 +215,16 @@ class _SSRRun:
                            if o.child else None, "error": o.error} for o in outcomes],
             "racing": [c.harness_id for c in racers], "evidence": cfg.evidence,
         }, round=rnd, harness_id=parent.harness_id)
-        return racers
+        return racers, len(outcomes)
 
     # ------------------------------------------------------------------ racing
-    def _race(self, parent: Harness, ev_state: dict, racers: list[RaceCandidate], rnd: int):
-        from milo_ray.execution.budget import BudgetExceeded
-
+    def _race(self, parent: Harness, ev_state: dict, racers: list[RaceCandidate], generated: int, rnd: int):
         cls = UniformRace if self.cfg.racing == "uniform" else Race
         success = [r.task_id for r in ev_state["results"] if r.score >= 1.0]
         failure = [r.task_id for r in ev_state["results"] if r.score < 1.0]
         race = cls(parent.harness_id, racers, order=ev_state["order"], parent_success=success, parent_failure=failure,
                    validation=[t.task_id for t in self.val], config=self.race_cfg,
-                   rng=np.random.default_rng(derive_seed(self.ctx.seed, "race", rnd)))
+                   rng=np.random.default_rng(derive_seed(self.ctx.seed, "race", rnd)), generated=generated)
         base = 1 + rnd * self.cfg.rollouts
         splits = {t.task_id: self.cfg.val_split for t in self.val} | {t: self.cfg.train_split for t in success + failure}
         while not self.ctx.out_of_time():
@@ -268,8 +280,8 @@ class _SSRRun:
             if self._min_stage_cost(ev_state) > self.remaining():
                 stop = "budget"
                 break
-            racers = self._candidates(parent, ev_state, rnd)
-            outcome = self._race(parent, ev_state, racers, rnd)
+            racers, generated = self._candidates(parent, ev_state, rnd)
+            outcome = self._race(parent, ev_state, racers, generated, rnd)
             history.append({"round": rnd, "parent": parent.harness_id, "selected": outcome.selected,
                             "replaced": outcome.replaced, "stages": outcome.completed_stages,
                             "parent_score": outcome.parent_score, "best_child_score": outcome.best_child_score})

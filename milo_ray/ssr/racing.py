@@ -190,6 +190,9 @@ class Race:
     validation: validation task ids.
     config: ``RaceConfig``.
     rng: seeded ``numpy.random.Generator`` (only used to permute the validation pool).
+    generated: the M children generated this round when some of them did not make it
+        to the race (invalid, duplicate); the keep counts n_r are based on M
+        (default: ``len(candidates)``).
     """
 
     eliminates = True
@@ -205,8 +208,14 @@ class Race:
         validation: Sequence[str],
         config: RaceConfig,
         rng: np.random.Generator,
+        generated: int | None = None,
     ) -> None:
         ids = [c.harness_id for c in candidates]
+        if generated is not None and generated < len(ids):
+            raise ValueError(f"race: generated={generated} is fewer than the {len(ids)} candidates racing")
+        # M of the keep counts n_r: the children generated this round, including any
+        # that failed validation (they count as eliminated before the first stage).
+        self.generated = len(ids) if generated is None else generated
         if len(set(ids)) != len(ids):
             raise ValueError("race candidates: duplicate harness ids (deduplicate identical children first)")
         if parent_id in ids:
@@ -354,7 +363,7 @@ class Race:
         scores = {h: self.score(h) for h in req.harnesses}
         eliminated: tuple[str, ...] = ()
         if self.eliminates and req.stage < self.config.stages:
-            n_keep = keep_count(len(self.candidates), self.config.stages, req.stage)
+            n_keep = keep_count(self.generated, self.config.stages, req.stage)
             ranked = sorted(self._active, key=lambda c: self._rank_key(c, scores))
             eliminated = tuple(c.harness_id for c in ranked[n_keep:])
             kept = {c.harness_id for c in ranked[:n_keep]}

@@ -48,7 +48,7 @@ class InProcessScheduler:
         for k, r in new.items():
             res = self.executor.execute(self.harnesses[r.harness_id], self.tasks[r.task_id], r.rollout_idx, r.seed)
             res.stage, res.round, res.split, res.cache_key, res.method = r.stage, r.round, r.split, k, r.method
-            ledger.commit()
+            ledger.commit(tokens=res.input_tokens + res.output_tokens, cost_usd=res.cost_usd)
             self.results[k] = res
             fresh.append(res)
             self.executed += 1
@@ -96,9 +96,9 @@ def bench():
                           {"train": N_TRAIN, "val": N_VAL, "test": N_TEST})
 
 
-def _run(tmp_path, bench, budget, *, inert=False, seed=3, **cfg):
+def _run(tmp_path, bench, budget, *, inert=False, seed=3, tokens=None, **cfg):
     store = MemoryRunStore(run_id="t")
-    sched = InProcessScheduler(bench, store, BudgetLedger(executions=budget))
+    sched = InProcessScheduler(bench, store, BudgetLedger(executions=budget, tokens=tokens))
     agents = {"judge": OfflineJudge(), "optimizer": RuleOptimizer(inert), "embedder": HashingEmbedder(64)}
     ctx = RunContext(run_id="t", run_dir=tmp_path, seed=seed, store=store, benchmark=bench, scheduler=sched,
                      model_id="offline", extras={"agents": agents})
@@ -165,3 +165,20 @@ def test_untested_initial_harness_is_not_reported_with_the_final_scores(tmp_path
     assert tested == {summary["final_harness"]}
     assert "test_initial" not in summary
     assert [r["harness_id"] for r in summary["final_test"]] == [summary["final_harness"]]
+
+
+def test_token_cap_spent_before_a_refresh_stops_the_run_with_the_incumbent(tmp_path, bench):
+    # Dry run: the tokens spent before the second refresh (seed 0 accepts an update in round 0).
+    _, dry, _ = _run(tmp_path / "dry", bench, 10_000, seed=0, patience=2, candidate_cap=12)
+    rows = dry.read("rollouts").to_pylist()
+    second = next(i for i, r in enumerate(rows) if r["stage"] == "refresh" and r["round"] == 1)
+    spent = sum(r["input_tokens"] + r["output_tokens"] for r in rows[:second])
+    # With exactly that token cap, the second refresh is refused by the ledger.
+    summary, store, sched = _run(tmp_path / "capped", bench, 10_000, seed=0, patience=2, candidate_cap=12,
+                                 tokens=spent)
+    assert summary["stop_reason"] == "budget" and summary["improved"]
+    kinds = [e["kind"] for e in store.read("events").to_pylist()]
+    assert kinds.count("ssr.refresh_aborted") == 1 and kinds.count("ssr.refresh") == 1
+    search = [r for r in store.read("rollouts").to_pylist() if r["stage"] != "test"]
+    assert summary["executions_used"] == len(search) == sched.budget.executions_used == second
+    assert summary["final_test"], "the incumbent is still evaluated on the test split"

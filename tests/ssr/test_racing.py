@@ -56,6 +56,20 @@ def test_intermediate_elimination_quota(m, expected):
     assert "parent" not in rep.eliminated and "parent" not in rep.survivors
 
 
+def test_keep_count_is_based_on_the_children_generated_not_those_that_raced():
+    # M = 4 generated, one failed validation: after stage 1 of K = 2, n_1 = 4 - 2 = 2 of the 3 survive.
+    cands = _cands(4)[1:]
+    race = Race("parent", cands, order=TRAIN, parent_success=TRAIN[::2], parent_failure=TRAIN[1::2],
+                validation=VAL, config=RaceConfig(2, (3, 3), 2, 2, 2), rng=np.random.default_rng(0), generated=4)
+    req = race.next_stage()
+    scores = {"c1": 0.2, "c2": 0.4, "c3": 0.6, "parent": 0.5}
+    rep = race.record([(h, t, i, scores[h]) for h, t, i in req.runs])
+    assert set(rep.survivors) == {"c2", "c3"} and rep.eliminated == ("c1",)
+    with pytest.raises(ValueError, match="generated=2"):
+        Race("parent", cands, order=TRAIN, parent_success=[], parent_failure=[], validation=VAL,
+             config=RaceConfig(2, (3, 3), 2, 2, 2), rng=np.random.default_rng(0), generated=2)
+
+
 def test_batch_quotas_follow_rer_order_and_intersection_first():
     # order differs from id order; shortest prefix (25% of 20 = 5 tasks) is order[:5]
     order = TRAIN[::-1]

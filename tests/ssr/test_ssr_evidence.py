@@ -117,6 +117,16 @@ def test_fixed_strategies():
     assert len({s for s in res}) > 1  # independent subsets
 
 
+@pytest.mark.parametrize("strategy", ["rer", "topk_fixed", "topk_resampling", "fixed_n"])
+def test_no_evidence_gives_no_candidates_under_every_strategy(strategy):
+    assert ev.evidence_sets([], FR, strategy, np.random.default_rng(0)) == []
+
+
+def test_unknown_evidence_strategy_is_named_in_the_error():
+    with pytest.raises(ValueError, match="evidence='best'"):
+        ev.evidence_sets(ORDER, FR, "best", np.random.default_rng(0))
+
+
 def test_memory_lists_summaries_suggestions_and_trace_location():
     recs = _recs([0.9, 0.5])
     recs[0].suggestions = ["add deadline_governor"]
