@@ -87,6 +87,10 @@ class MiloRun:
         self.last_intervention: dict[int, int] = {}  # island -> rounds_done when it last triggered the orchestrator
         self.mutator_stats: dict[str, dict[str, int]] = {}
         self.node_index: dict[str, tuple[int, dict[str, Any]]] = {}  # node_id -> (island, node dict)
+        self.val_gain: dict[str, bool] = {}  # node_id -> whether its held-out score was a new island best
+        self.init_members: dict[int, list[tuple[str, int]]] = {}  # island -> (seed node id, seed index)
+        self.speciations: dict[tuple[str, int], tuple[int, str]] = {}  # (decision, move) -> (new island, root)
+        self.last_step: dict[int, int] = {}  # lock-step: island -> the round its latest step runs
         self.harnesses: dict[str, Harness] = {}
         self.seed_scores: list[dict[str, Any]] = []
         self.stop = False
@@ -115,6 +119,7 @@ class MiloRun:
         if kind == "milo.init":
             self.search_tasks, self.val_tasks, self.task_pool = list(p["search_tasks"]), list(p["val_tasks"]), list(p["task_pool"])
             self.seed_scores = list(p.get("seeds", []))
+            self.init_members = {int(j): [(str(nid), int(i)) for nid, i in m] for j, m in p.get("members", {}).items()}
             for j in p["islands"]:
                 await self._new_island(int(j))
             for j, m in p["assignment"].items():
@@ -128,7 +133,9 @@ class MiloRun:
                 st["children"] += 1
                 st["admitted"] += int(bool(n["admitted"]))
         elif kind == "milo.heldout":
-            await self.islands[p["island"]].record_val.remote(p["node_id"], p["val_accuracy"])
+            # The island answers atomically whether this is a new best (replay gives the same answer).
+            gain = await self.islands[p["island"]].record_val.remote(p["node_id"], p["val_accuracy"])
+            self.val_gain[p["node_id"]] = bool(gain)
             self._touch(p["node_id"], {"val_accuracy": p["val_accuracy"]})
         elif kind == "milo.progress":
             j = int(p["island"])
@@ -145,6 +152,8 @@ class MiloRun:
                 n["island"] = j
                 self.node_index[n["node_id"]] = (j, n)
             await self._assign(j, p["mutator"])
+            if "index" in p:
+                self.speciations[(p["decision_id"], int(p["index"]))] = (j, p["node_id"])
         elif kind == "milo.curriculum":
             self.version, self.search_tasks = int(p["version"]), list(p["tasks"])
         elif kind == "milo.refit":
@@ -161,6 +170,8 @@ class MiloRun:
             self.moves_done.setdefault(p["decision_id"], set()).add(int(p["index"]))
         elif kind == "milo.intervention_done":
             self.decisions_done.add(p["decision_id"])
+        elif kind == "milo.step":
+            self.last_step = {int(j): int(r) for j, r in p["rounds"].items()}
         # Other kinds (diagnosis text, invalid decisions, stops) are records only.
 
     def _touch(self, node_id: str, changes: dict[str, Any]) -> None:
@@ -275,10 +286,12 @@ class MiloRun:
         K = min(cfg.num_islands, len(seeds))
         groups = [list(range(len(seeds)))] if cfg.num_islands == 1 else [[int(i)] for i in most_dissimilar(B, K)]
         assignment = self.pool_plain.assign_initial(range(len(groups)), rng, cfg.default_mutator)
+        members = {str(j): [[self._seed_node_id(j, seeds[i]), int(i)] for i in idxs] for j, idxs in enumerate(groups)}
         await self.emit("milo.init", {
             "search_tasks": self.search_tasks, "val_tasks": [str(t) for t in val], "task_pool": search_all,
             "islands": list(range(len(groups))), "assignment": {str(j): m for j, m in assignment.items()},
             "seeds": [{"name": h.name, "harness_id": h.harness_id, "accuracy": ev.accuracy} for h, ev in zip(seeds, evs)],
+            "members": members,
         })
         # Seeds left without an island were still evaluated: the harnesses table keeps them.
         chosen = {i for idxs in groups for i in idxs}
@@ -288,29 +301,64 @@ class MiloRun:
             "fitness": [float(f) for f in ev.fitness], "source_ref": self.store.put_harness_source(dict(h.files)),
             "created_at": time.time(), "extra": {"accuracy": ev.accuracy, "costs": ev.costs},
         } for i, (h, ev) in enumerate(zip(seeds, evs)) if i not in chosen])
-        for j, idxs in enumerate(groups):
-            for i in idxs:
-                h, ev = seeds[i], evs[i]
-                verdict = await self.islands[j].judge.remote(ev.fitness)
-                d = self._node_dict(node_id=f"s{j}-{h.name or h.harness_id}", h=h, island=j, round=0, origin="seed",
-                                    parent=None, ev=ev, admitted=verdict.admitted, delta_hv=verdict.delta_hv,
-                                    verdict_reason=verdict.reason, mutation=f"seed {h.name}")
-                await self.record_node(d)
-                if verdict.admitted:
+        await self.seed_islands(dict(enumerate(evs)))
+
+    @staticmethod
+    def _seed_node_id(j: int, h: Harness) -> str:
+        return f"s{j}-{h.name or h.harness_id}"
+
+    async def seed_islands(self, evs: dict[int, Evaluation] | None = None) -> None:
+        """Record every island's seed nodes and their held-out scores.
+
+        On resume this finishes what a crash during initialization left out: seed
+        nodes already recorded are kept, missing ones are judged from their (cached)
+        evaluations, missing held-out scores are measured."""
+        seeds = self.bench.seed_harnesses()
+        for j, members in sorted(self.init_members.items()):
+            for node_id, i in members:
+                if node_id in self.node_index:
+                    d = self.node_index[node_id][1]
+                else:
+                    h = seeds[i]
+                    ev = evs[i] if evs is not None else await self.eval_search(h, island="init", round=0)
+                    verdict = await self.islands[j].judge.remote(ev.fitness)
+                    d = self._node_dict(node_id=node_id, h=h, island=j, round=0, origin="seed", parent=None, ev=ev,
+                                        admitted=verdict.admitted, delta_hv=verdict.delta_hv,
+                                        verdict_reason=verdict.reason, mutation=f"seed {h.name}")
+                    await self.record_node(d)
+                if d["admitted"]:
                     await self.heldout(j, d, round=0)
 
     async def heldout(self, j: int, d: dict[str, Any], *, round: int) -> bool:
-        ev = await self.eval_val(self.harness(d), island=j, round=round)
-        best_before = await self.islands[j].best.remote()
-        await self.emit("milo.heldout", {"island": j, "node_id": d["node_id"], "val_accuracy": ev.accuracy},
-                        island=j, round=round, harness_id=d["harness_id"])
-        prev = (best_before or {}).get("val_accuracy")
-        return prev is None or ev.accuracy > prev
+        """Measure and record a node's held-out score once; whether it was a new island best.
+
+        A node whose score is already recorded (a resumed round) is not measured again."""
+        node_id = d["node_id"]
+        if node_id not in self.val_gain:
+            ev = await self.eval_val(self.harness(d), island=j, round=round)
+            await self.emit("milo.heldout", {"island": j, "node_id": node_id, "val_accuracy": ev.accuracy},
+                            island=j, round=round, harness_id=d["harness_id"])
+        return self.val_gain[node_id]
 
     # ------------------------------------------------------------------ one round
     async def island_round(self, j: int) -> None:
-        cfg = self.cfg
         r = self.progress[j][0] + 1
+        node_id = f"{j}-{r}"
+        if node_id in self.node_index:
+            # A crash interrupted this round after its child was recorded: finish the round.
+            d = self.node_index[node_id][1]
+        else:
+            d = await self._mutate(j, r, node_id)
+        new_best = bool(d["admitted"]) and await self.heldout(j, d, round=r)
+        # Read the counter now, not at the start of the round: a graft into this island may
+        # have produced a held-out gain (and reset it) while this round's mutation ran.
+        stall = self.progress[j][1]
+        await self.emit("milo.progress", {"island": j, "rounds_done": r, "stall": 0 if new_best else stall + 1},
+                        island=j, round=r)
+
+    async def _mutate(self, j: int, r: int, node_id: str) -> dict[str, Any]:
+        """Round r's mutation on island j: parent selection, the mutator, and the child's node."""
+        cfg = self.cfg
         isl = self.islands[j]
         parent_id = await isl.select_parent.remote(derive_seed(self.ctx.seed, "parent", j, r), cfg.parent_selection)
         parent = await isl.node.remote(parent_id)
@@ -330,15 +378,7 @@ class MiloRun:
                      "memory_path": str(workdir.parent / f"round-{r}.memory.md")},
         )
         res: MutationResult = await self.pool.mutate.remote(mutator, req)
-        d = await self.child(j, r, node_id=f"{j}-{r}", parent=parent, res=res, origin="mutation", mutator=mutator)
-        new_best = False
-        if d["admitted"]:
-            new_best = await self.heldout(j, d, round=r)
-        # Read the counter now, not at the start of the round: a graft into this island may
-        # have produced a held-out gain (and reset it) while this round's mutation ran.
-        stall = self.progress[j][1]
-        await self.emit("milo.progress", {"island": j, "rounds_done": r, "stall": 0 if new_best else stall + 1},
-                        island=j, round=r)
+        return await self.child(j, r, node_id=node_id, parent=parent, res=res, origin="mutation", mutator=mutator)
 
     async def child(self, j: int, r: int, *, node_id: str, parent: dict[str, Any], res: MutationResult, origin: str,
                     mutator: str, co_parent: str | None = None) -> dict[str, Any]:
@@ -447,7 +487,21 @@ class MiloRun:
         for t in self._tasks.values():
             t.result()  # re-raise real errors
 
+    async def run_rounds(self, rounds: dict[int, int]) -> None:
+        """One lock-step step: the given islands each run their next round concurrently."""
+        out = await asyncio.gather(*(self.island_round(j) for j in sorted(rounds)), return_exceptions=True)
+        for e in out:
+            if isinstance(e, BudgetExceeded):
+                self._halt(f"budget: {e}")
+            elif isinstance(e, BaseException):
+                raise e
+
     async def run_lockstep(self) -> None:
+        # A crash inside a step: its islands that had not closed their round finish it
+        # first, before any orchestrator call, exactly as the uninterrupted run would.
+        unfinished = {j: r for j, r in self.last_step.items() if self.progress[j][0] < r}
+        if unfinished and not self.stop:
+            await self.run_rounds(unfinished)
         while not self.stop:
             for j in sorted(self.islands):
                 if self._should_orchestrate(j):
@@ -460,12 +514,9 @@ class MiloRun:
             active = [j for j in sorted(self.islands) if not self._island_done(j)]
             if not active:
                 break
-            out = await asyncio.gather(*(self.island_round(j) for j in active), return_exceptions=True)
-            for e in out:
-                if isinstance(e, BudgetExceeded):
-                    self._halt(f"budget: {e}")
-                elif isinstance(e, BaseException):
-                    raise e
+            rounds = {j: self.progress[j][0] + 1 for j in active}
+            await self.emit("milo.step", {"rounds": {str(j): r for j, r in rounds.items()}})
+            await self.run_rounds(rounds)
 
     async def finish_pending(self) -> None:
         """Complete interventions a crash interrupted (their decision is in the store)."""
@@ -482,6 +533,7 @@ class MiloRun:
             if not resumed:
                 await self.initialize()
             else:
+                await self.seed_islands()
                 await self.finish_pending()
             if not self.stop:
                 await (self.run_lockstep() if self.cfg.round_sync else self.run_free())

@@ -131,28 +131,58 @@ async def apply_decision(run: "MiloRun", did: str, trigger: int, r: int, d: dict
 
 async def speciate(run: "MiloRun", did: str, i: int, m: dict[str, Any], r: int) -> None:
     src = int(m["from_island"])
-    node_id = await run.islands[src].find.remote(m["harness_id"])
-    if node_id is None or await run.islands[src].is_root.remote(node_id):
-        # Speciating a root would empty its island: record the skipped move and go on.
-        run.store.event("milo.move_failed", {"decision_id": did, "index": i,
-                                             "error": f"{m['harness_id']!r} is missing or a root of island {src}"},
-                        island=src)
-        return
-    new = max(run.islands) + 1
-    await run.emit("milo.island", {"island": new, "from_island": src, "node_id": node_id, "mutator": m["mutator"],
-                                   "decision_id": did}, island=new, round=r)
+    if (did, i) in run.speciations:
+        # A crash interrupted this move after the new island was created: finish it.
+        new, node_id = run.speciations[(did, i)]
+    else:
+        node_id = await run.islands[src].find.remote(m["harness_id"])
+        problem = None
+        if node_id is None or await run.islands[src].is_root.remote(node_id):
+            problem = f"{m['harness_id']!r} is missing or a root of island {src}"  # would empty its island
+        elif run.node_index[node_id][1].get("fitness") is None:
+            problem = f"{m['harness_id']!r} was never evaluated (invalid or missing child): it cannot found an island"
+        if problem:
+            run.store.event("milo.move_failed", {"decision_id": did, "index": i, "error": problem}, island=src)
+            return
+        new = max(run.islands) + 1
+        await run.emit("milo.island", {"island": new, "from_island": src, "node_id": node_id, "mutator": m["mutator"],
+                                       "decision_id": did, "index": i}, island=new, round=r)
     root = run.node_index[node_id][1]
+    # The root becomes admitted on its new island; if it was judged on an older B_search
+    # (rejected nodes are not re-fit by a curriculum change), judge it on the current one.
+    async with run.lock:
+        if root.get("search_version") != run.version:
+            await refit(run, new, node_id, r)
     if root.get("val_accuracy") is None:
         await run.heldout(new, root, round=0)
     run.spawn(new)
 
 
 async def graft(run: "MiloRun", did: str, i: int, m: dict[str, Any]) -> None:
+    dst = int(m["dest_island"])
+    r = run.progress[dst][0]
+    node_id = f"{did}-g{i}"
+    if node_id in run.node_index:
+        # A crash interrupted this move after its child was recorded: finish it.
+        d = run.node_index[node_id][1]
+    else:
+        d = await _graft_child(run, did, i, m, r, node_id)
+        if d is None:
+            return
+    if d["admitted"] and await run.heldout(dst, d, round=r):
+        # A held-out gain on the destination island resets its stall like any other.
+        await run.emit("milo.progress", {"island": dst, "rounds_done": run.progress[dst][0], "stall": 0},
+                       island=dst, round=r)
+
+
+async def _graft_child(run: "MiloRun", did: str, i: int, m: dict[str, Any], r: int, node_id: str) -> dict[str, Any] | None:
     dst, donor = int(m["dest_island"]), int(m["donor_island"])
     a, b = await run.islands[dst].best.remote(), await run.islands[donor].best.remote()
     if a is None or b is None:
-        return
-    r = run.progress[dst][0]
+        run.store.event("milo.move_failed", {"decision_id": did, "index": i,
+                                             "error": f"island {dst if a is None else donor} has no evaluated harness"},
+                        island=dst)
+        return None
     wd = run.run_dir / "workspace" / "mutations" / "graft" / f"{did}-{i}"
     wd.mkdir(parents=True, exist_ok=True)
     req = MutationRequest(
@@ -168,12 +198,8 @@ async def graft(run: "MiloRun", did: str, i: int, m: dict[str, Any]) -> None:
         res = await asyncio.wait_for(asyncio.to_thread(orch.graft, req), timeout=run.cfg.mutation_time_cap_s)
     except Exception as e:
         res = MutationResult(None, error=f"graft failed: {type(e).__name__}: {e}")
-    d = await run.child(dst, r, node_id=f"{did}-g{i}", parent=a, res=res, origin="graft", mutator="orchestrator",
-                        co_parent=b["node_id"])
-    if d["admitted"] and await run.heldout(dst, d, round=r):
-        # A held-out gain on the destination island resets its stall like any other.
-        await run.emit("milo.progress", {"island": dst, "rounds_done": run.progress[dst][0], "stall": 0},
-                       island=dst, round=r)
+    return await run.child(dst, r, node_id=node_id, parent=a, res=res, origin="graft", mutator="orchestrator",
+                           co_parent=b["node_id"])
 
 
 async def curriculum(run: "MiloRun", did: str, tasks: list[str], r: int) -> None:
@@ -185,13 +211,18 @@ async def curriculum(run: "MiloRun", did: str, tasks: list[str], r: int) -> None
         run.sched.add_tasks(run.tasks_of(run.search_tasks))
         for j in sorted(run.islands):
             for n in (await run.islands[j].summary.remote(5))["admitted"]:
-                node = run.node_index[n["node_id"]][1]
-                if node.get("search_version") == run.version:
-                    continue
-                h = run.harness(node)
-                ev = await run.eval_search(h, island=j, round=r)
-                write_evidence(run.run_dir, h, ev.results, run.tasks_of(run.search_tasks), run.store)
-                changes = {"accuracy": ev.accuracy, "costs": ev.costs, "behavior": ev.behavior, "fitness": ev.fitness,
-                           "search_version": run.version}
-                await run.emit("milo.refit", {"island": j, "node_id": n["node_id"], "changes": changes},
-                               island=j, round=r, harness_id=node["harness_id"])
+                if run.node_index[n["node_id"]][1].get("search_version") != run.version:
+                    await refit(run, j, n["node_id"], r)
+
+
+async def refit(run: "MiloRun", j: int, node_id: str, r: int) -> None:
+    """Re-evaluate one node of island j on the current B_search (cached rollouts are
+    reused) and relabel it.  The caller holds ``run.lock``."""
+    node = run.node_index[node_id][1]
+    h = run.harness(node)
+    ev = await run.eval_search(h, island=j, round=r)
+    write_evidence(run.run_dir, h, ev.results, run.tasks_of(run.search_tasks), run.store)
+    changes = {"accuracy": ev.accuracy, "costs": ev.costs, "behavior": ev.behavior, "fitness": ev.fitness,
+               "search_version": run.version}
+    await run.emit("milo.refit", {"island": j, "node_id": node_id, "changes": changes},
+                   island=j, round=r, harness_id=node["harness_id"])

@@ -40,7 +40,7 @@ async def final_summary(run: "MiloRun") -> dict[str, Any]:
                          heldout_accuracy=b.get("val_accuracy"), output_tokens=b["costs"].get("output_tokens"),
                          seconds=b["costs"].get("seconds"), harness_path=b.get("harness_path"),
                          true_quality=_true(run, h))
-            bests.append((b.get("val_accuracy") or -1.0, b["accuracy"] or 0.0, j, b))
+            bests.append((-1.0 if b.get("val_accuracy") is None else b["val_accuracy"], b["accuracy"] or 0.0, j, b))
         islands[str(j)] = entry
     bests.sort(key=lambda t: (-t[0], -t[1], t[2]))
     final: list[dict[str, Any]] = []

@@ -1,6 +1,12 @@
 """Runs a small lock-step MILO search in its own process (own Ray instance, Parquet
 store) and writes the final lineage/assignment/stall state as JSON; used by the
-kill-and-resume test. Usage: python milo_resume_runner.py RUN_DIR OUT_JSON [--resume]"""
+kill-and-resume tests.
+
+Usage: python milo_resume_runner.py RUN_DIR OUT_JSON [--resume] [--die-before KIND:FIELD=VALUE,...]
+
+``--die-before`` ends the process abruptly (``os._exit``, exit code 3, nothing
+flushed or closed) right before the first ``KIND`` event whose payload (or the
+payload's ``node``) has all the given fields: a kill at an exact point of the run."""
 
 from __future__ import annotations
 
@@ -32,8 +38,30 @@ async def state_of(run) -> dict:
     return out
 
 
+DIE_EXIT_CODE = 3
+
+
+def install_kill_point(spec: str) -> None:
+    from milo_ray.milo.loop import MiloRun
+
+    kind, _, conds = spec.partition(":")
+    want = dict(c.split("=", 1) for c in conds.split(",") if c)
+    emit = MiloRun.emit
+
+    async def emit_or_die(self, k, payload, **cols):
+        if k == kind:
+            fields = {**payload.get("node", {}), **payload}
+            if all(str(fields.get(f)) == v for f, v in want.items()):
+                os._exit(DIE_EXIT_CODE)
+        return await emit(self, k, payload, **cols)
+
+    MiloRun.emit = emit_or_die
+
+
 def main() -> None:
     run_dir, out, resume = Path(sys.argv[1]), Path(sys.argv[2]), "--resume" in sys.argv
+    if "--die-before" in sys.argv:
+        install_kill_point(sys.argv[sys.argv.index("--die-before") + 1])
     import ray
 
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, resources={"sandbox_slot": 8})
