@@ -15,7 +15,9 @@ from milo_ray.store.base import RunStore
 class RunContext:
     """Run-wide services. ``deadline`` is a ``time.monotonic()`` instant (or None):
     past it a method starts no new work, settles in-flight work, then runs its final
-    evaluation and summary. ``scheduler`` is a ``milo_ray.execution.scheduler.RolloutScheduler``."""
+    evaluation and summary. ``scheduler`` is a ``milo_ray.execution.scheduler.RolloutScheduler``.
+    ``elapsed_before_s``: seconds the earlier sessions of a resumed run already spent;
+    time limits count them (``deadline`` already does)."""
 
     run_id: str
     run_dir: Path
@@ -26,6 +28,7 @@ class RunContext:
     model_id: str
     deadline: float | None = None
     resumed: bool = False
+    elapsed_before_s: float = 0.0
     extras: dict[str, Any] = field(default_factory=dict)
 
     def time_left(self) -> float:

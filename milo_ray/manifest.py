@@ -12,7 +12,7 @@ import time
 import uuid
 from importlib import metadata
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterable
 
 from omegaconf import DictConfig, OmegaConf
 
@@ -92,3 +92,22 @@ def finish_manifest(manifest: dict[str, Any], *, status: str, summary: dict[str,
     done["budget"] = {"executions_used": getattr(budget, "executions_used", None)}
     done["history"] = [*manifest["history"][:-1], {**manifest["history"][-1], "finished_at": now, "status": status}]
     return done
+
+
+def elapsed_before(history: list[dict[str, Any]], activity: Iterable[float]) -> float:
+    """Seconds the earlier sessions of a resumed run spent (``history[-1]`` is the current one).
+
+    A session that stopped on its own has ``finished_at``; one that was killed ends at
+    its last stored activity (an event or a finished rollout) before the next session
+    started: whatever it did after that was lost and is done again.
+    """
+    times = sorted(float(t) for t in activity if t is not None)
+    total = 0.0
+    for cur, nxt in zip(history[:-1], history[1:]):
+        start = float(cur["started_at"])
+        end = cur.get("finished_at")
+        if end is None:
+            inside = [t for t in times if start <= t < float(nxt["started_at"])]
+            end = inside[-1] if inside else start
+        total += max(0.0, float(end) - start)
+    return total

@@ -18,6 +18,7 @@ os.environ.setdefault("RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO", "0")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
 
+import logging
 import sys
 import time
 import uuid
@@ -30,9 +31,10 @@ from omegaconf import DictConfig, OmegaConf
 
 from milo_ray.config import register_configs
 from milo_ray.config_errors import UserError, check_overrides, explain
-from milo_ray.manifest import build_manifest, finish_manifest
+from milo_ray.manifest import build_manifest, elapsed_before, finish_manifest
 
 CONF_DIR = str(Path(__file__).resolve().parent.parent / "conf")
+log = logging.getLogger(__name__)
 
 register_configs()
 
@@ -79,6 +81,12 @@ def _build(section: str, node: DictConfig) -> Any:
         raise
 
 
+def _activity_times(store: Any) -> list[float]:
+    """When the run did something: every event's time and every rollout's finish time."""
+    times = store.read("events").column("time").to_pylist()
+    return times + store.read("rollouts").column("finished_at").to_pylist()
+
+
 def run_job(cfg: DictConfig) -> dict[str, Any]:
     """Run one configured job to completion; returns the method's summary."""
     from milo_ray.context import RunContext
@@ -118,7 +126,10 @@ def run_job(cfg: DictConfig) -> dict[str, Any]:
         max_retries=cfg.execution.max_retries,
         progress=cfg.run.progress,
     )
-    deadline = time.monotonic() + cfg.run.time_limit_s if cfg.run.time_limit_s else None
+    elapsed = elapsed_before(manifest["history"], _activity_times(store)) if resumed else 0.0
+    if elapsed:
+        log.info("resuming: earlier sessions ran %.0f s of the run's time", elapsed)
+    deadline = time.monotonic() + cfg.run.time_limit_s - elapsed if cfg.run.time_limit_s else None
     ctx = RunContext(
         run_id=manifest["run_id"],
         run_dir=run_dir,
@@ -129,6 +140,7 @@ def run_job(cfg: DictConfig) -> dict[str, Any]:
         model_id=cfg.model.id,
         deadline=deadline,
         resumed=resumed,
+        elapsed_before_s=elapsed,
         extras={"agents": OmegaConf.to_container(cfg.backend.get("agents", {}), resolve=True)},
     )
     status = "failed"

@@ -65,7 +65,8 @@ class MiloRun:
         self.store, self.sched, self.bench = ctx.store, ctx.scheduler, ctx.benchmark
         self.run_dir = Path(ctx.run_dir)
         self.caps = (float(cfg.token_cap), float(cfg.seconds_cap))
-        self.t_start = time.monotonic()
+        # A resumed run's time limit counts the time its earlier sessions ran.
+        self.t_start = time.monotonic() - ctx.elapsed_before_s
         agents = (ctx.extras or {}).get("agents") or {}
         specs = list(agents.get("mutators") or [])[: cfg.pool_size]
         self.pool_plain = MutatorPool(specs, time_cap_s=cfg.mutation_time_cap_s, max_concurrent=cfg.mutator_concurrency)
