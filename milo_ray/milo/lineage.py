@@ -61,6 +61,9 @@ class LineageNode:
     validation_error: str | None = None
     search_version: int = 0
     source_ref: str | None = None
+    # A graft's co-parent lives on another island: its accuracy and costs when the
+    # graft was made label the cross-island edge (E_x).
+    co_parent_label: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
         if self.origin not in ORIGINS:
@@ -164,6 +167,15 @@ class Lineage:
             return None
         p = self._nodes[n.parent]
         return _edge(p, n, "tree")
+
+    def co_parent_edge(self, node_id: str) -> Edge | None:
+        """The cross-island edge h_co -> h of a graft child (None for other nodes)."""
+        n = self._nodes[node_id]
+        if not n.co_parent or not n.co_parent_label:
+            return None
+        co = LineageNode(node_id=n.co_parent, harness_id="", island=-1, round=0, origin="seed",
+                         accuracy=n.co_parent_label.get("accuracy"), costs=dict(n.co_parent_label.get("costs") or {}))
+        return graft_edge(co, n)
 
     def edges(self) -> list[Edge]:
         return [e for e in (self.edge(n.node_id) for n in self._nodes.values()) if e is not None]

@@ -382,10 +382,12 @@ class MiloRun:
         return await self.child(j, r, node_id=node_id, parent=parent, res=res, origin="mutation", mutator=mutator)
 
     async def child(self, j: int, r: int, *, node_id: str, parent: dict[str, Any], res: MutationResult, origin: str,
-                    mutator: str, co_parent: str | None = None) -> dict[str, Any]:
+                    mutator: str, co_parent: str | None = None,
+                    co_parent_label: dict[str, Any] | None = None) -> dict[str, Any]:
         """Validate, evaluate and judge a mutator's (or graft's) output; record the node."""
         label = (res.report or "").strip().splitlines()[0][:200] if (res.report or "").strip() else ""
-        base = dict(island=j, round=r, origin=origin, parent=parent, mutator=mutator, co_parent=co_parent)
+        base = dict(island=j, round=r, origin=origin, parent=parent, mutator=mutator, co_parent=co_parent,
+                    co_parent_label=co_parent_label)
         if res.child is None:
             d = self._node_dict(node_id=node_id, h=None, ev=None, admitted=False, mutation=label or "(no child)",
                                 verdict_reason=f"mutator error: {res.error or 'no child'}", **base)

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Any, Iterable
 
-from milo_ray.milo.lineage import Lineage, LineageNode
+from milo_ray.milo.lineage import Edge, Lineage, LineageNode
 
 
 def _clean(text: str) -> str:
@@ -43,16 +43,24 @@ def verdict_text(n: LineageNode) -> str:
     return f"verdict: rejected ({reason})"
 
 
+def _gains(e: Edge) -> list[str]:
+    if e.delta_acc is None:
+        return []
+    return [f"Δacc {e.delta_acc:+.3f}", f"Δtokens {-e.delta_cost.get('output_tokens', 0.0):+,.0f}",
+            f"Δseconds {-e.delta_cost.get('seconds', 0.0):+,.0f}"]
+
+
 def _edge_text(lin: Lineage, n: LineageNode) -> str:
     e = lin.edge(n.node_id)
     if e is None:
         return ""
-    parts = [f"diff +{e.diff_added}/-{e.diff_deleted}"]
-    if e.delta_acc is not None:
-        parts.append(f"Δacc {e.delta_acc:+.3f}")
-        parts.append(f"Δtokens {-e.delta_cost.get('output_tokens', 0.0):+,.0f}")
-        parts.append(f"Δseconds {-e.delta_cost.get('seconds', 0.0):+,.0f}")
-    return "edge: " + ", ".join(parts)
+    return "edge: " + ", ".join([f"diff +{e.diff_added}/-{e.diff_deleted}", *_gains(e)])
+
+
+def _co_parent_text(lin: Lineage, n: LineageNode) -> str:
+    e = lin.co_parent_edge(n.node_id)
+    gains = _gains(e) if e is not None else []
+    return f"co-parent: {n.co_parent}" + (f" (vs it: {', '.join(gains)})" if gains else "")
 
 
 def node_line(lin: Lineage, n: LineageNode, depth: int) -> str:
@@ -65,7 +73,7 @@ def node_line(lin: Lineage, n: LineageNode, depth: int) -> str:
     if edge:
         fields.append(edge)
     if n.co_parent:
-        fields.append(f"co-parent: {n.co_parent}")
+        fields.append(_co_parent_text(lin, n))
     fields.append(node_label(n))
     if n.origin != "seed" or n.parent is not None:
         fields.append(f"mutator: {n.mutator or '-'}")

@@ -42,6 +42,18 @@ def test_edges_carry_delta_acc_and_delta_cost():
     assert lin.edge("s") is None
 
 
+def test_graft_child_carries_its_cross_island_co_parent_edge():
+    lin = _lineage()
+    d = node("d2-1-g0", island=2, parent="2-1", acc=0.7, mutation="graft the donor's verifier")
+    d.update(origin="graft", co_parent="0-4", co_parent_label={"accuracy": 0.6, "costs": d["costs"]})
+    lin.add(LineageNode.from_dict(d))
+    e = lin.co_parent_edge("d2-1-g0")
+    assert e.kind == "graft" and e.parent == "0-4" and e.delta_acc == pytest.approx(0.1)
+    assert lin.co_parent_edge("2-1") is None  # a tree child has no co-parent
+    line = [l for l in render_island(lin, mutator="bold", stall=0).splitlines() if "[d2-1-g0]" in l][0]
+    assert "co-parent: 0-4 (vs it: Δacc +0.100" in line
+
+
 def test_rejected_children_are_rendered_with_verdict_and_mutation():
     md = render_island(_lineage(), mutator="bold", stall=1)
     lines = md.splitlines()
