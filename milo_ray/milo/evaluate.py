@@ -73,13 +73,24 @@ def harness_dir(run_dir: Path, harness_id: str) -> Path:
     return Path(run_dir) / "workspace" / "harnesses" / harness_id
 
 
-def write_harness_dir(run_dir: Path, harness: Harness, patch: str | None) -> Path:
-    """``harness.py`` (+ extra files) and ``diff.patch`` (vs the tree parent) on disk."""
+def write_harness_dir(run_dir: Path, harness: Harness, patch: str | None,
+                      parent_id: str = "") -> tuple[Path, Path | None]:
+    """``harness.py`` (+ extra files) and the diff vs the tree parent on disk: (dir, diff path).
+
+    The diff is ``diff.patch``; the same harness reached again from another parent
+    (on another island) gets ``diff-from-<parent>.patch``, so every node's diff path
+    shows that node's own edit.
+    """
     d = harness_dir(run_dir, harness.harness_id)
     harness.write_to(d)
-    if patch is not None and not (d / "diff.patch").exists():
-        (d / "diff.patch").write_text(patch)
-    return d
+    if patch is None:
+        return d, None
+    path = d / "diff.patch"
+    if path.exists() and path.read_text() != patch:
+        path = d / f"diff-from-{parent_id[:12] or 'parent'}.patch"
+    if not path.exists():
+        path.write_text(patch)
+    return d, path
 
 
 def write_evidence(run_dir: Path, harness: Harness, results: Sequence[RolloutResult], tasks: Sequence[Any],

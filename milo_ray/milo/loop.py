@@ -242,10 +242,11 @@ class MiloRun:
             from milo_ray.harness.diff import diff
 
             patch = diff(self.harness(parent), h) if parent else None
-            hd = write_harness_dir(self.run_dir, h, patch.patch if patch else None)
+            hd, diff_path = write_harness_dir(self.run_dir, h, patch.patch if patch else None,
+                                              parent_id=parent["harness_id"] if parent else "")
             d.update(harness_path=str(hd / "harness.py"), source_ref=self.store.put_harness_source(dict(h.files)))
             if patch:
-                d.update(diff_path=str(hd / "diff.patch"), diff_added=patch.added, diff_deleted=patch.deleted)
+                d.update(diff_path=str(diff_path), diff_added=patch.added, diff_deleted=patch.deleted)
             self.harnesses[h.harness_id] = h
         if ev is not None:
             ev_dir = write_evidence(self.run_dir, h, ev.results, self.tasks_of(self.search_tasks), self.store)
