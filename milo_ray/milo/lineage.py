@@ -173,8 +173,10 @@ class Lineage:
         n = self._nodes[node_id]
         if not n.co_parent or not n.co_parent_label:
             return None
+        label = n.co_parent_label
         co = LineageNode(node_id=n.co_parent, harness_id="", island=-1, round=0, origin="seed",
-                         accuracy=n.co_parent_label.get("accuracy"), costs=dict(n.co_parent_label.get("costs") or {}))
+                         accuracy=label.get("accuracy"), costs=dict(label.get("costs") or {}),
+                         search_version=int(label.get("search_version", n.search_version)))
         return graft_edge(co, n)
 
     def edges(self) -> list[Edge]:
@@ -207,7 +209,9 @@ class Lineage:
 def _edge(parent: LineageNode, child: LineageNode, kind: str) -> Edge:
     dacc = None
     dcost: dict[str, float] = {}
-    if parent.evaluated and child.evaluated:
+    # Gains compare like with like: both measured on the same B_search (a curriculum
+    # change re-fits admitted nodes only, so a rejected node keeps older numbers).
+    if parent.evaluated and child.evaluated and parent.search_version == child.search_version:
         dacc = float(child.accuracy) - float(parent.accuracy)  # type: ignore[arg-type]
         dcost = {a: float(parent.costs.get(a, 0.0)) - float(child.costs.get(a, 0.0)) for a in COST_AXES}
     return Edge(

@@ -200,7 +200,8 @@ async def _graft_child(run: "MiloRun", did: str, i: int, m: dict[str, Any], r: i
         res = MutationResult(None, error=f"graft failed: {type(e).__name__}: {e}")
     return await run.child(dst, r, node_id=node_id, parent=a, res=res, origin="graft", mutator="orchestrator",
                            co_parent=b["node_id"], co_parent_label={"accuracy": b.get("accuracy"),
-                                                                    "costs": b.get("costs") or {}})
+                                                                    "costs": b.get("costs") or {},
+                                                                    "search_version": b.get("search_version", 0)})
 
 
 async def curriculum(run: "MiloRun", did: str, tasks: list[str], r: int) -> None:

@@ -42,6 +42,15 @@ def test_edges_carry_delta_acc_and_delta_cost():
     assert lin.edge("s") is None
 
 
+def test_edges_across_a_curriculum_change_carry_no_gains():
+    lin = _lineage()
+    lin.add(LineageNode.from_dict(node("2-4", island=2, parent="2-1", acc=0.9, search_version=1)))
+    e = lin.edge("2-4")
+    assert e.delta_acc is None and e.delta_cost == {}
+    lin.update("2-1", search_version=1)  # the parent re-fit on the new task set
+    assert lin.edge("2-4").delta_acc == pytest.approx(0.4)
+
+
 def test_graft_child_carries_its_cross_island_co_parent_edge():
     lin = _lineage()
     d = node("d2-1-g0", island=2, parent="2-1", acc=0.7, mutation="graft the donor's verifier")
