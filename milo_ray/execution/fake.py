@@ -45,7 +45,8 @@ class SleepExecutor:
     ``seconds``, ``fail_rate`` and ``crash_rate`` are defaults; a task's metadata keys
     ``sleep_s``, ``fail_rate`` and ``crash_rate`` override them for that task, so one
     executor can serve a mix of fast, slow, failing and crashing tasks.
-    ``score`` is the score of a clean run. ``input_tokens``/``output_tokens``/``cost_usd``
+    ``score`` is the score of a clean run (task metadata ``score`` overrides it, even
+    with a value outside [0, 1], to imitate an executor that breaks its contract). ``input_tokens``/``output_tokens``/``cost_usd``
     are reported per rollout so budget caps can be exercised. ``trace=False`` returns no
     trace at all (what the overhead benchmark wants).
     """
@@ -124,7 +125,7 @@ class SleepExecutor:
             harness_id=harness.harness_id,
             task_id=task.task_id,
             rollout_idx=rollout_idx,
-            score=0.0 if failed else self.score,
+            score=0.0 if failed else task.metadata.get("score", self.score),
             input_tokens=self.input_tokens,
             output_tokens=self.output_tokens,
             cost_usd=self.cost_usd,

@@ -470,15 +470,24 @@ class RolloutScheduler:
             self._pump()  # slots freed by retried rollouts
 
     def _poller_done(self, task: asyncio.Task) -> None:
-        # A poller only ends by exception on a scheduler bug; fail the waiting callers
-        # loudly instead of leaving them to wait forever.
+        # A poller only ends by exception on a scheduler bug (or a worker that cannot be
+        # replaced); fail the waiting callers loudly instead of leaving them to wait
+        # forever, and leave no state behind: reservations go back to the ledger, the
+        # keys can be requested again.
         if task.cancelled() or task.exception() is None:
             return
         exc = task.exception()
-        log.error("rollout poller failed", exc_info=exc)
+        # The callers re-raise exc with its traceback; the log only says it happened.
+        log.error("rollout poller failed: %s: %s", type(exc).__name__, exc)
+        for node in self._nodes.values():
+            for job in node.inflight.values():
+                self._group_running[job.request.group] -= 1
+            node.inflight.clear()
+        self._pending.clear()
         for job in list(self._jobs.values()):
-            if not job.future.done():
-                job.future.set_exception(exc)
+            # One exception object per caller: sharing one would grow its traceback
+            # with every caller that re-raises it.
+            self._drop(job, RuntimeError(f"the rollout poller failed: {type(exc).__name__}: {exc}"))
 
     # --- outcomes ---------------------------------------------------------------------
     def _on_outcomes(self, node: WorkerNode, outcomes: list[Outcome]) -> None:
@@ -488,8 +497,14 @@ class RolloutScheduler:
             if job is None:
                 continue
             self._group_running[job.request.group] -= 1
-            if o.infra_error is not None:
-                result = self._infra_failure(job, o.infra_error, node)
+            infra_error = o.infra_error
+            if infra_error is None and not o.capped:
+                bad = o.result.problem() if isinstance(o.result, RolloutResult) else "not a RolloutResult"
+                if bad is not None:
+                    # The executor broke its contract; like a raise, that is retried and recorded.
+                    infra_error = f"executor returned an invalid result: {bad}"
+            if infra_error is not None:
+                result = self._infra_failure(job, infra_error, node)
                 if result is None:
                     continue
             elif o.capped:
@@ -504,7 +519,6 @@ class RolloutScheduler:
                     error=f"cancelled past the time cap ({task.time_cap_s:g} s x grace {self.time_cap_grace:g})",
                 )
             else:
-                assert o.result is not None
                 result = o.result
             finished.append(self._fill(job, result, node, o.started_at, o.finished_at))
         self._record(finished)
@@ -575,7 +589,17 @@ class RolloutScheduler:
         # wave of rollouts, the store write is not.
         self._pump()
         # The store moves each trace into a blob and sets trace_ref on the result in place.
-        self.store.append_rollouts(results)
+        try:
+            self.store.append_rollouts(results)
+        except Exception as exc:
+            # Executed (and charged) but not stored: the callers get the store's error;
+            # the poller and every other rollout go on.
+            log.error("storing %d rollout results failed: %s: %s", len(results), type(exc).__name__, exc)
+            for res in results:
+                job = self._jobs.pop(res.cache_key)
+                if not job.future.done():
+                    job.future.set_exception(RuntimeError(f"storing the rollout result failed: {exc}"))
+            return
         for res in results:
             self.progress.finished(res)
             # An infra failure is returned to its callers but not cached: a later request

@@ -9,6 +9,7 @@ content-addressed blob store by the single store writer.
 from __future__ import annotations
 
 import hashlib
+import math
 import json
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal, Protocol, runtime_checkable
@@ -105,6 +106,22 @@ class RolloutResult:
     @property
     def resolved(self) -> bool:
         return self.score >= 1.0
+
+    def problem(self) -> str | None:
+        """Why this result cannot be stored as an executor's answer (None when it can)."""
+        if not isinstance(self.score, (int, float)) or not math.isfinite(self.score) or not 0.0 <= self.score <= 1.0:
+            return f"score={self.score!r} is not a number in [0, 1]"
+        if self.error_kind not in (None, *ERROR_KINDS):
+            return f"error_kind={self.error_kind!r} is not one of {ERROR_KINDS} or None"
+        for name in ("input_tokens", "output_tokens"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+                return f"{name}={v!r} is not a non-negative integer"
+        for name in ("cost_usd", "latency_s"):
+            v = getattr(self, name)
+            if not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
+                return f"{name}={v!r} is not a finite non-negative number"
+        return None
 
     def row(self) -> dict[str, Any]:
         """The rollouts-table row (DESIGN §3); the trace itself is not part of it."""
