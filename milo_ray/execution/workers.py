@@ -16,9 +16,10 @@ amortised over many rollouts:
   they finish without a batch barrier).
 
 Per-rollout time caps are enforced here, next to the rollout: past
-``task.time_cap_s * time_cap_grace`` the coroutine is cancelled and the outcome is
-marked as capped. An executor that raises is reported as an infrastructure failure
-(the driver decides about retries). The actor is a thin shell around
+``task.time_cap_s * time_cap_grace`` after the executor call started running (for a
+blocking ``execute``, once it got a thread) the coroutine is cancelled and the outcome
+is marked as capped. An executor that raises is reported as an infrastructure failure
+(the driver decides about retries); a ``SystemExit`` from it is a harness failure. The actor is a thin shell around
 :class:`WorkerCore`, which is plain asyncio and testable without Ray.
 
 The driver-side half of a worker's life is here too: :func:`discover_nodes` decides
@@ -104,8 +105,12 @@ class WorkerCore:
         # the slots: a thread whose rollout hit the time cap cannot be interrupted and
         # keeps its thread until the blocking call returns.
         self._threads: ThreadPoolExecutor | None = None
-        self.harnesses: dict[str, Any] = {}
-        self.tasks: dict[str, Task] = {}
+        # Shipped objects, registered when a submit names them (before it awaits
+        # anything) as futures, so a rollout of a concurrent submit waits for the same
+        # fetch instead of finding nothing. The refs allow a failed fetch to be retried.
+        self.harnesses: dict[str, asyncio.Future] = {}
+        self.tasks: dict[str, asyncio.Future] = {}
+        self._refs: dict[tuple[str, str], Any] = {}
         self._sem: asyncio.Semaphore | None = None
         self._wake: asyncio.Event | None = None
         self._done: list[Outcome] = []
@@ -116,25 +121,54 @@ class WorkerCore:
             self._sem = asyncio.Semaphore(self.slots)
             self._wake = asyncio.Event()
 
-    async def submit(self, items: list[Item], harness_refs: dict[str, Any], tasks: dict[str, Task]) -> int:
+    async def submit(self, items: list[Item], harness_refs: dict[str, Any], tasks: dict[str, Any]) -> int:
+        """Register the shipped harnesses/tasks and start the rollouts; returns at once.
+
+        Nothing here awaits: the driver marks a harness or task as shipped when it sends
+        the first submit naming it, and a later submit may arrive while that object is
+        still being fetched, so each object is a future its rollouts wait for."""
         self._loop_state()
         for hid, ref in harness_refs.items():
-            if hid not in self.harnesses:
-                self.harnesses[hid] = (await ref) if isinstance(ref, ray.ObjectRef) else ref
-        self.tasks.update(tasks)
+            self._register(self.harnesses, "harness", hid, ref)
+        for tid, task in tasks.items():
+            self._register(self.tasks, "task", tid, task)
         for item in items:
             t = asyncio.create_task(self._run(item))
             self._running.add(t)
             t.add_done_callback(self._running.discard)
         return len(self._running)
 
-    async def _call(self, harness: Any, task: Task, rollout_idx: int, seed: int) -> Any:
+    def _register(self, cache: dict[str, asyncio.Future], kind: str, key: str, value: Any) -> None:
+        fut = cache.get(key)
+        if fut is not None and not _failed(fut):
+            return  # known, or being fetched: the first shipment wins
+        self._refs[(kind, key)] = value
+        cache[key] = _fetch(value)
+
+    async def _resolve(self, cache: dict[str, asyncio.Future], kind: str, key: str) -> Any:
+        fut = cache.get(key)
+        if fut is None:
+            raise KeyError(f"{kind} {key!r} was never shipped to this worker")
+        if _failed(fut):
+            # An earlier fetch failed (e.g. a lost object): fetch again for this rollout.
+            fut = cache[key] = _fetch(self._refs[(kind, key)])
+        # Shielded: a rollout cancelled while waiting must not cancel the shared fetch.
+        return await asyncio.shield(fut)
+
+    def _launch(
+        self, harness: Any, task: Task, rollout_idx: int, seed: int
+    ) -> tuple[asyncio.Future, asyncio.Future | None]:
+        """Start the executor call. Returns the call's future and, for a blocking
+        ``execute``, a future set once the call got a thread and actually runs (None
+        when it runs from now on)."""
         if self._aexecute is not None:
-            return await self._aexecute(harness, task, rollout_idx, seed)
+            return asyncio.ensure_future(_guard_async(self._aexecute, harness, task, rollout_idx, seed)), None
         if self._threads is None:
             self._threads = ThreadPoolExecutor(max_workers=2 * self.slots, thread_name_prefix="rollout")
-        fn = functools.partial(self.executor.execute, harness, task, rollout_idx, seed)
-        return await asyncio.get_running_loop().run_in_executor(self._threads, fn)
+        loop = asyncio.get_running_loop()
+        began = loop.create_future()
+        fn = functools.partial(_guard_thread, loop, began, self.executor.execute, harness, task, rollout_idx, seed)
+        return loop.run_in_executor(self._threads, fn), began
 
     async def _run(self, item: Item) -> None:
         item_id, harness_id, task_id, rollout_idx, seed = item
@@ -145,21 +179,49 @@ class WorkerCore:
             infra_error: str | None = None
             capped = False
             try:
-                harness = self.harnesses[harness_id]
-                task = self.tasks[task_id]
+                harness = await self._resolve(self.harnesses, "harness", harness_id)
+                task = await self._resolve(self.tasks, "task", task_id)
                 cap = task.time_cap_s * self.time_cap_grace
-                job = asyncio.ensure_future(self._call(harness, task, rollout_idx, seed))
+                limit = cap if 0 < cap < math.inf else None
+                job, began = self._launch(harness, task, rollout_idx, seed)
+                if began is not None:
+                    # The cap counts from when the call runs, not while it waits for a
+                    # thread (all of them may be held by calls that overran their cap and
+                    # cannot be interrupted). One that gets none within a cap never ran:
+                    # an infrastructure failure, not a timeout of the task.
+                    done, _ = await asyncio.wait({job, began}, timeout=limit, return_when=asyncio.FIRST_COMPLETED)
+                    if not done:
+                        job.cancel()
+                        raise _NoThread(
+                            f"no executor thread became free within {cap:g} s "
+                            "(all are held by rollouts that overran their time cap)"
+                        )
+                started = time.time()
                 # asyncio.wait (not wait_for) so a TimeoutError raised *by the executor*
                 # is an infrastructure failure, not mistaken for the cap.
-                done, _ = await asyncio.wait({job}, timeout=cap if 0 < cap < math.inf else None)
+                done, _ = await asyncio.wait({job}, timeout=limit)
                 if not done:
                     job.cancel()
                     capped = True
                 else:
-                    value = job.result()
-                    if not isinstance(value, RolloutResult):
-                        raise TypeError(f"executor returned {type(value).__name__}, expected RolloutResult")
-                    result = value
+                    exc = job.exception()
+                    if isinstance(exc, _HarnessExit):
+                        # The harness exited the interpreter (sys.exit) or raised
+                        # KeyboardInterrupt on its thread: the harness failed.
+                        result = RolloutResult(
+                            harness_id=harness_id,
+                            task_id=task_id,
+                            rollout_idx=rollout_idx,
+                            score=0.0,
+                            latency_s=max(time.time() - started, 0.0),
+                            error_kind="harness",
+                            error=str(exc),
+                        )
+                    else:
+                        value = job.result()
+                        if not isinstance(value, RolloutResult):
+                            raise TypeError(f"executor returned {type(value).__name__}, expected RolloutResult")
+                        result = value
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # the executor raising = infrastructure failure
@@ -182,6 +244,58 @@ class WorkerCore:
 
     def in_flight(self) -> int:
         return len(self._running)
+
+
+class _HarnessExit(Exception):
+    """A ``SystemExit`` (or, on an executor thread, ``KeyboardInterrupt``) raised by the
+    executor, carried as an ordinary exception so it cannot end the worker's event loop."""
+
+    def __init__(self, exc: BaseException) -> None:
+        super().__init__(f"harness raised {type(exc).__name__}({', '.join(map(repr, exc.args))})")
+
+
+class _NoThread(Exception):
+    """A blocking rollout found no free executor thread within its time cap."""
+
+
+def _fetch(value: Any) -> asyncio.Future:
+    """A future for a shipped object: resolved already, or fetching an ObjectRef."""
+    if isinstance(value, ray.ObjectRef):
+        return asyncio.ensure_future(_await(value))
+    fut = asyncio.get_running_loop().create_future()
+    fut.set_result(value)
+    return fut
+
+
+def _failed(fut: asyncio.Future) -> bool:
+    return fut.done() and (fut.cancelled() or fut.exception() is not None)
+
+
+async def _await(ref: Any) -> Any:
+    return await ref
+
+
+async def _guard_async(aexecute: Any, *args: Any) -> Any:
+    try:
+        return await aexecute(*args)
+    except SystemExit as exc:
+        # Only SystemExit: a KeyboardInterrupt on the loop thread may be a real signal.
+        raise _HarnessExit(exc) from None
+
+
+def _set_began(began: asyncio.Future) -> None:
+    if not began.done():
+        began.set_result(None)
+
+
+def _guard_thread(loop: asyncio.AbstractEventLoop, began: asyncio.Future, execute: Any, *args: Any) -> Any:
+    """Runs on an executor thread: reports that the call started, then runs it."""
+    loop.call_soon_threadsafe(_set_began, began)
+    try:
+        return execute(*args)
+    except (SystemExit, KeyboardInterrupt) as exc:
+        # No signal reaches a non-main thread: either was raised by the harness itself.
+        raise _HarnessExit(exc) from None
 
 
 class _RolloutWorkerShell:
