@@ -101,3 +101,15 @@ def test_cli_bad_constructor_argument_exits_2_naming_the_section(tmp_path):
     assert len(err_lines) == 1 and err_lines[0].startswith("error: benchmark: ")
     assert "no_such_preset" in err_lines[0]
     assert not (tmp_path / "r").exists()
+
+
+@pytest.mark.parametrize("override,key", [("execution.max_retries=-1", "execution.max_retries"),
+                                          ("execution.group_limit=0", "execution.group_limit"),
+                                          ("run.budget.executions=-5", "run.budget.executions")])
+def test_cli_bad_setting_value_exits_2_before_the_run_directory_exists(tmp_path, override, key):
+    proc = subprocess.run([sys.executable, "-m", "milo_ray.run", override, f"run.dir={tmp_path / 'r'}"],
+                          capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    err_lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert len(err_lines) == 1 and err_lines[0].startswith(f"error: {key}")
+    assert not (tmp_path / "r").exists()
