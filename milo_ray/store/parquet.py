@@ -11,6 +11,10 @@ Writes. Rows are validated on append and buffered per table; a buffer becomes on
 part file when it reaches ``flush_rows`` rows or its oldest row is ``flush_seconds``
 old (a background thread checks), and on ``flush()``/``close()``. So 10,000
 rollouts make a handful of files, and a crash loses at most the unflushed buffer.
+A flush detaches the buffer and remembers which part file it goes to; the rows count
+as stored exactly when that file is in place. An exception or ``KeyboardInterrupt``
+at any point of a flush therefore neither loses them (no file yet: they go back into
+the buffer) nor writes them twice (file renamed: the next flush does not repeat it).
 Every file (part, blob, manifest) is written to a dot-prefixed ``.tmp`` file in the
 same directory, fsynced, then ``os.replace``-d into place: a reader, DuckDB's
 ``'<root>/rollouts/*.parquet'`` glob or ``pyarrow.dataset`` only ever sees whole
@@ -31,6 +35,11 @@ One writer: the writing *process* holds ``flock`` on ``.writer.lock``; a second
 writer (another process, or a second store object on the same run) fails fast.
 The kernel drops the lock when the process dies, so a killed run can be resumed.
 Readers (``open_run``) take no lock and write nothing.
+
+Reads check every part's footer first (cached per file name: parts are immutable):
+a file of a newer ``schema_version``, a parquet file of another table or program,
+or an unreadable file raises ``ValueError`` naming the file, before any row is
+read and before a writer touches the run.
 """
 
 from __future__ import annotations
@@ -113,19 +122,32 @@ class ParquetRunStore(StoreCore):
         self.flush_rows = flush_rows
         self.flush_seconds = flush_seconds
         self._blobs = BlobDir(self.root)
-        self._buffers: dict[str, list[pa.Table]] = {t: [] for t in schema.SCHEMAS}
+        # Per table, one tuple replaced as a whole (so an interrupt never leaves it half
+        # updated): (buffered chunks, in-flight flush or None). An in-flight flush is
+        # (part path, chunks sent to it): those rows are stored iff the path exists.
+        self._buf: dict[str, tuple[tuple[pa.Table, ...], tuple[Path, tuple[pa.Table, ...]] | None]] = {
+            t: ((), None) for t in schema.SCHEMAS
+        }
         self._buffered: dict[str, int] = {t: 0 for t in schema.SCHEMAS}
         self._since: dict[str, float | None] = {t: None for t in schema.SCHEMAS}
-        self._replaces: dict[str, tuple[str, ...]] = {}  # part name -> names it replaces (files are immutable)
+        # (table, part name) -> names it replaces, for parts whose footer was checked
+        # (part files are immutable once renamed into place)
+        self._replaces: dict[tuple[str, str], tuple[str, ...]] = {}
         self._flusher: threading.Thread | None = None
         self._stop = threading.Event()
+        try:
+            if not read_only:
+                self._recover()
+            self._file_seq = {t: self._max_part_seq(t) + 1 for t in schema.SCHEMAS}
+            self._completed = self._load_completed()
+            seqs = self._scan("events").column("seq")
+            self._next_seq = 0 if len(seqs) == 0 else int(pc.max(seqs).as_py()) + 1
+        except BaseException:
+            self._closed = True  # nothing buffered yet: __del__ must not flush
+            self._release_writer_lock()
+            raise
         if not read_only:
-            self._recover()
             _OPEN_WRITERS.add(self)
-        self._file_seq = {t: self._max_part_seq(t) + 1 for t in schema.SCHEMAS}
-        self._completed = self._load_completed()
-        seqs = self._scan("events").column("seq")
-        self._next_seq = 0 if len(seqs) == 0 else int(pc.max(seqs).as_py()) + 1
 
     # ---- opening ----------------------------------------------------------------------
     def _acquire_writer_lock(self) -> None:
@@ -163,18 +185,22 @@ class ParquetRunStore(StoreCore):
         return self.root / table
 
     def _recover(self) -> None:
-        """Writer open: drop temp files of a crashed writer, finish interrupted compactions."""
+        """Writer open: drop temp files of a crashed writer, finish interrupted compactions.
+        Every part's footer is checked first, so a run holding a file this version cannot
+        read is refused before anything in it changes."""
+        stale: dict[str, set[str]] = {}
         for table in schema.SCHEMAS:
             d = self._table_dir(table)
-            if not d.is_dir():
-                continue
+            if d.is_dir():
+                present = {p.name for p in d.iterdir() if _is_part(p.name)}
+                stale[table] = {r for name in present for r in self._replaced_by(table, d / name)} & present
+        for table, names in stale.items():
+            d = self._table_dir(table)
             for p in d.iterdir():
                 if p.name.startswith(".") and p.name.endswith(".tmp"):
                     p.unlink(missing_ok=True)
-            present = {p.name for p in d.iterdir() if _is_part(p.name)}
-            stale = {r for name in present for r in self._replaced_by(d / name)} & present
-            if stale:
-                self._remove_parts(d, sorted(stale))
+            if names:
+                self._remove_parts(d, sorted(names))
         blob_root = self._blobs.root
         if blob_root.is_dir():
             for p in blob_root.glob("*/.*.tmp"):
@@ -194,13 +220,14 @@ class ParquetRunStore(StoreCore):
         return {k for k, kind in zip(keys, kinds) if k and kind != "infra"}
 
     # ---- part files -------------------------------------------------------------------
-    def _replaced_by(self, path: Path) -> tuple[str, ...]:
-        cached = self._replaces.get(path.name)
+    def _replaced_by(self, table: str, path: Path) -> tuple[str, ...]:
+        """Names of the parts ``path`` replaces, after checking its footer belongs to
+        ``table`` and to a schema version this code reads (``ValueError`` naming the
+        file otherwise). Reads the footer only, once per file."""
+        cached = self._replaces.get((table, path.name))
         if cached is None:
-            meta = pq.read_schema(path).metadata or {}
-            raw = meta.get(META_REPLACES)
-            cached = tuple(json.loads(raw)) if raw else ()
-            self._replaces[path.name] = cached
+            cached = _check_footer(table, path)
+            self._replaces[(table, path.name)] = cached
         return cached
 
     def live_parts(self, table: str) -> list[Path]:
@@ -211,15 +238,20 @@ class ParquetRunStore(StoreCore):
         if not d.is_dir():
             return []
         parts = sorted((p for p in d.iterdir() if _is_part(p.name)), key=lambda p: (_part_seq(p.name), p.name))
-        replaced = {r for p in parts for r in self._replaced_by(p)}
+        replaced = {r for p in parts for r in self._replaced_by(table, p)}
         return [p for p in parts if p.name not in replaced]
 
-    def _write_part(self, table: str, data: pa.Table, replaces: list[str] | None = None) -> Path:
-        d = self._table_dir(table)
-        d.mkdir(parents=True, exist_ok=True)
+    def _new_part_path(self, table: str) -> Path:
         seq = self._file_seq[table]
         self._file_seq[table] = seq + 1
-        name = f"part-{seq:08d}-{uuid.uuid4().hex[:12]}.parquet"
+        return self._table_dir(table) / f"part-{seq:08d}-{uuid.uuid4().hex[:12]}.parquet"
+
+    def _write_part(
+        self, table: str, data: pa.Table, replaces: list[str] | None = None, path: Path | None = None
+    ) -> Path:
+        path = path or self._new_part_path(table)
+        d, name = path.parent, path.name
+        d.mkdir(parents=True, exist_ok=True)
         self._blobs.sync()  # blobs referenced by these rows become durable first
         meta = dict(schema.SCHEMAS[table].metadata)
         if replaces:
@@ -235,8 +267,8 @@ class ParquetRunStore(StoreCore):
         except BaseException:
             tmp.unlink(missing_ok=True)
             raise
+        self._replaces[(table, name)] = tuple(replaces or ())
         fsync_dir(d)
-        self._replaces[name] = tuple(replaces or ())
         return d / name
 
     def _remove_parts(self, d: Path, names: list[str]) -> None:
@@ -246,7 +278,8 @@ class ParquetRunStore(StoreCore):
 
     # ---- hooks ------------------------------------------------------------------------
     def _ingest(self, table: str, data: pa.Table) -> None:
-        self._buffers[table].append(data)
+        chunks, inflight = self._buf[table]
+        self._buf[table] = (chunks + (data,), inflight)
         self._buffered[table] += data.num_rows
         now = time.monotonic()
         if self._since[table] is None:
@@ -260,14 +293,39 @@ class ParquetRunStore(StoreCore):
         since = self._since[table]
         return self.flush_seconds is not None and since is not None and now - since >= self.flush_seconds
 
+    def _settle(self, table: str) -> tuple[pa.Table, ...]:
+        """Resolve an interrupted flush and return the buffered chunks. The rows sent to
+        an in-flight part are stored iff that part was renamed into place; otherwise they
+        go back in front of the buffer. Idempotent: the state changes in one assignment."""
+        chunks, inflight = self._buf[table]
+        if inflight is None:
+            return chunks
+        path, sent = inflight
+        if not path.exists():
+            (path.parent / f".{path.name}.tmp").unlink(missing_ok=True)
+            chunks = sent + chunks
+        self._buf[table] = (chunks, None)
+        self._buffered[table] = sum(c.num_rows for c in chunks)
+        if not chunks:
+            self._since[table] = None
+        elif self._since[table] is None:
+            self._since[table] = time.monotonic()
+        return chunks
+
     def _flush_table(self, table: str) -> None:
-        if not self._buffers[table]:
+        chunks = self._settle(table)
+        if not chunks:
             return
-        self._write_part(table, pa.concat_tables(self._buffers[table]))
-        # Cleared only after the file is in place: a failed write keeps the rows buffered.
-        self._buffers[table] = []
+        path = self._new_part_path(table)
+        # Detach the rows and name their part in one step; from here on they are stored
+        # exactly when ``path`` exists, wherever an exception or interrupt lands.
+        self._buf[table] = ((), (path, chunks))
         self._buffered[table] = 0
         self._since[table] = None
+        try:
+            self._write_part(table, pa.concat_tables(chunks), path=path)
+        finally:
+            self._settle(table)
 
     def _scan(
         self, table: str, filter: pc.Expression | None = None, columns: list[str] | None = None
@@ -277,7 +335,7 @@ class ParquetRunStore(StoreCore):
             # The writer reads under its lock so a concurrent flush or compaction cannot
             # move rows between the buffer and the files mid-read.
             with self._lock:
-                return self._scan_unlocked(table, sch, filter, columns, self._buffers[table])
+                return self._scan_unlocked(table, sch, filter, columns, self._settle(table))
         # A reader races the writer's compactions: a part may vanish between listing and
         # reading; its rows are then in a newer part, so list again.
         for attempt in range(10):
@@ -290,14 +348,14 @@ class ParquetRunStore(StoreCore):
         raise AssertionError("unreachable")
 
     def _scan_unlocked(self, table, sch, filter, columns, buffered) -> pa.Table:
-        files = [str(p) for p in self.live_parts(table)]
+        files = self.live_parts(table)
         pieces = []
         if files:
-            pieces.append(ds.dataset(files, schema=sch, format="parquet").to_table(filter=filter, columns=columns))
+            pieces.append(_read_parts(table, files, filter=filter, columns=columns))
         if buffered:
             b = pa.concat_tables(buffered).combine_chunks()
             if len(buffered) > 1:  # many one-row appends: merge once so later reads stay fast
-                buffered[:] = [b]
+                self._buf[table] = ((b,), None)  # the writer's _scan settled the buffer
             b = b if filter is None else b.filter(filter)
             pieces.append(b if columns is None else b.select(columns))
         if not pieces:
@@ -355,7 +413,7 @@ class ParquetRunStore(StoreCore):
                 parts = self.live_parts(table)
                 if len(parts) <= 1:
                     continue
-                data = ds.dataset([str(p) for p in parts], schema=schema.SCHEMAS[table], format="parquet").to_table()
+                data = _read_parts(table, parts)
                 self._write_part(table, data, replaces=[p.name for p in parts])
                 self._remove_parts(self._table_dir(table), [p.name for p in parts])
 
@@ -387,6 +445,70 @@ class ParquetRunStore(StoreCore):
             name=f"store-flusher-{self.run_id}", daemon=True,
         )
         self._flusher.start()
+
+
+def _check_footer(table: str, path: Path) -> tuple[str, ...]:
+    """Check one part's footer metadata; return the part names it replaces.
+    ``FileNotFoundError`` passes through (a reader racing a compaction lists again)."""
+    try:
+        meta = pq.read_schema(path).metadata or {}
+    except FileNotFoundError:
+        raise
+    except (pa.ArrowException, OSError) as e:
+        raise ValueError(
+            f"{path}: unreadable (corrupt?) {table} part file ({e}); move it out of {path.parent} "
+            f"to read the rest of the run"
+        ) from None
+    owner = meta.get(schema.META_TABLE)
+    if owner != table.encode():
+        what = "a parquet file without milo_ray metadata" if owner is None else \
+            f"a milo_ray {owner.decode(errors='replace')!r} file"
+        raise ValueError(
+            f"{path}: not a milo_ray {table} file ({what}); move it out of {path.parent}"
+        )
+    raw = meta.get(schema.META_SCHEMA_VERSION)
+    try:
+        version = int(raw.decode()) if raw is not None else None
+    except ValueError:
+        version = None
+    if version is None:
+        raise ValueError(f"{path}: {table} part without a valid schema_version ({raw!r}); move it out of {path.parent}")
+    if version > schema.SCHEMA_VERSION:
+        raise ValueError(
+            f"{path}: written by a newer milo_ray (schema_version {version}, this version reads up to "
+            f"{schema.SCHEMA_VERSION}); upgrade milo_ray to read this run"
+        )
+    try:
+        raw = meta.get(META_REPLACES)
+        replaces = tuple(json.loads(raw)) if raw else ()
+        if not all(isinstance(r, str) for r in replaces):
+            raise ValueError("not a list of names")
+    except (ValueError, TypeError) as e:
+        raise ValueError(f"{path}: unreadable {META_REPLACES.decode()} footer entry ({e}); the file is corrupt") from None
+    return replaces
+
+
+def _read_parts(table: str, parts: list[Path], filter: pc.Expression | None = None,
+                columns: list[str] | None = None) -> pa.Table:
+    """Rows of ``parts`` (footers already checked) as one table of ``table``'s schema."""
+    sch = schema.SCHEMAS[table]
+    try:
+        return ds.dataset([str(p) for p in parts], schema=sch, format="parquet").to_table(filter=filter, columns=columns)
+    except FileNotFoundError:
+        raise
+    except (pa.ArrowException, OSError) as e:
+        error = e
+    for p in parts:  # error path only: find the file at fault so the message can name it
+        try:
+            ds.dataset([str(p)], schema=sch, format="parquet").to_table()
+        except FileNotFoundError:
+            raise
+        except (pa.ArrowException, OSError) as e:
+            raise ValueError(
+                f"{p}: unreadable (corrupt?) {table} part file ({e}); move it out of {p.parent} "
+                f"to read the rest of the run"
+            ) from None
+    raise error
 
 
 _OPEN_WRITERS: "weakref.WeakSet[ParquetRunStore]" = weakref.WeakSet()
