@@ -26,6 +26,7 @@ os.environ.setdefault("RAY_DEDUP_LOGS", "0")
 import ray
 
 from milo_ray.execution.budget import BudgetLedger
+from milo_ray.execution.cluster import quiet_token_auth_notice
 from milo_ray.execution.scheduler import RolloutScheduler
 from milo_ray.execution.types import RolloutRequest, Task
 from milo_ray.harness.model import Harness
@@ -90,6 +91,7 @@ def main() -> None:
     ap.add_argument("--num-cpus", type=int, default=2)
     args = ap.parse_args()
 
+    quiet_token_auth_notice()
     ray.init(
         num_cpus=args.num_cpus,
         include_dashboard=False,

@@ -81,7 +81,10 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     import ray
 
+    from milo_ray.execution.cluster import quiet_token_auth_notice
+
     if not ray.is_initialized():
+        quiet_token_auth_notice()
         ray.init(include_dashboard=False, log_to_driver=False, resources={"sandbox_slot": 8})
     rows = []
     for rung in a.rungs:

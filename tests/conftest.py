@@ -23,7 +23,10 @@ def ray_local():
     """A local Ray instance shared by the whole session (starting Ray costs seconds)."""
     import ray
 
+    from milo_ray.execution.cluster import quiet_token_auth_notice
+
     if not ray.is_initialized():
+        quiet_token_auth_notice()
         ray.init(
             num_cpus=2,
             include_dashboard=False,

@@ -46,7 +46,7 @@ class _DropDefaultTokenAuthNotice(logging.Filter):
         return not record.getMessage().startswith("Token authentication is enabled")
 
 
-def _quiet_default_token_auth_notice() -> None:
+def quiet_token_auth_notice() -> None:
     logger = logging.getLogger("ray._private.authentication.authentication_token_setup")
     if not any(isinstance(f, _DropDefaultTokenAuthNotice) for f in logger.filters):
         logger.addFilter(_DropDefaultTokenAuthNotice())
@@ -68,7 +68,7 @@ def connect(execution: Any) -> ClusterInfo:
             ray.init(address=address, **common)
         else:
             started_here = True
-            _quiet_default_token_auth_notice()
+            quiet_token_auth_notice()
             ray.init(
                 num_cpus=execution.num_cpus,
                 include_dashboard=bool(execution.dashboard),

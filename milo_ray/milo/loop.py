@@ -53,6 +53,9 @@ class MiloMethod:
         import ray
 
         if not ray.is_initialized():
+            from milo_ray.execution.cluster import quiet_token_auth_notice
+
+            quiet_token_auth_notice()
             ray.init(include_dashboard=False, log_to_driver=False)
         return asyncio.run(MiloRun(self.cfg, ctx).main())
 

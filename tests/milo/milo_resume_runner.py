@@ -64,6 +64,9 @@ def main() -> None:
         install_kill_point(sys.argv[sys.argv.index("--die-before") + 1])
     import ray
 
+    from milo_ray.execution.cluster import quiet_token_auth_notice
+
+    quiet_token_auth_notice()
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, resources={"sandbox_slot": 8})
     from milo_ray.benchmarks.surrogate import SurrogateBenchmark
     from milo_ray.context import RunContext
