@@ -93,11 +93,25 @@ def check_overrides(conf_dir: str, argv: list[str]) -> None:
         if not manifest.is_file():
             raise UserError(f"run.resume={cfg.run.resume}: no run there (manifest.json missing); "
                             "pass the run directory printed at the end of a run")
-    if cfg.run.time_limit_s is not None and cfg.run.time_limit_s <= 0:
-        raise UserError("run.time_limit_s: must be > 0 seconds (or null for no limit)")
-    budget = cfg.run.budget
-    for key in ("executions", "tokens", "cost_usd"):
-        if budget[key] is not None and budget[key] < 0:
-            raise UserError(f"run.budget.{key}: must be >= 0 (or null for unlimited)")
-    if cfg.execution.slots_per_node < 1:
-        raise UserError("execution.slots_per_node: must be >= 1")
+    check_settings(cfg)
+
+
+def check_settings(cfg: Any) -> None:
+    """Value checks of the run and execution settings (``UserError`` naming the key).
+
+    The command-line pre-check calls it, and so does every job before it writes
+    anything (multirun jobs included: the pre-check does not see sweeps)."""
+    run, ex = cfg.run, cfg.execution
+    if run.time_limit_s is not None and run.time_limit_s <= 0:
+        raise UserError(f"run.time_limit_s={run.time_limit_s}: must be > 0 seconds (or null for no limit)")
+    for name in ("executions", "tokens", "cost_usd"):
+        value = run.budget[name]
+        if value is not None and value < 0:
+            raise UserError(f"run.budget.{name}={value}: must be >= 0 (or null for unlimited)")
+    for name, low, nullable in (("slots_per_node", 1, False), ("num_cpus", 1, True), ("group_limit", 1, True),
+                                ("max_retries", 0, False)):
+        value = ex[name]
+        if value is None and nullable:
+            continue
+        if value is None or value < low:
+            raise UserError(f"execution.{name}={value}: must be an integer >= {low}" + (" (or null)" if nullable else ""))

@@ -30,7 +30,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
 from milo_ray.config import register_configs
-from milo_ray.config_errors import UserError, check_overrides, explain
+from milo_ray.config_errors import UserError, check_overrides, check_settings, explain
 from milo_ray.manifest import build_manifest, elapsed_before, finish_manifest
 
 CONF_DIR = str(Path(__file__).resolve().parent.parent / "conf")
@@ -87,27 +87,6 @@ def _activity_times(store: Any) -> list[float]:
     return times + store.read("rollouts").column("finished_at").to_pylist()
 
 
-def _check_settings(cfg: DictConfig) -> None:
-    """Value checks of the run and execution settings, before anything is written.
-
-    Every job passes here, multirun jobs included (the command-line pre-check does not
-    see sweeps), so a bad value never leaves a half-made run directory behind."""
-    run, ex = cfg.run, cfg.execution
-    if run.time_limit_s is not None and run.time_limit_s <= 0:
-        raise UserError(f"run.time_limit_s={run.time_limit_s}: must be > 0 seconds (or null for no limit)")
-    for name in ("executions", "tokens", "cost_usd"):
-        value = run.budget[name]
-        if value is not None and value < 0:
-            raise UserError(f"run.budget.{name}={value}: must be >= 0 (or null for unlimited)")
-    for name, low, nullable in (("slots_per_node", 1, False), ("num_cpus", 1, True), ("group_limit", 1, True),
-                                ("max_retries", 0, False)):
-        value = ex[name]
-        if value is None and nullable:
-            continue
-        if value is None or value < low:
-            raise UserError(f"execution.{name}={value}: must be an integer >= {low}" + (" (or null)" if nullable else ""))
-
-
 def run_job(cfg: DictConfig) -> dict[str, Any]:
     """Run one configured job to completion; returns the method's summary."""
     from milo_ray.context import RunContext
@@ -123,7 +102,7 @@ def run_job(cfg: DictConfig) -> dict[str, Any]:
     run_dir = _run_dir(cfg)
 
     # Everything that can fail on bad input happens before the store is touched.
-    _check_settings(cfg)
+    check_settings(cfg)
     benchmark = _build("benchmark", cfg.benchmark)
     method = _build("method", cfg.method)
     cluster = connect(cfg.execution)

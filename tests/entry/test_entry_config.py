@@ -76,28 +76,27 @@ def test_bad_input_is_one_line_naming_the_key(argv, needle):
     assert "\n" not in message
 
 
+def _cli(tmp_path, *args: str) -> tuple[int, list[str]]:
+    """Run the entry point; its exit code and the non-empty lines it wrote to stderr."""
+    proc = subprocess.run([sys.executable, "-m", "milo_ray.run", *args], capture_output=True, text=True,
+                          timeout=120, cwd=tmp_path)
+    return proc.returncode, [line for line in proc.stderr.splitlines() if line.strip()]
+
+
 def test_cli_bad_key_exits_2_with_one_line_and_writes_nothing(tmp_path):
     run_dir = tmp_path / "existing"
     run_dir.mkdir()
     (run_dir / "keep.txt").write_text("x")
-    proc = subprocess.run(
-        [sys.executable, "-m", "milo_ray.run", "nosuchkey=1", f"run.dir={run_dir}"],
-        capture_output=True, text=True, timeout=120, cwd=tmp_path,
-    )
-    assert proc.returncode == 2
-    err_lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    code, err_lines = _cli(tmp_path, "nosuchkey=1", f"run.dir={run_dir}")
+    assert code == 2
     assert len(err_lines) == 1 and err_lines[0].startswith("error: nosuchkey")
     assert sorted(p.name for p in run_dir.iterdir()) == ["keep.txt"]
     assert not (tmp_path / "runs").exists()
 
 
 def test_cli_bad_constructor_argument_exits_2_naming_the_section(tmp_path):
-    proc = subprocess.run(
-        [sys.executable, "-m", "milo_ray.run", "benchmark.preset=no_such_preset", f"run.dir={tmp_path / 'r'}"],
-        capture_output=True, text=True, timeout=120, cwd=tmp_path,
-    )
-    assert proc.returncode == 2
-    err_lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    code, err_lines = _cli(tmp_path, "benchmark.preset=no_such_preset", f"run.dir={tmp_path / 'r'}")
+    assert code == 2
     assert len(err_lines) == 1 and err_lines[0].startswith("error: benchmark: ")
     assert "no_such_preset" in err_lines[0]
     assert not (tmp_path / "r").exists()
@@ -107,9 +106,7 @@ def test_cli_bad_constructor_argument_exits_2_naming_the_section(tmp_path):
                                           ("execution.group_limit=0", "execution.group_limit"),
                                           ("run.budget.executions=-5", "run.budget.executions")])
 def test_cli_bad_setting_value_exits_2_before_the_run_directory_exists(tmp_path, override, key):
-    proc = subprocess.run([sys.executable, "-m", "milo_ray.run", override, f"run.dir={tmp_path / 'r'}"],
-                          capture_output=True, text=True, timeout=120, cwd=tmp_path)
-    assert proc.returncode == 2, proc.stderr[-2000:]
-    err_lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    code, err_lines = _cli(tmp_path, override, f"run.dir={tmp_path / 'r'}")
+    assert code == 2, err_lines[-5:]
     assert len(err_lines) == 1 and err_lines[0].startswith(f"error: {key}")
     assert not (tmp_path / "r").exists()
