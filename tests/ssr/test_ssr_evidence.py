@@ -83,17 +83,47 @@ def test_random_order_is_a_seeded_permutation():
     assert a == ev.order_records(recs, "random", np.random.default_rng(5))
 
 
-def test_rer_order_trades_quality_for_coverage():
-    # t0 and t1 are duplicates of high quality; t2 is distinct, a little lower in
-    # quality but more important: coverage ranks it before the duplicate.
-    recs = _recs([0.9, 0.9, 0.85])
-    recs[1].embedding = recs[0].embedding.copy()
-    recs[0].w = recs[1].w = 0.3
-    recs[2].w = 1.0
+def _near_duplicate_pairs(cos: float):
+    """Four records equal in importance and quality: t1 is a near-duplicate of t0
+    (cosine ``cos``), t3 of t2, and the two pairs are orthogonal to each other."""
+    sin = float(np.sqrt(1.0 - cos**2))
+    z = np.array([[1, 0, 0, 0], [cos, sin, 0, 0], [0, 0, 1, 0], [0, 0, cos, sin]], dtype=np.float32)
+    recs = _recs([0.6] * 4)
+    for r, row in zip(recs, z):
+        r.embedding = row
+    return recs
+
+
+def test_a_near_duplicate_record_ranks_after_a_dissimilar_one():
+    # w and q are the same for every record, so neither importance nor quality can
+    # order them: only the coverage term of F(Y) = sum_j w_j log(1 + sum_i q_i s_ij) can.
+    # t0 and t2 tie on the first gain (each covers itself and its twin), t0 wins by
+    # index; then t1 (already mostly covered by t0) gains less than t2, whose pair is
+    # still uncovered, so the dissimilar t2 comes before the near-duplicate t1.
+    recs = _near_duplicate_pairs(0.98)
+    assert len({(r.w, r.q) for r in recs}) == 1
     rer = ev.order_records(recs, "rer", np.random.default_rng(0))
-    quality = ev.order_records(recs, "quality_only", np.random.default_rng(0))
-    assert quality == ["t0", "t1", "t2"]
-    assert rer.index("t2") < rer.index("t1")
+    assert rer == ["t0", "t2", "t1", "t3"]
+    # Without similarity (equal w and q) the index order is all there is.
+    assert ev.order_records(recs, "quality_only", np.random.default_rng(0)) == ["t0", "t1", "t2", "t3"]
+
+
+def test_rer_greedy_picks_the_largest_coverage_gain_at_every_step():
+    # The same records, checked against the objective itself: every record the order
+    # adds is one with the largest marginal gain F(Y + i) - F(Y) (ties to the lower index).
+    from milo_ray.kernels.submodular import clipped_cosine, coverage_objective
+
+    recs = _near_duplicate_pairs(0.98)
+    w, q = [r.w for r in recs], [r.q for r in recs]
+    S = clipped_cosine(np.stack([r.embedding for r in recs]))
+    order = [int(t[1:]) for t in ev.order_records(recs, "rer", np.random.default_rng(0))]
+    chosen: list[int] = []
+    for pick in order:
+        base = coverage_objective(chosen, w, q, S)
+        gains = {i: coverage_objective(chosen + [i], w, q, S) - base for i in range(4) if i not in chosen}
+        best = max(gains.values())
+        assert pick == min(i for i, g in gains.items() if g >= best - 1e-12), (chosen, gains)
+        chosen.append(pick)
 
 
 ORDER = [f"t{i}" for i in range(10)]
