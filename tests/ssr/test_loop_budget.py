@@ -23,6 +23,7 @@ from milo_ray.store.memory import MemoryRunStore
 from ssr_slice import SliceBenchmark
 
 N_TRAIN, N_VAL, N_TEST = 12, 6, 6
+RACE_CFG = dict(b_v=[2, 2], b_s=2, b_f=2, rollouts=2)  # the racing parameters of every run here
 
 
 class InProcessScheduler:
@@ -103,7 +104,7 @@ def _run(tmp_path, bench, budget, *, inert=False, seed=3, tokens=None, **cfg):
     agents = {"judge": OfflineJudge(), "optimizer": RuleOptimizer(inert), "embedder": HashingEmbedder(64)}
     ctx = RunContext(run_id="t", run_dir=tmp_path, seed=seed, store=store, benchmark=bench, scheduler=sched,
                      model_id="offline", extras={"agents": agents})
-    params = dict(initial="minimal", b_v=[2, 2], b_s=2, b_f=2, rollouts=2, test_rollouts=3, evaluate_initial=True)
+    params = dict(initial="minimal", **RACE_CFG, test_rollouts=3, evaluate_initial=True)
     params.update(cfg)
     summary = SSRMethod(**params).run(ctx)
     return summary, store, sched
@@ -126,12 +127,58 @@ def test_refresh_that_does_not_fit_returns_the_incumbent(tmp_path, bench):
     assert [e["kind"] for e in store.read("events").to_pylist()].count("ssr.refresh_unaffordable") == 1
 
 
-def test_stage_that_does_not_fit_is_not_started(tmp_path, bench):
-    # refresh (12) + stage 1 with >= 1 child: 2 rollouts x 2+ harnesses x 6 tasks >= 24
-    summary, store, _ = _run(tmp_path, bench, N_TRAIN + 30)
-    stages = [json.loads(e["payload"]) for e in store.read("events").to_pylist() if e["kind"] == "ssr.stage"]
-    assert all(s["executions"] <= 30 for s in stages)
-    assert summary["executions_used"] <= N_TRAIN + 30
+def _payloads(store, kind):
+    return [json.loads(e["payload"]) for e in sorted(store.read("events").to_pylist(), key=lambda e: e["seq"])
+            if e["kind"] == kind]
+
+
+def _next_stage_cost(store, cfg):
+    """R·(|A|+1)·|B_r| of the stage after the last one that ran in round 0, rebuilt from
+    the events: A = the children racing (all of them before stage 1, the survivors of the
+    last stage after it), B_r = min(quota, unused tasks) per class (validation, parent
+    successes, parent failures), a short class not refilled from another."""
+    refresh = _payloads(store, "ssr.refresh")[0]
+    racing = _payloads(store, "ssr.candidates")[0]["racing"]
+    stages = _payloads(store, "ssr.stage")
+    results = _payloads(store, "ssr.stage_result")
+    active = results[-1]["survivors"] if results else racing
+    used = {k: sum(len(s["batch"][k]) for s in stages) for k in ("validation", "success", "failure")}
+    available = {"validation": N_VAL, "success": refresh["resolved"], "failure": refresh["tasks"] - refresh["resolved"]}
+    quota = {"validation": cfg["b_v"][len(stages)], "success": cfg["b_s"], "failure": cfg["b_f"]}
+    batch = sum(min(quota[k], available[k] - used[k]) for k in quota)
+    return cfg["rollouts"] * (len(active) + 1) * batch
+
+
+@pytest.mark.parametrize("budget, stages_run", [
+    # refresh 12, then 30 left: enough for the loop's cheapest first stage (one child +
+    # parent: 2 x 2 x 6 = 24), so candidates are generated, but stage 1 with every racer
+    # does not fit and is refused by the race
+    (N_TRAIN + 30, 0),
+    # refresh 12 + stage 1 (36) leaves 32; stage 2 with the survivors does not fit
+    (N_TRAIN + 68, 1),
+])
+def test_stage_that_does_not_fit_is_not_started(tmp_path, bench, budget, stages_run):
+    summary, store, sched = _run(tmp_path, bench, budget)
+    stages, results = _payloads(store, "ssr.stage"), _payloads(store, "ssr.stage_result")
+    assert summary["candidates_generated"] > 0, "precondition: the round got as far as racing"
+    # Exactly the stages that fit were started, and each one ran to its result: the
+    # refused stage was never announced, so no started stage had to be aborted by the ledger.
+    assert [s["stage"] for s in stages] == [r["stage"] for r in results] == list(range(1, stages_run + 1))
+    assert _payloads(store, "ssr.stage_aborted") == []
+    # The refusal itself: what was left when the next stage came up is less than that
+    # stage's R·(|A|+1)·|B_r| (DESIGN §4.3), and nothing of it ran.
+    spent_before = N_TRAIN + sum(s["executions"] for s in stages)
+    remaining = budget - spent_before
+    assert 0 < remaining < _next_stage_cost(store, RACE_CFG)
+    [selection] = _payloads(store, "ssr.selection")
+    assert selection["stop_reason"] == "budget" and selection["completed_stages"] == stages_run
+    assert selection["executions"] == spent_before - N_TRAIN
+    if stages_run == 0:
+        assert not selection["replaced"], "no completed stage: the parent is kept"
+    assert summary["stop_reason"] == "budget"
+    assert summary["executions_used"] == sched.budget.executions_used == spent_before <= budget
+    race_stages = {r["stage"] for r in store.read("rollouts").to_pylist() if r["stage"].startswith("race")}
+    assert race_stages == {f"race-{i}" for i in range(1, stages_run + 1)}
 
 
 def test_patience_stops_after_rounds_without_strict_improvement(tmp_path, bench):
