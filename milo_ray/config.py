@@ -29,13 +29,19 @@ class BudgetConfig:
 class RunConfig:
     """Run-level keys.
 
-    dir: the run directory (default: Hydra's output dir for this job).
-    resume: path of an interrupted run to continue; its stored config is used, finished
-        rollouts are never executed again.
+    dir: the run directory, the only directory a run writes (default:
+        ``runs/<timestamp>``; in a multirun sweep, the sweep's directory, one
+        subdirectory per job).
+    resume: path of an interrupted run to continue; its stored config is used (only
+        ``run.time_limit_s``, ``run.progress``, ``run.budget.*`` and ``execution.*`` may be
+        given again), finished rollouts are never executed again.
     seed: the run seed; every island, candidate and rollout derives its own from it.
-    time_limit_s: wall-clock limit; past it no new work starts, in-flight work settles,
-        then the final evaluation and summary run.
-    progress: live progress display (None: only when stdout is a terminal).
+    time_limit_s: wall-clock limit of the run, honoured by every method; past it no new
+        work starts, in-flight work settles, then the final evaluation and summary run.
+        A resumed run keeps its stored limit (unless given again) and counts the time
+        its earlier sessions ran.
+    progress: live progress display: True shows it on a terminal, False never, None
+        (default) also only on a terminal. A pipe or a log file never gets one.
     """
 
     dir: Optional[str] = None
@@ -57,7 +63,9 @@ class ExecutionConfig:
     num_cpus: CPUs of a locally started instance (None: all).
     slots_per_node: sandbox slots per node (custom resource ``sandbox_slot``); the
         rollout concurrency of each node's worker.
-    group_limit: max concurrent rollouts of one island or race (None: unlimited).
+    group_limit: max concurrent rollouts of a group that sets no limit of its own: an
+        SSR race, one harness of ``method=eval``, MILO's seed and final evaluations
+        (None: only the slots limit). MILO islands use ``method.island_concurrency``.
     max_retries: retries of an infrastructure failure before it is recorded.
     dashboard: start the Ray dashboard with a locally started instance.
     """
@@ -73,9 +81,39 @@ class ExecutionConfig:
 
 @dataclass
 class ModelConfig:
-    """The frozen solver model. ``id`` is part of every rollout's cache key."""
+    """The frozen solver model. ``id`` is part of every rollout's cache key.
+
+    usd_per_mtok_input / usd_per_mtok_output: prices in USD per million tokens. They
+        price every rollout whose executor reports no cost of its own, which is what
+        ``run.budget.cost_usd`` counts; None: the model is unpriced, and a USD cap is
+        refused rather than silently never reached.
+    """
 
     id: str = "offline-surrogate"
+    usd_per_mtok_input: Optional[float] = None
+    usd_per_mtok_output: Optional[float] = None
+
+
+@dataclass
+class AgentsConfig:
+    """The agents of the search, each a ``_target_`` spec built where it runs.
+
+    mutators: MILO's mutator pool G (``method.pool_size`` takes the first N);
+    orchestrator: MILO's orchestrator; judge, optimizer, embedder: SSR's evidence
+    judge, candidate optimizer and record embedder."""
+
+    mutators: list[Any] = field(default_factory=list)
+    orchestrator: Any = None
+    judge: Any = None
+    optimizer: Any = None
+    embedder: Any = None
+
+
+@dataclass
+class BackendConfig:
+    """``backend``: which agents run the search (offline stand-ins or LLM agents)."""
+
+    agents: AgentsConfig = field(default_factory=AgentsConfig)
 
 
 @dataclass
@@ -83,7 +121,7 @@ class Config:
     run: RunConfig = field(default_factory=RunConfig)
     execution: ExecutionConfig = field(default_factory=ExecutionConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
-    backend: Any = MISSING
+    backend: BackendConfig = field(default_factory=BackendConfig)
     benchmark: Any = MISSING
     method: Any = MISSING
 
@@ -106,6 +144,7 @@ def register_configs() -> None:
     cs.store(name="config_schema", node=Config)
     cs.store(group="execution", name="execution_schema", node=ExecutionConfig)
     cs.store(group="model", name="model_schema", node=ModelConfig)
+    cs.store(group="backend", name="backend_schema", node=BackendConfig)
     cs.store(group="method", name="eval_schema", node=EvalConfig)
     for group_name, module, cls in _METHOD_SCHEMAS:
         mod = __import__(module, fromlist=[cls])

@@ -76,7 +76,7 @@ def check_overrides(conf_dir: str, argv: list[str]) -> None:
     from hydra import compose, initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
 
-    from milo_ray.config import ExecutionConfig, ModelConfig, RunConfig
+    from milo_ray.config import BackendConfig, ExecutionConfig, ModelConfig, RunConfig
 
     GlobalHydra.instance().clear()
     try:
@@ -86,14 +86,37 @@ def check_overrides(conf_dir: str, argv: list[str]) -> None:
         raise UserError(explain(exc, conf_dir)) from None
     finally:
         GlobalHydra.instance().clear()
-    for section, schema in (("run", RunConfig), ("execution", ExecutionConfig), ("model", ModelConfig)):
+    for section, schema in (("run", RunConfig), ("execution", ExecutionConfig), ("model", ModelConfig),
+                            ("backend", BackendConfig)):
         _check_known_keys(cfg[section], schema, section)
     if cfg.run.resume:
         manifest = Path(cfg.run.resume).expanduser() / "manifest.json"
         if not manifest.is_file():
             raise UserError(f"run.resume={cfg.run.resume}: no run there (manifest.json missing); "
                             "pass the run directory printed at the end of a run")
+        check_resume_overrides(overrides)
     check_settings(cfg)
+
+
+# What a resumed run may be given again; everything else is the stored config.
+RESUMABLE_KEYS = ("run.resume", "run.time_limit_s", "run.progress", "run.budget", "execution")
+
+
+def override_key(override: str) -> str:
+    """The config key of one command-line override (``+a.b=1`` -> ``a.b``, ``method=x`` -> ``method``)."""
+    return override.split("=", 1)[0].lstrip("+~").strip()
+
+
+def check_resume_overrides(overrides: list[str]) -> None:
+    """A resumed run continues with its stored config: an override that would change it
+    is refused rather than silently ignored."""
+    for o in overrides:
+        key = override_key(o)
+        if key.startswith("hydra") or any(key == k or key.startswith(k + ".") for k in RESUMABLE_KEYS):
+            continue
+        raise UserError(f"{key}: a resumed run continues with its stored config and cannot change it; "
+                        "only run.time_limit_s, run.progress, run.budget.* and execution.* may be given "
+                        "with run.resume (start a new run to change anything else)")
 
 
 def check_settings(cfg: Any) -> None:
@@ -108,6 +131,16 @@ def check_settings(cfg: Any) -> None:
         value = run.budget[name]
         if value is not None and value < 0:
             raise UserError(f"run.budget.{name}={value}: must be >= 0 (or null for unlimited)")
+    prices = (cfg.model.usd_per_mtok_input, cfg.model.usd_per_mtok_output)
+    for name, value in zip(("usd_per_mtok_input", "usd_per_mtok_output"), prices):
+        if value is not None and value < 0:
+            raise UserError(f"model.{name}={value}: must be >= 0 USD per million tokens (or null)")
+    if (prices[0] is None) != (prices[1] is None):
+        raise UserError("model.usd_per_mtok_input / model.usd_per_mtok_output: give both prices or neither")
+    if run.budget.cost_usd is not None and prices[0] is None:
+        raise UserError(f"run.budget.cost_usd={run.budget.cost_usd}: model {cfg.model.id!r} has no price, so a USD cap "
+                        "would never be reached; set model.usd_per_mtok_input and model.usd_per_mtok_output, "
+                        "or cap run.budget.tokens instead")
     for name, low, nullable in (("slots_per_node", 1, False), ("num_cpus", 1, True), ("group_limit", 1, True),
                                 ("max_retries", 0, False)):
         value = ex[name]

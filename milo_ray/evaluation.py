@@ -117,7 +117,11 @@ def true_score(benchmark: Any, harness: Harness, split: str) -> float | None:
 
 
 class EvalMethod:
-    """Evaluate the benchmark's seed harnesses (or the named subset) on one split."""
+    """Evaluate the benchmark's seed harnesses (or the named subset) on one split.
+
+    Rollouts run in waves of one rollout index (every harness on every task); past the
+    run's time limit no new wave starts, and the table reports the k completed waves,
+    so every row is a complete pass@k / PR@k / RR@k over the same tasks."""
 
     name = "eval"
 
@@ -128,35 +132,51 @@ class EvalMethod:
         self.split = split
         self.names = list(names)
 
-    def run(self, ctx: RunContext) -> dict[str, Any]:
-        seeds = ctx.benchmark.seed_harnesses()
+    def _seeds(self, benchmark: Any) -> list[Harness]:
+        seeds = benchmark.seed_harnesses()
         if self.names:
             unknown = set(self.names) - {h.name for h in seeds}
             if unknown:
                 raise ValueError(f"method.names: unknown seed(s) {sorted(unknown)}; "
                                  f"available: {[h.name for h in seeds]}")
             seeds = [h for h in seeds if h.name in self.names]
-        splits = ctx.benchmark.splits()
-        if self.split not in splits:
-            raise ValueError(f"method.split={self.split!r}: the benchmark has splits {sorted(splits)}")
-        tasks = splits[self.split]
-        task_ids = [t.task_id for t in tasks]
-        requests: list[RolloutRequest] = []
+        return seeds
+
+    def preflight(self, benchmark: Any, agents: dict[str, Any]) -> None:
+        """Refuse a split or seed name the benchmark lacks (before anything is written)."""
+        from milo_ray.benchmarks.base import resolve_split
+
+        resolve_split(benchmark, self.split, field="method.split")
+        self._seeds(benchmark)
+
+    def run(self, ctx: RunContext) -> dict[str, Any]:
+        self.preflight(ctx.benchmark, {})
+        seeds = self._seeds(ctx.benchmark)
+        task_ids = [t.task_id for t in ctx.benchmark.tasks(self.split)]
         for h in seeds:
             ctx.scheduler.add_harness(h)
             record_harness(ctx, h, origin="seed", admitted=True)
-            requests += [RolloutRequest(h.harness_id, t, i, ctx.seed, split=self.split, method="eval",
-                                        group=h.name or h.harness_id)
-                         for t in task_ids for i in range(self.k)]
-        results = ctx.scheduler.run(requests)
+        results: list[RolloutResult] = []
+        k_done = 0
+        for i in range(self.k):
+            if ctx.out_of_time():
+                break
+            results += ctx.scheduler.run([RolloutRequest(h.harness_id, t, i, ctx.seed, split=self.split, method="eval",
+                                                         group=h.name or h.harness_id)
+                                          for h in seeds for t in task_ids])
+            k_done = i + 1
+        stop = "finished" if k_done == self.k else "time limit"
         by_harness: dict[str, list[RolloutResult]] = {}
         for r in results:
             by_harness.setdefault(r.harness_id, []).append(r)
-        rows = [summarize(h.name, h, by_harness.get(h.harness_id, []), task_ids, self.k,
-                          true_score=true_score(ctx.benchmark, h, self.split)) for h in seeds]
-        print_scores(f"{ctx.benchmark.name}: {self.split} split, k={self.k}", rows)
-        ctx.store.event("eval_summary", {"split": self.split, "k": self.k, "rows": [r.as_dict() for r in rows]})
-        return {"method": "eval", "split": self.split, "k": self.k, "harnesses": [r.as_dict() for r in rows]}
+        rows = [summarize(h.name, h, by_harness.get(h.harness_id, []), task_ids, k_done,
+                          true_score=true_score(ctx.benchmark, h, self.split)) for h in seeds] if k_done else []
+        if rows:
+            print_scores(f"{ctx.benchmark.name}: {self.split} split, k={k_done}", rows)
+        ctx.store.event("eval_summary", {"split": self.split, "k": k_done, "k_requested": self.k, "stop_reason": stop,
+                                         "rows": [r.as_dict() for r in rows]})
+        return {"method": "eval", "split": self.split, "k": k_done, "k_requested": self.k, "stop_reason": stop,
+                "harnesses": [r.as_dict() for r in rows]}
 
 
 def _fmt(value: Any, spec: str = ".3f") -> str:

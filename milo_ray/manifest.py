@@ -111,3 +111,11 @@ def elapsed_before(history: list[dict[str, Any]], activity: Iterable[float]) -> 
             end = inside[-1] if inside else start
         total += max(0.0, float(end) - start)
     return total
+
+
+def deadline_for(time_limit_s: float | None, elapsed_s: float, *, now: float | None = None) -> float | None:
+    """The ``time.monotonic()`` instant a run's time limit ends, counting the seconds its
+    earlier sessions already ran (None: no limit)."""
+    if time_limit_s is None:
+        return None
+    return (time.monotonic() if now is None else now) + float(time_limit_s) - float(elapsed_s)

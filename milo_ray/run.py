@@ -4,6 +4,14 @@ Composes the Hydra config under ``conf/``, rejects bad input with one line and e
 code 2 before anything is written, connects to Ray, opens (or resumes) the run's
 Parquet store, builds the method and runs it, then records the outcome in
 ``manifest.json`` and prints the run directory.
+
+Exit codes: 0 finished, 1 the run crashed (traceback printed, manifest ``failed``),
+2 bad input (one line, nothing written), 130 interrupted (resumable).
+
+The run directory (``run.dir``, default ``runs/<timestamp>``) is the only directory a
+run writes: Hydra's own output directory is the working directory and Hydra writes
+no files there (the manifest holds the resolved config; ``run.log`` is written by the
+run itself once its input has been accepted).
 """
 
 from __future__ import annotations
@@ -30,34 +38,65 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
 from milo_ray.config import register_configs
-from milo_ray.config_errors import UserError, check_overrides, check_settings, explain
-from milo_ray.manifest import build_manifest, elapsed_before, finish_manifest
+from milo_ray.config_errors import (UserError, check_overrides, check_resume_overrides, check_settings,
+                                    override_key)
+from milo_ray.manifest import build_manifest, deadline_for, elapsed_before, finish_manifest
 
 CONF_DIR = str(Path(__file__).resolve().parent.parent / "conf")
 log = logging.getLogger(__name__)
 
+EXIT_CRASH, EXIT_BAD_INPUT, EXIT_INTERRUPTED = 1, 2, 130
+RUN_LOG = "run.log"
+
 register_configs()
+# `hydra.sweep.dir` follows run.dir when one is given (conf/config.yaml).
+OmegaConf.register_new_resolver("first_set", lambda *xs: next((x for x in xs if x not in (None, "")), None),
+                                replace=True)
 
 
 def _run_dir(cfg: DictConfig) -> Path:
+    """Where this job writes: in a sweep, the job's subdirectory of the sweep directory;
+    otherwise run.dir, or a fresh ``runs/<timestamp>``."""
+    from hydra.types import RunMode
+
+    hc = HydraConfig.get()
+    if hc.mode == RunMode.MULTIRUN:
+        return Path(hc.runtime.output_dir).resolve()
     if cfg.run.dir:
         return Path(cfg.run.dir).expanduser().resolve()
-    return Path(HydraConfig.get().runtime.output_dir).resolve()
+    base = Path("runs") / time.strftime("%Y-%m-%d_%H-%M-%S")
+    path, n = base, 2
+    while path.exists():  # two runs started within the same second
+        path, n = base.with_name(f"{base.name}_{n}"), n + 1
+    return path.resolve()
 
 
-def _resume_config(cfg: DictConfig) -> DictConfig:
+def _invocation_overrides() -> list[str]:
+    try:
+        return list(HydraConfig.get().overrides.task)
+    except ValueError:  # called outside a Hydra job (tests)
+        return []
+
+
+def _resume_config(cfg: DictConfig, overrides: list[str]) -> DictConfig:
     """The stored config of the run being resumed, with this machine's execution
-    settings and this invocation's time limit and progress choice."""
+    settings; the time limit, progress choice and budget are the stored ones unless
+    this invocation gives them again. Any other override is refused (it would be
+    silently ignored otherwise)."""
     from milo_ray.manifest import read_manifest
 
+    check_resume_overrides(overrides)
     path = Path(cfg.run.resume).expanduser().resolve()
     manifest = read_manifest(path)
     stored = OmegaConf.create(manifest["config"])
     OmegaConf.set_struct(stored, False)
     stored.run.dir = str(path)
     stored.run.resume = str(path)
-    stored.run.time_limit_s = cfg.run.time_limit_s
-    stored.run.progress = cfg.run.progress
+    given = {override_key(o) for o in overrides}
+    for key in ("run.time_limit_s", "run.progress", "run.budget.executions", "run.budget.tokens",
+                "run.budget.cost_usd"):
+        if key in given or (key.startswith("run.budget.") and "run.budget" in given):
+            OmegaConf.update(stored, key, OmegaConf.select(cfg, key), force_add=True)
     stored.execution = cfg.execution
     return stored
 
@@ -78,6 +117,9 @@ def _build(section: str, node: DictConfig) -> Any:
         cause = exc.__cause__ or exc
         if isinstance(cause, (ValueError, TypeError, BenchmarkDataMissing)):
             raise UserError(f"{section}: {str(cause).strip().splitlines()[0]}") from None
+        if str(exc).startswith("Error locating target"):
+            target = node.get("_target_") if hasattr(node, "get") else None
+            raise UserError(f"{section}._target_={target}: no such class or function; check the dotted path") from None
         raise
 
 
@@ -98,18 +140,26 @@ def run_job(cfg: DictConfig) -> dict[str, Any]:
 
     resumed = bool(cfg.run.resume)
     if resumed:
-        cfg = _resume_config(cfg)
+        cfg = _resume_config(cfg, _invocation_overrides())
     run_dir = _run_dir(cfg)
 
     # Everything that can fail on bad input happens before the store is touched.
     check_settings(cfg)
     benchmark = _build("benchmark", cfg.benchmark)
     method = _build("method", cfg.method)
+    agents = OmegaConf.to_container(cfg.backend.agents, resolve=True)
+    preflight = getattr(method, "preflight", None)
+    if preflight is not None:
+        try:
+            preflight(benchmark, agents)
+        except ValueError as exc:
+            raise UserError(str(exc).strip().splitlines()[0]) from None
     cluster = connect(cfg.execution)
 
     manifest = build_manifest(cfg, run_dir=run_dir, cluster=cluster, resumed=resumed)
     store = ParquetRunStore(run_dir, run_id=manifest["run_id"])
     store.write_manifest(manifest)
+    log_file = _attach_run_log(run_dir)
     tasks = {t.task_id: t for split in benchmark.splits().values() for t in split}
     scheduler = RolloutScheduler(
         executor_config=benchmark.executor_config(),
@@ -126,11 +176,13 @@ def run_job(cfg: DictConfig) -> dict[str, Any]:
         default_group_limit=cfg.execution.group_limit,
         max_retries=cfg.execution.max_retries,
         progress=cfg.run.progress,
+        usd_per_mtok=None if cfg.model.usd_per_mtok_input is None
+        else (cfg.model.usd_per_mtok_input, cfg.model.usd_per_mtok_output),
     )
     elapsed = elapsed_before(manifest["history"], _activity_times(store)) if resumed else 0.0
     if elapsed:
         log.info("resuming: earlier sessions ran %.0f s of the run's time", elapsed)
-    deadline = time.monotonic() + cfg.run.time_limit_s - elapsed if cfg.run.time_limit_s else None
+    deadline = deadline_for(cfg.run.time_limit_s, elapsed)
     ctx = RunContext(
         run_id=manifest["run_id"],
         run_dir=run_dir,
@@ -142,7 +194,7 @@ def run_job(cfg: DictConfig) -> dict[str, Any]:
         deadline=deadline,
         resumed=resumed,
         elapsed_before_s=elapsed,
-        extras={"agents": OmegaConf.to_container(cfg.backend.get("agents", {}), resolve=True)},
+        extras={"agents": agents},
     )
     status = "failed"
     summary: dict[str, Any] = {}
@@ -153,41 +205,68 @@ def run_job(cfg: DictConfig) -> dict[str, Any]:
     except KeyboardInterrupt:
         status = "interrupted"
         raise
+    except Exception:
+        # Into run.log only: Hydra prints the traceback on the console.
+        log_file.handle(log.makeRecord(log.name, logging.ERROR, __file__, 0, "the run crashed", (), sys.exc_info()))
+        raise
     finally:
         scheduler.close()
         store.flush()
         store.write_manifest(finish_manifest(manifest, status=status, summary=summary, budget=scheduler.budget))
         store.close()
+        logging.getLogger().removeHandler(log_file)
+        log_file.close()
         print(f"run directory: {run_dir}  (status: {status}; resume with run.resume={run_dir})")
     return summary
 
 
+def _attach_run_log(run_dir: Path) -> logging.Handler:
+    """``run.log`` in the run directory (appended to by every session of the run)."""
+    handler = logging.FileHandler(run_dir / RUN_LOG)
+    handler.setFormatter(logging.Formatter("[%(asctime)s][%(name)s][%(levelname)s] - %(message)s"))
+    logging.getLogger().addHandler(handler)
+    return handler
+
+
+_job_started = False  # a Hydra exit code 1 after a job started is a crash, before it bad input
+
+
 @hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="config")
 def _hydra_main(cfg: DictConfig) -> None:
+    global _job_started
+    _job_started = True
     try:
         run_job(cfg)
     except UserError as exc:
         print(f"error: {exc}", file=sys.stderr)
-        raise SystemExit(2) from None
+        raise SystemExit(EXIT_BAD_INPUT) from None
     except KeyboardInterrupt:
         print("interrupted: finished rollouts are stored; resume with run.resume=<run directory>", file=sys.stderr)
-        raise SystemExit(130) from None
+        raise SystemExit(EXIT_INTERRUPTED) from None
 
 
 def main(argv: list[str] | None = None) -> int:
+    global _job_started
     argv = list(sys.argv[1:] if argv is None else argv)
+    if any(a in ("--help", "-h") for a in argv):
+        from milo_ray.cli_help import usage
+
+        print(usage(CONF_DIR))
+        return 0
     try:
         check_overrides(CONF_DIR, argv)
     except UserError as exc:
         print(f"error: {exc}", file=sys.stderr)
-        return 2
+        return EXIT_BAD_INPUT
     sys.argv = [sys.argv[0], *argv]
+    _job_started = False
     try:
         _hydra_main()
     except SystemExit as exc:
-        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
-        # Hydra reports its own composition errors with exit 1; those are input errors.
-        return 2 if code == 1 else code
+        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else EXIT_CRASH)
+        if code == 1 and not _job_started:
+            return EXIT_BAD_INPUT  # Hydra's own composition errors (e.g. in a sweep) are input errors
+        return code
     return 0
 
 

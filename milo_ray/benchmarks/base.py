@@ -42,3 +42,21 @@ class GroundTruth(Protocol):
     def true_quality(self, harness: Harness, split: str) -> dict[str, float]:
         """Exact expected {'score', 'output_tokens', 'seconds'} of a harness on a split."""
         ...
+
+
+def resolve_split(benchmark: Benchmark, requested: str | None, *, field: str, fallbacks: tuple[str, ...] = ()) -> str:
+    """The split a method asked for (``requested``), or the first of ``fallbacks`` the
+    benchmark has when it asked for none. ``ValueError`` names the field, the splits the
+    benchmark has and the fix, so a method/benchmark mismatch is refused before a run
+    writes anything."""
+    names = list(benchmark.splits())
+    if requested:
+        if requested not in names:
+            raise ValueError(f"{field}={requested!r}: benchmark {benchmark.name} has no such split; "
+                             f"it has {names} (set {field} to one of them)")
+        return requested
+    for name in fallbacks:
+        if name in names:
+            return name
+    raise ValueError(f"{field}: benchmark {benchmark.name} has none of the splits {list(fallbacks)}; "
+                     f"it has {names} (set {field} to one of them)")

@@ -91,7 +91,7 @@ class SurrogateBenchmark:
     """Benchmark + GroundTruth over a simulated task pool (see module docstring).
 
     preset: one of ``PRESETS`` (surrogate_swepro, surrogate_deepswe, surrogate_tb21).
-    seed: generates the task pool, the splits and the executor's rollout streams.
+    seed: generates the task pool and the splits (rollout randomness comes from the run seed).
     label_noise: probability that a failed rollout's trace ending shows a different,
     or an ambiguous, failure mode than the one that occurred (scores are unaffected).
     """

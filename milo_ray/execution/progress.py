@@ -1,9 +1,11 @@
 """Live rollout progress for people watching a run in a terminal.
 
 One status line (rich) with done/total, running, failures, tokens, cost and an ETA
-from the observed completion rate. It is quiet when stdout is not a terminal or when
-it is disabled, so logs and CI output stay clean. The scheduler only calls the
-counting methods; rendering happens on rich's refresh thread.
+from the observed completion rate. ``None`` (the default) shows it only on a
+terminal, so logs and CI output stay clean; ``True`` also reports when stdout is not a
+terminal, as a plain line on stderr every ``interval_s`` (no control codes, so a log
+file of a cluster job stays readable); ``False`` shows nothing. The scheduler only
+calls the counting methods; rendering happens on a background thread.
 """
 
 from __future__ import annotations
@@ -26,15 +28,24 @@ def _fmt_eta(seconds: float | None) -> str:
 
 
 class RolloutProgress:
-    """Counters plus an optional live display.
+    """Counters plus an optional display.
 
-    The display is shown only when stdout is a TTY (or a rich ``console`` is given)
-    and ``enabled`` is not ``False``; ``False`` never shows it (the counters are still kept and readable through :meth:`summary`).
+    The live line is shown when stdout is a TTY (or a rich ``console`` is given) and
+    ``enabled`` is not ``False``; ``enabled=True`` without a terminal writes a plain
+    status line to ``stream`` (stderr) every ``interval_s`` and once at the end;
+    ``False`` never shows anything (the counters are still kept and readable through
+    :meth:`summary`).
     """
 
-    def __init__(self, enabled: bool | None = None, *, console: Any = None) -> None:
+    def __init__(self, enabled: bool | None = None, *, console: Any = None, stream: Any = None,
+                 interval_s: float = 30.0) -> None:
         # Never draw control codes into a pipe or a log file, even when asked to.
         self.enabled = enabled is not False and (console is not None or sys.stdout.isatty())
+        self.plain = enabled is True and not self.enabled
+        self._stream = stream if stream is not None else sys.stderr
+        self._interval_s = float(interval_s)
+        self._stop = threading.Event()
+        self._ticker: threading.Thread | None = None
         self._console = console
         self._lock = threading.Lock()
         self.total = 0
@@ -117,6 +128,9 @@ class RolloutProgress:
         )
 
     def _ensure_live(self) -> None:
+        if self.plain and self._ticker is None:
+            self._ticker = threading.Thread(target=self._tick, name="rollout-progress", daemon=True)
+            self._ticker.start()
         if not self.enabled or self._live is not None:
             return
         from rich.live import Live
@@ -124,7 +138,19 @@ class RolloutProgress:
         self._live = Live(get_renderable=self.render, console=self._console, refresh_per_second=4, transient=False)
         self._live.start()
 
+    def _write_plain(self) -> None:
+        print(f"[progress] {self.render().plain}", file=self._stream, flush=True)
+
+    def _tick(self) -> None:
+        while not self._stop.wait(self._interval_s):
+            self._write_plain()
+
     def close(self) -> None:
+        if self._ticker is not None:
+            self._stop.set()
+            self._ticker.join()
+            self._ticker = None
+            self._write_plain()
         if self._live is not None:
             self._live.stop()
             self._live = None

@@ -102,6 +102,8 @@ class RolloutScheduler:
     ``task.time_cap_s * time_cap_grace`` is cancelled and recorded ``timed_out``.
     ``progress``: None = live line on a TTY, False = quiet, or a ``RolloutProgress``.
     ``address`` is used to connect only when Ray is not initialised yet.
+    ``usd_per_mtok``: (input, output) USD per million tokens; it prices every result
+    whose executor reported no cost of its own (None: such results cost 0).
     """
 
     def __init__(
@@ -123,6 +125,7 @@ class RolloutScheduler:
         address: str | None = None,
         slot_resource: str = SLOT_RESOURCE,
         claim_slots: bool = False,
+        usd_per_mtok: tuple[float, float] | None = None,
     ) -> None:
         self.executor_config = executor_config
         self.tasks: dict[str, Task] = dict(tasks) if isinstance(tasks, Mapping) else {t.task_id: t for t in tasks}
@@ -155,6 +158,9 @@ class RolloutScheduler:
         self.slot_resource = slot_resource
         self.claim_slots = bool(claim_slots)
         self.progress = progress if isinstance(progress, RolloutProgress) else RolloutProgress(enabled=progress)
+        if usd_per_mtok is not None and (len(usd_per_mtok) != 2 or min(usd_per_mtok) < 0):
+            raise ValueError(f"RolloutScheduler: usd_per_mtok={usd_per_mtok!r} must be (input, output) prices >= 0")
+        self.usd_per_mtok = usd_per_mtok
 
         self._harnesses: dict[str, Any] = {}
         self._harness_refs: dict[str, Any] = {}
@@ -576,6 +582,9 @@ class RolloutScheduler:
         result.budgeted = job.ledger is self.budget
         if not result.latency_s:
             result.latency_s = max(finished - started, 0.0)
+        if self.usd_per_mtok is not None and not result.cost_usd:
+            p_in, p_out = self.usd_per_mtok
+            result.cost_usd = (result.input_tokens * p_in + result.output_tokens * p_out) / 1e6
         return result
 
     def _record(self, results: list[RolloutResult]) -> None:

@@ -8,8 +8,8 @@ paper (papers/000 §4, App. A.1). The A.5 ablation ladder is expressed with
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Optional
+from dataclasses import dataclass, replace
+from typing import Any, Optional
 
 
 @dataclass
@@ -26,17 +26,18 @@ class MiloConfig:
     token_cap / seconds_cap: per-task cost caps c_i of the fitness economy axes.
     max_moves: most orchestrator moves per intervention.
     island_concurrency: concurrent rollouts per island (scheduler group limit).
-    pool_size: use the first N mutator specs of the backend (all if fewer exist).
+    pool_size: use the first N mutator specs of the backend's pool (None: all of them;
+        more than the pool holds is refused).
     default_mutator: give every island this mutator initially (None: uniform random).
     mutation_time_cap_s: cap of one mutation or graft (timeout -> rejected child).
     mutator_concurrency: concurrent mutations per mutator spec.
     mutation_num_cpus: CPUs reserved by each mutation's Ray task.
-    time_limit_s: the method's own wall-clock limit (the run's deadline also applies).
     max_rounds: stop an island after this many rounds (None: until time or budget).
     search_size / val_size: tasks in B_search / B_val drawn (with the run seed) from the
         benchmark's search / val split (None: the whole split); the rest of the search
         split is the pool a curriculum revision may draw from.
-    search_split / val_split / test_split: the benchmark's split names.
+    search_split / val_split / test_split: the benchmark's split names; search_split
+        None takes the benchmark's ``search`` split, or ``train`` where it has none.
     mutator_mode: "agentic" (the mutator reads the parent's evidence dir and the memory)
         or "one_shot" (parent source and aggregate score only; passed to the mutator as
         ``context['mode']``).
@@ -63,16 +64,15 @@ class MiloConfig:
     seconds_cap: float = 7_200
     max_moves: int = 2
     island_concurrency: int = 8
-    pool_size: int = 6
+    pool_size: Optional[int] = None
     default_mutator: Optional[str] = None
     mutation_time_cap_s: float = 2_700
     mutator_concurrency: int = 8
     mutation_num_cpus: float = 0.25
-    time_limit_s: Optional[float] = 72 * 3600
     max_rounds: Optional[int] = None
     search_size: Optional[int] = None
     val_size: Optional[int] = None
-    search_split: str = "search"
+    search_split: Optional[str] = None
     val_split: str = "val"
     test_split: str = "test"
     mutator_mode: str = "agentic"
@@ -90,7 +90,7 @@ class MiloConfig:
 
         for f in ("num_islands", "patience", "k_search", "k_val", "k_test", "island_concurrency", "pool_size",
                   "mutator_concurrency", "final_candidates"):
-            if int(getattr(self, f)) < 1:
+            if getattr(self, f) is not None and int(getattr(self, f)) < 1:
                 bad(f, "must be >= 1")
         if self.max_moves < 0:
             bad("max_moves", "must be >= 0")
@@ -111,3 +111,32 @@ class MiloConfig:
         for f in ("search_size", "val_size"):
             if getattr(self, f) is not None and getattr(self, f) < 1:
                 bad(f, "must be >= 1 or null")
+
+    def for_run(self, benchmark: Any, agents: dict[str, Any]) -> "MiloConfig":
+        """This config checked against the run's benchmark and backend, its splits
+        resolved; ``ValueError`` names the field and the fix (the entry point calls it
+        before a run writes anything)."""
+        from milo_ray.benchmarks.base import resolve_split
+
+        resolved = replace(
+            self,
+            search_split=resolve_split(benchmark, self.search_split, field="method.search_split",
+                                       fallbacks=("search", "train")),
+            val_split=resolve_split(benchmark, self.val_split, field="method.val_split"),
+            test_split=resolve_split(benchmark, self.test_split, field="method.test_split"),
+        )
+        pool = list(agents.get("mutators") or [])
+        if not pool:
+            raise ValueError("backend.agents.mutators: MILO needs at least one mutator spec in the backend's pool")
+        if self.pool_size is not None and self.pool_size > len(pool):
+            raise ValueError(f"method.pool_size={self.pool_size}: the backend's pool has {len(pool)} mutator specs; "
+                             f"set method.pool_size <= {len(pool)} or null (the whole pool)")
+        if self.orchestrator and self.max_moves > 0 and not agents.get("orchestrator"):
+            raise ValueError("method.orchestrator=true but backend.agents.orchestrator is not set; "
+                             "set one or pass method.orchestrator=false")
+        from milo_ray.milo.mutator_pool import spec_names  # imports Ray: keep it off config loading
+
+        names = spec_names(pool[: self.pool_size])
+        if self.default_mutator is not None and self.default_mutator not in names:
+            raise ValueError(f"method.default_mutator={self.default_mutator!r}: not in the pool {names}")
+        return resolved

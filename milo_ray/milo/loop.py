@@ -39,6 +39,20 @@ from milo_ray.milo.mutator_pool import MutatorPool, MutatorPoolActor
 log = logging.getLogger(__name__)
 
 
+def _write_request_record(path: Path, req: MutationRequest, mutator: str) -> None:
+    """What a mutator was given, beside its workspace: the ablation rungs differ only in
+    this (evidence or none, tree or flat archive), and a person debugging a mutator
+    reads it first."""
+    import json
+
+    evidence = sorted(str(p.relative_to(req.evidence_dir)) for p in Path(req.evidence_dir).rglob("*") if p.is_file())
+    path.write_text(json.dumps({
+        "mutator": mutator, "parent_dir": str(req.parent_dir), "evidence_dir": str(req.evidence_dir),
+        "evidence_files": evidence, "memory_path": req.context.get("memory_path"), "seed": req.seed,
+        "context": {k: v for k, v in req.context.items() if k != "memory_path"},
+    }, indent=1, default=str))
+
+
 class MiloMethod:
     """``method=milo``: built by Hydra from :class:`MiloConfig` fields."""
 
@@ -48,6 +62,10 @@ class MiloMethod:
         fields.pop("_target_", None)
         self.cfg = MiloConfig(**fields)
         self.cfg.check()
+
+    def preflight(self, benchmark: Any, agents: dict[str, Any]) -> None:
+        """Refuse a benchmark or backend this config cannot run on (before anything is written)."""
+        self.cfg.for_run(benchmark, agents)
 
     def run(self, ctx: RunContext) -> dict[str, Any]:
         import ray
@@ -64,13 +82,12 @@ class MiloRun:
     """One MILO run on the driver."""
 
     def __init__(self, cfg: MiloConfig, ctx: RunContext) -> None:
+        agents = (ctx.extras or {}).get("agents") or {}
+        cfg = cfg.for_run(ctx.benchmark, agents)
         self.cfg, self.ctx = cfg, ctx
         self.store, self.sched, self.bench = ctx.store, ctx.scheduler, ctx.benchmark
         self.run_dir = Path(ctx.run_dir)
         self.caps = (float(cfg.token_cap), float(cfg.seconds_cap))
-        # A resumed run's time limit counts the time its earlier sessions ran.
-        self.t_start = time.monotonic() - ctx.elapsed_before_s
-        agents = (ctx.extras or {}).get("agents") or {}
         specs = list(agents.get("mutators") or [])[: cfg.pool_size]
         self.pool_plain = MutatorPool(specs, time_cap_s=cfg.mutation_time_cap_s, max_concurrent=cfg.mutator_concurrency)
         self.pool = MutatorPoolActor.remote(specs, cfg.mutation_time_cap_s, cfg.mutator_concurrency,
@@ -211,10 +228,8 @@ class MiloRun:
 
     # ------------------------------------------------------------------ helpers
     def out_of_time(self) -> bool:
-        if self.ctx.out_of_time():
-            return True
-        lim = self.cfg.time_limit_s
-        return lim is not None and time.monotonic() - self.t_start >= lim
+        # The run's one time limit (run.time_limit_s), earlier sessions counted.
+        return self.ctx.out_of_time()
 
     def harness(self, node: dict[str, Any]) -> Harness:
         return self.harnesses[node["harness_id"]]
@@ -382,6 +397,7 @@ class MiloRun:
                      "parent_accuracy": parent.get("accuracy"), "parent_costs": parent.get("costs"),
                      "memory_path": str(workdir.parent / f"round-{r}.memory.md")},
         )
+        _write_request_record(workdir.parent / f"round-{r}.request.json", req, mutator)
         res: MutationResult = await self.pool.mutate.remote(mutator, req)
         return await self.child(j, r, node_id=node_id, parent=parent, res=res, origin="mutation", mutator=mutator)
 

@@ -7,8 +7,8 @@ is the run-level ``run.budget.executions``.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Optional
+from dataclasses import dataclass, field, replace
+from typing import Any, Optional
 
 EVIDENCE_STRATEGIES = ("rer", "topk_fixed", "topk_resampling", "fixed_n")
 ORDERINGS = ("rer", "random", "quality_only")
@@ -21,7 +21,8 @@ class SSRConfig:
 
     initial: name of the benchmark seed harness to start from (empty: the first seed).
     train_split / val_split / test_split: benchmark split names (evidence / racing
-        validation / final test).
+        validation / final test); train_split None takes the benchmark's ``train``
+        split, or ``search`` where it has none.
     scales: evidence fractions α; candidate i gets the ⌈α_i·N⌉ best-ranked records.
         Their count is the number of children M for every evidence strategy.
     evidence: ``rer`` (nested multiscale prefixes), ``topk_fixed`` (every child gets the
@@ -49,7 +50,7 @@ class SSRConfig:
 
     _target_: str = "milo_ray.ssr.loop.SSRMethod"
     initial: str = ""
-    train_split: str = "train"
+    train_split: Optional[str] = None
     val_split: str = "val"
     test_split: str = "test"
     scales: list[float] = field(default_factory=lambda: [0.25, 0.5, 0.75, 1.0])
@@ -96,6 +97,24 @@ class SSRConfig:
         if self.candidate_cap is not None and self.candidate_cap < 1:
             raise ValueError(f"method.candidate_cap must be >= 1 or null, got {self.candidate_cap}")
         return self
+
+    def for_run(self, benchmark: Any, agents: dict[str, Any]) -> "SSRConfig":
+        """This config checked against the run's benchmark and backend, its splits
+        resolved; ``ValueError`` names the field and the fix (the entry point calls it
+        before a run writes anything)."""
+        from milo_ray.benchmarks.base import resolve_split
+
+        missing = [k for k in ("judge", "optimizer", "embedder") if agents.get(k) is None]
+        if missing:
+            raise ValueError(f"backend.agents: SSR needs {missing}; the backend config must define judge, "
+                             "optimizer and embedder")
+        return replace(
+            self,
+            train_split=resolve_split(benchmark, self.train_split, field="method.train_split",
+                                      fallbacks=("train", "search")),
+            val_split=resolve_split(benchmark, self.val_split, field="method.val_split"),
+            test_split=resolve_split(benchmark, self.test_split, field="method.test_split"),
+        )
 
     @property
     def m(self) -> int:

@@ -60,18 +60,20 @@ class SSRMethod:
         kwargs.pop("_target_", None)
         self.cfg = SSRConfig(**kwargs)
 
+    def preflight(self, benchmark: Any, agents: dict[str, Any]) -> None:
+        """Refuse a benchmark or backend this config cannot run on (before anything is written)."""
+        self.cfg.for_run(benchmark, agents)
+
     def run(self, ctx: Any) -> dict[str, Any]:
         return _SSRRun(self.cfg, ctx).execute()
 
 
 class _SSRRun:
     def __init__(self, cfg: SSRConfig, ctx: Any) -> None:
+        agents = dict(ctx.extras.get("agents") or {})
+        cfg = cfg.for_run(ctx.benchmark, agents)
         self.cfg, self.ctx = cfg, ctx
         self.sched, self.store, self.bench = ctx.scheduler, ctx.store, ctx.benchmark
-        agents = dict(ctx.extras.get("agents") or {})
-        missing = [k for k in ("judge", "optimizer", "embedder") if agents.get(k) is None]
-        if missing:
-            raise ValueError(f"ssr: backend.agents lacks {missing}; the backend config must define judge, optimizer, embedder")
         self.judge = build_agent(agents["judge"])
         self.embedder = build_agent(agents["embedder"])
         self.optimizer_spec = agents["optimizer"]

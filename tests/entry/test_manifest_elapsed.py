@@ -34,7 +34,18 @@ def test_activity_is_read_from_events_and_rollouts_of_a_store():
     assert 123.0 in _activity_times(store)
 
 
-def test_milo_time_limit_counts_the_earlier_sessions(tmp_path, ray_local):
+def test_the_deadline_counts_the_earlier_sessions():
+    from milo_ray.manifest import deadline_for
+
+    assert deadline_for(None, 50.0) is None
+    assert deadline_for(600, 0.0, now=1000.0) == 1600.0
+    assert deadline_for(600, 590.0, now=1000.0) == 1010.0
+    assert deadline_for(600, 601.0, now=1000.0) < 1000.0  # already out of time on resume
+
+
+def test_milo_stops_at_the_runs_deadline(tmp_path, ray_local):
+    import time
+
     from milo_ray.benchmarks.surrogate import SurrogateBenchmark
     from milo_ray.context import RunContext
     from milo_ray.milo.config import MiloConfig
@@ -43,12 +54,12 @@ def test_milo_time_limit_counts_the_earlier_sessions(tmp_path, ray_local):
     bench = SurrogateBenchmark(preset="surrogate_tb21", seed=0)
     store = MemoryRunStore(run_id="t")
 
-    def run(elapsed):
+    def run(seconds_left):
         ctx = RunContext(run_id="t", run_dir=tmp_path, seed=0, store=store, benchmark=bench, scheduler=None,
-                         model_id="m", resumed=True, elapsed_before_s=elapsed,
-                         extras={"agents": {"mutators": [{"_target_": "milo_ray.agents.mutators.offline.OfflineMutator"}]}})
-        return MiloRun(MiloConfig(time_limit_s=600), ctx)
+                         model_id="m", resumed=True, deadline=time.monotonic() + seconds_left,
+                         extras={"agents": {"mutators": [{"_target_": "milo_ray.agents.mutators.offline.OfflineMutator"}],
+                                            "orchestrator": {"_target_": "x"}}})
+        return MiloRun(MiloConfig(), ctx)
 
-    assert not run(0.0).out_of_time()
-    assert not run(590.0).out_of_time()
-    assert run(601.0).out_of_time()
+    assert not run(60.0).out_of_time()
+    assert run(-1.0).out_of_time()

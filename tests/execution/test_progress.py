@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import time
 
 from rich.console import Console
 
@@ -44,8 +45,25 @@ def test_live_line_renders_to_a_terminal_console():
     assert "rollouts" in buf.getvalue()
 
 
-def test_quiet_when_stdout_is_not_a_terminal(capsys):
-    p = RolloutProgress(enabled=True)  # pytest captures stdout: not a TTY
+def test_quiet_when_stdout_is_not_a_terminal_by_default(capsys):
+    p = RolloutProgress()  # pytest captures stdout: not a TTY
     p.add(1)
     p.close()
-    assert not p.enabled and capsys.readouterr().out == ""
+    out = capsys.readouterr()
+    assert not p.enabled and out.out == "" and out.err == ""
+
+
+def test_enabled_without_a_terminal_writes_plain_periodic_lines_without_control_codes(capsys):
+    stream = io.StringIO()
+    p = RolloutProgress(enabled=True, stream=stream, interval_s=0.01)
+    p.add(3)
+    p.started(1)
+    p.finished(_result(output_tokens=7))
+    deadline = time.monotonic() + 10
+    while stream.getvalue().count("[progress]") < 2 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    p.close()
+    text = stream.getvalue()
+    assert text.count("[progress]") >= 3  # periodic lines plus the final one
+    assert "\x1b" not in text and text.splitlines()[-1].startswith("[progress] rollouts 1/3")
+    assert capsys.readouterr().out == ""

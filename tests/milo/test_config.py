@@ -37,8 +37,8 @@ def test_ladder_rungs_add_one_mechanism_each(rung):
 def test_full_milo_defaults_follow_the_paper():
     m = _compose("method=milo").method
     assert (m.num_islands, m.patience, m.temperature, m.k_search, m.eps, m.max_moves) == (3, 3, 1.0, 3, 0.02, 2)
-    assert (m.token_cap, m.seconds_cap, m.island_concurrency, m.pool_size) == (20_000_000, 7200, 8, 6)
-    assert m.time_limit_s == 72 * 3600 and m.mutation_time_cap_s == 45 * 60
+    assert (m.token_cap, m.seconds_cap, m.island_concurrency, m.pool_size) == (20_000_000, 7200, 8, None)
+    assert m.mutation_time_cap_s == 45 * 60 and m.search_split is None
 
 
 @pytest.mark.parametrize("exp", ["milo_tb21", "milo_deepswe", "milo_swepro"])
