@@ -4,7 +4,9 @@ scheduler and Ray, with a scripted orchestrator so each move is exercised."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
+from typing import Any, NamedTuple
 
 import numpy as np
 import pytest
@@ -35,6 +37,7 @@ def make_ctx(tmp_path: Path, *, budget: int | None = None, seed: int = 0, orches
                       model_id="offline-surrogate", extras={"agents": agents})
 
 
+PATIENCE = 1  # P of the scripted run: every round without a held-out gain stalls an island
 SMALL = dict(k_search=1, k_val=1, k_test=1, search_size=8, val_size=6, round_sync=True, default_mutator="conservative")
 
 
@@ -77,17 +80,30 @@ SCRIPT = [
 ]
 
 
+class ScriptedRun(NamedTuple):
+    ctx: Any
+    summary: dict[str, Any]
+    calls: list[dict[str, Any]]  # what the scripted orchestrator was called with, in call order
+
+
 @pytest.fixture(scope="module")
-def scripted_run(ray_local, tmp_path_factory):
+def scripted(ray_local, tmp_path_factory) -> ScriptedRun:
     from milo_ray.milo.loop import MiloMethod
 
     tmp = tmp_path_factory.mktemp("milo_scripted")
-    ScriptedOrchestrator.calls = []
+    # A fresh list bound for this run: the orchestrator appends every call to it, and a
+    # later module resetting ScriptedOrchestrator.calls cannot change what this run saw.
+    calls = ScriptedOrchestrator.calls = []
     SCRIPTS["moves"] = SCRIPT
     orch = {"_target_": "milo_fakes.ScriptedOrchestrator", "script": "moves"}
     ctx = make_ctx(tmp, orchestrator=orch)
-    summary = MiloMethod(num_islands=2, patience=1, max_rounds=4, **SMALL).run(ctx)
-    return ctx, summary
+    summary = MiloMethod(num_islands=2, patience=PATIENCE, max_rounds=4, **SMALL).run(ctx)
+    return ScriptedRun(ctx, summary, calls)
+
+
+@pytest.fixture(scope="module")
+def scripted_run(scripted):
+    return scripted.ctx, scripted.summary
 
 
 def test_forced_stall_triggers_a_diagnosis(scripted_run):
@@ -237,21 +253,65 @@ def test_stall_resets_only_on_a_new_heldout_best(scripted_run):
             stall[j], gained[j] = p["stall"], False
 
 
-def test_orchestrator_is_called_only_at_stall_ge_patience_and_sees_the_true_count(scripted_run):
-    ctx, _ = scripted_run
+def _snapshot_stalls(markdown: str) -> dict[int, int]:
+    """island -> the stall count the population snapshot shows in its summary line."""
+    return {int(j): int(n) for j, n in re.findall(r"^## Island (\d+) summary\nmutator: [^\n]*?stall: (\d+)",
+                                                  markdown, flags=re.M)}
+
+
+def test_orchestrator_is_called_only_at_stall_ge_patience_and_sees_the_true_count(scripted):
+    """Replaying the event log gives each island's true stall count; the orchestrator is
+    called once for every round end that left an island at stall >= P (with P = 1 each
+    such round is also P rounds after the island's previous intervention) and never
+    otherwise, and each call sees the stalled island and every island's true count."""
+    ctx, _, calls = scripted
     stall: dict[int, int] = {}
-    last: dict[int, int] = {}
-    rounds: dict[int, int] = {}
+    due: list[tuple[int, int]] = []  # (island, rounds_done) of round ends with stall >= P
+    asked: list[tuple[dict[str, Any], dict[int, int]]] = []  # decision rows + true stalls then
     for e in events(ctx.store):
         p = e["payload"]
-        if e["kind"] == "milo.progress":
-            stall[p["island"]], rounds[p["island"]] = p["stall"], p["rounds_done"]
+        if e["kind"] == "milo.island":
+            stall[p["island"]] = 0  # a speciated island starts unstalled
+        elif e["kind"] == "milo.progress":
+            stall[p["island"]] = p["stall"]
+            if p["stall"] >= PATIENCE:
+                due.append((p["island"], p["rounds_done"]))
         elif e["kind"] in ("milo.decision", "milo.decision_invalid"):
-            j = p["trigger"]
-            assert stall.get(j, 0) >= 1  # P = 1 in the scripted run
-            # At most one intervention per island per round.
-            assert last.get(j) != rounds.get(j, 0), f"island {j} intervened twice at round {rounds.get(j)}"
-            last[j] = rounds.get(j, 0)
+            asked.append((p, dict(stall)))
+    assert len(calls) == len(asked) >= len(SCRIPT), "the script must be played to its end"
+    assert sorted((p["trigger"], p["round"]) for p, _ in asked) == sorted(due)
+    for call, (row, true_stall) in zip(calls, asked):
+        j = row["trigger"]
+        assert call["trigger"] == j and row["decision_id"] == f"d{j}-{row['round']}"
+        assert f"Stalled island: {j}" in call["snapshot"]
+        assert true_stall[j] >= PATIENCE
+        assert _snapshot_stalls(call["snapshot"]) == true_stall, row["decision_id"]
+
+
+MOVE_KEYS = ("reassign", "speciate", "recombine", "curriculum")
+
+
+def test_every_orchestrator_answer_is_recorded_and_carried_out(scripted):
+    """Each call's answer is the decision stored for it, and each of its moves produced
+    a milo.move_done row (reassignments as milo.reassign rows naming the same island
+    and mutator), followed by one milo.intervention_done."""
+    ctx, _, calls = scripted
+    rows = events(ctx.store)
+    decisions = [e["payload"] for e in rows if e["kind"] == "milo.decision"]
+    assert [e for e in rows if e["kind"] == "milo.decision_invalid"] == [], "the script only makes valid moves"
+    assert len(decisions) == len(calls)
+    for call, d in zip(calls, decisions):
+        did, asked, stored = d["decision_id"], call["decision"], d["decision"]
+        for key in ("reassign", "speciate", "recombine"):
+            assert stored[key] == asked.get(key, []), (did, key)
+        assert (stored["curriculum"] or {}).get("tasks") == (asked.get("curriculum") or {}).get("tasks"), did
+        mine = [e for e in rows if e["payload"].get("decision_id") == did]
+        done = [e["payload"]["kind"] for e in mine if e["kind"] == "milo.move_done"]
+        assert sorted(done) == sorted(k for k in MOVE_KEYS if asked.get(k)), did
+        assert [e["kind"] for e in mine].count("milo.intervention_done") == 1
+        assert mine[-1]["kind"] == "milo.intervention_done"
+        reassigned = [(e["payload"]["island"], e["payload"]["mutator"]) for e in mine if e["kind"] == "milo.reassign"]
+        assert reassigned == [(a["island"], a["mutator"]) for a in asked.get("reassign", [])], did
 
 
 def test_every_evaluated_seed_is_in_the_harnesses_table(scripted_run):
