@@ -211,3 +211,27 @@ def test_token_cap_stops_new_rollouts_and_keeps_finished_ones(ray_local):
         sched.run([_req("fast", 20)])
     assert sched.run([_req("fast", 0)])[0].score == 1.0  # cached results are still served
     sched.close()
+
+
+def test_model_prices_cost_unpriced_results_and_the_usd_cap_stops_new_rollouts(ray_local):
+    store = MemoryRunStore(run_id="usd")
+    # 7 input + 3 output tokens at $2 / $10 per million tokens: $0.000044 per rollout.
+    executor = {"_target_": "milo_ray.execution.fake.SleepExecutor", "input_tokens": 7, "output_tokens": 3}
+    sched = RolloutScheduler(executor, TASKS, store, model_id="m", run_id="usd", progress=False,
+                             budget=BudgetLedger(cost_usd=0.000044 * 3), default_group_limit=1,
+                             usd_per_mtok=(2.0, 10.0))
+    sched.add_harness(H_A)
+    with pytest.raises(BudgetExceeded) as info:
+        sched.run([_req("fast", i) for i in range(6)])
+    assert sorted(info.value.partial) == [0, 1, 2]
+    costs = store.read("rollouts").column("cost_usd").to_pylist()
+    assert costs == pytest.approx([0.000044] * 3)
+    sched.close()
+    # An executor that prices its own rollouts keeps its price.
+    priced = {"_target_": "milo_ray.execution.fake.SleepExecutor", "input_tokens": 7, "output_tokens": 3,
+              "cost_usd": 0.5}
+    sched = RolloutScheduler(priced, TASKS, MemoryRunStore(run_id="own"), model_id="m", run_id="own", progress=False,
+                             usd_per_mtok=(2.0, 10.0))
+    sched.add_harness(H_A)
+    assert sched.run([_req("fast", 0)])[0].cost_usd == 0.5
+    sched.close()
