@@ -46,6 +46,10 @@ class SSRConfig:
     judge_workers: concurrent judge calls (threads; judge calls are I/O-bound).
     validate_timeout_s: time limit of a candidate's validation subprocess.
     max_concurrent_candidates: children generated at once (Ray tasks).
+    duplicate_retries: times a child identical to the parent or to an earlier
+        candidate of the round is re-drawn with a fresh seed before it is dropped (the
+        optimizer may write the same edit twice when given the same evidence, as under
+        ``topk_fixed`` and ``fixed_n``); 0 drops duplicates at once.
     """
 
     _target_: str = "milo_ray.ssr.loop.SSRMethod"
@@ -70,6 +74,7 @@ class SSRConfig:
     judge_workers: int = 8
     validate_timeout_s: float = 60.0
     max_concurrent_candidates: int = 4
+    duplicate_retries: int = 2
 
     def __post_init__(self) -> None:
         self.check()
@@ -91,7 +96,7 @@ class SSRConfig:
         for name in ("stages", "rollouts", "patience", "test_rollouts", "judge_workers", "max_concurrent_candidates"):
             if int(getattr(self, name)) < 1:
                 raise ValueError(f"method.{name} must be >= 1, got {getattr(self, name)}")
-        for name in ("b_s", "b_f", "judge_retries"):
+        for name in ("b_s", "b_f", "judge_retries", "duplicate_retries"):
             if int(getattr(self, name)) < 0:
                 raise ValueError(f"method.{name} must be >= 0, got {getattr(self, name)}")
         if self.candidate_cap is not None and self.candidate_cap < 1:

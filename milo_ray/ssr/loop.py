@@ -32,6 +32,7 @@ the test split uses 0..test_rollouts-1.
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -49,6 +50,19 @@ from milo_ray.ssr.store_io import StoreWriter, derive_seed
 
 METHOD = "ssr"
 GROUP = "ssr"
+
+
+def _duplicates(parent: Harness, outcomes: list[Any]) -> list[int]:
+    """Indices of valid children identical to the parent or to an earlier candidate."""
+    seen, dups = {parent.harness_id}, []
+    for o in outcomes:
+        if o.child is None or o.error is not None:
+            continue
+        if o.child.harness_id in seen:
+            dups.append(o.index)
+        else:
+            seen.add(o.child.harness_id)
+    return dups
 
 
 class SSRMethod:
@@ -191,8 +205,20 @@ class _SSRRun:
                                   context={"records": [r.as_dict() for r in recs], "scale": len(tasks),
                                            "round": rnd, "candidate_index": i, "method": METHOD})
             jobs.append(CandidateJob(i, len(tasks), req))
-        outcomes = generate_candidates(self.optimizer_spec, jobs, forbidden=self.forbidden,
-                                       timeout_s=cfg.validate_timeout_s, max_concurrent=cfg.max_concurrent_candidates)
+        outcomes = self._generate(jobs)
+        redrawn: dict[int, int] = {}
+        for attempt in range(1, cfg.duplicate_retries + 1):
+            # An optimizer given the same evidence twice (topk_fixed, fixed_n) may write the
+            # same child twice; re-drawing it with a fresh seed, as an LLM sampled again
+            # would, keeps M distinct racers under every evidence strategy.
+            dups = _duplicates(parent, outcomes)
+            if not dups:
+                break
+            again = [CandidateJob(i, jobs[i].scale, replace(jobs[i].request, seed=derive_seed(
+                self.ctx.seed, "candidate", rnd, i, attempt))) for i in dups]
+            for o in self._generate(again):
+                outcomes[o.index] = o
+                redrawn[o.index] = attempt
         self.generated += len(outcomes)
         racers: list[RaceCandidate] = []
         seen = {parent.harness_id}
@@ -206,7 +232,8 @@ class _SSRRun:
                     "parent_id": parent.harness_id, "round": rnd, "origin": "ssr_candidate",
                     "mutator": self.optimizer_name, "evidence_scale": o.scale,
                     "diff_added": d.added, "diff_deleted": d.deleted, "validation_error": err,
-                    "extra": {"candidate_index": o.index, "seed": o.seed, "evidence": cfg.evidence,
+                    "extra": {"candidate_index": o.index, "seed": o.seed, "redraws": redrawn.get(o.index, 0),
+                              "evidence": cfg.evidence,
                               "ordering": cfg.ordering, "report": o.report[:2000], "seconds": o.seconds},
                 })
             if err is None:
@@ -214,10 +241,16 @@ class _SSRRun:
                 racers.append(RaceCandidate(o.child.harness_id, o.index, tuple(tasks), d.added + d.deleted))
         self.out.event("ssr.candidates", {
             "generated": [{"index": o.index, "scale": o.scale, "seed": o.seed, "harness_id": o.child.harness_id
-                           if o.child else None, "error": o.error} for o in outcomes],
+                           if o.child else None, "error": o.error, "redraws": redrawn.get(o.index, 0)}
+                          for o in outcomes],
             "racing": [c.harness_id for c in racers], "evidence": cfg.evidence,
         }, round=rnd, harness_id=parent.harness_id)
         return racers, len(outcomes)
+
+    def _generate(self, jobs: list[CandidateJob]) -> list[Any]:
+        return generate_candidates(self.optimizer_spec, jobs, forbidden=self.forbidden,
+                                   timeout_s=self.cfg.validate_timeout_s,
+                                   max_concurrent=self.cfg.max_concurrent_candidates)
 
     # ------------------------------------------------------------------ racing
     def _race(self, parent: Harness, ev_state: dict, racers: list[RaceCandidate], generated: int, rnd: int):
