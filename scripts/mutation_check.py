@@ -1,0 +1,199 @@
+"""Break one guarded behaviour at a time and confirm the tests that guard it fail.
+
+Each mutation is a one-line change to the package, applied on a scratch copy of the
+work tree (the checkout itself is never touched); the tests named for it then run
+against that copy. A mutation is *caught* when those tests fail, *missed* when they
+pass (the tests guard nothing). The unmutated copy runs the same tests first
+(``--baseline``, on by default) so a test that fails anyway is not mistaken for a
+catch.
+
+    python scripts/mutation_check.py                 # every mutation
+    python scripts/mutation_check.py --only resume    # names containing "resume"
+    python scripts/mutation_check.py --list
+
+Exit code 0 when every mutation is caught, 1 otherwise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@dataclass(frozen=True)
+class Mutation:
+    name: str
+    file: str  # relative to the repository root
+    old: str  # must occur exactly once in the file
+    new: str
+    tests: tuple[str, ...]  # pytest node ids / paths, relative to the repository root
+    why: str
+
+
+MUTATIONS: tuple[Mutation, ...] = (
+    Mutation(
+        "milo-resume-off", "milo_ray/milo/loop.py",
+        "resumed = self.ctx.resumed and await self.replay()", "resumed = False",
+        ("tests/milo/test_resume.py",),
+        "a resumed MILO run starts over instead of replaying its events",
+    ),
+    Mutation(
+        "ssr-resume-off", "milo_ray/ssr/loop.py",
+        "self.out = StoreWriter(self.store, resumed=bool(ctx.resumed))",
+        "self.out = StoreWriter(self.store, resumed=False)",
+        ("tests/ssr/test_ssr_resume.py",),
+        "a resumed SSR run writes its rows again",
+    ),
+    Mutation(
+        "budget-ledger-check-off", "milo_ray/execution/budget.py",
+        "            if n > remaining:", "            if False:",
+        ("tests/execution/test_budget_ledger.py",),
+        "the execution budget admits rollouts past the cap",
+    ),
+    Mutation(
+        "racing-budget-gate-off", "milo_ray/ssr/racing.py",
+        "if remaining_budget is not None and need > remaining_budget:", "if False:",
+        ("tests/ssr/test_racing.py", "tests/ssr/test_loop_budget.py"),
+        "a racing stage starts although the budget cannot cover it",
+    ),
+    Mutation(
+        "parent-protection-off", "milo_ray/ssr/racing.py",
+        "replaced = b > p", "replaced = True",
+        ("tests/ssr/test_racing.py",),
+        "the best child replaces the parent without a strictly higher score",
+    ),
+    Mutation(
+        "elimination-off", "milo_ray/ssr/racing.py",
+        "n_keep = keep_count(self.generated, self.config.stages, req.stage)", "n_keep = len(self._active)",
+        ("tests/ssr/test_racing.py",),
+        "successive halving keeps every child after an intermediate stage",
+    ),
+    Mutation(
+        "dominance-flipped", "milo_ray/kernels/pareto.py",
+        "    if d > eps:\n        return True", "    if d < -eps:\n        return True",
+        ("tests/kernels/test_pareto.py", "tests/milo/test_island.py"),
+        "the less accurate harness dominates",
+    ),
+    Mutation(
+        "eval-deadline-off", "milo_ray/evaluation.py",
+        "            if ctx.out_of_time():\n                break", "            pass",
+        ("tests/entry/test_cli_runs.py::test_eval_starts_no_rollout_wave_past_the_runs_deadline_and_reports_the_completed_k",),
+        "method=eval ignores the run's time limit",
+    ),
+    Mutation(
+        "split-check-off", "milo_ray/benchmarks/base.py",
+        "        if requested not in names:", "        if False:",
+        ("tests/entry/test_cli_runs.py::test_a_method_benchmark_mismatch_is_refused_in_one_line_before_anything_is_written",),
+        "a method is handed a split the benchmark lacks",
+    ),
+    Mutation(
+        "duplicate-redraw-off", "milo_ray/ssr/loop.py",
+        "for attempt in range(1, cfg.duplicate_retries + 1):", "for attempt in range(1, 1):",
+        ("tests/ssr/test_duplicate_redraw.py",),
+        "duplicate SSR children are dropped instead of re-drawn",
+    ),
+    Mutation(
+        "model-prices-off", "milo_ray/execution/scheduler.py",
+        "if self.usd_per_mtok is not None and not result.cost_usd:", "if False:",
+        ("tests/execution/test_rollout_scheduler.py::test_model_prices_cost_unpriced_results_and_the_usd_cap_stops_new_rollouts",),
+        "model prices never reach a rollout's cost, so the USD cap is never reached",
+    ),
+)
+
+
+def _files(root: Path) -> list[str]:
+    out = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard"], cwd=root,
+                         capture_output=True, text=True, check=True).stdout.splitlines()
+    return [f for f in out if (root / f).is_file()]
+
+
+def scratch_copy(dest: Path) -> Path:
+    for f in _files(ROOT):
+        target = dest / f
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(ROOT / f, target)
+    return dest
+
+
+def apply(copy: Path, m: Mutation) -> None:
+    path = copy / m.file
+    text = path.read_text()
+    if text.count(m.old) != 1:
+        raise SystemExit(f"mutation {m.name}: expected exactly one occurrence of {m.old!r} in {m.file}, "
+                         f"found {text.count(m.old)}; update the mutation list")
+    path.write_text(text.replace(m.old, m.new))
+
+
+def run_tests(copy: Path, tests: tuple[str, ...], timeout: float) -> tuple[int, float, str]:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(copy), os.environ.get("PYTHONPATH", "")]),
+           "PYTHONDONTWRITEBYTECODE": "1"}
+    t0 = time.monotonic()
+    try:
+        proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", *tests],
+                              cwd=copy, env=env, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return -1, time.monotonic() - t0, "timed out"
+    tail = (proc.stdout.strip().splitlines() or [""])[-1]
+    return proc.returncode, time.monotonic() - t0, tail
+
+
+def check_import_location(copy: Path) -> None:
+    env = {**os.environ, "PYTHONPATH": str(copy)}
+    where = subprocess.run([sys.executable, "-c", "import milo_ray; print(milo_ray.__file__)"], cwd=copy, env=env,
+                           capture_output=True, text=True, check=True).stdout.strip()
+    if not Path(where).resolve().is_relative_to(copy.resolve()):
+        raise SystemExit(f"the scratch copy's milo_ray is shadowed by {where}; cannot check mutations")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--only", default="", help="run mutations whose name contains this text")
+    ap.add_argument("--list", action="store_true", help="list the mutations and exit")
+    ap.add_argument("--no-baseline", action="store_true", help="skip running the unmutated tests first")
+    ap.add_argument("--timeout", type=float, default=1200.0, help="seconds per pytest run")
+    args = ap.parse_args(argv)
+    chosen = [m for m in MUTATIONS if args.only in m.name]
+    if args.list:
+        for m in chosen:
+            print(f"{m.name:<26} {m.file}: {m.why}\n{'':<26} tests: {' '.join(m.tests)}")
+        return 0
+    print(f"command: python scripts/mutation_check.py {' '.join(argv if argv is not None else sys.argv[1:])}".rstrip())
+    rows, ok = [], True
+    with tempfile.TemporaryDirectory(prefix="milo-mutation-") as tmp:
+        for m in chosen:
+            copy = scratch_copy(Path(tmp) / m.name)
+            check_import_location(copy)
+            if not args.no_baseline:
+                code, secs, tail = run_tests(copy, m.tests, args.timeout)
+                if code != 0:
+                    rows.append((m.name, "BASELINE FAILS", secs, tail))
+                    ok = False
+                    print(f"{m.name}: the unmutated tests fail ({tail}); fix them first", flush=True)
+                    continue
+            apply(copy, m)
+            code, secs, tail = run_tests(copy, m.tests, args.timeout)
+            verdict = "caught" if code == 1 else "MISSED" if code == 0 else f"error (pytest exit {code})"
+            ok &= verdict == "caught"
+            rows.append((m.name, verdict, secs, tail))
+            print(f"{m.name}: {verdict} in {secs:.0f} s ({tail})", flush=True)
+            shutil.rmtree(copy, ignore_errors=True)
+    print()
+    print(f"| mutation | verdict | seconds | pytest |\n|---|---|---|---|")
+    for name, verdict, secs, tail in rows:
+        print(f"| {name} | {verdict} | {secs:.0f} | {tail} |")
+    caught = sum(r[1] == "caught" for r in rows)
+    print(f"\n{caught}/{len(rows)} mutations caught")
+    return 0 if ok and caught == len(chosen) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
