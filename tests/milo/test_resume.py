@@ -1,88 +1,135 @@
-"""Kill the driver mid-run (SIGKILL), resume from the store, and reach exactly the
-state of an uninterrupted run: same lineage, assignment and stall counters."""
+"""Kill MILO runs mid-run, resume them from the store, and check that the resumed run
+redid nothing the store already held (DESIGN §5.11: state is a projection of events;
+resume never repeats a paid agent call) and finished the run.
+
+A deterministic restart from scratch reaches the same final state as a resume (the
+rollout cache makes re-evaluation free), so comparing final states alone cannot tell
+a resume from a restart. These tests therefore read the store (the ``events``,
+``harnesses`` and ``rollouts`` tables) and the runner's record of agent calls: one
+initialization, one row per node, per held-out score, per move, per closed round; no
+mutation, graft or orchestrator decision whose result was stored before a kill is
+called again after it. Lock-step runs must also reach the uninterrupted run's exact
+lineage, assignment and stall counters; free-running runs (not timing-deterministic)
+must run every island's rounds to the end.
+
+Each scenario is one run directory driven through several sessions (a kill, a resume
+that is killed again, ... and a final resume), so every kill point costs one short
+session rather than a whole run; every session joins one Ray instance the module keeps.
+"""
 
 from __future__ import annotations
 
-import json
-import os
-import signal
-import subprocess
-import sys
-import time
-from pathlib import Path
-
 import pytest
 
-RUNNER = Path(__file__).with_name("milo_resume_runner.py")
+import milo_resume_checks as checks
+from milo_resume_checks import KilledRun, RayInstance, Sigkill, drive
 
+pytestmark = pytest.mark.slow  # the module's runs take ~3 minutes together
 
-def _run(run_dir: Path, out: Path, *extra: str) -> subprocess.Popen:
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(RUNNER.parent), os.environ.get("PYTHONPATH", "")])}
-    return subprocess.Popen([sys.executable, str(RUNNER), str(run_dir), str(out), *extra], env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
-
-
-def _progress_rows(run_dir: Path) -> int:
-    from milo_ray.store.parquet import ParquetRunStore  # noqa: F401  (layout owner)
-    import pyarrow.dataset as ds
-
-    path = run_dir / "events"
-    if not path.exists():
-        return 0
-    try:
-        t = ds.dataset(str(path), format="parquet").to_table(columns=["kind"]).to_pylist()
-    except Exception:
-        return 0
-    return sum(r["kind"] == "milo.progress" for r in t)
-
-
-def _assert_same_state(a: dict, b: dict) -> None:
-    assert a["assignment"] == b["assignment"]
-    assert a["islands"].keys() == b["islands"].keys()
-    for j in a["islands"]:
-        assert a["islands"][j]["rounds"] == b["islands"][j]["rounds"]
-        assert a["islands"][j]["stall"] == b["islands"][j]["stall"]
-        assert a["islands"][j]["nodes"] == b["islands"][j]["nodes"]
+# One scenario per mode: a run directory driven through a session per kill step, then
+# a final resume. Kill points ("before"/"after" an event) each leave a different step
+# half done; Sigkill steps (seeded) kill at an arbitrary moment a few stored events
+# into the session. A run stores ~55 events.
+SCENARIOS = {
+    "lockstep": [  # points in the order the run reaches them
+        "after milo.init",  # initialization recorded, nothing of it applied or seeded
+        "before milo.node:island=1,origin=seed",  # island 0 seeded, island 1 not yet
+        "before milo.progress:island=0,rounds_done=1",  # a round's (rejected) child recorded, the round not closed
+        "before milo.heldout:node_id=d0-1-g0",  # a graft's child recorded, its held-out score and the move not
+        "before milo.refit:island=1",  # a curriculum change recorded, island 0 re-fitted, island 1 not yet
+        Sigkill(2, 8),  # somewhere in the next intervention or the second step (the next point is ~16 events on)
+        "before milo.progress:island=0,rounds_done=2",  # an admitted child and its held-out score in, round open
+        "before milo.move_done:decision_id=d1-2,kind=speciate",  # a new island created, the move not marked done
+        Sigkill(2, 10),  # somewhere in the new island's rounds
+    ],
+    # Free-running islands interleave differently from run to run: only points every
+    # run reaches, whatever the interleaving, then SIGKILLs.
+    "free": [
+        "before milo.node:island=1,origin=seed",  # initialization half done (the same in both modes)
+        "before milo.progress:island=0,rounds_done=1",  # a child recorded, its round not closed
+        "before milo.move_done:index=0",  # an orchestrator move carried out, not marked done
+        Sigkill(4, 12),
+        Sigkill(4, 12),
+    ],
+}
 
 
 @pytest.fixture(scope="module")
-def reference_state(tmp_path_factory) -> dict:
-    d = tmp_path_factory.mktemp("reference")
-    ref = _run(d / "run", d / "state.json")
-    assert ref.wait(timeout=900) == 0, ref.stderr.read().decode()[-3000:]
-    return json.loads((d / "state.json").read_text())
+def ray_instance(tmp_path_factory):
+    ray = RayInstance(tmp_path_factory.mktemp("ray") / "ray.err")
+    yield ray
+    ray.close()
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("kill_point", [
-    "milo.node:island=1,origin=seed",  # initialization: island 0 seeded, island 1 not yet
-    "milo.heldout:node_id=0-2",  # a round's child recorded, its held-out score not
-    "milo.progress:island=0,rounds_done=2",  # held-out recorded, the round not closed
-    "milo.heldout:node_id=d0-1-g0",  # a graft's child recorded, the move not finished
-    "milo.move_done:decision_id=d1-2,kind=speciate",  # a new island created, the move not marked done
-])
-def test_a_run_killed_between_two_steps_resumes_to_the_uninterrupted_state(tmp_path, reference_state, kill_point):
-    victim = _run(tmp_path / "run", tmp_path / "unused.json", "--die-before", kill_point)
-    assert victim.wait(timeout=900) == 3, "the kill point was never reached: " + victim.stderr.read().decode()[-2000:]
-    resumed = _run(tmp_path / "run", tmp_path / "resumed.json", "--resume")
-    assert resumed.wait(timeout=900) == 0, resumed.stderr.read().decode()[-3000:]
-    _assert_same_state(reference_state, json.loads((tmp_path / "resumed.json").read_text()))
+@pytest.fixture(scope="module")
+def lockstep_reference(tmp_path_factory, ray_instance) -> KilledRun:
+    """One uninterrupted lock-step run: the state every resumed lock-step run must reach."""
+    run = KilledRun(tmp_path_factory.mktemp("reference") / "run", free=False, ray=ray_instance)
+    run.complete()
+    return run
 
 
-@pytest.mark.slow
-def test_resume_after_sigkill_matches_uninterrupted_run(tmp_path):
-    ref_out = tmp_path / "ref.json"
-    ref = _run(tmp_path / "ref", ref_out)
-    victim_dir = tmp_path / "victim"
-    victim = _run(victim_dir, tmp_path / "unused.json")
-    deadline = time.monotonic() + 600
-    while _progress_rows(victim_dir) < 4 and victim.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert victim.poll() is None, "the run finished before it could be killed; " + victim.stderr.read().decode()[-2000:]
-    os.killpg(victim.pid, signal.SIGKILL)
-    victim.wait()
-    resumed_out = tmp_path / "resumed.json"
-    resumed = _run(victim_dir, resumed_out, "--resume")
-    for p in (ref, resumed):
-        assert p.wait(timeout=900) == 0, p.stderr.read().decode()[-3000:]
-    _assert_same_state(json.loads(ref_out.read_text()), json.loads(resumed_out.read_text()))
+@pytest.fixture(scope="module", params=sorted(SCENARIOS))
+def killed_run(request, tmp_path_factory, ray_instance) -> KilledRun:
+    mode = request.param
+    run = KilledRun(tmp_path_factory.mktemp(mode) / "run", free=mode == "free", ray=ray_instance)
+    drive(run, SCENARIOS[mode], seed=sorted(SCENARIOS).index(mode))
+    return run
+
+
+def test_checks_hold_for_an_uninterrupted_run(lockstep_reference):
+    # The invariants are properties of any run, not artefacts of a kill: an
+    # uninterrupted run satisfies each of them (so a failure below is the resume's).
+    run = lockstep_reference
+    for check in (checks.assert_initialized_once, checks.assert_each_node_recorded_once,
+                  checks.assert_no_step_recorded_twice, checks.assert_each_round_closed_once,
+                  checks.assert_harness_rows_match_events, checks.assert_no_rollout_run_twice):
+        check(run.run_dir)
+    checks.assert_no_recorded_work_redone(run)
+    checks.assert_every_island_ran_its_rounds(run)
+
+
+def test_a_resumed_run_is_initialized_once(killed_run):
+    checks.assert_initialized_once(killed_run.run_dir)
+
+
+def test_a_resumed_run_records_each_node_once(killed_run):
+    checks.assert_each_node_recorded_once(killed_run.run_dir)
+
+
+def test_a_resumed_run_records_each_step_once(killed_run):
+    # held-out scores, decisions, moves, new islands, curriculum changes, re-fits, steps
+    checks.assert_no_step_recorded_twice(killed_run.run_dir)
+
+
+def test_a_resumed_run_closes_each_island_round_once(killed_run):
+    checks.assert_each_round_closed_once(killed_run.run_dir)
+
+
+def test_a_resumed_run_never_redoes_an_agent_call_whose_result_was_stored(killed_run):
+    checks.assert_no_recorded_work_redone(killed_run)
+
+
+def test_a_resumed_run_never_reruns_a_stored_rollout(killed_run):
+    checks.assert_no_rollout_run_twice(killed_run.run_dir)
+
+
+def test_a_resumed_run_keeps_one_harness_row_per_node_and_unplaced_seed(killed_run):
+    # PRODUCT BUG (known, exposed here on purpose; see the report of this change): the
+    # recorder writes ``harnesses`` rows outside the event log and resume does not
+    # reconcile them. MiloRun.record_node appends a node's row *before* its
+    # ``milo.node`` event, so a kill between the two leaves a row the resumed run writes
+    # again (kill point "before milo.node:island=1,origin=seed": the seed's row twice);
+    # MiloRun.initialize writes the rows of seeds without an island *after* ``milo.init``,
+    # so a kill in between loses them for good (kill point "after milo.init").
+    checks.assert_harness_rows_match_events(killed_run.run_dir)
+
+
+def test_a_resumed_run_runs_every_island_to_max_rounds(killed_run):
+    checks.assert_every_island_ran_its_rounds(killed_run)
+
+
+def test_a_resumed_lockstep_run_reaches_the_uninterrupted_state(killed_run, lockstep_reference):
+    if killed_run.free:
+        pytest.skip("free-running islands are not timing-deterministic: no exact state to compare")
+    checks.assert_same_state(lockstep_reference.state, killed_run.state)
