@@ -28,6 +28,7 @@ def ray_local():
     if not ray.is_initialized():
         quiet_token_auth_notice()
         ray.init(
+            address="local",  # a private instance even if `ray start` left one running here
             num_cpus=2,
             include_dashboard=False,
             log_to_driver=False,

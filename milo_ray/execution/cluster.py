@@ -70,6 +70,9 @@ def connect(execution: Any) -> ClusterInfo:
             started_here = True
             quiet_token_auth_notice()
             ray.init(
+                # "local" always starts a new instance: without it Ray would join one that
+                # `ray start` left running here and refuse num_cpus for it.
+                address="local",
                 num_cpus=execution.num_cpus,
                 include_dashboard=bool(execution.dashboard),
                 resources={SLOT_RESOURCE: float(execution.slots_per_node)},
