@@ -77,10 +77,17 @@ def _kill_group(proc: subprocess.Popen) -> None:
     proc.wait()
 
 
+class SessionFailed(AssertionError):
+    """A session did not end the way its step planned (crashed, missed its kill point,
+    finished before its SIGKILL)."""
+
+
 @dataclass
 class KilledRun:
     """A run directory driven through its sessions. ``before[s]`` is the work (node and
-    decision ids) the store held when session ``s`` started."""
+    decision ids) the store held when session ``s`` started; ``state`` is the final
+    state the last session reported; ``failure`` says why the run could not be driven
+    to its end (the store then holds what the sessions wrote until then)."""
 
     run_dir: Path
     free: bool
@@ -88,6 +95,7 @@ class KilledRun:
     before: list[set[str]] = field(default_factory=list)
     kills: list[str] = field(default_factory=list)
     state: dict[str, Any] | None = None
+    failure: str | None = None
 
     def _start(self, *extra: str) -> tuple[subprocess.Popen, Path]:
         s = len(self.before)
@@ -115,7 +123,8 @@ class KilledRun:
             rc = proc.wait(timeout=SESSION_TIMEOUT_S)
         finally:
             _kill_group(proc)
-        assert rc == DIE_EXIT_CODE, f"kill point {point!r} was never reached (exit {rc}): {self._stderr()}"
+        if rc != DIE_EXIT_CODE:
+            raise SessionFailed(f"kill point {point!r} was never reached (exit {rc}): {self._stderr()}")
         self.kills.append(point)
 
     def sigkill_after(self, more_events: int, delay_s: float) -> None:
@@ -132,7 +141,9 @@ class KilledRun:
             alive = proc.poll() is None
         finally:
             _kill_group(proc)
-        assert alive, f"the session ended before its kill at {target} events + {delay_s:.2f}s: {self._stderr()}"
+        if not alive:
+            raise SessionFailed(f"the session ended before its kill at {target} events + {delay_s:.2f}s: "
+                                f"{self._stderr()}")
         self.kills.append(f"SIGKILL at {count_events(self.run_dir)} events ({target} + {delay_s:.2f}s)")
 
     def complete(self) -> dict[str, Any]:
@@ -142,7 +153,8 @@ class KilledRun:
             rc = proc.wait(timeout=SESSION_TIMEOUT_S)
         finally:
             _kill_group(proc)
-        assert rc == 0, f"session {len(self.before) - 1} failed after kills {self.kills}: {self._stderr()}"
+        if rc != 0:
+            raise SessionFailed(f"session {len(self.before) - 1} failed after kills {self.kills}: {self._stderr()}")
         self.state = json.loads(out.read_text())
         return self.state
 
@@ -158,16 +170,23 @@ class Sigkill:
     max_delay_s: float = 0.4
 
 
-def drive(run: KilledRun, steps: list[str | Sigkill], seed: int) -> dict[str, Any]:
+def drive(run: KilledRun, steps: list[str | Sigkill], seed: int) -> KilledRun:
     """Drive ``run`` through one session per kill step, then a final session to the end.
-    The kill moments are reproducible: they derive from ``seed`` alone."""
+    The kill moments are reproducible: they derive from ``seed`` alone. A session that
+    fails stops the drive and is kept in ``run.failure``: every invariant can still be
+    checked on what the store holds (a broken resume often writes the evidence of what
+    it redid before it crashes)."""
     rng = random.Random(seed)
-    for step in steps:
-        if isinstance(step, Sigkill):
-            run.sigkill_after(rng.randint(step.lo, step.hi), round(rng.uniform(0.0, step.max_delay_s), 2))
-        else:
-            run.die_at(step)
-    return run.complete()
+    try:
+        for step in steps:
+            if isinstance(step, Sigkill):
+                run.sigkill_after(rng.randint(step.lo, step.hi), round(rng.uniform(0.0, step.max_delay_s), 2))
+            else:
+                run.die_at(step)
+        run.complete()
+    except SessionFailed as e:
+        run.failure = str(e)
+    return run
 
 
 # ---------------------------------------------------------------------- reading a run
@@ -342,7 +361,7 @@ def assert_every_island_ran_its_rounds(run: KilledRun) -> None:
     """The resumed run finished: every island (speciated ones too) closed max_rounds
     rounds, in the final state and in the store, and the run stopped as finished."""
     want = CONFIG["max_rounds"]
-    assert run.state is not None
+    assert run.failure is None, run.failure
     short = {j: isl["rounds"] for j, isl in run.state["islands"].items() if isl["rounds"] != want}
     assert not short, f"islands that did not run {want} rounds (kills: {run.kills}): {short}"
     evs = events(run.run_dir)

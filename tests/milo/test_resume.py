@@ -73,8 +73,7 @@ def lockstep_reference(tmp_path_factory, ray_instance) -> KilledRun:
 def killed_run(request, tmp_path_factory, ray_instance) -> KilledRun:
     mode = request.param
     run = KilledRun(tmp_path_factory.mktemp(mode) / "run", free=mode == "free", ray=ray_instance)
-    drive(run, SCENARIOS[mode], seed=sorted(SCENARIOS).index(mode))
-    return run
+    return drive(run, SCENARIOS[mode], seed=sorted(SCENARIOS).index(mode))
 
 
 def test_checks_hold_for_an_uninterrupted_run(lockstep_reference):
@@ -132,4 +131,5 @@ def test_a_resumed_run_runs_every_island_to_max_rounds(killed_run):
 def test_a_resumed_lockstep_run_reaches_the_uninterrupted_state(killed_run, lockstep_reference):
     if killed_run.free:
         pytest.skip("free-running islands are not timing-deterministic: no exact state to compare")
+    assert killed_run.failure is None, killed_run.failure
     checks.assert_same_state(lockstep_reference.state, killed_run.state)
