@@ -16,6 +16,7 @@ live in :mod:`milo_ray.milo.orchestrator`; reproducibility in
 from __future__ import annotations
 
 import asyncio
+import copy
 import logging
 import shutil
 import time
@@ -108,6 +109,7 @@ class MiloRun:
         self.last_intervention: dict[int, int] = {}  # island -> rounds_done when it last triggered the orchestrator
         self.mutator_stats: dict[str, dict[str, int]] = {}
         self.node_index: dict[str, tuple[int, dict[str, Any]]] = {}  # node_id -> (island, node dict)
+        self.recorded_nodes: dict[str, dict[str, Any]] = {}  # node_id -> the node as its milo.node event recorded it
         self.val_gain: dict[str, bool] = {}  # node_id -> whether its held-out score was a new island best
         self.init_members: dict[int, list[tuple[str, int]]] = {}  # island -> (seed node id, seed index)
         self.speciations: dict[tuple[str, int], tuple[int, str]] = {}  # (decision, move) -> (new island, root)
@@ -147,6 +149,7 @@ class MiloRun:
                 await self._assign(int(j), m)
         elif kind == "milo.node":
             n = p["node"]
+            self.recorded_nodes[n["node_id"]] = copy.deepcopy(n)  # as recorded; node_index's copy is updated later
             await self.islands[n["island"]].add_node.remote(n)
             self.node_index[n["node_id"]] = (n["island"], n)
             if n["origin"] in ("mutation", "graft") and n.get("mutator"):
@@ -274,7 +277,13 @@ class MiloRun:
         return d
 
     async def record_node(self, d: dict[str, Any]) -> None:
-        row = {
+        """Record a node: its ``milo.node`` event is the record, its ``harnesses`` row is
+        derived from it afterwards (a kill in between is repaired by :meth:`write_missing_rows`)."""
+        await self.emit("milo.node", {"node": d}, island=d["island"], round=d["round"], harness_id=d["harness_id"] or None)
+        self.store.append("harnesses", [self._node_row(d)])
+
+    def _node_row(self, d: dict[str, Any]) -> dict[str, Any]:
+        return {
             "harness_id": d["harness_id"] or f"none:{d['node_id']}", "name": d["name"], "island": d["island"],
             "parent_id": self.node_index[d["parent"]][1]["harness_id"] if d.get("parent") in self.node_index else None,
             "co_parent_id": self.node_index[d["co_parent"]][1]["harness_id"] if d.get("co_parent") in self.node_index else None,
@@ -285,8 +294,40 @@ class MiloRun:
             "extra": {"node_id": d["node_id"], "mutation": d.get("mutation"), "accuracy": d.get("accuracy"),
                       "costs": d.get("costs"), "search_version": d.get("search_version")},
         }
-        self.store.append("harnesses", [row])
-        await self.emit("milo.node", {"node": d}, island=d["island"], round=d["round"], harness_id=d["harness_id"] or None)
+
+    def _stored_rows(self) -> set[tuple[str, str]]:
+        """(node id or "" for an island-less seed, harness id) of every stored harnesses row."""
+        import json
+
+        out = set()
+        for r in self.store.read("harnesses").to_pylist():
+            extra = r.get("extra") or {}
+            extra = json.loads(extra) if isinstance(extra, str) else extra
+            out.add((str(extra.get("node_id") or ""), r["harness_id"]))
+        return out
+
+    def write_missing_rows(self) -> None:
+        """The ``harnesses`` rows the events imply and the store lacks: a node recorded
+        just before a kill, or the seeds left without an island when the kill came right
+        after ``milo.init``. Rows already stored are never written twice."""
+        have = self._stored_rows()
+        rows = [self._node_row(d) for node_id, d in self.recorded_nodes.items()
+                if (node_id, d["harness_id"] or f"none:{node_id}") not in have]
+        placed = {i for members in self.init_members.values() for _, i in members}
+        seeds = self.bench.seed_harnesses()
+        K = len(self.init_members)
+        for i, s in enumerate(self.seed_scores):
+            if i in placed or ("", s["harness_id"]) in have:
+                continue
+            h = seeds[i]
+            rows.append({
+                "harness_id": h.harness_id, "name": h.name, "round": 0, "origin": "seed", "admitted": False,
+                "verdict_reason": f"not among the {K} most behavior-dissimilar seeds: no island",
+                "fitness": s.get("fitness"), "source_ref": self.store.put_harness_source(dict(h.files)),
+                "created_at": time.time(), "extra": {"accuracy": s.get("accuracy"), "costs": s.get("costs")},
+            })
+        if rows:
+            self.store.append("harnesses", rows)
 
     # ------------------------------------------------------------------ initialization
     async def initialize(self) -> None:
@@ -310,17 +351,12 @@ class MiloRun:
         await self.emit("milo.init", {
             "search_tasks": self.search_tasks, "val_tasks": [str(t) for t in val], "task_pool": search_all,
             "islands": list(range(len(groups))), "assignment": {str(j): m for j, m in assignment.items()},
-            "seeds": [{"name": h.name, "harness_id": h.harness_id, "accuracy": ev.accuracy} for h, ev in zip(seeds, evs)],
+            "seeds": [{"name": h.name, "harness_id": h.harness_id, "accuracy": ev.accuracy,
+                       "fitness": [float(f) for f in ev.fitness], "costs": ev.costs} for h, ev in zip(seeds, evs)],
             "members": members,
         })
         # Seeds left without an island were still evaluated: the harnesses table keeps them.
-        chosen = {i for idxs in groups for i in idxs}
-        self.store.append("harnesses", [{
-            "harness_id": h.harness_id, "name": h.name, "round": 0, "origin": "seed", "admitted": False,
-            "verdict_reason": f"not among the {K} most behavior-dissimilar seeds: no island",
-            "fitness": [float(f) for f in ev.fitness], "source_ref": self.store.put_harness_source(dict(h.files)),
-            "created_at": time.time(), "extra": {"accuracy": ev.accuracy, "costs": ev.costs},
-        } for i, (h, ev) in enumerate(zip(seeds, evs)) if i not in chosen])
+        self.write_missing_rows()
         await self.seed_islands(dict(enumerate(evs)))
 
     @staticmethod
@@ -556,6 +592,7 @@ class MiloRun:
             if not resumed:
                 await self.initialize()
             else:
+                self.write_missing_rows()
                 await self.seed_islands()
                 await self.finish_pending()
             if not self.stop:

@@ -96,7 +96,7 @@ def test_every_method_runs_on_every_benchmark_it_supports(matrix, name):
     run_dir, manifest = _job(matrix, name)
     summary = manifest["summary"]
     method = name.split("-", 1)[0]
-    n_rollouts = duckdb.sql(f"select count(*) from '{run_dir}/rollouts/*.parquet'").fetchone()[0]
+    n_rollouts = duckdb.sql(f"select count(*) from '{run_dir}/rollouts/*.parquet'").fetchall()[0][0]
     assert n_rollouts > 0
     if method == "eval":
         assert summary["k"] == 1 and [h["name"] for h in summary["harnesses"]] == ["minimal", "stock"]
