@@ -2,108 +2,299 @@
 
 Runs method=milo_A … milo_E (one-shot mutator over a flat archive -> + agentic
 mutator -> + lineage memory -> + islands -> + orchestrator) for several seeds under
-the same execution budget and reports the true test quality (the surrogate's exact
-expected score) of each run's final best harness, mean ± sd per rung, next to the
-best seed harness. Also reports in how many seeds full MILO (E) beats the best seed.
+the same execution budget, each run one offline run of the entry point:
 
-    python scripts/milo_ablation.py --seeds 0 1 2 --budget 1500
+    python -m milo_ray.run method=milo_<rung> benchmark=<preset> benchmark.seed=S run.seed=S \\
+        run.budget.executions=<budget> run.dir=<root>/<rung>-seed<S> run.progress=false \\
+        execution.join_running=false <overrides>
+
+Runs are capped by execution budget (``--budget``) and ``method.max_rounds`` only,
+never by wall time, so the figures do not depend on the machine; with
+``method.round_sync=true`` (the default overrides) a run is fully reproducible.
+
+Per run it reads the manifest's summary (the true test quality of the returned
+harness: the surrogate's exact expected score; the best seed's; executions used; the
+stop reason) and the run's ``events`` Parquet table, where it counts the
+orchestrator's interventions: ``milo.decision`` (a valid decision), and the moves
+applied (``milo.move_done``, by kind), plus invalid decisions and failed moves. Per
+rung it prints the mean ± sd true quality, in how many seeds the run beats the best
+seed harness, and the interventions and applied moves per run.
+
+    python scripts/milo_ablation.py --seeds 0 1 2 --budget 700
+    python scripts/milo_ablation.py --rungs D E --seeds 0 1 2 3 4 --budget 1500 --optimum -- \\
+        method.search_size=16 method.val_size=10 method.k_search=2 method.k_val=2 \\
+        method.k_test=1 method.round_sync=true method.max_rounds=40
+
+Any run that fails (non-zero exit of the entry point, or a run stopped by a wall-clock
+limit) stops the script with exit code 1; only a run that failed before writing anything
+(Ray not starting on an overloaded machine) is started again (``--retries``). A run
+directory under ``--root`` that already holds a finished run of exactly the same
+resolved config is read instead of rerun (so an interrupted ladder can be completed).
 """
 
 from __future__ import annotations
 
 import argparse
+import collections
 import json
-import os
+import shlex
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-
 ROOT = Path(__file__).resolve().parents[1]
-CONF = ROOT / "conf"
+
+DEFAULT_OVERRIDES = ["method.search_size=16", "method.val_size=10", "method.k_search=2", "method.k_val=2",
+                     "method.k_test=1", "method.round_sync=true", "method.max_rounds=24"]
+# Set by the script itself (per rung / seed / budget), so never accepted as overrides.
+OWNED = ("method", "benchmark", "benchmark.seed", "run.seed", "run.dir", "run.budget.executions", "run.resume",
+         "execution.join_running")
 
 
-def method_fields(rung: str, overrides: list[str]) -> dict:
+class RunFailed(SystemExit):
+    pass
+
+
+def check_overrides(overrides: list[str]) -> None:
+    for o in overrides:
+        key = o.split("=", 1)[0].lstrip("+~")
+        if "time_limit" in key:
+            raise SystemExit(f"error: {o!r}: figures are capped by --budget and method.max_rounds, never by wall time")
+        if key in OWNED:
+            raise SystemExit(f"error: {o!r}: {key} is set by this script "
+                             "(see --rungs, --seeds, --preset, --budget, --root)")
+        if "=" not in o:
+            raise SystemExit(f"error: {o!r}: expected a Hydra override key=value")
+
+
+def entry_argv(rung: str, seed: int, budget: int, preset: str, run_dir: Path, overrides: list[str]) -> list[str]:
+    # Each run starts a private Ray instance (execution.join_running=false): on a shared machine a
+    # `ray start` instance of someone else must never be joined. Where Ray runs does not change
+    # a lock-step run's result.
+    return ["-m", "milo_ray.run", f"method=milo_{rung}", f"benchmark={preset}", f"benchmark.seed={seed}",
+            f"run.seed={seed}", f"run.budget.executions={budget}", f"run.dir={run_dir}", "run.progress=false",
+            "execution.join_running=false", *overrides]
+
+
+def orchestrator_counts(run_dir: Path) -> dict:
+    """Orchestrator activity of one run, counted from its ``events`` Parquet table."""
+    from milo_ray.store import open_run
+
+    rows = open_run(run_dir).read("events").select(["kind", "payload"]).to_pylist()
+    kinds = collections.Counter(r["kind"] for r in rows)
+    moves: collections.Counter = collections.Counter()
+    for r in rows:
+        if r["kind"] == "milo.move_done":
+            p = r["payload"]
+            moves[(json.loads(p) if isinstance(p, str) else p or {}).get("kind", "?")] += 1
+    return {"decisions": kinds["milo.decision"], "invalid_decisions": kinds["milo.decision_invalid"],
+            "moves_applied": kinds["milo.move_done"], "moves_failed": kinds["milo.move_failed"],
+            "interventions_done": kinds["milo.intervention_done"], "moves_by_kind": dict(sorted(moves.items()))}
+
+
+def expected_config(argv: list[str]) -> dict:
+    """The resolved config the entry point composes for these arguments (as stored in a manifest)."""
     from hydra import compose, initialize_config_dir
     from omegaconf import OmegaConf
 
-    from milo_ray.config import register_configs
+    import milo_ray.run  # noqa: F401 - registers the config schemas and resolvers the entry point uses
 
-    register_configs()
-    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-        cfg = compose("config", overrides=[f"method=milo_{rung}", *[f"method.{o}" for o in overrides]])
-    d = OmegaConf.to_container(cfg.method, resolve=True)
-    d.pop("_target_", None)
-    return d, OmegaConf.to_container(cfg.backend.agents, resolve=True)
+    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+        return OmegaConf.to_container(compose("config", overrides=argv[2:]), resolve=True)
 
 
-def run_one(rung: str, seed: int, budget: int, preset: str, overrides: list[str]) -> dict:
-    from milo_ray.benchmarks.surrogate import SurrogateBenchmark
-    from milo_ray.context import RunContext
-    from milo_ray.execution.budget import BudgetLedger
-    from milo_ray.execution.scheduler import RolloutScheduler
-    from milo_ray.milo.loop import MiloMethod
-    from milo_ray.store.memory import MemoryRunStore
+def comparable(config: dict) -> dict:
+    """A resolved config without the keys that cannot change a run's result: where Ray
+    runs (``execution``) and the progress display."""
+    out = {k: v for k, v in config.items() if k != "execution"}
+    out["run"] = {k: v for k, v in (out.get("run") or {}).items() if k != "progress"}
+    return out
 
-    fields, agents = method_fields(rung, overrides)
-    bench = SurrogateBenchmark(preset=preset, seed=seed)
-    store = MemoryRunStore(run_id=f"ablation-{rung}-{seed}")
-    tasks = {t.task_id: t for s in bench.splits().values() for t in s}
-    sched = RolloutScheduler(executor_config=bench.executor_config(), tasks=tasks, store=store,
-                             model_id="offline-surrogate", run_id=store.run_id, budget=BudgetLedger(executions=budget))
-    with tempfile.TemporaryDirectory() as tmp:
-        ctx = RunContext(run_id=store.run_id, run_dir=Path(tmp), seed=seed, store=store, benchmark=bench,
-                         scheduler=sched, model_id="offline-surrogate", extras={"agents": agents})
-        t0 = time.monotonic()
-        try:
-            s = MiloMethod(**fields).run(ctx)
-        finally:
-            sched.close()
+
+def finished_run(run_dir: Path, argv: list[str]) -> dict | None:
+    """The manifest of a finished run of exactly this config in run_dir (reused, not rerun);
+    None when run_dir does not exist. Anything else in the way is an error."""
+    if not run_dir.exists():
+        return None
+    mf = run_dir / "manifest.json"
+    manifest = json.loads(mf.read_text()) if mf.exists() else {}
+    if manifest.get("status") != "finished":
+        raise RunFailed(f"error: {run_dir} holds an unfinished run (status {manifest.get('status')!r}); "
+                        "remove it or choose another --root")
+    if comparable(manifest.get("config") or {}) != comparable(expected_config(argv)):
+        raise RunFailed(f"error: {run_dir} holds a run of another configuration; remove it or choose another --root")
+    return manifest
+
+
+def run_one(rung: str, seed: int, budget: int, preset: str, root: Path, overrides: list[str], retries: int) -> dict:
+    run_dir = root / f"{rung}-seed{seed}"
+    argv = entry_argv(rung, seed, budget, preset, run_dir, overrides)
+    print(f"# run: python {shlex.join(argv)}", flush=True)
+    manifest = finished_run(run_dir, argv)
+    reused = manifest is not None
+    if reused:
+        print(f"# reused: {run_dir} already holds this run, finished", flush=True)
+    attempt = 0
+    while manifest is None:
+        proc = subprocess.run([sys.executable, *argv], capture_output=True, text=True, cwd=ROOT)
+        if proc.returncode == 0:
+            manifest = json.loads((run_dir / "manifest.json").read_text())
+        elif proc.returncode == 1 and not run_dir.exists() and attempt < retries:  # 2 = bad input: never retried
+            # The run never started (typically Ray failing to start on an overloaded machine):
+            # nothing was written, so starting it again cannot change its result.
+            attempt += 1
+            last = (proc.stderr.strip().splitlines() or ["?"])[-1]
+            print(f"# retry {attempt}/{retries}: the run never started (exit {proc.returncode}: {last[:200]})",
+                  flush=True)
+        else:
+            raise RunFailed(f"error: rung {rung} seed {seed} failed (exit {proc.returncode}); run dir {run_dir}\n"
+                            f"{proc.stderr[-4000:]}")
+    # The run's own wall time (its manifest), so a reused run reports the time it took.
+    seconds = float(manifest.get("finished_at") or 0) - float(manifest.get("started_at") or 0)
+    s = manifest.get("summary") or {}
+    if manifest.get("status") != "finished" or not s.get("best"):
+        raise RunFailed(f"error: rung {rung} seed {seed}: status {manifest.get('status')!r}, no best harness; "
+                        f"run dir {run_dir}")
+    stop = str(s.get("stop_reason", ""))
+    if stop.startswith("time limit"):
+        raise RunFailed(f"error: rung {rung} seed {seed} stopped on a time limit ({stop}); figures must be capped "
+                        "by the execution budget and max_rounds")
+    rounds = [isl.get("rounds") for isl in (s.get("islands") or {}).values()]
     return {"rung": rung, "seed": seed, "true": s["best"]["true_quality"], "best_seed": s["best_seed_true_quality"],
-            "executions": s["executions_used"], "islands": s["n_islands"], "interventions": s["interventions"],
-            "seconds": time.monotonic() - t0}
+            "executions": s["executions_used"], "budget": budget, "islands": s["n_islands"], "rounds": rounds,
+            "returned": f"{s['best']['island']}:{s['best']['node_id']}", "stop_reason": stop,
+            **orchestrator_counts(run_dir), "seconds": round(seconds, 1), "reused": reused, "run_dir": str(run_dir)}
+
+
+def code_version() -> str:
+    """The commit the runs use, and whether milo_ray/ or conf/ differ from it."""
+    try:
+        sha = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
+                             check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--", "milo_ray", "conf"], cwd=ROOT,
+                               capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown (not a git checkout)"
+    return f"{sha}" + (" with uncommitted changes in milo_ray/ or conf/" if dirty else "")
+
+
+def mean_sd(xs: list[float]) -> tuple[float, float]:
+    return statistics.mean(xs), (statistics.stdev(xs) if len(xs) > 1 else 0.0)
+
+
+def optimum_by_seed(rows: list[dict]) -> dict[int, float]:
+    """The surrogate's optimum test score (``best_reachable``) of each run's benchmark seed."""
+    from milo_ray.benchmarks.surrogate import SurrogateBenchmark
+
+    out: dict[int, float] = {}
+    for r in rows:
+        if r["seed"] not in out:
+            bench = json.loads((Path(r["run_dir"]) / "manifest.json").read_text())["config"]["benchmark"]
+            sb = SurrogateBenchmark(preset=bench["preset"], seed=bench["seed"], label_noise=bench["label_noise"])
+            out[r["seed"]] = float(sb.best_reachable(split="test", metric="score")["quality"]["score"])
+    return out
+
+
+def kinds_text(kinds: dict, prefix: str = "") -> str:
+    text = ", ".join(f"{k} {v}" for k, v in sorted(kinds.items()))
+    return f"{prefix}{text})" if text and prefix else text
+
+
+def print_summary(rows: list[dict], rungs: list[str], optimum: dict[int, float], title: str) -> None:
+    """Per-run and per-rung markdown tables."""
+    print(f"\nPer run ({title}); true = the surrogate's exact expected test score of the returned harness")
+    print("| rung | seed | true | best seed | executions | rounds per island | returned (island:node) | interventions "
+          "| moves applied | stop |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        print(f"| {r['rung']} | {r['seed']} | {r['true']:.4f} | {r['best_seed']:.4f} | {r['executions']} "
+              f"| {r['rounds']} | {r['returned']} | {r['decisions']} "
+              f"| {r['moves_applied']}{kinds_text(r['moves_by_kind'], ' (')} "
+              f"| {r['stop_reason'].split(':')[0]} |")
+    print(f"\nPer rung ({title}); interventions = milo.decision events per run, moves = milo.move_done "
+          "events per run")
+    gap = " | gap to optimum closed (mean)" if optimum else ""
+    print(f"| rung | true quality (mean ± sd) | beats the best seed | executions (mean) | interventions per run "
+          f"| moves applied per run | moves by kind (all runs){gap} |")
+    print("|---|---|---|---|---|---|---|" + ("---|" if optimum else ""))
+    for rung in rungs:
+        rs = [r for r in rows if r["rung"] == rung]
+        m, sd = mean_sd([r["true"] for r in rs])
+        wins = sum(r["true"] > r["best_seed"] for r in rs)
+        kinds: collections.Counter = collections.Counter()
+        for r in rs:
+            kinds.update(r["moves_by_kind"])
+        dec = [r["decisions"] for r in rs]
+        mv = [r["moves_applied"] for r in rs]
+        closed = ""
+        if optimum:
+            fr = [(r["true"] - r["best_seed"]) / (optimum[r["seed"]] - r["best_seed"]) for r in rs]
+            closed = f" {statistics.mean(fr):.0%} |"
+        print(f"| {rung} | {m:.4f} ± {sd:.4f} | {wins}/{len(rs)} | {statistics.mean(r['executions'] for r in rs):.0f} "
+              f"| {statistics.mean(dec):.1f} ({', '.join(map(str, dec))}) "
+              f"| {statistics.mean(mv):.1f} ({', '.join(map(str, mv))}) "
+              f"| {kinds_text(kinds) or '-'} |{closed}")
+    bad = sum(r["invalid_decisions"] + r["moves_failed"] for r in rows)
+    print(f"invalid decisions + failed moves over all runs: {bad}")
+    print(f"best seed harness (true), per seed: "
+          f"{ {r['seed']: round(r['best_seed'], 4) for r in rows} }")
+    if optimum:
+        print(f"surrogate optimum (true test score, best_reachable), per seed: "
+              f"{ {k: round(v, 4) for k, v in optimum.items()} }")
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--rungs", nargs="+", default=list("ABCDE"))
-    ap.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
-    ap.add_argument("--budget", type=int, default=1500, help="search executions per run (same for every rung)")
-    ap.add_argument("--preset", default="surrogate_tb21")
-    ap.add_argument("--out", default=None, help="write every run's row as JSON lines here")
-    ap.add_argument("overrides", nargs="*", default=["search_size=16", "val_size=10", "k_search=2", "k_val=2",
-                                                     "k_test=1", "round_sync=true", "time_limit_s=900"],
-                    help="method.<key>=<value> overrides applied to every rung")
+    ap.add_argument("--rungs", nargs="+", default=list("ABCDE"), choices=list("ABCDE"))
+    ap.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2],
+                    help="each seed is both run.seed and benchmark.seed")
+    ap.add_argument("--budget", type=int, default=700, help="run.budget.executions of every run (same for every rung)")
+    ap.add_argument("--preset", default="surrogate_tb21", help="benchmark config group option")
+    ap.add_argument("--root", default=None, help="where run directories go (default: a new temp dir)")
+    ap.add_argument("--out", default=None, help="also append every run's row as JSON lines here")
+    ap.add_argument("--optimum", action="store_true",
+                    help="also compute the surrogate's optimum per benchmark seed (best_reachable, ~1 min each) "
+                         "and the fraction of the best-seed-to-optimum gap each rung closes")
+    ap.add_argument("--retries", type=int, default=2,
+                    help="start a run again this many times when it failed before writing anything (e.g. Ray "
+                         "did not start); any other failure stops the script with exit code 1")
+    ap.add_argument("overrides", nargs="*", default=None,
+                    help=f"Hydra overrides applied to every run (after --); default: {' '.join(DEFAULT_OVERRIDES)}")
     a = ap.parse_args(argv)
-    import ray
-
-    from milo_ray.execution.cluster import quiet_token_auth_notice
-
-    if not ray.is_initialized():
-        quiet_token_auth_notice()
-        ray.init(include_dashboard=False, log_to_driver=False, resources={"sandbox_slot": 8})
+    overrides = DEFAULT_OVERRIDES if a.overrides is None or a.overrides == [] else a.overrides
+    check_overrides(overrides)
+    shown = sys.argv[1:] if argv is None else argv
+    print(f"command: python scripts/milo_ablation.py {shlex.join(shown)}")
+    print(f"overrides applied to every run: {' '.join(overrides)}")
+    print(f"code: {code_version()}", flush=True)
+    root = Path(a.root or tempfile.mkdtemp(prefix="milo-ablation-")).resolve()
+    root.mkdir(parents=True, exist_ok=True)
     rows = []
-    for rung in a.rungs:
-        for seed in a.seeds:
-            r = run_one(rung, seed, a.budget, a.preset, a.overrides)
-            rows.append(r)
-            print(json.dumps(r), flush=True)
-            if a.out:
-                with open(a.out, "a") as f:
-                    f.write(json.dumps(r) + "\n")
-    print(f"\nAblation ladder on {a.preset}, budget {a.budget} executions, seeds {a.seeds}")
-    print(f"{'rung':<6}{'true quality (mean ± sd)':<28}{'best seed':<12}{'> best seed':<12}")
-    for rung in a.rungs:
-        rs = [r for r in rows if r["rung"] == rung]
-        q = [r["true"] for r in rs]
-        sd = statistics.stdev(q) if len(q) > 1 else 0.0
-        wins = sum(r["true"] > r["best_seed"] for r in rs)
-        print(f"{rung:<6}{statistics.mean(q):.4f} ± {sd:.4f}{'':<11}{statistics.mean(r['best_seed'] for r in rs):.4f}"
-              f"{'':<6}{wins}/{len(rs)}")
+    t_all = time.monotonic()
+    try:
+        for rung in a.rungs:
+            for seed in a.seeds:
+                r = run_one(rung, seed, a.budget, a.preset, root, overrides, a.retries)
+                rows.append(r)
+                print(json.dumps(r), flush=True)
+                if a.out:
+                    with open(a.out, "a") as f:
+                        f.write(json.dumps(r) + "\n")
+    except RunFailed as e:
+        print(e.code, file=sys.stderr, flush=True)
+        return 1
+
+    optimum = optimum_by_seed(rows) if a.optimum else {}
+    print_summary(rows, a.rungs, optimum, f"{a.preset}, {a.budget} executions per run, seeds {a.seeds}")
+    print(f"\nstop reasons: {dict(collections.Counter(r['stop_reason'].split(':')[0] for r in rows))}")
+    reused = sum(r["reused"] for r in rows)
+    print(f"wall time: {time.monotonic() - t_all:.0f} s for this invocation ({reused} of {len(rows)} runs reused); "
+          f"the runs' own times sum to {sum(r['seconds'] for r in rows):.0f} s "
+          "(machine-dependent; the figures are not)")
+    print(f"runs in {root}")
     return 0
 
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shlex
 import sys
 import tempfile
 
@@ -43,6 +44,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--save", default=None, help="write the matrix to this .npz file")
     p.add_argument("--load", default=None, help="read the matrix from a .npz file written by --save")
     args = p.parse_args(argv)
+    print(f"command: python scripts/racing_audit.py {shlex.join(sys.argv[1:] if argv is None else argv)}")
 
     from milo_ray.ssr.audit import audit, format_table, generate_surrogate_matrix, matrix_from_rollouts
 

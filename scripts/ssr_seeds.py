@@ -2,10 +2,15 @@
 
 Each seed is one full offline run of the entry point
 (``python -m milo_ray.run +experiment=EXP run.seed=S benchmark.seed=S``), so the
-search randomness and the simulated task pool both vary. The table reads each
+search randomness and the simulated task pool both vary. Each run starts a private
+Ray instance (``execution.join_running=false``), so a ``ray start`` instance someone
+else runs on the same machine is never joined. The table reads each
 run's ``manifest.json`` summary: true (expected) test quality of the initial and
 final harness from the surrogate's ground truth, measured test RR@3, executions
-used, rounds and the stop reason.
+used, rounds and the stop reason. Under each seed, every race of the run judged by
+the same ground truth (read from the run's ``harnesses`` and ``events`` tables): the
+true score of the parent and of each raced child, and the rank of the child racing
+picked among them.
 
   python scripts/ssr_seeds.py --experiment ssr_swepro --seeds 0 1 2 3 4
   python scripts/ssr_seeds.py --experiment ssr_swepro --seeds 0 1 2 -- method.evidence=fixed_n
@@ -15,22 +20,73 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
 
-def run_seed(experiment: str, seed: int, root: Path, extra: list[str], vary_benchmark: bool) -> dict:
+def run_seed(experiment: str, seed: int, root: Path, extra: list[str], vary_benchmark: bool, retries: int) -> dict:
     run_dir = root / f"{experiment}-seed{seed}"
     argv = [sys.executable, "-m", "milo_ray.run", f"+experiment={experiment}", f"run.seed={seed}",
-            f"run.dir={run_dir}", "run.progress=false", *extra]
+            f"run.dir={run_dir}", "run.progress=false", "execution.join_running=false", *extra]
     if vary_benchmark:
         argv.append(f"benchmark.seed={seed}")
-    proc = subprocess.run(argv, capture_output=True, text=True)
-    if proc.returncode != 0:
-        raise SystemExit(f"seed {seed} failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
-    return json.loads((run_dir / "manifest.json").read_text())["summary"]
+    for attempt in range(retries + 1):
+        proc = subprocess.run(argv, capture_output=True, text=True)
+        if proc.returncode == 0:
+            break
+        if proc.returncode != 1 or run_dir.exists() or attempt == retries:  # 2 = bad input: never retried
+            raise SystemExit(f"seed {seed} failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
+        # The run never started (typically Ray failing to start on an overloaded machine):
+        # nothing was written, so starting it again cannot change its result.
+        last = (proc.stderr.strip().splitlines() or ["?"])[-1]
+        print(f"# retry {attempt + 1}/{retries}: seed {seed} never started (exit {proc.returncode}: {last[:200]})",
+              flush=True)
+    summary = json.loads((run_dir / "manifest.json").read_text())["summary"]
+    return {**summary, "races": race_picks(run_dir)}
+
+
+def race_picks(run_dir: Path) -> list[dict]:
+    """Each race of a run, judged by the benchmark's ground truth (the surrogate's exact
+    expected test score): the parent's, every raced child's, and the one selected.
+    Empty on a benchmark without ground truth."""
+    from hydra.utils import instantiate
+
+    from milo_ray.harness.model import Harness
+    from milo_ray.store import open_run
+
+    config = json.loads((run_dir / "manifest.json").read_text())["config"]
+    bench = instantiate(config["benchmark"], _convert_="all")
+    if not hasattr(bench, "true_quality"):
+        return []
+    store = open_run(run_dir)
+    rows = store.read("harnesses").to_pylist()
+    refs = {r["harness_id"]: r["source_ref"] for r in rows if r.get("source_ref")}
+    scale = {r["harness_id"]: r.get("evidence_scale") or 0 for r in rows}
+
+    def true(hid: str) -> float:
+        h = Harness(dict(store.get_blob(refs[hid])))
+        return float(bench.true_quality(h, config["method"]["test_split"])["score"])
+
+    races, first_stage = [], {}
+    for e in sorted(store.read("events").to_pylist(), key=lambda r: r["seq"]):
+        p = json.loads(e["payload"]) if isinstance(e["payload"], str) else e["payload"]
+        if e["kind"] == "ssr.stage_result" and e["round"] not in first_stage:
+            first_stage[e["round"]] = list(p["scores"])  # parent + every child that entered the race
+        elif e["kind"] == "ssr.selection":
+            parent = p["parent_id"]
+            raced = sorted((h for h in first_stage.get(e["round"], []) if h != parent), key=lambda h: scale.get(h, 0))
+            children = {h: true(h) for h in raced}  # in evidence-prefix order (k ascending)
+            if not children:
+                continue
+            races.append({"round": e["round"], "parent": true(parent), "children": children,
+                          "scales": [scale.get(h) for h in raced], "selected": p["selected"],
+                          "replaced": bool(p["replaced"]),
+                          "best_child": max(children.values()), "picked": children.get(p["best_child"]),
+                          "rank": 1 + sum(v > children[p["best_child"]] for v in children.values())})
+    return races
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -39,8 +95,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4])
     p.add_argument("--root", default=None, help="where run directories go (default: a temp dir)")
     p.add_argument("--fixed-benchmark", action="store_true", help="keep benchmark.seed at its configured value")
+    p.add_argument("--retries", type=int, default=2,
+                   help="start a run again this many times when it failed before writing anything (e.g. Ray did "
+                        "not start); any other failure stops the script with exit code 1")
     p.add_argument("overrides", nargs="*", help="extra Hydra overrides (after --)")
     args = p.parse_args(argv)
+    print(f"command: python scripts/ssr_seeds.py {shlex.join(sys.argv[1:] if argv is None else argv)}")
     root = Path(args.root or tempfile.mkdtemp(prefix="ssr-seeds-"))
     rows = []
     head = (f"{'seed':>4} {'score init':>10} {'score final':>11} {'resolve init':>12} {'resolve final':>13} "
@@ -49,16 +109,28 @@ def main(argv: list[str] | None = None) -> int:
     print(head)
     print("-" * len(head))
     for s in args.seeds:
-        sm = run_seed(args.experiment, s, root, args.overrides, not args.fixed_benchmark)
+        sm = run_seed(args.experiment, s, root, args.overrides, not args.fixed_benchmark, args.retries)
         rows.append(sm)
         print(f"{s:>4} {sm['initial_true_quality']:>10.4f} {sm['final_true_quality']:>11.4f} "
               f"{sm['initial_true_resolve']:>12.4f} {sm['final_true_resolve']:>13.4f} "
               f"{sm['test_initial']['rr_at_k']:>9.3f} {sm['test_final']['rr_at_k']:>10.3f} "
               f"{sm['executions_used']:>6} {sm['rounds']:>6}  {sm['stop_reason']}", flush=True)
+        for r in sm["races"]:
+            print(f"{'':>6}race {r['round']}: true score parent {r['parent']:.4f}, children "
+                  f"{' '.join(f'k={k}: {v:.4f}' for k, v in zip(r['scales'], r['children'].values()))}; "
+                  f"racing's best child {r['picked']:.4f} "
+                  f"(rank {r['rank']} of {len(r['children'])} by true score), "
+                  f"{'replaced the parent' if r['replaced'] else 'parent kept'}", flush=True)
     for key, label in (("true_quality", "score"), ("true_resolve", "resolve")):
         deltas = [r[f"final_{key}"] - r[f"initial_{key}"] for r in rows]
         print(f"true {label}: improved in {sum(d > 0 for d in deltas)}/{len(rows)} seeds, "
               f"mean delta {sum(deltas) / len(deltas):+.4f}")
+    races = [r for sm in rows for r in sm["races"]]
+    if races:
+        print(f"races: {len(races)}; racing's best child beats the parent in true score in "
+              f"{sum(r['picked'] > r['parent'] for r in races)}/{len(races)}, is the truly best child in "
+              f"{sum(r['rank'] == 1 for r in races)}/{len(races)}; the parent was replaced in "
+              f"{sum(r['replaced'] for r in races)}/{len(races)}")
     print(f"runs in {root}")
     return 0
 
