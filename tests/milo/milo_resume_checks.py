@@ -270,11 +270,24 @@ UNIQUE_KEY = {
 }
 
 
+def _once_keys(e: dict[str, Any]) -> list[str]:
+    k, p = e["kind"], e["payload"]
+    keys = [json.dumps([k, UNIQUE_KEY[k](p)])] if k in UNIQUE_KEY else []
+    # An orchestrator move has one outcome: the island it created, the graft child it
+    # recorded, or its failure; a second one means the move was carried out again.
+    if k in ("milo.island", "milo.move_failed") and "index" in p:
+        keys.append(json.dumps(["move outcome", p["decision_id"], int(p["index"])]))
+    elif k == "milo.node" and p["node"]["origin"] == "graft":
+        did, _, i = p["node"]["node_id"].rpartition("-g")  # graft child ids are <decision>-g<move>
+        keys.append(json.dumps(["move outcome", did, int(i)]))
+    return keys
+
+
 def assert_no_step_recorded_twice(run_dir: Path) -> None:
-    seen: dict[tuple[str, str], list[dict[str, Any]]] = collections.defaultdict(list)
+    seen: dict[str, list[dict[str, Any]]] = collections.defaultdict(list)
     for e in events(run_dir):
-        if e["kind"] in UNIQUE_KEY:
-            seen[(e["kind"], json.dumps(UNIQUE_KEY[e["kind"]](e["payload"]), sort_keys=True))].append(e)
+        for key in _once_keys(e):
+            seen[key].append(e)
     twice = [rows for rows in seen.values() if len(rows) > 1]
     assert not twice, "steps recorded more than once: " + " | ".join(_fmt(r) for r in twice)
 
@@ -348,7 +361,6 @@ def assert_no_recorded_work_redone(run: KilledRun) -> None:
     and no session calls an agent twice for the same work. A call in flight at a kill
     left no result, so the next session may repeat it."""
     calls = agent_calls(run.run_dir)
-    assert calls, "the agent call log is empty: the runner's logging agents were not used"
     redone = [c for c in calls if c["work"] in run.before[c["session"]]]
     assert not redone, (f"agent calls for work already recorded when their session started (kills: {run.kills}): "
                         f"{[(c['session'], c['agent'], c['work']) for c in redone]}")
@@ -357,9 +369,12 @@ def assert_no_recorded_work_redone(run: KilledRun) -> None:
     assert not twice, f"agent calls repeated within one session: {twice}"
 
 
-def assert_every_island_ran_its_rounds(run: KilledRun) -> None:
+def assert_run_finished(run: KilledRun) -> None:
     """The resumed run finished: every island (speciated ones too) closed max_rounds
-    rounds, in the final state and in the store, and the run stopped as finished."""
+    rounds, in the final state and in the store; every orchestrator decision the store
+    records had each of its moves and itself marked done; the run stopped as finished."""
+    from milo_ray.milo.orchestrator import moves_of
+
     want = CONFIG["max_rounds"]
     assert run.failure is None, run.failure
     short = {j: isl["rounds"] for j, isl in run.state["islands"].items() if isl["rounds"] != want}
@@ -371,6 +386,13 @@ def assert_every_island_ran_its_rounds(run: KilledRun) -> None:
             j = int(e["payload"]["island"])
             closed[j] = max(closed[j], int(e["payload"]["rounds_done"]))
     assert {str(j): n for j, n in closed.items()} == {j: want for j in run.state["islands"]}
+    decisions = {e["payload"]["decision_id"]: e["payload"]["decision"] for e in evs if e["kind"] == "milo.decision"}
+    moves_done = {(e["payload"]["decision_id"], int(e["payload"]["index"]))
+                  for e in evs if e["kind"] == "milo.move_done"}
+    done = {e["payload"]["decision_id"] for e in evs if e["kind"] == "milo.intervention_done"}
+    unfinished = {did: [i for i in range(len(moves_of(d))) if (did, i) not in moves_done]
+                  for did, d in decisions.items() if did not in done}
+    assert not unfinished, f"interventions never finished (decision: moves not done; kills: {run.kills}): {unfinished}"
     stops = [e["payload"] for e in evs if e["kind"] == "milo.stop"]
     assert stops and stops[-1]["reason"] == "finished", stops
 

@@ -24,12 +24,13 @@ import pytest
 import milo_resume_checks as checks
 from milo_resume_checks import KilledRun, RayInstance, Sigkill, drive
 
-pytestmark = pytest.mark.slow  # the module's runs take ~3 minutes together
+pytestmark = pytest.mark.slow  # the module's sessions take ~3 minutes together
 
 # One scenario per mode: a run directory driven through a session per kill step, then
 # a final resume. Kill points ("before"/"after" an event) each leave a different step
 # half done; Sigkill steps (seeded) kill at an arbitrary moment a few stored events
-# into the session. A run stores ~55 events.
+# into the session. A lock-step run stores 58 events; a free-running one ~40 to ~55,
+# depending on the interleaving (Sigkill ranges leave room for the shortest).
 SCENARIOS = {
     "lockstep": [  # points in the order the run reaches them
         "after milo.init",  # initialization recorded, nothing of it applied or seeded
@@ -48,8 +49,8 @@ SCENARIOS = {
         "before milo.node:island=1,origin=seed",  # initialization half done (the same in both modes)
         "before milo.progress:island=0,rounds_done=1",  # a child recorded, its round not closed
         "before milo.move_done:index=0",  # an orchestrator move carried out, not marked done
-        Sigkill(4, 12),
-        Sigkill(4, 12),
+        Sigkill(2, 6),
+        Sigkill(2, 6),
     ],
 }
 
@@ -85,7 +86,10 @@ def test_checks_hold_for_an_uninterrupted_run(lockstep_reference):
                   checks.assert_harness_rows_match_events, checks.assert_no_rollout_run_twice):
         check(run.run_dir)
     checks.assert_no_recorded_work_redone(run)
-    checks.assert_every_island_ran_its_rounds(run)
+    checks.assert_run_finished(run)
+    # The agent-call checks mean something only if the runner's logging agents ran.
+    agents = {c["agent"] for c in checks.agent_calls(run.run_dir)}
+    assert agents == {"mutator", "orchestrator.decide", "orchestrator.graft"}, agents
 
 
 def test_a_resumed_run_is_initialized_once(killed_run):
@@ -124,8 +128,8 @@ def test_a_resumed_run_keeps_one_harness_row_per_node_and_unplaced_seed(killed_r
     checks.assert_harness_rows_match_events(killed_run.run_dir)
 
 
-def test_a_resumed_run_runs_every_island_to_max_rounds(killed_run):
-    checks.assert_every_island_ran_its_rounds(killed_run)
+def test_a_resumed_run_finishes_every_round_and_intervention(killed_run):
+    checks.assert_run_finished(killed_run)
 
 
 def test_a_resumed_lockstep_run_reaches_the_uninterrupted_state(killed_run, lockstep_reference):
