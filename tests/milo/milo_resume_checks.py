@@ -343,8 +343,6 @@ def expected_harness_rows(run_dir: Path) -> collections.Counter:
 def assert_harness_rows_match_events(run_dir: Path) -> None:
     """The ``harnesses`` table holds exactly one row per node and per island-less seed."""
     actual, expected = harness_rows(run_dir), expected_harness_rows(run_dir)
-    # PRODUCT BUG: fails after a kill between a harnesses row and its event (see
-    # test_a_resumed_run_keeps_one_harness_row_per_node_and_unplaced_seed).
     assert actual == expected, (f"harnesses rows missing: {dict(expected - actual)}; "
                                 f"repeated or without their event: {dict(actual - expected)}")
 

@@ -35,7 +35,7 @@ SCENARIOS = {
     "lockstep": [  # points in the order the run reaches them
         "after milo.init",  # initialization recorded, nothing of it applied or seeded
         "before milo.node:island=1,origin=seed",  # island 0 seeded, island 1 not yet
-        "before milo.progress:island=0,rounds_done=1",  # a round's (rejected) child recorded, the round not closed
+        "after milo.node:node_id=0-1",  # a round's (rejected) child recorded, not applied, no harnesses row yet
         "before milo.heldout:node_id=d0-1-g0",  # a graft's child recorded, its held-out score and the move not
         "before milo.refit:island=1",  # a curriculum change recorded, island 0 re-fitted, island 1 not yet
         Sigkill(2, 8),  # somewhere in the next intervention or the second step (the next point is ~16 events on)
@@ -47,7 +47,7 @@ SCENARIOS = {
     # run reaches, whatever the interleaving, then SIGKILLs.
     "free": [
         "before milo.node:island=1,origin=seed",  # initialization half done (the same in both modes)
-        "before milo.progress:island=0,rounds_done=1",  # a child recorded, its round not closed
+        "after milo.node:node_id=0-1",  # a child recorded, not applied, its round not closed
         "before milo.move_done:index=0",  # an orchestrator move carried out, not marked done
         Sigkill(2, 6),
         Sigkill(2, 6),
@@ -118,13 +118,10 @@ def test_a_resumed_run_never_reruns_a_stored_rollout(killed_run):
 
 
 def test_a_resumed_run_keeps_one_harness_row_per_node_and_unplaced_seed(killed_run):
-    # PRODUCT BUG (known, exposed here on purpose; see the report of this change): the
-    # recorder writes ``harnesses`` rows outside the event log and resume does not
-    # reconcile them. MiloRun.record_node appends a node's row *before* its
-    # ``milo.node`` event, so a kill between the two leaves a row the resumed run writes
-    # again (kill point "before milo.node:island=1,origin=seed": the seed's row twice);
-    # MiloRun.initialize writes the rows of seeds without an island *after* ``milo.init``,
-    # so a kill in between loses them for good (kill point "after milo.init").
+    # The harnesses table is written beside the event log, not replayed from it: a kill
+    # right after milo.init (the island-less seeds' rows not yet written) or right after
+    # a milo.node event (its row not yet written) leaves rows the resumed run must add,
+    # once, and a kill before a node's event must not leave a stray row.
     checks.assert_harness_rows_match_events(killed_run.run_dir)
 
 
