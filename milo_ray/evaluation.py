@@ -150,7 +150,9 @@ class EvalMethod:
         self._seeds(benchmark)
 
     def run(self, ctx: RunContext) -> dict[str, Any]:
-        self.preflight(ctx.benchmark, {})
+        from milo_ray.benchmarks.base import resolve_split
+
+        resolve_split(ctx.benchmark, self.split, field="method.split")
         seeds = self._seeds(ctx.benchmark)
         task_ids = [t.task_id for t in ctx.benchmark.tasks(self.split)]
         for h in seeds:

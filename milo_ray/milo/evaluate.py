@@ -3,7 +3,8 @@ aggregates the lineage stores (accuracy, costs, behavior, fitness) and the on-di
 harness directory ``<run_dir>/workspace/harnesses/<harness_id>/{harness.py, diff.patch, evidence/}``
 (outside the store's table directories, so ``<run_dir>/harnesses/`` holds only Parquet parts).
 
-Owns :class:`Evaluation` and :func:`evaluate`; no policy lives here.
+Owns :class:`Evaluation` and :func:`evaluate`, and the workspace files beside them (a
+mutation's ``round-<r>.request.json``: what its mutator was given); no policy lives here.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from milo_ray.agents.protocols import MutationRequest
 from milo_ray.execution.types import RolloutRequest, RolloutResult
 from milo_ray.harness.model import Harness
 from milo_ray.kernels.pareto import fitness_vectors
@@ -109,3 +111,15 @@ def empty_dir(path: Path) -> Path:
 
 def dumps(obj: Any) -> str:
     return json.dumps(obj, indent=2, sort_keys=True, default=str)
+
+
+def write_request_record(path: Path, req: MutationRequest, mutator: str) -> None:
+    """What a mutator was given, beside its workspace: the ablation rungs differ only in
+    this (evidence or none, tree or flat archive), and a person debugging a mutator
+    reads it first."""
+    evidence = sorted(str(p.relative_to(req.evidence_dir)) for p in Path(req.evidence_dir).rglob("*") if p.is_file())
+    path.write_text(json.dumps({
+        "mutator": mutator, "parent_dir": str(req.parent_dir), "evidence_dir": str(req.evidence_dir),
+        "evidence_files": evidence, "memory_path": req.context.get("memory_path"), "seed": req.seed,
+        "context": {k: v for k, v in req.context.items() if k != "memory_path"},
+    }, indent=1, default=str))

@@ -32,26 +32,13 @@ from milo_ray.harness.model import Harness
 from milo_ray.kernels.pareto import most_dissimilar
 from milo_ray.milo.config import MiloConfig
 from milo_ray.milo.determinism import derive_seed
-from milo_ray.milo.evaluate import Evaluation, empty_dir, evaluate, write_evidence, write_harness_dir
+from milo_ray.milo.evaluate import (Evaluation, empty_dir, evaluate, write_evidence, write_harness_dir,
+                                   write_request_record)
 from milo_ray.milo.island import IslandActor
 from milo_ray.milo.lineage import LineageNode
 from milo_ray.milo.mutator_pool import MutatorPool, MutatorPoolActor
 
 log = logging.getLogger(__name__)
-
-
-def _write_request_record(path: Path, req: MutationRequest, mutator: str) -> None:
-    """What a mutator was given, beside its workspace: the ablation rungs differ only in
-    this (evidence or none, tree or flat archive), and a person debugging a mutator
-    reads it first."""
-    import json
-
-    evidence = sorted(str(p.relative_to(req.evidence_dir)) for p in Path(req.evidence_dir).rglob("*") if p.is_file())
-    path.write_text(json.dumps({
-        "mutator": mutator, "parent_dir": str(req.parent_dir), "evidence_dir": str(req.evidence_dir),
-        "evidence_files": evidence, "memory_path": req.context.get("memory_path"), "seed": req.seed,
-        "context": {k: v for k, v in req.context.items() if k != "memory_path"},
-    }, indent=1, default=str))
 
 
 class MiloMethod:
@@ -433,7 +420,7 @@ class MiloRun:
                      "parent_accuracy": parent.get("accuracy"), "parent_costs": parent.get("costs"),
                      "memory_path": str(workdir.parent / f"round-{r}.memory.md")},
         )
-        _write_request_record(workdir.parent / f"round-{r}.request.json", req, mutator)
+        write_request_record(workdir.parent / f"round-{r}.request.json", req, mutator)
         res: MutationResult = await self.pool.mutate.remote(mutator, req)
         return await self.child(j, r, node_id=node_id, parent=parent, res=res, origin="mutation", mutator=mutator)
 
