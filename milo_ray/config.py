@@ -16,13 +16,38 @@ from omegaconf import MISSING
 
 
 @dataclass
+class RoleBudgetConfig:
+    """Caps of one agent role (``run.budget.roles.<role>``); None: unlimited."""
+
+    tokens: Optional[int] = None
+    cost_usd: Optional[float] = None
+
+
+@dataclass
+class RoleBudgetsConfig:
+    """``run.budget.roles``: one set of caps per agent role."""
+
+    solver: RoleBudgetConfig = field(default_factory=RoleBudgetConfig)
+    mutator: RoleBudgetConfig = field(default_factory=RoleBudgetConfig)
+    orchestrator: RoleBudgetConfig = field(default_factory=RoleBudgetConfig)
+    judge: RoleBudgetConfig = field(default_factory=RoleBudgetConfig)
+    optimizer: RoleBudgetConfig = field(default_factory=RoleBudgetConfig)
+    embedder: RoleBudgetConfig = field(default_factory=RoleBudgetConfig)
+
+
+@dataclass
 class BudgetConfig:
     """Caps on what a run may spend. ``executions`` counts rollouts (cached ones are
-    free); None means unlimited. Token and USD caps stop new work once reached."""
+    free); None means unlimited. ``tokens`` and ``cost_usd`` count rollouts and every
+    agent call of the search (the ``agent_calls`` table) and stop new work once
+    reached. ``roles``: per-role caps, e.g. ``run.budget.roles.judge.tokens=2000000``
+    (roles: solver, mutator, orchestrator, judge, optimizer, embedder); reaching one
+    stops new work of that role, and the run ends with its incumbent."""
 
     executions: Optional[int] = None
     tokens: Optional[int] = None
     cost_usd: Optional[float] = None
+    roles: RoleBudgetsConfig = field(default_factory=RoleBudgetsConfig)
 
 
 @dataclass

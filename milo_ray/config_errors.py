@@ -119,6 +119,17 @@ def check_resume_overrides(overrides: list[str]) -> None:
                         "with run.resume (start a new run to change anything else)")
 
 
+def _check_role_caps(roles: Any) -> None:
+    from omegaconf import OmegaConf
+
+    from milo_ray.search.agent_calls import role_caps
+
+    try:
+        role_caps(OmegaConf.to_container(roles, resolve=True) if roles is not None else None)
+    except ValueError as exc:
+        raise UserError(str(exc)) from None
+
+
 def check_settings(cfg: Any) -> None:
     """Value checks of the run and execution settings (``UserError`` naming the key).
 
@@ -131,6 +142,7 @@ def check_settings(cfg: Any) -> None:
         value = run.budget[name]
         if value is not None and value < 0:
             raise UserError(f"run.budget.{name}={value}: must be >= 0 (or null for unlimited)")
+    _check_role_caps(run.budget.get("roles"))
     prices = (cfg.model.usd_per_mtok_input, cfg.model.usd_per_mtok_output)
     for name, value in zip(("usd_per_mtok_input", "usd_per_mtok_output"), prices):
         if value is not None and value < 0:

@@ -17,7 +17,10 @@ class RunContext:
     past it a method starts no new work, settles in-flight work, then runs its final
     evaluation and summary. ``scheduler`` is a ``milo_ray.execution.scheduler.RolloutScheduler``.
     ``elapsed_before_s``: seconds the earlier sessions of a resumed run already spent;
-    time limits count them (``deadline`` already does)."""
+    time limits count them (``deadline`` already does). ``agents``: the ``backend.agents``
+    config (mutators, orchestrator, judge, optimizer, embedder). ``agent_calls``: the
+    run's :class:`~milo_ray.search.agent_calls.AgentCallLog`; every agent call is
+    recorded there."""
 
     run_id: str
     run_dir: Path
@@ -29,7 +32,16 @@ class RunContext:
     deadline: float | None = None
     resumed: bool = False
     elapsed_before_s: float = 0.0
+    agents: dict[str, Any] = field(default_factory=dict)
+    agent_calls: Any = None
     extras: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.agent_calls is None:
+            from milo_ray.search.agent_calls import AgentCallLog
+
+            self.agent_calls = AgentCallLog(self.store, budget=getattr(self.scheduler, "budget", None),
+                                            resumed=self.resumed)
 
     def time_left(self) -> float:
         return float("inf") if self.deadline is None else self.deadline - time.monotonic()

@@ -94,7 +94,7 @@ def _resume_config(cfg: DictConfig, overrides: list[str]) -> DictConfig:
     stored.run.resume = str(path)
     given = {override_key(o) for o in overrides}
     for key in ("run.time_limit_s", "run.progress", "run.budget.executions", "run.budget.tokens",
-                "run.budget.cost_usd"):
+                "run.budget.cost_usd", "run.budget.roles"):
         if key in given or (key.startswith("run.budget.") and "run.budget" in given):
             OmegaConf.update(stored, key, OmegaConf.select(cfg, key), force_add=True)
     stored.execution = cfg.execution
@@ -136,6 +136,7 @@ def run_job(cfg: DictConfig) -> dict[str, Any]:
     from milo_ray.execution.budget import BudgetLedger
     from milo_ray.execution.cluster import connect
     from milo_ray.execution.scheduler import RolloutScheduler
+    from milo_ray.search.agent_calls import AgentCallLog, role_caps
     from milo_ray.store.parquet import ParquetRunStore
 
     resumed = bool(cfg.run.resume)
@@ -194,7 +195,9 @@ def run_job(cfg: DictConfig) -> dict[str, Any]:
         deadline=deadline,
         resumed=resumed,
         elapsed_before_s=elapsed,
-        extras={"agents": agents},
+        agents=agents,
+        agent_calls=AgentCallLog(store, budget=scheduler.budget, resumed=resumed,
+                                 caps=role_caps(OmegaConf.to_container(cfg.run.budget.roles, resolve=True))),
     )
     status = "failed"
     summary: dict[str, Any] = {}

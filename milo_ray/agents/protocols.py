@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
+from milo_ray.agents.usage import AgentReply, AgentUsage
 from milo_ray.harness.model import Harness
 
 
@@ -44,6 +45,12 @@ class MutationResult:
     input_tokens: int = 0
     output_tokens: int = 0
     seconds: float = 0.0
+    cost_usd: float | None = 0.0
+    retries: int = 0
+
+    @property
+    def usage(self) -> AgentUsage:
+        return AgentUsage(self.input_tokens, self.output_tokens, self.cost_usd, self.seconds, self.retries, self.error)
 
 
 @runtime_checkable
@@ -71,9 +78,10 @@ class JudgeVerdict:
 class Judge(Protocol):
     name: str
 
-    def judge(self, trajectory: dict[str, Any], feedback: dict[str, Any], task_id: str) -> dict[str, Any]:
-        """Raw judge output (a JSON object). The caller validates it into a JudgeVerdict
-        and re-asks a bounded number of times when it is malformed or out of range."""
+    def judge(self, trajectory: dict[str, Any], feedback: dict[str, Any], task_id: str) -> AgentReply[Any]:
+        """Raw judge output (a JSON object) and its usage. The caller validates the output
+        into a JudgeVerdict and re-asks a bounded number of times when it is malformed or
+        out of range."""
         ...
 
 
@@ -84,7 +92,9 @@ class Orchestrator(Protocol):
 
     name: str
 
-    def decide(self, snapshot_markdown: str, state: dict[str, Any], seed: int) -> dict[str, Any]: ...
+    def decide(self, snapshot_markdown: str, state: dict[str, Any], seed: int) -> AgentReply[dict[str, Any]]:
+        """The decision JSON (validated by the caller) and its usage."""
+        ...
 
     def graft(self, request: MutationRequest) -> MutationResult:
         """Write the recombined child of a Graft move: ``request.parent`` is the

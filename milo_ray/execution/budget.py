@@ -140,6 +140,14 @@ class BudgetLedger:
             self._tokens_used += int(tokens)
             self._cost_used += float(cost_usd)
 
+    def charge(self, *, tokens: int = 0, cost_usd: float | None = 0.0) -> None:
+        """Count spend that is not a rollout (an agent call of the search): it uses up the
+        token and USD caps but no execution. An unpriced call (``cost_usd`` None) counts
+        its tokens only."""
+        with self._lock:
+            self._tokens_used += int(tokens)
+            self._cost_used += float(cost_usd or 0.0)
+
     def release(self, n: int = 1) -> None:
         """Give back reservations of rollouts that never started."""
         with self._lock:

@@ -10,7 +10,7 @@ curriculum is one ``events`` row (``milo.*``) written first and then applied by
 :meth:`MiloRun.apply`; resuming replays the same rows through the same method, so the
 store is the single source of truth and the actors are caches. Orchestrator moves
 live in :mod:`milo_ray.milo.orchestrator`; reproducibility in
-:mod:`milo_ray.milo.determinism`.
+:mod:`milo_ray.search.seeds`.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from milo_ray.execution.budget import BudgetExceeded
 from milo_ray.harness.model import Harness
 from milo_ray.kernels.pareto import most_dissimilar
 from milo_ray.milo.config import MiloConfig
-from milo_ray.milo.determinism import derive_seed
+from milo_ray.search.seeds import derive_seed
 from milo_ray.milo.evaluate import (Evaluation, empty_dir, evaluate, write_evidence, write_harness_dir,
                                    write_request_record)
 from milo_ray.milo.island import IslandActor
@@ -70,7 +70,7 @@ class MiloRun:
     """One MILO run on the driver."""
 
     def __init__(self, cfg: MiloConfig, ctx: RunContext) -> None:
-        agents = (ctx.extras or {}).get("agents") or {}
+        agents = ctx.agents or {}
         cfg = cfg.for_run(ctx.benchmark, agents)
         self.cfg, self.ctx = cfg, ctx
         self.store, self.sched, self.bench = ctx.store, ctx.scheduler, ctx.benchmark

@@ -41,7 +41,7 @@ class MutatorPool:
     def __init__(self, specs: Sequence[Mapping[str, Any]], *, time_cap_s: float = 2700.0,
                  max_concurrent: int | Mapping[str, int] = 8) -> None:
         if not specs:
-            raise ValueError("mutator pool: no mutator specs (ctx.extras['agents']['mutators'] is empty)")
+            raise ValueError("mutator pool: no mutator specs (backend.agents.mutators is empty)")
         if time_cap_s <= 0:
             raise ValueError(f"mutator pool: time_cap_s={time_cap_s} must be > 0")
         names = spec_names(specs)

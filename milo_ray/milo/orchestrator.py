@@ -12,6 +12,7 @@ by a crash is completed on resume from its stored decision.
 from __future__ import annotations
 
 import asyncio
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -19,10 +20,11 @@ import numpy as np
 
 from milo_ray.agents.orchestrators.schema import DecisionError, validate_decision
 from milo_ray.agents.protocols import MutationRequest, MutationResult
+from milo_ray.agents.usage import AgentUsage, reply_parts
 from milo_ray.kernels.pareto import task_regret
-from milo_ray.milo.determinism import derive_seed
 from milo_ray.milo.evaluate import dumps, write_evidence
 from milo_ray.milo.render import render_population
+from milo_ray.search.seeds import derive_seed
 
 if TYPE_CHECKING:
     from milo_ray.milo.loop import MiloRun
@@ -75,10 +77,15 @@ async def intervene(run: "MiloRun", j: int) -> None:
     (odir / "snapshot.md").write_text(md)
     seed = derive_seed(run.ctx.seed, "orchestrate", j, r)
     orch = run.orchestrator()
+    t0 = time.monotonic()
     try:
-        raw = await asyncio.wait_for(asyncio.to_thread(orch.decide, md, state, seed), timeout=run.cfg.mutation_time_cap_s)
+        reply = await asyncio.wait_for(asyncio.to_thread(orch.decide, md, state, seed), timeout=run.cfg.mutation_time_cap_s)
+        raw, usage = reply_parts(reply)
     except Exception as e:  # a failing orchestrator call skips this intervention, never the run
         raw = {"error": f"{type(e).__name__}: {e}"}
+        usage = AgentUsage(cost_usd=None, error=raw["error"])
+    run.ctx.agent_calls.record("orchestrator", usage.with_seconds(time.monotonic() - t0), call_id=f"decide:{did}",
+                               agent=getattr(orch, "name", type(orch).__name__), island=j, round=r)
     (odir / "decision.json").write_text(dumps(raw))
     owners = {s["island"]: [n["node_id"] for n in s["nodes"]] + [n["harness_id"] for n in s["nodes"]]
               for s in state["islands"]}

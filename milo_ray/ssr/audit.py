@@ -179,7 +179,7 @@ def generate_surrogate_matrix(benchmark: Any, *, optimizer: Any, judge: Any, emb
     from milo_ray.harness.diff import diff
     from milo_ray.harness.validate import forbidden_fragments_for, validate
     from milo_ray.ssr import evidence as ev
-    from milo_ray.ssr.store_io import derive_seed
+    from milo_ray.search.seeds import derive_seed
 
     executor = instantiate(benchmark.executor_config(), _convert_="all")
     parent = parent or benchmark.seed_harnesses()[0]

@@ -28,6 +28,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from milo_ray.agents.judges.schema import JudgeOutputError, parse_verdict, verdict_tags
+from milo_ray.agents.usage import AgentUsage, reply_parts
 
 
 @dataclass
@@ -51,6 +52,7 @@ class ExperienceRecord:
     judge_error: str | None = None
     attempts: int = 0
     embedding: np.ndarray | None = None
+    usage: list[AgentUsage] = field(default_factory=list)  # one per judge call (re-asks included)
 
     @property
     def ok(self) -> bool:
@@ -105,7 +107,8 @@ def judge_one(judge: Any, item: JudgeItem, *, round: int, harness_id: str, retri
     for attempt in range(retries + 1):
         rec.attempts = attempt + 1
         try:
-            raw = judge.judge(item.trajectory, item.feedback, item.task_id)
+            raw, usage = reply_parts(judge.judge(item.trajectory, item.feedback, item.task_id))
+            rec.usage.append(usage)
             v = parse_verdict(raw)
         except JudgeOutputError as e:
             last = str(e)

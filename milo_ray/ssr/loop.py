@@ -46,7 +46,8 @@ from milo_ray.ssr import evidence as ev
 from milo_ray.ssr.candidates import CandidateJob, build_agent, generate_candidates
 from milo_ray.ssr.config import SSRConfig
 from milo_ray.ssr.racing import Race, RaceCandidate, RaceConfig, UniformRace
-from milo_ray.ssr.store_io import StoreWriter, derive_seed
+from milo_ray.search.seeds import derive_seed
+from milo_ray.ssr.store_io import StoreWriter
 
 METHOD = "ssr"
 GROUP = "ssr"
@@ -84,7 +85,7 @@ class SSRMethod:
 
 class _SSRRun:
     def __init__(self, cfg: SSRConfig, ctx: Any) -> None:
-        agents = dict(ctx.extras.get("agents") or {})
+        agents = dict(ctx.agents or {})
         cfg = cfg.for_run(ctx.benchmark, agents)
         self.cfg, self.ctx = cfg, ctx
         self.sched, self.store, self.bench = ctx.scheduler, ctx.store, ctx.benchmark

@@ -1,4 +1,4 @@
-"""SSR's side effects on the run: idempotent store rows and derived seeds.
+"""SSR's side effects on the run: idempotent store rows.
 
 ``StoreWriter`` is the only place SSR writes rows; on a resumed run it skips rows
 already present (same harness and round, same experience record, same event), so
@@ -10,16 +10,7 @@ from __future__ import annotations
 import json
 from typing import Any, Sequence
 
-import numpy as np
-
 from milo_ray.harness.model import Harness
-
-
-def derive_seed(seed: int, *keys: Any) -> int:
-    """A 63-bit seed derived from the run seed and a path of keys (round, candidate…)."""
-    ints = [int(seed)] + [k if isinstance(k, int) else int.from_bytes(str(k).encode()[:8].ljust(8, b"\0"), "little")
-                          for k in keys]
-    return int(np.random.SeedSequence(ints).generate_state(2, dtype=np.uint64)[0] >> np.uint64(1))
 
 
 class StoreWriter:

@@ -13,7 +13,7 @@ import pyarrow as pa
 
 from milo_ray.execution.types import RolloutResult
 
-TABLES: tuple[str, ...] = ("rollouts", "harnesses", "events", "experience")
+TABLES: tuple[str, ...] = ("rollouts", "harnesses", "events", "experience", "agent_calls")
 
 
 @runtime_checkable
@@ -25,7 +25,7 @@ class RunStore(Protocol):
         ...
 
     def append(self, table: str, rows: Iterable[dict[str, Any]]) -> None:
-        """Append rows to ``harnesses``, ``events`` or ``experience`` (schema-checked)."""
+        """Append rows to ``harnesses``, ``events``, ``experience`` or ``agent_calls`` (schema-checked)."""
         ...
 
     def event(self, kind: str, payload: dict[str, Any] | None = None, **columns: Any) -> None:

@@ -54,6 +54,7 @@ I64, F64, STR, BOOL = pa.int64(), pa.float64(), pa.string(), pa.bool_()
 
 ERROR_KINDS = ("infra", "harness", "task")
 ORIGINS = ("seed", "mutation", "graft", "speciate", "ssr_candidate")
+AGENT_ROLES = ("solver", "mutator", "orchestrator", "judge", "optimizer", "embedder")
 
 _SPECS: dict[str, tuple[Column, ...]] = {
     "rollouts": (
@@ -125,6 +126,23 @@ _SPECS: dict[str, tuple[Column, ...]] = {
         _c("embedding", pa.list_(pa.float32())),
         _c("judge_error", STR),
         _c("trace_ref", STR),
+    ),
+    "agent_calls": (
+        _c("run_id", STR),
+        _c("call_id", STR, required=True),  # what the call was for; unique within a run
+        _c("role", STR, required=True, choices=AGENT_ROLES),
+        _c("agent", STR),
+        _c("model", STR),
+        _c("island", I64),
+        _c("candidate", I64),
+        _c("round", I64),
+        _c("input_tokens", I64),
+        _c("output_tokens", I64),
+        _c("cost_usd", F64),  # null: the call could not be priced (never recorded as 0)
+        _c("latency_s", F64),
+        _c("retries", I64),
+        _c("error", STR, max_chars=ERROR_MAX_CHARS),
+        _c("time", F64),
     ),
 }
 

@@ -64,6 +64,11 @@ def full_rows() -> dict[str, list[dict]]:
                  summary="ran out of time", suggestions=["add a deadline check", "plan first"],
                  embedding=[0.5, -0.25, 0.0], judge_error=None, trace_ref="cd" * 32),
         ],
+        "agent_calls": [
+            dict(run_id="r1", call_id="mutate:i0:r3", role="mutator", agent="offline-bold", model="m1", island=0,
+                 candidate=None, round=3, input_tokens=1200, output_tokens=300, cost_usd=None, latency_s=2.5,
+                 retries=1, error=None, time=1234.5),
+        ],
     }
 
 

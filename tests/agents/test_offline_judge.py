@@ -19,7 +19,7 @@ def _fb(score=0.0, timed_out=False, error_kind=None, ctrf=None):
 
 
 def test_timed_out_failure_is_a_deadline_overrun_with_an_addressing_mechanism():
-    raw = OfflineJudge().judge({"steps": [{"text": "working"}]}, _fb(timed_out=True), "t1")
+    raw = OfflineJudge().judge({"steps": [{"text": "working"}]}, _fb(timed_out=True), "t1").output
     v = parse_verdict(raw)
     assert "deadline_overrun" in raw["failure_modes"]
     assert raw["mechanisms"] and all("deadline_overrun" in MECHANISMS[m].addresses for m in raw["mechanisms"])
@@ -29,7 +29,7 @@ def test_timed_out_failure_is_a_deadline_overrun_with_an_addressing_mechanism():
 
 def test_explicit_tag_and_test_messages_are_read():
     ctrf = {"results": {"tests": [{"name": "test_x", "status": "failed", "message": "edge case returns wrong value"}]}}
-    raw = OfflineJudge().judge({"events": [{"kind": "lax_verification"}]}, _fb(ctrf=ctrf), "t2")
+    raw = OfflineJudge().judge({"events": [{"kind": "lax_verification"}]}, _fb(ctrf=ctrf), "t2").output
     assert raw["failure_modes"][0] == "lax_verification"
 
 
@@ -52,13 +52,13 @@ def test_success_is_less_important_than_a_general_failure():
 
 def test_malformed_rate_produces_rejectable_answers_deterministically():
     j1, j2 = OfflineJudge(malformed_rate=1.0, seed=3), OfflineJudge(malformed_rate=1.0, seed=3)
-    a = [j1.judge({}, _fb(), f"t{i}") for i in range(12)]
-    b = [j2.judge({}, _fb(), f"t{i}") for i in range(12)]
+    a = [j1.judge({}, _fb(), f"t{i}").output for i in range(12)]
+    b = [j2.judge({}, _fb(), f"t{i}").output for i in range(12)]
     assert [json.dumps(x, sort_keys=True, default=str) for x in a] == [json.dumps(x, sort_keys=True, default=str) for x in b]
     for raw in a:
         with pytest.raises(JudgeOutputError):
             parse_verdict(raw)
-    assert all(parse_verdict(OfflineJudge(malformed_rate=0.0).judge({}, _fb(), f"t{i}")) for i in range(5))
+    assert all(parse_verdict(OfflineJudge(malformed_rate=0.0).judge({}, _fb(), f"t{i}").output) for i in range(5))
 
 
 @pytest.mark.parametrize("raw,needle", [

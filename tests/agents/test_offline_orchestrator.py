@@ -77,7 +77,7 @@ def _rej(n):
 
 
 def _decide(state, md=""):
-    d = OfflineOrchestrator().decide(md, state, seed=1)
+    d = OfflineOrchestrator().decide(md, state, seed=1).output
     return validate_decision(d, islands=[s["island"] for s in state["islands"]], mutators=state["pool"],
                              assignment={int(k): v for k, v in state["assignment"].items()})
 
@@ -144,5 +144,5 @@ def test_repeated_rejected_edit_read_from_snapshot_adds_reassign():
 def test_decisions_never_exceed_max_moves():
     st = _state([_summary(0, acc=0.50, behavior={"t1": 0, "t2": 0, "t3": 1, "t4": 0}, recent=_rej(3)),
                  _summary(1, acc=0.51, behavior={"t1": 1, "t2": 1, "t3": 0, "t4": 0})], max_moves=1)
-    d = OfflineOrchestrator().decide("", st, seed=3)
+    d = OfflineOrchestrator().decide("", st, seed=3).output
     assert count_moves(d) <= 1

@@ -57,8 +57,8 @@ def test_milo_stops_at_the_runs_deadline(tmp_path, ray_local):
     def run(seconds_left):
         ctx = RunContext(run_id="t", run_dir=tmp_path, seed=0, store=store, benchmark=bench, scheduler=None,
                          model_id="m", resumed=True, deadline=time.monotonic() + seconds_left,
-                         extras={"agents": {"mutators": [{"_target_": "milo_ray.agents.mutators.offline.OfflineMutator"}],
-                                            "orchestrator": {"_target_": "x"}}})
+                         agents={"mutators": [{"_target_": "milo_ray.agents.mutators.offline.OfflineMutator"}],
+                                            "orchestrator": {"_target_": "x"}})
         return MiloRun(MiloConfig(), ctx)
 
     assert not run(60.0).out_of_time()

@@ -83,7 +83,7 @@ class LoggedOrchestrator:
         self.call_log, self.session = call_log, session
 
     def decide(self, snapshot_markdown: str, state: dict[str, Any], seed: int) -> dict[str, Any]:
-        from milo_ray.milo.determinism import derive_seed
+        from milo_ray.search.seeds import derive_seed
 
         # The call does not name its round; the seed is derive_seed(run seed, "orchestrate", j, r).
         j = int(state["trigger"])
@@ -202,8 +202,8 @@ def main() -> None:
     mutators = [{"_target_": "milo_resume_runner.LoggedMutator", "personality": p, **logged} for p in PERSONALITIES]
     ctx = RunContext(run_id="resume-test", run_dir=run_dir, seed=RUN_SEED, store=store, benchmark=bench,
                      scheduler=sched, model_id="offline-surrogate", resumed=resume,
-                     extras={"agents": {"mutators": mutators, "orchestrator": {
-                         "_target_": "milo_resume_runner.LoggedOrchestrator", **logged}}})
+                     agents={"mutators": mutators, "orchestrator": {
+                         "_target_": "milo_resume_runner.LoggedOrchestrator", **logged}})
     cfg = MiloConfig(**CONFIG, round_sync="--free" not in sys.argv)
 
     async def go():

@@ -34,7 +34,7 @@ def make_ctx(tmp_path: Path, *, budget: int | None = None, seed: int = 0, orches
                              model_id="offline-surrogate", run_id=store.run_id, budget=BudgetLedger(executions=budget))
     agents = {"mutators": MUTATORS, "orchestrator": orchestrator}
     return RunContext(run_id=store.run_id, run_dir=tmp_path, seed=seed, store=store, benchmark=bench, scheduler=sched,
-                      model_id="offline-surrogate", extras={"agents": agents})
+                      model_id="offline-surrogate", agents=agents)
 
 
 PATIENCE = 1  # P of the scripted run: every round without a held-out gain stalls an island

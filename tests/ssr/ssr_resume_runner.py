@@ -140,7 +140,7 @@ def run(run_dir: Path, out: Path, *, resume: bool) -> None:
               "optimizer": RecordingOptimizer(OfflineCandidateOptimizer(), log, session),
               "embedder": HashingEmbedder(dim=64)}
     ctx = RunContext(run_id=RUN_ID, run_dir=run_dir, seed=SEED, store=store, benchmark=bench, scheduler=sched,
-                     model_id="offline", resumed=resume, extras={"agents": agents})
+                     model_id="offline", resumed=resume, agents=agents)
     try:
         summary = SSRMethod(**CONFIG).run(ctx)
     finally:

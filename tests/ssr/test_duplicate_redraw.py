@@ -30,7 +30,7 @@ def _run(tmp_path, retries: int) -> list[dict]:
                              run_id="dup", budget=BudgetLedger(executions=28), slots_per_node=4, progress=False)
     agents = {"judge": OfflineJudge(), "optimizer": {"_target_": "milo_ray.testing.fake_agents.SameEditFirstOptimizer"}, "embedder": HashingEmbedder(dim=32)}
     ctx = RunContext(run_id="dup", run_dir=tmp_path / f"r{retries}", seed=3, store=store, benchmark=bench,
-                     scheduler=sched, model_id="offline", extras={"agents": agents})
+                     scheduler=sched, model_id="offline", agents=agents)
     try:
         SSRMethod(initial="minimal", evidence="topk_fixed", b_v=[2, 2], b_s=1, b_f=1, rollouts=1, stages=2,
                   patience=1, test_rollouts=1, evaluate_initial=False, max_concurrent_candidates=4,

@@ -103,7 +103,7 @@ def _run(tmp_path, bench, budget, *, inert=False, seed=3, tokens=None, **cfg):
     sched = InProcessScheduler(bench, store, BudgetLedger(executions=budget, tokens=tokens))
     agents = {"judge": OfflineJudge(), "optimizer": RuleOptimizer(inert), "embedder": HashingEmbedder(64)}
     ctx = RunContext(run_id="t", run_dir=tmp_path, seed=seed, store=store, benchmark=bench, scheduler=sched,
-                     model_id="offline", extras={"agents": agents})
+                     model_id="offline", agents=agents)
     params = dict(initial="minimal", **RACE_CFG, test_rollouts=3, evaluate_initial=True)
     params.update(cfg)
     summary = SSRMethod(**params).run(ctx)

@@ -23,7 +23,7 @@ def _ctx(tmp_path, store, bench):
     agents = {"judge": OfflineJudge(malformed_rate=0.1), "optimizer": OfflineCandidateOptimizer(),
               "embedder": HashingEmbedder(dim=64)}
     return RunContext(run_id="ssr-test", run_dir=tmp_path, seed=7, store=store, benchmark=bench, scheduler=sched,
-                      model_id="offline", extras={"agents": agents})
+                      model_id="offline", agents=agents)
 
 
 def test_ssr_end_to_end_within_budget(tmp_path, ray_local):

@@ -30,10 +30,13 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from collections import Counter
 from typing import Any, Iterable
 
 import numpy as np
+
+from milo_ray.agents.usage import AgentReply, AgentUsage
 
 # Generality prior per failure mode (see the module docstring).
 MODE_PRIOR: dict[str, float] = {
@@ -231,7 +234,12 @@ class OfflineJudge:
                 "failure_modes": [m for m, _ in ranked[:2]], "mechanisms": mechs[: self.max_suggestions]}
 
     # ------------------------------------------------------------------ protocol
-    def judge(self, trajectory: dict[str, Any], feedback: dict[str, Any], task_id: str) -> Any:
+    def judge(self, trajectory: dict[str, Any], feedback: dict[str, Any], task_id: str) -> AgentReply[Any]:
+        t0 = time.perf_counter()
+        out = self._answer(trajectory, feedback, task_id)
+        return AgentReply(out, AgentUsage(cost_usd=0.0, seconds=time.perf_counter() - t0))
+
+    def _answer(self, trajectory: dict[str, Any], feedback: dict[str, Any], task_id: str) -> Any:
         with self._lock:
             attempt = self._asked[task_id]
             self._asked[task_id] += 1

@@ -26,12 +26,14 @@ already a Reassign, a Reassign is added as the second move. Never more than
 from __future__ import annotations
 
 import re
+import time
 from collections import Counter
 from typing import Any
 
 import numpy as np
 
 from milo_ray.agents.protocols import MutationRequest, MutationResult
+from milo_ray.agents.usage import AgentReply, AgentUsage
 from milo_ray.harness.model import Harness
 
 _NODE_LINE = re.compile(r"- \[(?P<node>[^\]]+)\].*?mutation: (?P<label>.*?) \| verdict: (?P<verdict>admitted|rejected)")
@@ -70,7 +72,12 @@ class OfflineOrchestrator:
         self.graft_max_mechanisms = int(graft_max_mechanisms)
 
     # --- phase 1: diagnose and intervene ---------------------------------------------------
-    def decide(self, snapshot_markdown: str, state: dict[str, Any], seed: int) -> dict[str, Any]:
+    def decide(self, snapshot_markdown: str, state: dict[str, Any], seed: int) -> AgentReply[dict[str, Any]]:
+        t0 = time.perf_counter()
+        decision = self._decision(snapshot_markdown, state, seed)
+        return AgentReply(decision, AgentUsage(cost_usd=0.0, seconds=time.perf_counter() - t0))
+
+    def _decision(self, snapshot_markdown: str, state: dict[str, Any], seed: int) -> dict[str, Any]:
         rng = np.random.default_rng(seed)
         islands = {int(s["island"]): s for s in state["islands"]}
         j = int(state["trigger"])

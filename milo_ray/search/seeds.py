@@ -1,6 +1,6 @@
-"""Seed derivation for MILO, and what is (and is not) reproducible.
+"""Seed derivation for every method, and what is (and is not) reproducible.
 
-Every random choice draws from a ``numpy.random.Generator`` seeded by
+Every random choice (MILO's and SSR's alike) draws from a ``numpy.random.Generator`` seeded by
 :func:`derive_seed` (run seed, purpose, island, round, ...), never from global state:
 
 * initialization: the B_search/B_val subsets and the initial island -> mutator

@@ -1,0 +1,163 @@
+"""The agent ledger: one ``agent_calls`` row per agent call of any role, the run's
+token and USD budget charged with it, and per-role caps.
+
+The driver is the only writer (agents may run in Ray tasks or actors; their usage
+comes back with their result and is recorded here). Each call has a ``call_id`` that
+names what it was for (``mutate:i2:r7``, ``judge:r0:task-17:a1``); on resume the
+stored rows are read back, so spend before the interruption still counts against
+every cap, and :meth:`AgentCallLog.recorded` tells a method which paid calls it must
+not make again.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import defaultdict
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+from milo_ray.agents.usage import ROLES, AgentUsage
+
+
+@dataclass(frozen=True)
+class RoleCap:
+    """Caps of one role; None: unlimited."""
+
+    tokens: int | None = None
+    cost_usd: float | None = None
+
+
+def role_caps(config: Mapping[str, Any] | None) -> dict[str, RoleCap]:
+    """``run.budget.roles`` as RoleCaps; an unknown role or a negative cap is a
+    ValueError naming the field."""
+    out: dict[str, RoleCap] = {}
+    for role, caps in (config or {}).items():
+        if role not in ROLES:
+            raise ValueError(f"run.budget.roles.{role}: unknown role; roles are {', '.join(ROLES)}")
+        caps = dict(caps or {})
+        for key in caps:
+            if key not in ("tokens", "cost_usd"):
+                raise ValueError(f"run.budget.roles.{role}.{key}: unknown cap; use tokens or cost_usd")
+            if caps[key] is not None and caps[key] < 0:
+                raise ValueError(f"run.budget.roles.{role}.{key}={caps[key]}: must be >= 0 (or null for unlimited)")
+        if caps.get("tokens") is not None or caps.get("cost_usd") is not None:
+            out[role] = RoleCap(tokens=caps.get("tokens"), cost_usd=caps.get("cost_usd"))
+    return out
+
+
+@dataclass
+class RoleSpend:
+    calls: int = 0
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cost_usd: float = 0.0
+    unpriced_calls: int = 0
+    seconds: float = 0.0
+    errors: int = 0
+
+    @property
+    def tokens(self) -> int:
+        return self.input_tokens + self.output_tokens
+
+    def add(self, u: AgentUsage) -> None:
+        self.calls += 1
+        self.input_tokens += int(u.input_tokens)
+        self.output_tokens += int(u.output_tokens)
+        if u.cost_usd is None:
+            self.unpriced_calls += 1
+        else:
+            self.cost_usd += float(u.cost_usd)
+        self.seconds += float(u.seconds)
+        self.errors += int(u.error is not None)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"calls": self.calls, "input_tokens": self.input_tokens, "output_tokens": self.output_tokens,
+                "cost_usd": round(self.cost_usd, 6), "unpriced_calls": self.unpriced_calls,
+                "seconds": round(self.seconds, 3), "errors": self.errors}
+
+
+class AgentCallLog:
+    """Records agent calls, charges the run budget, enforces per-role caps.
+
+    ``budget`` is the run's ``BudgetLedger`` (rollouts and agent calls share its token
+    and USD caps) or None. Thread-safe: SSR judges records from a thread pool.
+    """
+
+    def __init__(self, store: Any, *, budget: Any = None, caps: Mapping[str, RoleCap] | None = None,
+                 resumed: bool = False) -> None:
+        self.store = store
+        self.budget = budget
+        self.caps = dict(caps or {})
+        self._lock = threading.Lock()
+        self._spend: dict[str, RoleSpend] = defaultdict(RoleSpend)
+        self._ids: set[str] = set()
+        if resumed:
+            self._restore()
+
+    def _restore(self) -> None:
+        for row in self.store.read("agent_calls").to_pylist():
+            u = AgentUsage(int(row.get("input_tokens") or 0), int(row.get("output_tokens") or 0), row.get("cost_usd"),
+                           float(row.get("latency_s") or 0.0), int(row.get("retries") or 0), row.get("error"))
+            self._spend[row["role"]].add(u)
+            self._ids.add(row["call_id"])
+            if self.budget is not None:
+                self.budget.charge(tokens=u.tokens, cost_usd=u.cost_usd)
+
+    # --- writing -----------------------------------------------------------------------
+    def record(self, role: str, usage: AgentUsage, *, call_id: str, agent: str | None = None,
+               model: str | None = None, island: int | None = None, candidate: int | None = None,
+               round: int | None = None) -> None:
+        """Store one call and charge its spend. A ``call_id`` already recorded (a resumed
+        run replaying a step whose call was stored) is not stored or charged again."""
+        if role not in ROLES:
+            raise ValueError(f"agent call role {role!r}: roles are {', '.join(ROLES)}")
+        with self._lock:
+            if call_id in self._ids:
+                return
+            self._ids.add(call_id)
+            self._spend[role].add(usage)
+            if self.budget is not None:
+                self.budget.charge(tokens=usage.tokens, cost_usd=usage.cost_usd)
+            self.store.append("agent_calls", [{
+                "run_id": getattr(self.store, "run_id", None), "call_id": call_id, "role": role, "agent": agent,
+                "model": model, "island": island, "candidate": candidate, "round": round,
+                "input_tokens": int(usage.input_tokens), "output_tokens": int(usage.output_tokens),
+                "cost_usd": usage.cost_usd, "latency_s": float(usage.seconds), "retries": int(usage.retries),
+                "error": usage.error, "time": time.time()}])
+
+    # --- reading -----------------------------------------------------------------------
+    def recorded(self, call_id: str) -> bool:
+        with self._lock:
+            return call_id in self._ids
+
+    def allows(self, role: str) -> bool:
+        """Whether new work of ``role`` may start: its own caps and the run's token/USD
+        caps are not reached."""
+        with self._lock:
+            spent, cap = self._spend[role], self.caps.get(role)
+            if cap is not None and ((cap.tokens is not None and spent.tokens >= cap.tokens)
+                                    or (cap.cost_usd is not None and spent.cost_usd >= cap.cost_usd)):
+                return False
+        return self.budget is None or not self.budget.spend_exhausted()
+
+    def exhausted_reason(self, role: str) -> str | None:
+        """Why :meth:`allows` says no (for the stop event), or None."""
+        if self.allows(role):
+            return None
+        cap, spent = self.caps.get(role), self.spend(role)
+        if cap is not None and ((cap.tokens is not None and spent.tokens >= cap.tokens)
+                                or (cap.cost_usd is not None and spent.cost_usd >= cap.cost_usd)):
+            return (f"run.budget.roles.{role} reached (tokens {spent.tokens}/{cap.tokens}, "
+                    f"cost ${spent.cost_usd:.4f}/{cap.cost_usd})")
+        return "the run's token/USD budget is spent"
+
+    def spend(self, role: str) -> RoleSpend:
+        with self._lock:
+            s = self._spend.get(role, RoleSpend())
+            return RoleSpend(**vars(s))
+
+    def by_role(self) -> dict[str, dict[str, Any]]:
+        """Spend per role (roles with at least one call), for summaries and manifests."""
+        with self._lock:
+            return {r: self._spend[r].as_dict() for r in ROLES if self._spend.get(r) and self._spend[r].calls}
