@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from milo_ray.agents.protocols import MutationRequest, MutationResult
+from milo_ray.agents.usage import AgentUsage
 from milo_ray.harness.model import ENTRY_FILE, Harness
 
 
@@ -45,6 +46,14 @@ class CandidateOutcome:
     input_tokens: int = 0
     output_tokens: int = 0
     seconds: float = 0.0
+    cost_usd: float | None = 0.0
+    retries: int = 0
+
+    @property
+    def usage(self) -> AgentUsage:
+        """What the optimizer call cost (recorded in ``agent_calls`` by the loop)."""
+        return AgentUsage(self.input_tokens, self.output_tokens, self.cost_usd, self.seconds, self.retries,
+                          None if self.child is not None else self.error)
 
     @property
     def valid(self) -> bool:
