@@ -12,8 +12,9 @@ from pathlib import Path
 GROUPS = {
     "method": "the search method",
     "benchmark": "tasks, splits, grading data, seed harnesses",
+    "executor": "how one harness runs on one task; receives the model (surrogate: simulated, model=offline only)",
     "backend": "the agents of the search: mutators, orchestrator, judge, optimizer, embedder",
-    "model": "the solver model (its id is part of every rollout cache key) and its prices",
+    "model": "the solver: id (part of every rollout cache key), litellm string, endpoint, key variable name, prices",
     "execution": "where Ray runs",
 }
 

@@ -1,13 +1,18 @@
 """Structured configs for the entry point (Hydra ConfigStore).
 
 The top-level ``Config`` types the run-level keys every method honours; each
-swappable part is one Hydra group under ``conf/`` (method, benchmark, backend, model,
-execution) built with ``_target_``. Method schemas register here as
+swappable part is one Hydra group under ``conf/`` (method, benchmark, executor, backend,
+model, execution) built with ``_target_``. The benchmark supplies tasks, splits, grading
+data and seed harnesses; the executor says how one harness runs on one task and gets the
+``model`` by interpolation; ``model.id`` is the one cache identity of the solver. Method schemas register here as
 ``<method>_schema`` so ``conf/method/<method>.yaml`` files are type-checked.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
@@ -104,28 +109,118 @@ class ExecutionConfig:
     dashboard: bool = False
 
 
+OFFLINE_MODEL_ID = "offline-surrogate"
+
+# Prefixes of provider keys (OpenAI/Anthropic, AWS access key ids, GitHub, Slack, Google,
+# Hugging Face): a value like these in ``api_key_env`` is a key pasted where the NAME of
+# its environment variable belongs, and would end up in the manifest.
+_KEY_PREFIXES = ("sk-", "sk_", "AKIA", "ASIA", "ghp_", "gho_", "github_pat_", "xoxb-", "xoxp-", "AIza", "hf_")
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
 @dataclass
 class ModelConfig:
-    """The frozen solver model. ``id`` is part of every rollout's cache key.
+    """``model``: the frozen solver. The executor receives it as ``${model}``.
 
+    id: the model's cache identity, part of every rollout's cache key (runs against
+        different models never share results). Defaults to ``solver`` when that is set.
+    solver: the litellm model string (``openai/NAME``, ``bedrock/...``, ``anthropic/...``,
+        ``hosted_vllm/...``); None offline, where the surrogate executor simulates the solver.
+    api_base: the endpoint (a LiteLLM proxy, a vLLM server); None: the provider's default.
+    api_key_env: the NAME of the environment variable holding the API key (never the key
+        itself: the config is stored in the manifest); None: the provider's default variable.
+    temperature: sampling temperature of the solver's calls.
+    max_output_tokens: cap on the output tokens of one call (None: the provider's default).
+    request_timeout_s: timeout of one call in seconds (None: litellm's default).
+    extra_body: extra JSON fields sent with every request (e.g. vLLM sampling options).
     usd_per_mtok_input / usd_per_mtok_output: prices in USD per million tokens. They
         price every rollout whose executor reports no cost of its own, which is what
         ``run.budget.cost_usd`` counts; None: the model is unpriced, and a USD cap is
         refused rather than silently never reached.
     """
 
-    id: str = "offline-surrogate"
+    id: Optional[str] = None
+    solver: Optional[str] = None
+    api_base: Optional[str] = None
+    api_key_env: Optional[str] = None
+    temperature: float = 0.0
+    max_output_tokens: Optional[int] = None
+    request_timeout_s: Optional[float] = None
+    extra_body: dict[str, Any] = field(default_factory=dict)
     usd_per_mtok_input: Optional[float] = None
     usd_per_mtok_output: Optional[float] = None
+
+    def check(self) -> "ModelConfig":
+        """This config with ``id`` filled in from ``solver`` when not given; ``ValueError``
+        names the field and the fix (one line; a key given in ``api_key_env`` is never echoed)."""
+        if self.solver is not None and (not isinstance(self.solver, str) or not self.solver.strip()
+                                        or any(c.isspace() for c in self.solver)):
+            raise ValueError(f"model.solver={self.solver!r}: give a litellm model string such as "
+                             "openai/gpt-4o-mini, anthropic/claude-sonnet-4-5 or bedrock/<model id>")
+        ident = self.id if self.id not in (None, "") else self.solver
+        if not ident:
+            raise ValueError("model.solver: missing; give the litellm model string (e.g. "
+                             "model.solver=openai/gpt-4o-mini), or at least model.id, the model's cache identity")
+        if self.api_base is not None and not str(self.api_base).startswith(("http://", "https://")):
+            raise ValueError(f"model.api_base={self.api_base!r}: give an http(s):// URL (or null for the "
+                             "provider's default endpoint)")
+        if self.api_key_env is not None:
+            name = str(self.api_key_env)
+            if name.startswith(_KEY_PREFIXES) or not _ENV_NAME.fullmatch(name):
+                raise ValueError("model.api_key_env: this looks like an API key, not the name of the environment "
+                                 "variable holding one; export the key (e.g. OPENAI_API_KEY=...) and set "
+                                 "model.api_key_env=OPENAI_API_KEY")
+        if not 0.0 <= float(self.temperature) <= 2.0:
+            raise ValueError(f"model.temperature={self.temperature}: must be in [0, 2]")
+        if self.max_output_tokens is not None and int(self.max_output_tokens) < 1:
+            raise ValueError(f"model.max_output_tokens={self.max_output_tokens}: must be an integer >= 1 (or null)")
+        if self.request_timeout_s is not None and float(self.request_timeout_s) <= 0:
+            raise ValueError(f"model.request_timeout_s={self.request_timeout_s}: must be > 0 seconds (or null)")
+        if not isinstance(self.extra_body, Mapping):
+            raise ValueError(f"model.extra_body: must be a mapping of extra request fields, got "
+                             f"{type(self.extra_body).__name__}")
+        prices = (self.usd_per_mtok_input, self.usd_per_mtok_output)
+        for name, value in zip(("usd_per_mtok_input", "usd_per_mtok_output"), prices):
+            if value is not None and value < 0:
+                raise ValueError(f"model.{name}={value}: must be >= 0 USD per million tokens (or null)")
+        if (prices[0] is None) != (prices[1] is None):
+            raise ValueError("model.usd_per_mtok_input / model.usd_per_mtok_output: give both prices or neither")
+        return dataclasses.replace(self, id=str(ident), extra_body=dict(self.extra_body))
+
+
+def model_config(value: Any = None) -> ModelConfig:
+    """A checked :class:`ModelConfig` from a ModelConfig, a mapping (a composed ``model``
+    node, or the ``${model}`` an executor receives) or None (the offline model)."""
+    if value is None:
+        return ModelConfig(id=OFFLINE_MODEL_ID).check()
+    if isinstance(value, ModelConfig):
+        return value.check()
+    if type(value).__name__ == "DictConfig":
+        from omegaconf import OmegaConf
+
+        value = OmegaConf.to_container(value, resolve=True)
+    if not isinstance(value, Mapping):
+        raise ValueError(f"model: expected a mapping of model fields, got {type(value).__name__}")
+    known = {f.name for f in dataclasses.fields(ModelConfig)}
+    unknown = sorted(set(value) - known)
+    if unknown:
+        raise ValueError(f"model.{unknown[0]}: unknown model field; the fields are {sorted(known)}")
+    return ModelConfig(**value).check()
 
 
 @dataclass
 class AgentsConfig:
     """The agents of the search, each a ``_target_`` spec built where it runs.
 
-    mutators: MILO's mutator pool G (``method.pool_size`` takes the first N);
+    mutators: MILO's mutator pool G (``method.pool_size`` takes the first N), each spec
+        named by its ``name`` key (else its personality/model/class; names are unique);
     orchestrator: MILO's orchestrator; judge, optimizer, embedder: SSR's evidence
-    judge, candidate optimizer and record embedder."""
+    judge, candidate optimizer and record embedder.
+
+    Before a run writes anything every spec given is checked without being built (its
+    ``_target_`` importable, every key a keyword its constructor accepts), and every
+    role the method declares in ``agent_roles`` must be set
+    (:mod:`milo_ray.config_targets`)."""
 
     mutators: list[Any] = field(default_factory=list)
     orchestrator: Any = None
@@ -148,6 +243,7 @@ class Config:
     model: ModelConfig = field(default_factory=ModelConfig)
     backend: BackendConfig = field(default_factory=BackendConfig)
     benchmark: Any = MISSING
+    executor: Any = MISSING
     method: Any = MISSING
 
 

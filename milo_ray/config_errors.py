@@ -96,6 +96,20 @@ def check_overrides(conf_dir: str, argv: list[str]) -> None:
                             "pass the run directory printed at the end of a run")
         check_resume_overrides(overrides)
     check_settings(cfg)
+    if not cfg.run.resume:  # a resumed run runs its stored config: the job checks that one
+        check_composition(cfg)
+
+
+def check_composition(cfg: Any) -> Any:
+    """:func:`milo_ray.config_targets.check_composition` with its error as a ``UserError``:
+    the model, the benchmark/executor/method specs, the executor's preflight and the agents
+    the method needs, all checked without building anything."""
+    from milo_ray.config_targets import CompositionError, check_composition as check
+
+    try:
+        return check(cfg)
+    except CompositionError as exc:
+        raise UserError(str(exc)) from None
 
 
 # What a resumed run may be given again; everything else is the stored config.
@@ -131,7 +145,7 @@ def _check_role_caps(roles: Any) -> None:
 
 
 def check_settings(cfg: Any) -> None:
-    """Value checks of the run and execution settings (``UserError`` naming the key).
+    """Value checks of the run, execution and model settings (``UserError`` naming the key).
 
     The command-line pre-check calls it, and so does every job before it writes
     anything (multirun jobs included: the pre-check does not see sweeps)."""
@@ -143,14 +157,14 @@ def check_settings(cfg: Any) -> None:
         if value is not None and value < 0:
             raise UserError(f"run.budget.{name}={value}: must be >= 0 (or null for unlimited)")
     _check_role_caps(run.budget.get("roles"))
-    prices = (cfg.model.usd_per_mtok_input, cfg.model.usd_per_mtok_output)
-    for name, value in zip(("usd_per_mtok_input", "usd_per_mtok_output"), prices):
-        if value is not None and value < 0:
-            raise UserError(f"model.{name}={value}: must be >= 0 USD per million tokens (or null)")
-    if (prices[0] is None) != (prices[1] is None):
-        raise UserError("model.usd_per_mtok_input / model.usd_per_mtok_output: give both prices or neither")
-    if run.budget.cost_usd is not None and prices[0] is None:
-        raise UserError(f"run.budget.cost_usd={run.budget.cost_usd}: model {cfg.model.id!r} has no price, so a USD cap "
+    from milo_ray.config import model_config
+
+    try:
+        model = model_config(cfg.model)
+    except ValueError as exc:
+        raise UserError(_first_line(str(exc))) from None
+    if run.budget.cost_usd is not None and model.usd_per_mtok_input is None:
+        raise UserError(f"run.budget.cost_usd={run.budget.cost_usd}: model {model.id!r} has no price, so a USD cap "
                         "would never be reached; set model.usd_per_mtok_input and model.usd_per_mtok_output, "
                         "or cap run.budget.tokens instead")
     for name, low, nullable in (("slots_per_node", 1, False), ("num_cpus", 1, True), ("group_limit", 1, True),

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from milo_ray.benchmarks.base import Benchmark
+from milo_ray.config import ModelConfig, model_config
 from milo_ray.store.base import RunStore
 
 
@@ -18,9 +19,12 @@ class RunContext:
     evaluation and summary. ``scheduler`` is a ``milo_ray.execution.scheduler.RolloutScheduler``.
     ``elapsed_before_s``: seconds the earlier sessions of a resumed run already spent;
     time limits count them (``deadline`` already does). ``agents``: the ``backend.agents``
-    config (mutators, orchestrator, judge, optimizer, embedder). ``agent_calls``: the
-    run's :class:`~milo_ray.search.agent_calls.AgentCallLog`; every agent call is
-    recorded there."""
+    config (mutators, orchestrator, judge, optimizer, embedder), checked before the run
+    started. ``agent_calls``: the run's :class:`~milo_ray.search.agent_calls.AgentCallLog`;
+    every agent call is recorded there. ``model``: the solver's
+    :class:`~milo_ray.config.ModelConfig` (checked; ``model.id == model_id``, the cache
+    identity; a context built without one gets the model named by ``model_id``).
+    ``budget``: the run's budget ledger (the scheduler's)."""
 
     run_id: str
     run_dir: Path
@@ -34,14 +38,24 @@ class RunContext:
     elapsed_before_s: float = 0.0
     agents: dict[str, Any] = field(default_factory=dict)
     agent_calls: Any = None
+    model: ModelConfig | None = None
     extras: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        self.model = model_config(self.model if self.model is not None else {"id": self.model_id})
+        if self.model.id != self.model_id:
+            raise ValueError(f"RunContext: model.id={self.model.id!r} but model_id={self.model_id!r}; the cache "
+                             "identity has one source (model.id)")
         if self.agent_calls is None:
             from milo_ray.search.agent_calls import AgentCallLog
 
             self.agent_calls = AgentCallLog(self.store, budget=getattr(self.scheduler, "budget", None),
                                             resumed=self.resumed)
+
+    @property
+    def budget(self) -> Any:
+        """The run's :class:`~milo_ray.execution.budget.BudgetLedger` (None without a scheduler ledger)."""
+        return getattr(self.scheduler, "budget", None)
 
     def time_left(self) -> float:
         return float("inf") if self.deadline is None else self.deadline - time.monotonic()

@@ -124,6 +124,7 @@ class EvalMethod:
     so every row is a complete pass@k / PR@k / RR@k over the same tasks."""
 
     name = "eval"
+    agent_roles = ()  # eval runs no search agents
 
     def __init__(self, k: int = 5, split: str = "test", names: Sequence[str] = ()):
         if k < 1:

@@ -1,6 +1,7 @@
 """The run manifest (DESIGN §3): resolved config, package versions, git sha, seed,
-model id, start/stop times and status. Written at start, rewritten at the end; a
-resumed run keeps its run id and appends to its history."""
+model ids (the solver's, and the embedder model actually used), start/stop times and
+status. Written at start, rewritten at the end; a resumed run keeps its run id and
+appends to its history."""
 
 from __future__ import annotations
 
@@ -72,6 +73,8 @@ def build_manifest(cfg: DictConfig, *, run_dir: Path, cluster: Any, resumed: boo
         "config": OmegaConf.to_container(cfg, resolve=True),
         "seed": int(cfg.run.seed),
         "model_id": cfg.model.id,
+        "models": {"solver": {"id": cfg.model.id, "solver": cfg.model.get("solver")},
+                   "embedder": embedder_models(_configured_embedder(cfg), [])},
         "method": str(cfg.method.get("_target_", "")),
         "benchmark": str(cfg.benchmark.get("_target_", "")),
         "git_sha": git_sha(),
@@ -83,9 +86,35 @@ def build_manifest(cfg: DictConfig, *, run_dir: Path, cluster: Any, resumed: boo
     }
 
 
-def finish_manifest(manifest: dict[str, Any], *, status: str, summary: dict[str, Any], budget: Any) -> dict[str, Any]:
+def _configured_embedder(cfg: DictConfig) -> str | None:
+    spec = OmegaConf.select(cfg, "backend.agents.embedder", default=None)
+    name = spec.get("model_name") if spec is not None and hasattr(spec, "get") else None
+    return None if name is None else str(name)
+
+
+EMBEDDER_LOADED = "embedder.loaded"  # the event kind a load is recorded as (payload: an EmbedderLoad)
+
+
+def embedder_models(configured: str | None, loads: Iterable[dict[str, Any]]) -> dict[str, Any]:
+    """The manifest's embedder entry: the configured model, every model actually loaded
+    (in every session of the run), and whether any load fell back to the packaged model."""
+    loads = list(loads)
+    used: list[str] = []
+    for load in loads:
+        if load.get("used") and load["used"] not in used:
+            used.append(load["used"])
+    return {"configured": configured, "used": used, "fell_back": any(bool(x.get("fell_back")) for x in loads)}
+
+
+def finish_manifest(manifest: dict[str, Any], *, status: str, summary: dict[str, Any], budget: Any,
+                    embedder_loads: Iterable[dict[str, Any]] = ()) -> dict[str, Any]:
+    """The manifest at the end of a session; ``embedder_loads``: the payloads of the run's
+    ``embedder.loaded`` events (all sessions)."""
     now = time.time()
     done = dict(manifest)
+    models = dict(manifest.get("models") or {})
+    models["embedder"] = embedder_models((models.get("embedder") or {}).get("configured"), embedder_loads)
+    done["models"] = models
     done["status"] = status
     done["finished_at"] = now
     done["summary"] = json.loads(json.dumps(summary, default=str))

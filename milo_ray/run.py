@@ -26,6 +26,7 @@ os.environ.setdefault("RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO", "0")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
 
+import dataclasses
 import logging
 import sys
 import time
@@ -38,9 +39,9 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
 from milo_ray.config import register_configs
-from milo_ray.config_errors import (UserError, check_overrides, check_resume_overrides, check_settings,
-                                    override_key)
-from milo_ray.manifest import build_manifest, deadline_for, elapsed_before, finish_manifest
+from milo_ray.config_errors import (UserError, check_composition, check_overrides, check_resume_overrides,
+                                    check_settings, override_key)
+from milo_ray.manifest import EMBEDDER_LOADED, build_manifest, deadline_for, elapsed_before, finish_manifest
 
 CONF_DIR = str(Path(__file__).resolve().parent.parent / "conf")
 log = logging.getLogger(__name__)
@@ -98,6 +99,13 @@ def _resume_config(cfg: DictConfig, overrides: list[str]) -> DictConfig:
         if key in given or (key.startswith("run.budget.") and "run.budget" in given):
             OmegaConf.update(stored, key, OmegaConf.select(cfg, key), force_add=True)
     stored.execution = cfg.execution
+    if "executor" not in stored:
+        # A run stored before the executor became its own config group: its benchmark named
+        # the (surrogate) executor and the model id. Both now come from the executor and model
+        # groups, with the same cache identity, so the run continues unchanged.
+        stored.executor = OmegaConf.to_container(cfg.executor, resolve=False)
+        if isinstance(stored.get("benchmark"), DictConfig) and "model_id" in stored.benchmark:
+            del stored.benchmark["model_id"]
     return stored
 
 
@@ -129,8 +137,18 @@ def _activity_times(store: Any) -> list[float]:
     return times + store.read("rollouts").column("finished_at").to_pylist()
 
 
+def _embedder_loads(store: Any) -> list[dict[str, Any]]:
+    """Payloads of the run's ``embedder.loaded`` events (every session), oldest first."""
+    import json
+
+    rows = [r for r in store.read("events").to_pylist() if r["kind"] == EMBEDDER_LOADED]
+    return [json.loads(r["payload"]) if isinstance(r["payload"], str) else dict(r["payload"] or {})
+            for r in sorted(rows, key=lambda r: r.get("seq") or 0)]
+
+
 def run_job(cfg: DictConfig) -> dict[str, Any]:
     """Run one configured job to completion; returns the method's summary."""
+    from milo_ray.agents.embedder import watch_loads
     from milo_ray.context import RunContext
     from milo_ray.evaluation import print_run_summary
     from milo_ray.execution.budget import BudgetLedger
@@ -146,9 +164,10 @@ def run_job(cfg: DictConfig) -> dict[str, Any]:
 
     # Everything that can fail on bad input happens before the store is touched.
     check_settings(cfg)
+    plan = check_composition(cfg)  # model, executor, benchmark, method and agents, nothing built yet
     benchmark = _build("benchmark", cfg.benchmark)
     method = _build("method", cfg.method)
-    agents = OmegaConf.to_container(cfg.backend.agents, resolve=True)
+    agents = plan.agents
     preflight = getattr(method, "preflight", None)
     if preflight is not None:
         try:
@@ -163,10 +182,10 @@ def run_job(cfg: DictConfig) -> dict[str, Any]:
     log_file = _attach_run_log(run_dir)
     tasks = {t.task_id: t for split in benchmark.splits().values() for t in split}
     scheduler = RolloutScheduler(
-        executor_config=benchmark.executor_config(),
+        executor_config=plan.executor,
         tasks=tasks,
         store=store,
-        model_id=cfg.model.id,
+        model_id=plan.model.id,
         run_id=manifest["run_id"],
         budget=BudgetLedger(
             executions=cfg.run.budget.executions,
@@ -177,8 +196,8 @@ def run_job(cfg: DictConfig) -> dict[str, Any]:
         default_group_limit=cfg.execution.group_limit,
         max_retries=cfg.execution.max_retries,
         progress=cfg.run.progress,
-        usd_per_mtok=None if cfg.model.usd_per_mtok_input is None
-        else (cfg.model.usd_per_mtok_input, cfg.model.usd_per_mtok_output),
+        usd_per_mtok=None if plan.model.usd_per_mtok_input is None
+        else (plan.model.usd_per_mtok_input, plan.model.usd_per_mtok_output),
     )
     elapsed = elapsed_before(manifest["history"], _activity_times(store)) if resumed else 0.0
     if elapsed:
@@ -191,7 +210,8 @@ def run_job(cfg: DictConfig) -> dict[str, Any]:
         store=store,
         benchmark=benchmark,
         scheduler=scheduler,
-        model_id=cfg.model.id,
+        model_id=plan.model.id,
+        model=plan.model,
         deadline=deadline,
         resumed=resumed,
         elapsed_before_s=elapsed,
@@ -202,7 +222,8 @@ def run_job(cfg: DictConfig) -> dict[str, Any]:
     status = "failed"
     summary: dict[str, Any] = {}
     try:
-        summary = method.run(ctx) or {}
+        with watch_loads(lambda load: store.event(EMBEDDER_LOADED, dataclasses.asdict(load))):
+            summary = method.run(ctx) or {}
         status = "finished"
         print_run_summary(summary)
     except KeyboardInterrupt:
@@ -215,7 +236,8 @@ def run_job(cfg: DictConfig) -> dict[str, Any]:
     finally:
         scheduler.close()
         store.flush()
-        store.write_manifest(finish_manifest(manifest, status=status, summary=summary, budget=scheduler.budget))
+        store.write_manifest(finish_manifest(manifest, status=status, summary=summary, budget=scheduler.budget,
+                                             embedder_loads=_embedder_loads(store)))
         store.close()
         logging.getLogger().removeHandler(log_file)
         log_file.close()

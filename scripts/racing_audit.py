@@ -4,7 +4,9 @@ fixed reward matrix, at validation budgets of 20-60% of the full-matrix cost.
 Matrix sources:
   --run RUN_DIR        a run's Parquet ``rollouts`` table (largest complete sub-matrix)
   --generate           the surrogate: 12 children (3 per RER scale) of one parent,
-                       every harness run R times on the val+test tasks (default)
+                       every harness run R times on the audit tasks (default): the val
+                       split, disjoint from the candidate-generation (train) and test
+                       tasks as in the paper (a split overlapping them is refused)
 
 Examples:
   python scripts/racing_audit.py --generate --preset surrogate_swepro --replays 3
@@ -41,6 +43,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--stages", type=int, default=2)
     p.add_argument("--budgets", default="0.2,0.3,0.4,0.5,0.6", help="fractions of the full-matrix cost")
     p.add_argument("--embedder", default="packaged", help="sentence-transformers model (generate)")
+    p.add_argument("--audit-splits", default="val",
+                   help="comma-separated splits the matrix runs on (generate); disjoint from train and test")
     p.add_argument("--save", default=None, help="write the matrix to this .npz file")
     p.add_argument("--load", default=None, help="read the matrix from a .npz file written by --save")
     args = p.parse_args(argv)
@@ -70,9 +74,15 @@ def main(argv: list[str] | None = None) -> int:
 
         bench = SurrogateBenchmark(preset=args.preset, seed=args.seed)
         with tempfile.TemporaryDirectory() as tmp:
-            m = generate_surrogate_matrix(bench, optimizer=OfflineCandidateOptimizer(), judge=OfflineJudge(),
-                                          embedder=SentenceTransformerEmbedder(args.embedder), workdir=tmp,
-                                          per_scale=args.per_scale, rollouts=args.rollouts, seed=args.seed)
+            try:
+                m = generate_surrogate_matrix(bench, executor=bench.executor_config(),
+                                              optimizer=OfflineCandidateOptimizer(), judge=OfflineJudge(),
+                                              embedder=SentenceTransformerEmbedder(args.embedder), workdir=tmp,
+                                              per_scale=args.per_scale, rollouts=args.rollouts, seed=args.seed,
+                                              audit_splits=tuple(args.audit_splits.split(",")))
+            except ValueError as exc:
+                print(f"error: {exc}", file=sys.stderr)
+                return 2
     if args.save:
         import numpy as np
 

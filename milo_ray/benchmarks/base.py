@@ -1,12 +1,14 @@
-"""The benchmark contract: task splits, the executor that runs them, seed harnesses.
+"""The benchmark contract: task splits, grading data, seed harnesses.
 
 Methods see tasks only through this interface, so the surrogate, Harbor task
-directories, SWE-style JSONL sets and the math track are interchangeable.
+directories, SWE-style JSONL sets and the math track are interchangeable. How a
+harness runs on a task is not the benchmark's business: the ``executor`` config group
+chooses the executor (and gives it the model), so one benchmark can run under several.
 """
 
 from __future__ import annotations
 
-from typing import Any, Protocol, runtime_checkable
+from typing import Protocol, runtime_checkable
 
 from milo_ray.execution.types import Task
 from milo_ray.harness.model import Harness
@@ -27,10 +29,6 @@ class Benchmark(Protocol):
     def tasks(self, split: str) -> list[Task]: ...
 
     def task(self, task_id: str) -> Task: ...
-
-    def executor_config(self) -> dict[str, Any]:
-        """A ``_target_`` dict that builds this benchmark's Executor inside a worker."""
-        ...
 
     def seed_harnesses(self) -> list[Harness]: ...
 

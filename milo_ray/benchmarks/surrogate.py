@@ -6,85 +6,32 @@ in its source (present and wired, with literal parameters), and the quality mode
 endings, partial credit, tokens and seconds. ``SurrogateExecutor`` samples from it;
 ``true_quality`` gives the exact expectation; ``best_reachable`` searches mechanism sets
 exhaustively (then a parameter grid) for the optimum. Calibration solves one logit
-offset per (preset, seed) so the best seed harness's test resolve rate equals the
-preset's target (the paper's initial-harness number).
+offset per (preset, seed, ``calibrate_to``) so that a seed harness's test resolve rate
+equals the preset's target (the paper's initial-harness number): the best seed by
+default, ``stock`` in the SSR experiments (papers/002 starts from the platform default).
 
 Modules: ``surrogate_tasks`` (presets, task generation, splits), ``surrogate_quality``
-(the model), ``surrogate_traces`` (trajectory + ctrf text), ``surrogate_executor``.
+(the model), ``surrogate_calibration`` (the offset and the calibrated pool),
+``surrogate_traces`` (trajectory + ctrf text), ``surrogate_executor`` (the executor, chosen
+by the ``executor`` config group, not by the benchmark).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import itertools
-from functools import lru_cache
 from typing import Any
 
 import numpy as np
 
 from milo_ray.benchmarks import surrogate_quality as Q
-from milo_ray.benchmarks.surrogate_tasks import PRESETS, Preset, assign_splits, generate_tasks, get_preset
+from milo_ray.benchmarks.surrogate_calibration import (base_logits, calibrated_tasks, check_calibrate_to, quality,
+                                                       task_arrays)
+from milo_ray.benchmarks.surrogate_tasks import PRESETS, Preset, get_preset
 from milo_ray.execution.types import Task
-from milo_ray.harness.mechanisms import FAILURE_MODES, MECHANISMS, detect_mechanisms
+from milo_ray.harness.mechanisms import MECHANISMS, detect_mechanisms
 from milo_ray.harness.model import Harness
 
-__all__ = ["PRESETS", "SurrogateBenchmark", "SurrogateExecutor", "base_logits", "calibrated_tasks", "task_arrays"]
-
-
-def base_logits(task_meta: dict[str, Any], offset: float) -> np.ndarray:
-    prop = np.asarray(task_meta["propensity"], dtype=float)
-    return offset + task_meta["difficulty"] + np.log(np.maximum(prop, 1e-9) * len(FAILURE_MODES))
-
-
-def task_arrays(tasks: list[Task]) -> Q.TaskArrays:
-    md = [t.metadata for t in tasks]
-    return Q.TaskArrays(
-        L=np.array([m["base_logits"] for m in md]), n_tests=np.array([m["n_tests"] for m in md], dtype=float),
-        tokens=np.array([m["tokens"] for m in md]), seconds=np.array([m["seconds"] for m in md]),
-        caps=np.array([t.time_cap_s for t in tasks]))
-
-
-def _quality(mechs: dict[str, dict[str, Any]], ta: Q.TaskArrays, scale: float) -> dict[str, float]:
-    tb = Q.build_tables(mechs, scale)
-    out = Q.expectations(Q.aggregate(Q.indicator(mechs), tb), ta)
-    return {k: float(v[0]) for k, v in out.items()}
-
-
-@lru_cache(maxsize=16)
-def _calibrate(preset_name: str, seed: int) -> float:
-    """The logit offset that puts the best seed's test resolve rate on the target."""
-    from milo_ray.harness.seeds import load_seeds
-
-    preset = get_preset(preset_name)
-    raw = generate_tasks(preset, seed)
-    test = assign_splits(preset, raw, seed)["test"]
-    seeds = [detect_mechanisms(h.source) for h in load_seeds(preset.seed_names)]
-
-    def best(offset: float) -> float:
-        tasks = [dataclasses.replace(t, metadata={**t.metadata, "base_logits": base_logits(t.metadata, offset)})
-                 for t in test]
-        ta = task_arrays(tasks)
-        return max(_quality(s, ta, preset.effect_scale)["resolve_rate"] for s in seeds)
-
-    lo, hi = -12.0, 6.0  # resolve rate falls as the offset rises
-    for _ in range(60):
-        mid = 0.5 * (lo + hi)
-        if best(mid) > preset.target_resolve:
-            lo = mid
-        else:
-            hi = mid
-    return 0.5 * (lo + hi)
-
-
-@lru_cache(maxsize=16)
-def calibrated_tasks(preset_name: str, seed: int) -> tuple[float, dict[str, tuple[Task, ...]]]:
-    """(offset, splits) with ``base_logits`` in every task's metadata."""
-    preset = get_preset(preset_name)
-    offset = _calibrate(preset_name, seed)
-    raw = generate_tasks(preset, seed)
-    raw = [dataclasses.replace(t, metadata={**t.metadata, "base_logits": [float(x) for x in base_logits(t.metadata, offset)]})
-           for t in raw]
-    return offset, {k: tuple(v) for k, v in assign_splits(preset, raw, seed).items()}
+__all__ = ["PRESETS", "SurrogateBenchmark", "base_logits", "calibrated_tasks", "task_arrays"]
 
 
 class SurrogateBenchmark:
@@ -94,18 +41,21 @@ class SurrogateBenchmark:
     seed: generates the task pool and the splits (rollout randomness comes from the run seed).
     label_noise: probability that a failed rollout's trace ending shows a different,
     or an ambiguous, failure mode than the one that occurred (scores are unaffected).
+    calibrate_to: the seed harness whose test resolve rate calibration puts at the
+    preset's target (None: the best seed).
     """
 
     def __init__(self, preset: str = "surrogate_swepro", seed: int = 0, label_noise: float = 0.1,
-                 model_id: str = "offline-surrogate") -> None:
+                 calibrate_to: str | None = None) -> None:
         if not 0.0 <= float(label_noise) <= 1.0:
             raise ValueError(f"label_noise: must be in [0, 1], got {label_noise}")
         self.preset: Preset = get_preset(preset)
+        check_calibrate_to(preset, calibrate_to)
         self.name = preset
         self.seed = int(seed)
         self.label_noise = float(label_noise)
-        self.model_id = model_id
-        self.offset, self._splits = calibrated_tasks(preset, self.seed)
+        self.calibrate_to = calibrate_to
+        self.offset, self._splits = calibrated_tasks(preset, self.seed, calibrate_to)
         self._by_id: dict[str, Task] = {}
         for split in self._splits.values():  # first split wins: search/train copy over test copy
             for t in split:
@@ -127,9 +77,16 @@ class SurrogateBenchmark:
         except KeyError:
             raise ValueError(f"task_id {task_id!r}: not in {self.name} (seed {self.seed})") from None
 
-    def executor_config(self) -> dict[str, Any]:
+    def executor_config(self, model: Any = None) -> dict[str, Any]:
+        """The ``executor`` spec ``conf/executor/surrogate.yaml`` composes for this benchmark
+        (``model``: a model mapping; None: the offline model), for code that builds a
+        RolloutScheduler without the entry point (tests, scripts). Not part of the
+        Benchmark protocol: a run takes its executor from the ``executor`` config group."""
+        from milo_ray.config import model_config
+
         return {"_target_": "milo_ray.benchmarks.surrogate_executor.SurrogateExecutor", "preset": self.name,
-                "seed": self.seed, "label_noise": self.label_noise, "model_id": self.model_id}
+                "seed": self.seed, "label_noise": self.label_noise, "calibrate_to": self.calibrate_to,
+                "model": dataclasses.asdict(model_config(model))}
 
     def seed_harnesses(self) -> list[Harness]:
         from milo_ray.harness.seeds import load_seeds
@@ -147,7 +104,7 @@ class SurrogateBenchmark:
         unknown = set(mechanisms) - set(MECHANISMS)
         if unknown:
             raise ValueError(f"mechanisms: unknown {sorted(unknown)}")
-        return _quality(mechanisms, self._ta(split), self.preset.effect_scale)
+        return quality(mechanisms, self._ta(split), self.preset.effect_scale)
 
     def true_quality(self, harness: Harness, split: str) -> dict[str, float]:
         """Exact {'score', 'resolve_rate', 'output_tokens', 'seconds'} per task, averaged over
@@ -210,10 +167,3 @@ class SurrogateBenchmark:
         return {"quality": self.quality_of(best[1], split), "mechanisms": best[1], "metric": metric,
                 "split": split, "subsets_evaluated": total}
 
-
-def __getattr__(name: str):  # SurrogateExecutor lives in its own module; keep it importable from here
-    if name == "SurrogateExecutor":
-        from milo_ray.benchmarks.surrogate_executor import SurrogateExecutor
-
-        return SurrogateExecutor
-    raise AttributeError(name)

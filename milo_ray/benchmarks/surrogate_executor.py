@@ -10,17 +10,20 @@ from __future__ import annotations
 
 import hashlib
 import math
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 
 from milo_ray.benchmarks import surrogate_quality as Q
 from milo_ray.benchmarks import surrogate_traces as TR
+from milo_ray.benchmarks.surrogate_calibration import calibrated_tasks, check_calibrate_to
 from milo_ray.benchmarks.surrogate_tasks import get_preset
 from milo_ray.execution.types import RolloutResult, Task
 from milo_ray.harness.mechanisms import FAILURE_MODES, detect_mechanisms, parse_harness
 
 ENDINGS = ("success",) + FAILURE_MODES
+_SURROGATE_BENCHMARK = "milo_ray.benchmarks.surrogate.SurrogateBenchmark"  # named, never imported (no cycle)
 
 
 def _h64(text: str) -> int:
@@ -28,15 +31,42 @@ def _h64(text: str) -> int:
 
 
 class SurrogateExecutor:
-    """Executor protocol implementation for the surrogate benchmarks (a SIMULATOR)."""
+    """Executor protocol implementation for the surrogate benchmarks (a SIMULATOR).
+
+    preset, seed, label_noise, calibrate_to: the surrogate benchmark's generator settings
+    (``conf/executor/surrogate.yaml`` takes them from the benchmark config).
+    model: the ``model`` config (a mapping or ModelConfig; None: the offline model). The
+    executor simulates the solver, so only a model without a litellm ``solver`` fits;
+    its id is the model named in every trace.
+    """
 
     def __init__(self, preset: str = "surrogate_swepro", seed: int = 0, label_noise: float = 0.1,
-                 model_id: str = "offline-surrogate") -> None:
+                 calibrate_to: str | None = None, model: Any = None) -> None:
+        from milo_ray.config import model_config
+
         self.preset = get_preset(preset)
+        check_calibrate_to(preset, calibrate_to)
         self.seed = int(seed)
         self.label_noise = float(label_noise)
-        self.model_id = model_id
+        self.calibrate_to = calibrate_to
+        self.model = model_config(model)
+        self.preflight(self.model)
+        self.model_id = self.model.id
         self._effects: dict[str, tuple[Any, str | None]] = {}
+
+    @staticmethod
+    def preflight(model: Any, benchmark: Any = None) -> None:
+        """Refuse a model or benchmark this executor cannot run (the entry point calls it on
+        the class, before the run writes anything; ``benchmark`` is the benchmark's config
+        mapping, None when built outside a run). ``ValueError`` names both config choices."""
+        solver = getattr(model, "solver", None)
+        if solver:
+            raise ValueError(f"model.solver={solver}: executor=surrogate simulates the solver and never calls a "
+                             "model; use model=offline, or an executor that runs the harness against the model")
+        target = benchmark.get("_target_") if isinstance(benchmark, Mapping) else None
+        if target is not None and target != _SURROGATE_BENCHMARK:
+            raise ValueError(f"benchmark._target_={target}: executor=surrogate runs only the surrogate benchmarks "
+                             f"({_SURROGATE_BENCHMARK}); choose the executor that runs this benchmark's tasks")
 
     def _effect(self, harness) -> tuple[Any, str | None]:
         hid = harness.harness_id
@@ -59,9 +89,7 @@ class SurrogateExecutor:
     def _task_logits(self, task: Task) -> np.ndarray:
         bl = task.metadata.get("base_logits")
         if bl is None:  # a task built without calibration: take it from the calibrated pool
-            from milo_ray.benchmarks.surrogate import calibrated_tasks
-
-            _off, splits = calibrated_tasks(self.preset.name, self.seed)
+            _off, splits = calibrated_tasks(self.preset.name, self.seed, self.calibrate_to)
             by_id = {t.task_id: t for s in splits.values() for t in s}
             if task.task_id not in by_id:
                 raise ValueError(f"task {task.task_id!r}: not a {self.preset.name} task (no base_logits)")

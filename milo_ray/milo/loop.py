@@ -45,6 +45,7 @@ class MiloMethod:
     """``method=milo``: built by Hydra from :class:`MiloConfig` fields."""
 
     name = "milo"
+    agent_roles = ("mutators", "orchestrator")  # checked by the entry point before the run starts
 
     def __init__(self, **fields: Any) -> None:
         fields.pop("_target_", None)

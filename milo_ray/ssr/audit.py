@@ -156,9 +156,31 @@ def format_table(rows: Sequence[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def generate_surrogate_matrix(benchmark: Any, *, optimizer: Any, judge: Any, embedder: Any, workdir: Any,
-                              per_scale: int = 3, scales: Sequence[float] = (0.25, 0.5, 0.75, 1.0),
-                              audit_splits: Sequence[str] = ("val", "test"), rollouts: int = 2, seed: int = 0,
+def audit_tasks(benchmark: Any, audit_splits: Sequence[str], *, train_split: str = "train",
+                test_split: str = "test") -> list[Any]:
+    """The audit's task set: every task of ``audit_splits``, which must be disjoint from the
+    candidate-generation (``train_split``) and test tasks (papers/002 §6.5: "a 160-task
+    audit matrix, disjoint from candidate-generation and test sets"); selection quality
+    measured on tasks that also chose or will report the harness would be optimistic.
+    ``ValueError`` names ``audit_splits`` and the overlap."""
+    tasks = [t for split in audit_splits for t in benchmark.tasks(split)]
+    names = set(benchmark.splits())
+    for other in (train_split, test_split):
+        if other not in names:
+            continue
+        shared = sorted({t.task_id for t in tasks} & {t.task_id for t in benchmark.tasks(other)})
+        if shared:
+            raise ValueError(f"audit_splits={list(audit_splits)}: {len(shared)} audit tasks are also in the "
+                             f"{other!r} split (e.g. {shared[0]}); the audit set must be disjoint from the "
+                             f"candidate-generation and test tasks")
+    if not tasks:
+        raise ValueError(f"audit_splits={list(audit_splits)}: no tasks")
+    return tasks
+
+
+def generate_surrogate_matrix(benchmark: Any, *, executor: Any, optimizer: Any, judge: Any, embedder: Any,
+                              workdir: Any, per_scale: int = 3, scales: Sequence[float] = (0.25, 0.5, 0.75, 1.0),
+                              audit_splits: Sequence[str] = ("val",), rollouts: int = 2, seed: int = 0,
                               parent: Any = None) -> RewardMatrix:
     """Build the audit's fixed matrix on a benchmark (offline: the surrogate).
 
@@ -166,22 +188,24 @@ def generate_surrogate_matrix(benchmark: Any, *, optimizer: Any, judge: Any, emb
     the judge, embedder and RER ordering give the nested prefixes; ``per_scale``
     children per scale are independent optimizer edits (distinct derived seeds), as in
     the paper's 12-candidate audit. Parent and children then run ``rollouts`` times on
-    every task of ``audit_splits`` (disjoint from the training evidence), executed
-    in this process by the benchmark's executor. Invalid or duplicate children are
+    every task of ``audit_splits`` (default: the validation split; disjoint from the
+    training evidence and the test split, see :func:`audit_tasks`), executed in this
+    process by ``executor`` (an executor, or the ``_target_`` spec of one, e.g. the
+    surrogate's ``benchmark.executor_config()``). Invalid or duplicate children are
     dropped and replaced by further seeds (up to 3·per_scale tries per scale), so a
     scale may end up with fewer children when the optimizer keeps repeating itself.
     """
     from pathlib import Path
 
-    from hydra.utils import instantiate
-
     from milo_ray.agents.protocols import MutationRequest
+    from milo_ray.execution.workers import build_executor
     from milo_ray.harness.diff import diff
     from milo_ray.harness.validate import forbidden_fragments_for, validate
     from milo_ray.ssr import evidence as ev
     from milo_ray.search.seeds import derive_seed
 
-    executor = instantiate(benchmark.executor_config(), _convert_="all")
+    audit_set = audit_tasks(benchmark, audit_splits)
+    executor = build_executor(executor)
     parent = parent or benchmark.seed_harnesses()[0]
     train = benchmark.tasks("train")
     results = [executor.execute(parent, t, 0, seed) for t in train]
@@ -225,8 +249,7 @@ def generate_surrogate_matrix(benchmark: Any, *, optimizer: Any, judge: Any, emb
             d = diff(parent, child)
             sizes.append(d.added + d.deleted)
     harnesses = [parent] + children
-    audit_tasks = [t for split in audit_splits for t in benchmark.tasks(split)]
-    R = np.array([[[executor.execute(h, t, i, seed).score for i in range(rollouts)] for t in audit_tasks]
+    R = np.array([[[executor.execute(h, t, i, seed).score for i in range(rollouts)] for t in audit_set]
                   for h in harnesses])
-    return RewardMatrix(tuple(h.harness_id for h in harnesses), tuple(t.task_id for t in audit_tasks), R,
+    return RewardMatrix(tuple(h.harness_id for h in harnesses), tuple(t.task_id for t in audit_set), R,
                         (0,) + tuple(sizes))

@@ -70,6 +70,7 @@ class SSRMethod:
     """Successive Scale Racing (built by Hydra from ``SSRConfig``)."""
 
     name = METHOD
+    agent_roles = ("judge", "optimizer", "embedder")  # checked by the entry point before the run starts
 
     def __init__(self, **kwargs: Any) -> None:
         kwargs.pop("_target_", None)

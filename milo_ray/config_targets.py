@@ -1,0 +1,182 @@
+"""Checks of the composed config's ``_target_`` specs before anything is built or written.
+
+A run is assembled from independent groups (``benchmark``, ``executor``, ``model``,
+``backend``, ``method``); a combination that cannot work must be refused in one line
+before the run directory exists, not discovered inside a Ray worker or an hour into a
+search. Nothing here constructs anything: a spec is checked by importing its
+``_target_`` and binding its keys to the constructor's signature
+(``inspect.signature(...).bind_partial``), so a heavy agent or executor costs nothing
+until the run really starts.
+
+Two declarations connect the groups:
+
+* an executor class may define ``preflight(model, benchmark)`` (a static or class
+  method; ``model`` a checked :class:`~milo_ray.config.ModelConfig`, ``benchmark`` the
+  benchmark's config mapping) raising ``ValueError`` for a model or benchmark it cannot
+  run (the surrogate executor simulates the solver, so it refuses a litellm model);
+* a method class declares the agent roles it needs in ``agent_roles`` (MILO: mutators
+  and orchestrator; SSR: judge, optimizer, embedder; eval: none).
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from milo_ray.config import ModelConfig, model_config
+
+AGENT_ROLES = ("mutators", "orchestrator", "judge", "optimizer", "embedder")
+# Keys Hydra's instantiate reads itself; they are never constructor keywords.
+_HYDRA_KEYS = {"_target_", "_convert_", "_recursive_", "_partial_", "_args_"}
+_HINTS = {"model_id": "the solver's cache identity is model.id (the model group), not a benchmark or executor key"}
+
+
+class CompositionError(ValueError):
+    """A composition that cannot work; one line naming the key. The entry point reports it
+    as bad input (``UserError``, exit 2)."""
+
+
+@dataclass(frozen=True)
+class Composition:
+    """What the checks established: the checked model (``id`` filled in), the executor
+    spec (resolved, ``${model}`` included) the workers build, the agent specs and the
+    roles the method needs."""
+
+    model: ModelConfig
+    executor: dict[str, Any]
+    agents: dict[str, Any]
+    agent_roles: tuple[str, ...] = field(default_factory=tuple)
+
+
+def _first_line(text: str) -> str:
+    text = str(text).strip()
+    return text.splitlines()[0] if text else text
+
+
+def locate(path: str, spec: Any) -> Any:
+    """The class or function a spec's ``_target_`` names; ``CompositionError`` naming ``path``."""
+    if not isinstance(spec, Mapping):
+        raise CompositionError(f"{path}: expected a mapping with a _target_ (the class to build), got {type(spec).__name__}")
+    target = spec.get("_target_")
+    if not isinstance(target, str) or not target.strip():
+        raise CompositionError(f"{path}._target_: missing; give the dotted path of the class or function to build")
+    # Hydra's own locator (what instantiate uses, so the same paths resolve); the public
+    # hydra.utils.get_object would also log a multi-line error on a miss.
+    from hydra._internal.utils import _locate
+
+    try:
+        return _locate(target)
+    except Exception as exc:  # ImportError, AttributeError, or the module failing to import
+        cause = exc.__cause__ or exc
+        detail = f" ({_first_line(cause)})" if isinstance(cause, ImportError) and "No module named" not in str(cause) else ""
+        raise CompositionError(f"{path}._target_={target}: no such class or function{detail}; check the dotted path") from None
+
+
+def check_spec(path: str, spec: Any) -> Any:
+    """Check one ``_target_`` spec without building it: the target is importable and every
+    key is a keyword its constructor accepts (nested specs too). Returns the target."""
+    target = locate(path, spec)
+    kwargs = {k: v for k, v in spec.items() if k not in _HYDRA_KEYS}
+    try:
+        sig = inspect.signature(target)
+    except (TypeError, ValueError):  # a builtin without a signature: its construction will tell
+        sig = None
+    if sig is not None:
+        try:
+            sig.bind_partial(*list(spec.get("_args_") or []), **kwargs)
+        except TypeError as exc:
+            takes = [n for n, p in sig.parameters.items()
+                     if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+            name = getattr(target, "__name__", str(target))
+            bad = next((k for k in kwargs if k not in takes), None)
+            if bad is None:
+                raise CompositionError(f"{path}: {name} cannot take these arguments ({_first_line(exc)})") from None
+            hint = f"; {_HINTS[bad]}" if bad in _HINTS else ""
+            raise CompositionError(f"{path}.{bad}: {name} has no parameter '{bad}' (it takes {', '.join(takes) or 'none'})"
+                            f"{hint}") from None
+    if spec.get("_recursive_", True):
+        for key, value in kwargs.items():
+            for i, item in enumerate(value if isinstance(value, (list, tuple)) else [value]):
+                if isinstance(item, Mapping) and "_target_" in item:
+                    suffix = f"[{i}]" if isinstance(value, (list, tuple)) else ""
+                    check_spec(f"{path}.{key}{suffix}", item)
+    return target
+
+
+def _mutator_name(spec: Mapping[str, Any]) -> str | None:
+    name = spec.get("name")
+    return None if name is None else str(name)
+
+
+def check_agents(agents: Mapping[str, Any], roles: Sequence[str], method: str) -> None:
+    """Every role ``roles`` lists is set; every spec given (needed or not) is importable and
+    takes its keys; mutator names are unique. ``CompositionError`` naming the key."""
+    for role in roles:
+        if role not in AGENT_ROLES:
+            raise CompositionError(f"method {method}: declares an unknown agent role {role!r} (roles: {AGENT_ROLES})")
+        if not agents.get(role):
+            raise CompositionError(f"backend.agents.{role}: not set, and method {method} needs it (it needs "
+                            f"{', '.join(roles)}); set it in the backend config (e.g. backend=offline)")
+    mutators = agents.get("mutators") or []
+    if not isinstance(mutators, (list, tuple)):
+        raise CompositionError(f"backend.agents.mutators: expected a list of mutator specs, got {type(mutators).__name__}")
+    names: dict[str, int] = {}
+    for i, spec in enumerate(mutators):
+        check_spec(f"backend.agents.mutators[{i}]", spec)
+        name = _mutator_name(spec)
+        if name is not None and name in names:
+            raise CompositionError(f"backend.agents.mutators[{i}].name={name}: already the name of mutators[{names[name]}]; "
+                            "give every mutator a distinct name")
+        if name is not None:
+            names[name] = i
+    for role in AGENT_ROLES[1:]:
+        if agents.get(role) is not None:
+            check_spec(f"backend.agents.{role}", agents[role])
+
+
+def _resolved(cfg: Any, section: str) -> dict[str, Any]:
+    from omegaconf import OmegaConf
+    from omegaconf.errors import InterpolationKeyError, InterpolationResolutionError, MissingMandatoryValue
+
+    try:
+        return OmegaConf.to_container(cfg[section], resolve=True)
+    except (InterpolationKeyError, InterpolationResolutionError) as exc:
+        benchmark = OmegaConf.select(cfg, "benchmark._target_", default="?")
+        raise CompositionError(f"{section}: {_first_line(exc)}; this {section} does not fit benchmark {benchmark} "
+                        f"(choose a matching {section})") from None
+    except MissingMandatoryValue as exc:
+        raise CompositionError(f"{section}: {_first_line(exc)}; give the missing value") from None
+
+
+def check_composition(cfg: Any) -> Composition:
+    """Check the whole composition before anything is built: the model (and write its
+    resolved ``id`` back into ``cfg.model.id``, so the stored config and the executor's
+    ``${model}`` carry the identity), the benchmark, executor and method specs, the
+    executor's preflight against the model and benchmark, and the agents the method
+    needs. ``CompositionError`` (one line naming the key) on the first problem."""
+    from omegaconf import OmegaConf
+
+    try:
+        model = model_config(cfg.model)
+    except ValueError as exc:
+        raise CompositionError(_first_line(exc)) from None
+    if cfg.model.id != model.id:
+        cfg.model.id = model.id
+    benchmark = _resolved(cfg, "benchmark")
+    check_spec("benchmark", benchmark)
+    executor = _resolved(cfg, "executor")
+    executor_cls = check_spec("executor", executor)
+    preflight = getattr(executor_cls, "preflight", None)
+    if callable(preflight):
+        try:
+            preflight(model, benchmark)
+        except ValueError as exc:
+            raise CompositionError(_first_line(exc)) from None
+    method_spec = _resolved(cfg, "method")
+    method_cls = check_spec("method", method_spec)
+    roles = tuple(getattr(method_cls, "agent_roles", ()) or ())
+    agents = OmegaConf.to_container(cfg.backend.agents, resolve=True)
+    check_agents(agents, roles, str(getattr(method_cls, "name", None) or method_spec["_target_"]))
+    return Composition(model=model, executor=executor, agents=agents, agent_roles=roles)
