@@ -124,6 +124,7 @@ _SPECS: dict[str, tuple[Column, ...]] = {
         _c("summary", STR),
         _c("suggestions", pa.list_(STR)),
         _c("embedding", pa.list_(pa.float32())),
+        _c("embedder", STR),  # the embedding model actually used (after any fallback)
         _c("judge_error", STR),
         _c("trace_ref", STR),
     ),

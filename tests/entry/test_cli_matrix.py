@@ -98,13 +98,22 @@ def test_every_method_runs_on_every_benchmark_it_supports(matrix, name):
     method = name.split("-", 1)[0]
     n_rollouts = duckdb.sql(f"select count(*) from '{run_dir}/rollouts/*.parquet'").fetchall()[0][0]
     assert n_rollouts > 0
+    assert manifest["models"]["solver"] == {"id": "offline-surrogate", "solver": None}
+    embedder = manifest["models"]["embedder"]
+    assert embedder["configured"] == "BAAI/bge-large-en-v1.5"
     if method == "eval":
         assert summary["k"] == 1 and [h["name"] for h in summary["harnesses"]] == ["minimal", "stock"]
+        assert embedder["used"] == [] and not embedder["fell_back"], "eval embeds nothing"
     elif method == "ssr":
         assert summary["rounds"] >= 1 and summary["final_test"], "SSR ran no race or no final test"
         assert summary["executions_used"] <= manifest["config"]["run"]["budget"]["executions"]
         assert _events(run_dir, "ssr.selection"), "no race reached a selection"
+        # the embedder model actually used (offline: the packaged fallback unless bge is cached)
+        loads = _events(run_dir, "embedder.loaded")
+        assert loads and embedder["used"] == sorted({x["used"] for x in loads})
+        assert embedder["fell_back"] == (embedder["used"] != ["BAAI/bge-large-en-v1.5"])
     else:
+        assert embedder["used"] == [] and not embedder["fell_back"], "MILO embeds nothing"
         assert summary["final_test"] and all(r["k"] == 1 for r in summary["final_test"])
         nodes = [p["node"] for p in _events(run_dir, "milo.node")]
         assert any(n["origin"] == "mutation" for n in nodes), "no island ran a round"

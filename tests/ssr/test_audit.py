@@ -91,3 +91,31 @@ def test_matrix_from_rollouts_keeps_the_complete_sub_matrix():
     m = matrix_from_rollouts(rows, rollouts=2, parent="p", min_tasks=10)
     assert m.harness_ids[0] == "p" and set(m.harness_ids) == {"p", "a", "b"}
     assert m.rewards.shape == (3, 12, 2)
+
+
+# --- the audit's task set (papers/002 §6.5: disjoint from candidate generation and test) ----
+
+def test_generated_audit_matrix_is_disjoint_from_test_and_training_tasks_by_default(tmp_path):
+    from milo_ray.agents.embedder import HashingEmbedder
+    from milo_ray.agents.judges.offline import OfflineJudge
+    from milo_ray.agents.mutators.offline import OfflineCandidateOptimizer
+    from milo_ray.benchmarks.surrogate import SurrogateBenchmark
+    from milo_ray.ssr.audit import generate_surrogate_matrix
+
+    bench = SurrogateBenchmark("surrogate_deepswe")
+    m = generate_surrogate_matrix(bench, executor=bench.executor_config(), optimizer=OfflineCandidateOptimizer(),
+                                  judge=OfflineJudge(), embedder=HashingEmbedder(), workdir=tmp_path, per_scale=1,
+                                  scales=(0.5, 1.0), rollouts=1)
+    audit_ids = set(m.task_ids)
+    assert audit_ids and not audit_ids & {t.task_id for t in bench.tasks("test")}
+    assert not audit_ids & {t.task_id for t in bench.tasks("train")}
+    assert audit_ids == {t.task_id for t in bench.tasks("val")}
+
+
+@pytest.mark.parametrize("splits,other", [(("val", "test"), "test"), (("train",), "train")])
+def test_an_audit_set_overlapping_test_or_training_tasks_is_refused(splits, other):
+    from milo_ray.benchmarks.surrogate import SurrogateBenchmark
+    from milo_ray.ssr.audit import audit_tasks
+
+    with pytest.raises(ValueError, match=rf"audit_splits=.*also in the '{other}' split"):
+        audit_tasks(SurrogateBenchmark("surrogate_deepswe"), splits)
