@@ -62,7 +62,7 @@ def full_rows() -> dict[str, list[dict]]:
         "experience": [
             dict(task_id="t1", round=1, harness_id="h1", w=0.5, a=0.25, u=1.0, q=0.25,
                  summary="ran out of time", suggestions=["add a deadline check", "plan first"],
-                 embedding=[0.5, -0.25, 0.0], judge_error=None, trace_ref="cd" * 32),
+                 embedding=[0.5, -0.25, 0.0], embedder="BAAI/bge-large-en-v1.5", judge_error=None, trace_ref="cd" * 32),
         ],
         "agent_calls": [
             dict(run_id="r1", call_id="mutate:i0:r3", role="mutator", agent="offline-bold", model="m1", island=0,

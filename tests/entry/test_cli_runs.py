@@ -79,7 +79,7 @@ def test_help_lists_the_real_options_and_no_internal_schema():
                           timeout=120, env=ENV)
     assert proc.returncode == 0
     assert "schema" not in proc.stdout
-    for group in ("method", "benchmark", "backend", "model", "execution", "experiment"):
+    for group in ("method", "benchmark", "executor", "backend", "model", "execution", "experiment"):
         for option in (p.stem for p in (Path(CONF_DIR) / group).glob("*.yaml")):
             assert option in proc.stdout, f"{group}={option} missing from --help"
     for key in ("run.dir", "run.resume", "run.seed", "run.time_limit_s", "run.budget.cost_usd", "run.progress"):

@@ -148,3 +148,33 @@ def test_mutator_names_are_unique_and_every_declared_role_must_be_set():
     with pytest.raises(CompositionError, match=r"^backend.agents.mutators: not set, and method milo needs it"):
         check_agents({"mutators": []}, ("mutators", "orchestrator"), "milo")
     check_agents({}, (), "eval")  # eval needs no agent
+
+
+def test_a_run_stored_before_the_executor_group_resumes_with_the_same_executor_and_model_id(tmp_path):
+    """Its benchmark carried model_id and named the executor; resuming it composes the
+    surrogate executor from its benchmark and keeps model.id (the same cache keys)."""
+    import json
+
+    from omegaconf import OmegaConf
+
+    from milo_ray.config_errors import check_composition
+    from milo_ray.run import _resume_config
+
+    GlobalHydra.instance().clear()
+    try:
+        with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+            now = compose("config", overrides=["method=eval", "benchmark=surrogate_deepswe", "benchmark.seed=2"])
+            argv = [f"run.resume={tmp_path}"]
+            cfg = compose("config", overrides=argv)
+    finally:
+        GlobalHydra.instance().clear()
+    old = OmegaConf.to_container(now, resolve=True)
+    del old["executor"]
+    old["benchmark"]["model_id"] = "offline-surrogate"
+    del old["benchmark"]["calibrate_to"]
+    (tmp_path / "manifest.json").write_text(json.dumps({"config": old}))
+    resumed = _resume_config(cfg, argv)
+    plan = check_composition(resumed)
+    assert "model_id" not in resumed.benchmark and plan.model.id == "offline-surrogate"
+    assert {k: plan.executor[k] for k in ("preset", "seed", "label_noise", "calibrate_to")} == \
+        {"preset": "surrogate_deepswe", "seed": 2, "label_noise": 0.1, "calibrate_to": None}
