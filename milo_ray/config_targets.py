@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from milo_ray.config import ModelConfig, model_config
@@ -41,13 +41,11 @@ class CompositionError(ValueError):
 @dataclass(frozen=True)
 class Composition:
     """What the checks established: the checked model (``id`` filled in), the executor
-    spec (resolved, ``${model}`` included) the workers build, the agent specs and the
-    roles the method needs."""
+    spec (resolved, ``${model}`` included) the workers build, and the agent specs."""
 
     model: ModelConfig
     executor: dict[str, Any]
     agents: dict[str, Any]
-    agent_roles: tuple[str, ...] = field(default_factory=tuple)
 
 
 def _first_line(text: str) -> str:
@@ -105,11 +103,6 @@ def check_spec(path: str, spec: Any) -> Any:
     return target
 
 
-def _mutator_name(spec: Mapping[str, Any]) -> str | None:
-    name = spec.get("name")
-    return None if name is None else str(name)
-
-
 def check_agents(agents: Mapping[str, Any], roles: Sequence[str], method: str) -> None:
     """Every role ``roles`` lists is set; every spec given (needed or not) is importable and
     takes its keys; mutator names are unique. ``CompositionError`` naming the key."""
@@ -125,7 +118,7 @@ def check_agents(agents: Mapping[str, Any], roles: Sequence[str], method: str) -
     names: dict[str, int] = {}
     for i, spec in enumerate(mutators):
         check_spec(f"backend.agents.mutators[{i}]", spec)
-        name = _mutator_name(spec)
+        name = None if spec.get("name") is None else str(spec["name"])
         if name is not None and name in names:
             raise CompositionError(f"backend.agents.mutators[{i}].name={name}: already the name of mutators[{names[name]}]; "
                             "give every mutator a distinct name")
@@ -179,4 +172,4 @@ def check_composition(cfg: Any) -> Composition:
     roles = tuple(getattr(method_cls, "agent_roles", ()) or ())
     agents = OmegaConf.to_container(cfg.backend.agents, resolve=True)
     check_agents(agents, roles, str(getattr(method_cls, "name", None) or method_spec["_target_"]))
-    return Composition(model=model, executor=executor, agents=agents, agent_roles=roles)
+    return Composition(model=model, executor=executor, agents=agents)
