@@ -34,7 +34,6 @@ class RunContext:
     elapsed_before_s: float = 0.0
     agents: dict[str, Any] = field(default_factory=dict)
     agent_calls: Any = None
-    extras: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.agent_calls is None:
