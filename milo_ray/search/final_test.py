@@ -44,6 +44,8 @@ class FinalTest:
 
     def __init__(self, scheduler: Any, benchmark: Any, *, split: str, k: int, seed: int, method: str,
                  stage: str = "final", group: str = "final") -> None:
+        if int(k) < 1:
+            raise ValueError(f"final test: k={k} rollouts per task; need at least 1")
         self.scheduler, self.benchmark = scheduler, benchmark
         self.split, self.k, self.seed, self.method, self.stage, self.group = split, int(k), seed, method, stage, group
         self.task_ids = [t.task_id for t in benchmark.tasks(split)]
