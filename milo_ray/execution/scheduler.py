@@ -357,8 +357,7 @@ class RolloutScheduler:
     def _pump(self) -> None:
         """Send the jobs the dispatch rules pick for the free slots, one batch per node."""
         while True:
-            free = self._pool.free_slots()
-            picks = self._dispatch.pick(free) if free else []
+            picks = self._dispatch.pick(self._pool.free_slots())
             if not picks:
                 return
             batches: dict[str, list[_Job]] = {}

@@ -4,6 +4,8 @@ caps (also when they change with items in flight), most-free-node placement."""
 from __future__ import annotations
 
 import itertools
+import subprocess
+import sys
 from collections import Counter
 
 import pytest
@@ -151,3 +153,9 @@ def test_the_limits_view_is_read_only_and_names_the_setter():
     with pytest.raises(TypeError, match=r"set_group_limit\('g', 3\)"):
         d.limits["g"] = 3
     assert d.limits["g"] == 2
+
+
+def test_the_dispatch_rules_import_without_ray():
+    code = "import sys; sys.modules['ray'] = None; import milo_ray.execution.dispatch"
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
