@@ -153,16 +153,10 @@ def main() -> None:
     run_dir, out, resume = Path(sys.argv[1]), Path(sys.argv[2]), "--resume" in sys.argv
     if "--die-before" in sys.argv:
         install_kill_point(sys.argv[sys.argv.index("--die-before") + 1])
-    import ray
+    from milo_ray.execution.cluster import start_local
 
-    from milo_ray.execution.cluster import quiet_token_auth_notice
-
-    quiet_token_auth_notice()
     try:
-        # address="local": always a private instance, even when someone ran `ray start`
-        # on this machine (ray.init() would otherwise join that cluster).
-        ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False,
-                 resources={"sandbox_slot": 8})
+        start_local(num_cpus=2, slots=8)  # private, even when `ray start` left one running here
     except Exception as e:  # e.g. the raylet's start-up timed out on a loaded machine
         print(f"ray did not start: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
         os._exit(RAY_START_FAILED)  # nothing of the run was touched yet: the caller may retry
