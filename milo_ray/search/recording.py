@@ -43,7 +43,8 @@ class HarnessRecorder:
         with self._lock:
             if k in self._keys:
                 return False
+            # Written before it is marked: a failed write leaves the row to be written again.
+            row["source_ref"] = self.store.put_harness_source(harness.files)
+            self.store.append("harnesses", [row])
             self._keys.add(k)
-        row["source_ref"] = self.store.put_harness_source(harness.files)
-        self.store.append("harnesses", [row])
         return True

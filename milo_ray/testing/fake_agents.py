@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from milo_ray.agents.protocols import MutationRequest, MutationResult
+from milo_ray.agents.usage import AgentUsage
 from milo_ray.harness.model import ENTRY_FILE, Harness
 
 
@@ -51,7 +52,7 @@ class CountingMutator:
         source = request.parent.files[ENTRY_FILE] + f"# edit for seed {request.seed}\n"
         i, o, usd = self.usage
         return MutationResult(Harness({**request.parent.files, ENTRY_FILE: source}), report="edited",
-                              input_tokens=i, output_tokens=o, cost_usd=usd)
+                              usage=AgentUsage(input_tokens=i, output_tokens=o, cost_usd=usd))
 
     def graft(self, request: MutationRequest) -> MutationResult:
         return self.mutate(request)
@@ -75,9 +76,37 @@ class ScriptedOutputMutator:
             return MutationResult(None, report="gave up")
         if self.mode == "workdir":
             (Path(request.workdir) / ENTRY_FILE).write_text(parent + "# written to the workdir\n")
-            return MutationResult(None, report="wrote it", input_tokens=7)
+            return MutationResult(None, report="wrote it", usage=AgentUsage(input_tokens=7))
         if self.mode == "same":
             return MutationResult(request.parent, report="no change")
         if self.mode == "broken":
             return MutationResult(Harness({ENTRY_FILE: "def build_agent(model, backend)\n    return 1\n"}))
         raise ValueError(f"unknown mode {self.mode!r}")
+
+
+class SlowToBuildMutator(CountingMutator):
+    """A constructor that hangs for ``build_s`` seconds (a client that cannot connect)."""
+
+    def __init__(self, log: str, build_s: float) -> None:
+        import time
+
+        time.sleep(build_s)
+        super().__init__(log)
+
+
+class EvidenceReadingMutator:
+    """Reads what an LLM coding agent would read: the parent's ``harness.py``, the
+    evidence report, and the file the memory text and ``context['memory_path']`` point
+    at; writes all of it into the child, so tests see what reached the agent."""
+
+    name = "evidence-reader"
+
+    def mutate(self, request: MutationRequest) -> MutationResult:
+        import re
+
+        seen = [Path(request.parent_dir, ENTRY_FILE).read_text(), Path(request.evidence_dir, "report.md").read_text()]
+        for path in re.findall(r"(/\S+\.md)", request.memory_markdown):
+            seen.append(Path(path).read_text())
+        seen.append(Path(request.context["memory_path"]).read_text())
+        note = "".join(f"# read: {line}\n" for text in seen[1:] for line in text.splitlines())
+        return MutationResult(Harness({ENTRY_FILE: seen[0] + note}), report="read the evidence")

@@ -94,3 +94,30 @@ def test_reply_parts_accepts_bare_outputs_as_unpriced():
     assert u.tokens == 7
     with pytest.raises(ValueError, match="cost_usd"):
         AgentUsage(cost_usd=-1.0)
+
+
+def test_a_failed_write_is_neither_marked_nor_charged():
+    class FullDisk(MemoryRunStore):
+        fail = True
+
+        def append(self, table, rows):
+            if self.fail:
+                raise OSError("No space left on device")
+            super().append(table, rows)
+
+    store, budget = FullDisk(run_id="r"), BudgetLedger(tokens=1_000)
+    log = AgentCallLog(store, budget=budget)
+    with pytest.raises(OSError):
+        log.record("judge", usage(100, 0), call_id="a")
+    assert budget.tokens_used == 0 and not log.recorded("a") and log.by_role() == {}
+    store.fail = False
+    log.record("judge", usage(100, 0), call_id="a")
+    assert budget.tokens_used == 100 and store.read("agent_calls").num_rows == 1
+
+
+def test_solver_calls_are_ledgered_but_not_charged_twice():
+    """Solver spend reaches the budget through the rollouts that contain it."""
+    budget = BudgetLedger(tokens=1_000)
+    log = AgentCallLog(MemoryRunStore(run_id="r"), budget=budget)
+    log.record("solver", usage(400, 100), call_id="solve:h:t:0")
+    assert budget.tokens_used == 0 and log.by_role()["solver"]["input_tokens"] == 400

@@ -125,20 +125,90 @@ def test_forbidden_fragment_in_the_child_fails_validation(tmp_path):
 
 
 def test_shipped_files_reach_a_worker_that_cannot_see_the_driver_disk(tmp_path):
-    req = request(tmp_path)
-    shipped = ShippedFiles.pack(req)
-    # The worker's view: the driver's directories are gone.
+    """Multi-node: the parent, the evidence and every path the memory text and the
+    context name are unpacked on the worker and the request rewritten to them."""
     import shutil
 
-    shutil.rmtree(req.parent_dir)
-    shutil.rmtree(req.evidence_dir)
-    into = tmp_path / "worker"
-    moved = shipped.unpack(req, into)
-    assert Path(moved.parent_dir, ENTRY_FILE).read_text() == PARENT.source
-    assert Path(moved.evidence_dir, "report.md").read_text() == "2 of 3 tasks failed"
-    assert moved.workdir == req.workdir
-
-
-def test_shipped_files_are_not_unpacked_where_the_paths_exist(tmp_path):
     req = request(tmp_path)
-    assert ShippedFiles.pack(req).unpack(req, tmp_path / "worker") is req
+    notes = tmp_path / "memory" / "notes.md"
+    notes.parent.mkdir()
+    notes.write_text("island 2 stalled")
+    req = MutationRequest(parent=req.parent, parent_dir=req.parent_dir, evidence_dir=req.evidence_dir,
+                          memory_markdown=f"see {req.evidence_dir}/report.md and {notes}", workdir=req.workdir,
+                          seed=0, context={"memory_path": str(notes)})
+    shipped = ShippedFiles.pack(req)
+    for path in (req.parent_dir, req.evidence_dir, notes.parent):  # the worker's view: none of it exists
+        shutil.rmtree(path)
+    out = run_mutation({"_target_": "milo_ray.testing.fake_agents.EvidenceReadingMutator"}, req, time_cap_s=30,
+                       validation=ValidationOptions(enabled=False), shipped=shipped)
+    assert out.ok, out.reason
+    assert out.child.source.count("# read: 2 of 3 tasks failed") == 2  # via evidence_dir and via the memory text
+    assert out.child.source.count("# read: island 2 stalled") == 2  # via the memory text and the context
+
+
+def test_packing_a_missing_directory_is_an_error(tmp_path):
+    req = request(tmp_path)
+    import shutil
+
+    shutil.rmtree(req.evidence_dir)
+    with pytest.raises(ValueError, match="evidence_dir"):
+        ShippedFiles.pack(req)
+
+
+def test_a_hung_constructor_neither_breaks_the_cap_nor_blocks_other_agents(tmp_path):
+    slow = {"_target_": "milo_ray.testing.fake_agents.SlowToBuildMutator", "log": str(tmp_path / "slow"),
+            "build_s": 20}
+    t0 = time.monotonic()
+    out = run_mutation(slow, request(tmp_path, 0), time_cap_s=0.5)
+    assert out.error == "timed out after 0.5s" and time.monotonic() - t0 < 5
+    fast = {"_target_": COUNTING, "log": str(tmp_path / "fast")}
+    t0 = time.monotonic()
+    assert run_mutation(fast, request(tmp_path, 1), time_cap_s=10, validation=ValidationOptions(enabled=False)).ok
+    assert time.monotonic() - t0 < 5
+
+
+def test_two_specs_get_two_agents_and_a_forgotten_agent_is_built_again(tmp_path):
+    from milo_ray.search.mutation import agent_for, forget_agent
+
+    a = {"_target_": COUNTING, "log": str(tmp_path / "a")}
+    b = {"_target_": COUNTING, "log": str(tmp_path / "b")}
+    assert agent_for(a) is agent_for(dict(a)) and agent_for(a) is not agent_for(b)
+    first = agent_for(a)
+    forget_agent(a)
+    assert agent_for(a) is not first
+
+
+def test_a_stale_child_in_a_reused_workdir_is_not_read_back(tmp_path):
+    req = request(tmp_path)
+    Path(req.workdir).mkdir(parents=True)
+    (Path(req.workdir) / ENTRY_FILE).write_text("def build_agent(model, backend):\n    return 'stale'\n")
+    out = run_mutation({"_target_": SCRIPTED, "mode": "nothing"}, req, time_cap_s=30)
+    assert out.child is None and out.error == "mutator produced no child"
+
+
+def test_the_cap_runs_from_the_start_of_the_task_not_from_submission(tmp_path, ray_local, monkeypatch):
+    """Four calls of 2 s under a 3 s cap on two CPUs: two wait for a CPU for ~2 s, and
+    none of them may be counted as timed out."""
+    monkeypatch.setattr("milo_ray.search.mutation.GRACE_S", 0.5)
+    spec = {"_target_": COUNTING, "log": str(tmp_path / "log"), "sleep_s": 2.0}
+    outs = run_mutations(spec, [request(tmp_path, i) for i in range(4)], time_cap_s=3.0,
+                         validation=ValidationOptions(enabled=False), max_concurrent=4, num_cpus=1)
+    assert [o.error for o in outs] == [None] * 4
+
+
+def test_a_timed_out_agent_is_killed_with_its_worker_process(tmp_path, ray_local):
+    import os
+
+    log = tmp_path / "log"
+    spec = {"_target_": COUNTING, "log": str(log), "sleep_s": 120}
+    (out,) = run_mutations(spec, [request(tmp_path)], time_cap_s=1.0, validation=ValidationOptions(enabled=False))
+    assert out.error == "timed out after 1s"
+    (pid,) = {int(k.split()[1]) for k in log_lines(log) if k.startswith("call")}
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.2)
+    pytest.fail(f"the worker {pid} running the hung agent is still alive")
