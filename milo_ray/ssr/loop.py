@@ -93,22 +93,21 @@ class _SSRRun:
         self.judge = build_agent(agents["judge"])
         self.embedder = build_agent(agents["embedder"])
         optimizer_spec = agents["optimizer"]
-        optimizer_name = str(getattr(optimizer_spec, "name", None) or
-                             (optimizer_spec.get("_target_", "") if isinstance(optimizer_spec, dict) else "")
-                             ).rsplit(".", 1)[-1]
-        self.optimizer_name = optimizer_name
+        self.optimizer_name = optimizer_name = str(
+            getattr(optimizer_spec, "name", None)
+            or (optimizer_spec.get("_target_", "") if isinstance(optimizer_spec, dict) else "")).rsplit(".", 1)[-1]
         self.train = self.bench.tasks(cfg.train_split)
         self.val = self.bench.tasks(cfg.val_split)
         if not self.train:
             raise ValueError(f"ssr: benchmark split {cfg.train_split!r} is empty (method.train_split)")
         self.tasks = {t.task_id: t for split in self.bench.splits().values() for t in split}
-        from milo_ray.harness.validate import forbidden_fragments_for
-
         self.race_cfg = RaceConfig(cfg.stages, tuple(cfg.b_v) if not isinstance(cfg.b_v, int) else (cfg.b_v,),
                                    cfg.b_s, cfg.b_f, cfg.rollouts)
         self.cap = getattr(self.sched.budget, "executions", None)
         self.keys: set[str] = set()  # distinct rollouts this run asked for under the budget
         self.out = StoreWriter(self.store, resumed=bool(ctx.resumed))
+        from milo_ray.harness.validate import forbidden_fragments_for
+
         # What earlier sessions decided; kept current as this session decides more.
         self.recorded = RecordedRun.from_store(self.store) if ctx.resumed else RecordedRun()
         self.children = ChildMaker(cfg=cfg, seed=ctx.seed, optimizer_spec=optimizer_spec,

@@ -270,7 +270,8 @@ def test_agent_calls_hold_every_judge_and_optimizer_call_with_its_usage(referenc
     attempts = sum(json.loads(e["payload"])["attempts"] for e in ref["events"] if e["kind"] == "ssr.judged")
     assert made["judge"] == attempts > sum(1 for e in ref["events"] if e["kind"] == "ssr.judged")
     embeds = [r for r in rows if r["role"] == "embedder"]
-    assert len(embeds) == summary["rounds"] and all(r["input_tokens"] == r["output_tokens"] == 0 for r in embeds)
+    refreshes = sum(1 for e in ref["events"] if e["kind"] == "ssr.refresh")
+    assert len(embeds) == refreshes and all(r["input_tokens"] == r["output_tokens"] == 0 for r in embeds)
 
 
 @pytest.mark.parametrize("role, per_call", [("judge", JUDGE_USAGE.tokens),
