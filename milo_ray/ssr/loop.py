@@ -110,9 +110,9 @@ class _SSRRun:
 
         # What earlier sessions decided; kept current as this session decides more.
         self.recorded = RecordedRun.from_store(self.store) if ctx.resumed else RecordedRun()
-        self.children = ChildMaker(cfg=cfg, seed=ctx.seed, optimizer_spec=optimizer_spec,
-                                   optimizer_name=optimizer_name, forbidden=forbidden_fragments_for(self.tasks.values()),
-                                   tasks=self.tasks, store=self.store, calls=self.calls, emit=self.emit,
+        self.children = ChildMaker(cfg=cfg, seed=ctx.seed, optimizer_spec=optimizer_spec, optimizer_name=optimizer_name,
+                                   forbidden=forbidden_fragments_for(self.tasks.values()), tasks=self.tasks,
+                                   store=self.store, calls=self.calls, emit=self.emit,
                                    work=Path(ctx.run_dir) / "workspace" / "ssr")
         self.harnesses: dict[str, Harness] = {}
         self.generated = 0

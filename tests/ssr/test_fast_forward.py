@@ -218,9 +218,11 @@ def test_resume_fast_forwards_to_the_uninterrupted_run(point, tmp_path, bench, m
     # The ledger holds exactly the uninterrupted run's calls, each once.
     assert Counter(r["call_id"] for r in after["agent_calls"]) == Counter(r["call_id"] for r in ref["agent_calls"])
     assert Counter(r["role"] for r in after["agent_calls"]) == Counter(r["role"] for r in ref["agent_calls"])
+
     # Same history, same choice.
     def events(rows):
-        return Counter((e["kind"], e["round"], e["harness_id"], e["payload"]) for e in rows if e["kind"] != "ssr.resume")
+        return Counter((e["kind"], e["round"], e["harness_id"], e["payload"]) for e in rows
+                       if e["kind"] != "ssr.resume")
 
     assert events(after["events"]) == events(ref["events"])
 
