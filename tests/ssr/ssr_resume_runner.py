@@ -16,9 +16,9 @@ the run. ``--resume`` runs with ``resumed=True`` on the same run directory.
 
 Every judge and optimizer call is appended, once its answer is back, to
 ``RUN_DIR/agent_calls.jsonl`` (one ``write`` of one line per call, so lines written
-before a kill survive it), tagged with the session (``first`` or ``resume``), judge calls also with a digest of
-the trajectory they were about: the tests compare what each session paid for, and
-match it to the answers the store recorded.
+before a kill survive it), tagged with the session (``first`` or ``resume``), judge
+calls also with a digest of the trajectory they were about: the tests compare what
+each session paid for, and match it to the answers the store recorded.
 """
 
 from __future__ import annotations
