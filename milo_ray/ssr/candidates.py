@@ -17,7 +17,7 @@ from typing import Any, Sequence
 from milo_ray.agents.protocols import MutationRequest
 from milo_ray.agents.usage import AgentUsage
 from milo_ray.harness.model import Harness
-from milo_ray.search.mutation import MutationOutcome, ValidationOptions, agent_for, run_mutations
+from milo_ray.search.mutation import MutationOutcome, ValidationOptions, run_mutations
 
 DEFAULT_TIME_CAP_S = 2700.0
 
@@ -68,11 +68,6 @@ class CandidateOutcome:
         u = out.usage
         return cls(job.index, job.scale, job.request.seed, out.child, error, out.report, u.input_tokens, u.output_tokens,
                    u.seconds, u.cost_usd, u.retries)
-
-
-def build_agent(spec: Any) -> Any:
-    """The agent of a ``_target_`` spec (built once per process) or the object itself."""
-    return agent_for(spec)
 
 
 def use_ray() -> bool:

@@ -108,7 +108,8 @@ class ChildMaker:
         if jobs:
             outcomes = generate_candidates(self.optimizer_spec, jobs, forbidden=self.forbidden,
                                            timeout_s=self.cfg.validate_timeout_s,
-                                           max_concurrent=self.cfg.max_concurrent_candidates)
+                                           max_concurrent=self.cfg.max_concurrent_candidates,
+                                           time_cap_s=self.cfg.optimizer_time_cap_s)
             for (i, d), o in zip(missing, outcomes):
                 self.calls.record("optimizer", o.usage, call_id=optimize_call_id(rnd, i, d),
                                   agent=self.optimizer_name, candidate=i, round=rnd)

@@ -51,7 +51,7 @@ from milo_ray.execution.types import RolloutRequest
 from milo_ray.harness.model import Harness
 from milo_ray.search.seeds import derive_seed
 from milo_ray.ssr import evidence as ev
-from milo_ray.ssr.candidates import build_agent
+from milo_ray.search.mutation import agent_for
 from milo_ray.ssr.children import ChildMaker
 from milo_ray.ssr.config import SSRConfig
 from milo_ray.ssr.events import (CandidatesChosen, RefreshAborted, Refreshed, RefreshUnaffordable, ResumeMarker,
@@ -90,8 +90,8 @@ class _SSRRun:
         self.cfg, self.ctx = cfg, ctx
         self.sched, self.store, self.bench = ctx.scheduler, ctx.store, ctx.benchmark
         self.calls = ctx.agent_calls
-        self.judge = build_agent(agents["judge"])
-        self.embedder = build_agent(agents["embedder"])
+        self.judge = agent_for(agents["judge"])
+        self.embedder = agent_for(agents["embedder"])
         optimizer_spec = agents["optimizer"]
         self.optimizer_name = optimizer_name = str(
             getattr(optimizer_spec, "name", None)
@@ -330,12 +330,11 @@ class _SSRRun:
         (and, with ``evaluate_initial``, the initial) harness in ``final_test``
         (``HarnessScore.as_dict()``; ``test_final``/``test_initial`` name the same rows),
         and the benchmark's ground truth when it has one."""
-        from milo_ray.evaluation import summarize
+        from milo_ray.search.final_test import FinalTest, true_quality
 
         cfg = self.cfg
         # Ground truth (the surrogate's exact expected quality) when the benchmark has it.
-        truth = {h.harness_id: self.bench.true_quality(h, cfg.test_split) for h in (initial, final)} \
-            if hasattr(self.bench, "true_quality") else {}
+        truth = {h.harness_id: true_quality(self.bench, h, cfg.test_split) for h in (initial, final)}
         summary: dict[str, Any] = {
             "method": METHOD, "initial_harness": initial.harness_id, "final_harness": final.harness_id,
             "improved": final.harness_id != initial.harness_id, "rounds": rounds, "stop_reason": stop,
@@ -343,26 +342,21 @@ class _SSRRun:
             "history": history, "evidence": cfg.evidence, "ordering": cfg.ordering, "racing": cfg.racing,
             "spend_by_role": self.calls.by_role(),
         }
-        test_ids = [t.task_id for t in self.bench.tasks(cfg.test_split)]
-        to_test = [("final", final)]
+        to_test = [("ssr final", final)]
         if cfg.evaluate_initial and initial.harness_id != final.harness_id:
-            to_test.append(("initial", initial))
-        rows = []
-        for label, h in to_test if test_ids else []:
-            reqs = [self._req(h.harness_id, t, i, cfg.test_split, rounds, "test")
-                    for t in test_ids for i in range(cfg.test_rollouts)]
-            # Outside the budget B: the test split never informs a decision.
-            results = self.sched.run(reqs, count_budget=False)
-            row = summarize(f"ssr {label}", h, results, test_ids, cfg.test_rollouts,
-                            true_score=float(truth[h.harness_id]["score"]) if truth else None).as_dict()
-            rows.append(row)
-            summary[f"test_{label}"] = row
+            to_test.append(("ssr initial", initial))
+        # Outside the budget B: the test split never informs a decision.
+        final_test = FinalTest(self.sched, self.bench, split=cfg.test_split, k=cfg.test_rollouts, seed=self.ctx.seed,
+                               method=METHOD, stage="test", group=GROUP)
+        rows = [r.as_dict() for r in final_test.rows(to_test, round=rounds)]
+        for (label, _), row in zip(to_test, rows):
+            summary[f"test_{label.split()[1]}"] = row
         if rows and initial.harness_id == final.harness_id:
             summary["test_initial"] = summary["test_final"]  # the same harness: tested once
         summary["final_test"] = rows
-        if truth:
-            for label, h in (("initial", initial), ("final", final)):
-                tq = truth[h.harness_id]
+        for label, h in (("initial", initial), ("final", final)):
+            tq = truth[h.harness_id]
+            if tq is not None:
                 summary[f"{label}_true_quality"] = float(tq["score"])
                 if "resolve_rate" in tq:
                     summary[f"{label}_true_resolve"] = float(tq["resolve_rate"])

@@ -15,6 +15,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from milo_ray.harness.model import Harness
+from milo_ray.search.recording import HarnessRecorder
 from milo_ray.ssr.events import SSREvent
 
 ExperienceKey = tuple[str, int, str]  # (harness_id, round, task_id)
@@ -25,15 +26,15 @@ class StoreWriter:
 
     def __init__(self, store: Any, *, resumed: bool) -> None:
         self.store = store
-        self._harness_keys: set[tuple[str, int]] = set()
+        # One row per (harness, round): a harness raced again in a later round is a new row.
+        self._harnesses = HarnessRecorder(store, key=lambda r: (r["harness_id"], int(r.get("round") or 0)),
+                                          resumed=resumed)
         self._embeddings: dict[ExperienceKey, list[float] | None] = {}
         self._event_keys: set[tuple[str, int | None, str | None, str]] = set()
         if resumed:
             self._load()
 
     def _load(self) -> None:
-        h = self.store.read("harnesses").to_pylist()
-        self._harness_keys = {(r["harness_id"], r.get("round") or 0) for r in h}
         for r in self.store.read("experience").to_pylist():
             self._embeddings[(r.get("harness_id") or "", r.get("round") or 0, r["task_id"])] = r.get("embedding")
         for r in self.store.read("events").to_pylist():
@@ -41,12 +42,7 @@ class StoreWriter:
                 self._event_keys.add((r["kind"], r.get("round"), r.get("harness_id"), r.get("payload") or ""))
 
     def harness(self, h: Harness, row: dict[str, Any]) -> None:
-        key = (h.harness_id, int(row.get("round") or 0))
-        if key in self._harness_keys:
-            return
-        self._harness_keys.add(key)
-        full = {"harness_id": h.harness_id, "name": h.name, "source_ref": self.store.put_harness_source(h.files), **row}
-        self.store.append("harnesses", [full])
+        self._harnesses.record(h, **row)
 
     def experience(self, records: Sequence[Any]) -> None:
         rows = []

@@ -112,7 +112,7 @@ class CountingOptimizer(RuleOptimizer):
     def mutate(self, req):
         res = super().mutate(req)
         self.session.answered(("optimizer", req.context["round"], req.context["candidate_index"], req.seed))
-        return MutationResult(res.child, res.report, res.error, **OPTIMIZER_USAGE)
+        return MutationResult(res.child, res.report, res.error, usage=AgentUsage(**OPTIMIZER_USAGE))
 
 
 def _digest(obj) -> str:
@@ -264,8 +264,7 @@ def test_agent_calls_hold_every_judge_and_optimizer_call_with_its_usage(referenc
         assert len(mine) == made[role] > 0
         assert sum(r["input_tokens"] for r in mine) == usage.input_tokens * made[role]
         assert sum(r["output_tokens"] for r in mine) == usage.output_tokens * made[role]
-        if role == "judge":  # the optimizer's USD reaches the loop only through CandidateOutcome's own fields
-            assert sum(r["cost_usd"] for r in mine) == pytest.approx(usage.cost_usd * made[role])
+        assert sum(r["cost_usd"] for r in mine) == pytest.approx(usage.cost_usd * made[role])
         spend = summary["spend_by_role"][role]
         assert spend["calls"] == made[role] and spend["input_tokens"] == usage.input_tokens * made[role]
     # Every judge attempt, re-asks of malformed answers included, is its own row.
