@@ -39,7 +39,6 @@ class RunContext:
     agents: dict[str, Any] = field(default_factory=dict)
     agent_calls: Any = None
     model: ModelConfig | None = None
-    extras: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.model = model_config(self.model if self.model is not None else {"id": self.model_id})

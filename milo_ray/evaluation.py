@@ -4,116 +4,14 @@ method prints (pass@k, PR@k, RR@k with task-clustered 95% intervals, tokens, sec
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, Iterable, Sequence
+from typing import Any, Sequence
 
-import numpy as np
-
-from milo_ray.benchmarks.base import GroundTruth
 from milo_ray.context import RunContext
 from milo_ray.execution.types import RolloutRequest, RolloutResult
 from milo_ray.harness.model import Harness
-from milo_ray.kernels.metrics import clustered_ci, pass_at_k, pr_at_k, rr_at_k
-
-
-@dataclass(frozen=True)
-class HarnessScore:
-    """One leaderboard row. CIs are (low, high) of the task-clustered 95% interval."""
-
-    name: str
-    harness_id: str
-    n_tasks: int
-    k: int
-    pass_at_k: float
-    pr_at_k: float
-    pr_ci: tuple[float, float]
-    rr_at_k: float
-    rr_ci: tuple[float, float]
-    mean_output_tokens: float
-    mean_seconds: float
-    timeouts: int
-    errors: int
-    true_score: float | None = None
-
-    def as_dict(self) -> dict[str, Any]:
-        return {k: (list(v) if isinstance(v, tuple) else v) for k, v in self.__dict__.items()}
-
-
-def score_matrix(results: Iterable[RolloutResult], task_ids: Sequence[str], k: int) -> np.ndarray:
-    """(n_tasks, k) scores in task order; a missing rollout counts as 0 (never silently dropped
-    from the denominator)."""
-    index = {t: i for i, t in enumerate(task_ids)}
-    S = np.zeros((len(task_ids), k))
-    for r in results:
-        if r.task_id in index and r.rollout_idx < k:
-            S[index[r.task_id], r.rollout_idx] = r.score
-    return S
-
-
-def summarize(name: str, harness: Harness, results: Sequence[RolloutResult], task_ids: Sequence[str], k: int,
-              *, true_score: float | None = None) -> HarnessScore:
-    S = score_matrix(results, task_ids, k)
-    resolved = (S >= 1.0).astype(float)
-    _, pr_lo, pr_hi = clustered_ci(S)
-    _, rr_lo, rr_hi = clustered_ci(resolved)
-    n = max(len(results), 1)
-    return HarnessScore(
-        name=name,
-        harness_id=harness.harness_id,
-        n_tasks=len(task_ids),
-        k=k,
-        pass_at_k=float(pass_at_k(S)),
-        pr_at_k=float(pr_at_k(S)),
-        pr_ci=(float(pr_lo), float(pr_hi)),
-        rr_at_k=float(rr_at_k(S)),
-        rr_ci=(float(rr_lo), float(rr_hi)),
-        mean_output_tokens=sum(r.output_tokens for r in results) / n,
-        mean_seconds=sum(r.latency_s for r in results) / n,
-        timeouts=sum(r.timed_out for r in results),
-        errors=sum(r.error_kind is not None for r in results),
-        true_score=true_score,
-    )
-
-
-def print_scores(title: str, rows: Sequence[HarnessScore]) -> None:
-    """A rich table on the console (plain text when not a terminal)."""
-    from rich.console import Console
-    from rich.table import Table
-
-    table = Table(title=title)
-    for col in ("harness", "id", "pass@k", "PR@k [95% CI]", "RR@k [95% CI]", "out tokens", "seconds",
-                "timeouts", "errors", "true score"):
-        table.add_column(col, justify="left" if col in ("harness", "id") else "right")
-    for r in rows:
-        table.add_row(
-            r.name, r.harness_id[:10], f"{r.pass_at_k:.3f}",
-            f"{r.pr_at_k:.3f} [{r.pr_ci[0]:.3f}, {r.pr_ci[1]:.3f}]",
-            f"{r.rr_at_k:.3f} [{r.rr_ci[0]:.3f}, {r.rr_ci[1]:.3f}]",
-            f"{r.mean_output_tokens:,.0f}", f"{r.mean_seconds:,.1f}", str(r.timeouts), str(r.errors),
-            "-" if r.true_score is None else f"{r.true_score:.3f}",
-        )
-    Console(width=160).print(table)
-
-
-def record_harness(ctx: RunContext, harness: Harness, **columns: Any) -> None:
-    """Store a harness row and its source once per run (resume does not duplicate it)."""
-    known = ctx.extras.setdefault("_stored_harnesses", None)
-    if known is None:
-        table = ctx.store.read("harnesses")
-        known = set(table.column("harness_id").to_pylist()) if table.num_rows else set()
-        ctx.extras["_stored_harnesses"] = known
-    if harness.harness_id in known:
-        return
-    ref = ctx.store.put_harness_source(harness.files)
-    ctx.store.append("harnesses", [{"harness_id": harness.harness_id, "name": harness.name, "source_ref": ref,
-                                    **columns}])
-    known.add(harness.harness_id)
-
-
-def true_score(benchmark: Any, harness: Harness, split: str) -> float | None:
-    if isinstance(benchmark, GroundTruth):
-        return float(benchmark.true_quality(harness, split)["score"])
-    return None
+from milo_ray.search.final_test import true_score
+from milo_ray.search.recording import HarnessRecorder
+from milo_ray.search.scores import HarnessScore, print_scores, summarize
 
 
 class EvalMethod:
@@ -156,9 +54,10 @@ class EvalMethod:
         resolve_split(ctx.benchmark, self.split, field="method.split")
         seeds = self._seeds(ctx.benchmark)
         task_ids = [t.task_id for t in ctx.benchmark.tasks(self.split)]
+        recorder = HarnessRecorder(ctx.store, resumed=ctx.resumed)
         for h in seeds:
             ctx.scheduler.add_harness(h)
-            record_harness(ctx, h, origin="seed", admitted=True)
+            recorder.record(h, origin="seed", admitted=True)
         results: list[RolloutResult] = []
         k_done = 0
         for i in range(self.k):
@@ -212,6 +111,19 @@ def print_run_summary(summary: dict[str, Any]) -> None:
         scores = [HarnessScore(**{k: (tuple(v) if isinstance(v, list) else v) for k, v in r.items() if k in fields})
                   for r in rows]
         print_scores("final evaluation on the test split", scores)
+    spend = summary.get("spend_by_role") or {}
+    if spend:
+        table = Table(title="agent spend by role (agent_calls)")
+        for col in ("role", "calls", "input tokens", "output tokens", "USD", "seconds", "errors"):
+            table.add_column(col, justify="left" if col == "role" else "right")
+        for role, s in spend.items():
+            usd = _fmt(s.get("cost_usd"), ",.4f")
+            if s.get("unpriced_calls"):
+                usd += f" (+{s['unpriced_calls']} unpriced)"
+            table.add_row(role, _fmt(s.get("calls"), ",d"), _fmt(s.get("input_tokens"), ",d"),
+                          _fmt(s.get("output_tokens"), ",d"), usd, _fmt(s.get("seconds"), ",.1f"),
+                          _fmt(s.get("errors"), "d"))
+        console.print(table)
     headline = {k: summary[k] for k in ("executions_used", "best_seed_true_quality", "initial_true_quality",
                                         "final_true_quality", "rounds", "stop_reason") if k in summary}
     if headline:

@@ -26,7 +26,7 @@ os.environ.setdefault("RAY_DEDUP_LOGS", "0")
 import ray
 
 from milo_ray.execution.budget import BudgetLedger
-from milo_ray.execution.cluster import quiet_token_auth_notice
+from milo_ray.execution.cluster import start_local
 from milo_ray.execution.scheduler import RolloutScheduler
 from milo_ray.execution.types import RolloutRequest, Task
 from milo_ray.harness.model import Harness
@@ -91,14 +91,7 @@ def main() -> None:
     ap.add_argument("--num-cpus", type=int, default=2)
     args = ap.parse_args()
 
-    quiet_token_auth_notice()
-    ray.init(
-        num_cpus=args.num_cpus,
-        include_dashboard=False,
-        log_to_driver=False,
-        configure_logging=False,
-        resources={"sandbox_slot": args.slots},
-    )
+    start_local(num_cpus=args.num_cpus, slots=args.slots, configure_logging=False)
     with tempfile.TemporaryDirectory(prefix="bench_scheduler_") as root:
         noop_wall, startup = bench_noop(root, args.noop)
         sleep_wall = bench_sleeps(root, args.sleeps, args.sleep_s)

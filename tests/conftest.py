@@ -23,17 +23,9 @@ def ray_local():
     """A local Ray instance shared by the whole session (starting Ray costs seconds)."""
     import ray
 
-    from milo_ray.execution.cluster import quiet_token_auth_notice
+    from milo_ray.execution.cluster import start_local
 
     if not ray.is_initialized():
-        quiet_token_auth_notice()
-        ray.init(
-            address="local",  # a private instance even if `ray start` left one running here
-            num_cpus=2,
-            include_dashboard=False,
-            log_to_driver=False,
-            configure_logging=False,
-            resources={"sandbox_slot": 8},
-        )
+        start_local(num_cpus=2, slots=8, configure_logging=False)
     yield ray
     ray.shutdown()

@@ -37,20 +37,13 @@ class MutationRequest:
 
 @dataclass(frozen=True)
 class MutationResult:
-    """A child harness and the mutator's short report, or the reason there is none."""
+    """A child harness and the agent's short report, or the reason there is none, and
+    what the call cost (``usage``; an LLM agent fills it from its responses)."""
 
     child: Harness | None
     report: str = ""
     error: str | None = None
-    input_tokens: int = 0
-    output_tokens: int = 0
-    seconds: float = 0.0
-    cost_usd: float | None = 0.0
-    retries: int = 0
-
-    @property
-    def usage(self) -> AgentUsage:
-        return AgentUsage(self.input_tokens, self.output_tokens, self.cost_usd, self.seconds, self.retries, self.error)
+    usage: AgentUsage = AgentUsage()
 
 
 @runtime_checkable

@@ -1,5 +1,12 @@
-"""Connecting the driver to Ray: start a right-sized local instance, join one already
-running on this machine (so Hydra multirun jobs share it), or join a cluster."""
+"""Connecting the driver to Ray: the one place that calls ``ray.init``.
+
+Runs connect per their ``execution`` config (:func:`connect`: start a right-sized local
+instance, join one already running on this machine so Hydra multirun jobs share it, or
+join a cluster). Tests and scripts start a private local instance with
+:func:`start_local` or join a given address with :func:`join`; code that may run before
+anyone connected (a scheduler or a method used directly) calls
+:func:`ensure_connected`. Every start goes through here so that each one is private
+when it should be (``address="local"``), quiet, and keeps Ray's token auth."""
 
 from __future__ import annotations
 
@@ -52,32 +59,76 @@ def quiet_token_auth_notice() -> None:
         logger.addFilter(_DropDefaultTokenAuthNotice())
 
 
+def start_local(
+    *, num_cpus: int | None = None, slots: int | None = 8, dashboard: bool = False, configure_logging: bool = True
+) -> ClusterInfo:
+    """Start a private Ray instance in this process: never one that `ray start` left
+    running here. ``slots``: the ``sandbox_slot`` resource of the node (None: declare
+    none; a scheduler then gives every node its own ``slots_per_node``).
+    ``configure_logging=False`` leaves the logging setup to the caller (pytest)."""
+    import ray  # noqa: PLC0415 - keep `import milo_ray.execution` light
+
+    quiet_token_auth_notice()
+    ray.init(
+        # "local" always starts a new instance: without it Ray would join one that
+        # `ray start` left running here and refuse num_cpus for it.
+        address="local",
+        num_cpus=num_cpus,
+        include_dashboard=bool(dashboard),
+        resources={} if slots is None else {SLOT_RESOURCE: float(slots)},
+        **_options(configure_logging),
+    )
+    return _info(started_here=True)
+
+
+def join(address: str, *, configure_logging: bool = True) -> ClusterInfo:
+    """Join the Ray instance or cluster at ``address`` (``auto``, ``host:port``, ``ray://...``)."""
+    import ray  # noqa: PLC0415
+
+    log.info("joining Ray at %s", address)
+    ray.init(address=address, **_options(configure_logging))
+    return _info(started_here=False)
+
+
 def connect(execution: Any) -> ClusterInfo:
     """Initialize Ray per ``execution`` (an ExecutionConfig-like object). Idempotent:
     a driver that is already connected (multirun jobs in one process) stays connected."""
-    import ray  # noqa: PLC0415 - keep `import milo_ray.execution` light
+    return _connect(execution.address, execution.join_running, execution.num_cpus, execution.slots_per_node,
+                    execution.dashboard)
 
-    started_here = False
-    if not ray.is_initialized():
-        address = execution.address or os.environ.get("RAY_ADDRESS")
-        if not address and execution.join_running:
-            address = _running_local_address()
-        common = dict(log_to_driver=False, configure_logging=True, logging_level=logging.WARNING)
-        if address:
-            log.info("joining Ray at %s", address)
-            ray.init(address=address, **common)
-        else:
-            started_here = True
-            quiet_token_auth_notice()
-            ray.init(
-                # "local" always starts a new instance: without it Ray would join one that
-                # `ray start` left running here and refuse num_cpus for it.
-                address="local",
-                num_cpus=execution.num_cpus,
-                include_dashboard=bool(execution.dashboard),
-                resources={SLOT_RESOURCE: float(execution.slots_per_node)},
-                **common,
-            )
+
+def ensure_connected(address: str | None = None) -> ClusterInfo:
+    """Connect unless connected already: join ``address`` (else ``RAY_ADDRESS``, else a
+    `ray start` instance on this machine), or start a private local instance that
+    declares no sandbox slots."""
+    return _connect(address, True, None, None, False)
+
+
+def _connect(address: str | None, join_running: bool, num_cpus: int | None, slots: int | None,
+             dashboard: bool) -> ClusterInfo:
+    import ray  # noqa: PLC0415
+
+    if ray.is_initialized():
+        return _info(started_here=False)
+    address = address or os.environ.get("RAY_ADDRESS")
+    if not address and join_running:
+        address = _running_local_address()
+    if address:
+        return join(address)
+    return start_local(num_cpus=num_cpus, slots=slots, dashboard=dashboard)
+
+
+def _options(configure_logging: bool) -> dict[str, Any]:
+    # Worker output stays in the workers' log files: rollouts print a lot, and the
+    # driver's terminal belongs to the progress line.
+    if configure_logging:
+        return dict(log_to_driver=False, configure_logging=True, logging_level=logging.WARNING)
+    return dict(log_to_driver=False, configure_logging=False)
+
+
+def _info(*, started_here: bool) -> ClusterInfo:
+    import ray  # noqa: PLC0415
+
     nodes = [n for n in ray.nodes() if n.get("Alive")]
     totals = ray.cluster_resources()
     return ClusterInfo(

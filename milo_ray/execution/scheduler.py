@@ -5,14 +5,17 @@ The scheduler is the driver-side half of rollout execution (DESIGN §2). It owns
 * **dispatch** -- one :class:`~milo_ray.execution.workers.RolloutWorker` async actor
   per node with sandbox slots (the custom resource ``sandbox_slot``, or
   ``slots_per_node`` when the cluster declares none), pinned to its node. Requests wait
-  in per-group FIFO queues on the driver and are handed to whichever node has a free
-  slot, round-robin across groups, never more than ``group_limits[group]`` in flight
-  per group. Batches go out in one actor call and finished outcomes come back in one
+  in per-group FIFO queues on the driver; :class:`~milo_ray.execution.dispatch.Dispatch`
+  decides which goes to which node's free slot (round-robin across groups, within each
+  group's limit, onto the node with the most free slots) and the scheduler carries
+  that out. Batches go out in one actor call and finished outcomes come back in one
   long poll, so results stream in as they finish with no batch barrier. Nodes that
-  join the cluster get a worker the next time work arrives (checked once a minute);
+  join the cluster get a worker the next time work arrives (checked once a minute;
+  :class:`~milo_ray.execution.pool.WorkerPool`);
 * **the cache** -- a request's identity is ``RolloutRequest.key(model_id)``; a key runs
   at most once per run: concurrent duplicates share one execution, keys finished in
-  this process or already in the store (resume) are returned without executing;
+  this process or already in the store (resume) are returned without executing
+  (:class:`~milo_ray.execution.cache.ResultCache`);
 * **the budget** -- the uncached part of a request batch is reserved on the
   :class:`~milo_ray.execution.budget.BudgetLedger` before anything starts
   (:class:`BudgetExceeded` otherwise) and committed as results arrive; once a token or
@@ -21,8 +24,9 @@ The scheduler is the driver-side half of rollout execution (DESIGN §2). It owns
 * **faults** -- an executor that raises, or a worker actor / node that dies, is an
   infrastructure failure: the rollout is retried with exponential backoff on a
   recreated worker, each retry recorded as a ``rollout_retry`` event, and after
-  ``max_retries`` the result is recorded with ``error_kind="infra"``. Harness and task
-  failures are returned results, i.e. scores, and are never retried;
+  ``max_retries`` the result is recorded with ``error_kind="infra"``
+  (:mod:`~milo_ray.execution.outcomes`). Harness and task failures are returned
+  results, i.e. scores, and are never retried;
 * **recording** -- the driver is the store's single writer: it fills the bookkeeping
   fields and appends each batch of finished results (the store moves traces to blobs).
 
@@ -36,25 +40,27 @@ import asyncio
 import itertools
 import logging
 import time
-from collections import Counter, deque
+from collections import Counter
 from dataclasses import dataclass
 from typing import Any, AsyncIterator, Iterable, Mapping
 
-import ray
 from ray.exceptions import RayError
 
 from milo_ray.execution.budget import BudgetExceeded, BudgetLedger
+from milo_ray.execution.cache import ResultCache
+from milo_ray.execution.cluster import SLOT_RESOURCE
+from milo_ray.execution.dispatch import Dispatch, GroupLimits
+from milo_ray.execution.outcomes import (
+    RetryPolicy,
+    attempt_error,
+    fill_bookkeeping,
+    infra_result,
+    timed_out_result,
+)
+from milo_ray.execution.pool import WorkerPool
 from milo_ray.execution.progress import RolloutProgress
 from milo_ray.execution.types import RolloutRequest, RolloutResult, Task
-from milo_ray.execution.workers import (
-    SLOT_RESOURCE,
-    Item,
-    Outcome,
-    WorkerNode,
-    aget,
-    discover_nodes,
-    start_worker,
-)
+from milo_ray.execution.workers import Item, Outcome, WorkerNode, aget
 
 log = logging.getLogger(__name__)
 
@@ -63,8 +69,6 @@ _POLL_WAIT_S = 1.0
 # A poll that has not answered after this long means the worker's event loop is
 # wedged (e.g. an executor blocking inside aexecute); the worker is then replaced.
 _STALL_S = 300.0
-# How often new work looks for nodes that joined the cluster since the last look.
-_REDISCOVER_S = 60.0
 
 
 @dataclass(eq=False)
@@ -96,7 +100,8 @@ class RolloutScheduler:
     Ray resource, so concurrent schedulers on one shared cluster queue for the slots
     instead of oversubscribing the sandboxes (a second scheduler then waits until the
     first is closed). ``group_limits`` caps rollouts in flight per ``RolloutRequest.group``
-    (``default_group_limit`` for unlisted groups; None = only the slots limit).
+    (``default_group_limit`` for unlisted groups; None = only the slots limit); change
+    them later with :meth:`set_group_limit`.
     ``max_retries`` infrastructure retries per rollout, the n-th after
     ``retry_backoff_s * 2**(n-1)`` seconds. A rollout running longer than
     ``task.time_cap_s * time_cap_grace`` is cancelled and recorded ``timed_out``.
@@ -136,52 +141,54 @@ class RolloutScheduler:
         # Spend of batches run with count_budget=False (never capped).
         self.uncounted = BudgetLedger()
         _positive_int("slots_per_node", slots_per_node)
-        for g, lim in (group_limits or {}).items():
-            _positive_int(f"group_limits[{g!r}]", lim)
-        if default_group_limit is not None:
-            _positive_int("default_group_limit", default_group_limit)
-        if not isinstance(max_retries, int) or max_retries < 0:
-            raise ValueError(f"RolloutScheduler: max_retries={max_retries!r} must be an integer >= 0")
-        if retry_backoff_s < 0:
-            raise ValueError(f"RolloutScheduler: retry_backoff_s={retry_backoff_s!r} must be >= 0")
+        self._dispatch: Dispatch[_Job] = Dispatch(default_group_limit, group_limits)
+        self.retry = RetryPolicy(max_retries, float(retry_backoff_s))
         if time_cap_grace < 1.0:
             raise ValueError(
                 f"RolloutScheduler: time_cap_grace={time_cap_grace!r} must be >= 1 (it multiplies task.time_cap_s)"
             )
-        self.slots_per_node = slots_per_node
-        self.group_limits = dict(group_limits or {})
-        self.default_group_limit = default_group_limit
-        self.max_retries = max_retries
-        self.retry_backoff_s = float(retry_backoff_s)
         self.time_cap_grace = float(time_cap_grace)
-        self.address = address
-        self.slot_resource = slot_resource
-        self.claim_slots = bool(claim_slots)
         self.progress = progress if isinstance(progress, RolloutProgress) else RolloutProgress(enabled=progress)
         if usd_per_mtok is not None and (len(usd_per_mtok) != 2 or min(usd_per_mtok) < 0):
             raise ValueError(f"RolloutScheduler: usd_per_mtok={usd_per_mtok!r} must be (input, output) prices >= 0")
         self.usd_per_mtok = usd_per_mtok
 
         self._harnesses: dict[str, Any] = {}
-        self._harness_refs: dict[str, Any] = {}
-        self._results: dict[str, RolloutResult] = {}  # finished in this process
-        self._stored_keys: set[str] = set(store.completed_keys())
+        self._pool = WorkerPool(executor_config, self._harnesses, slots_per_node=slots_per_node,
+                                slot_resource=slot_resource, claim_slots=bool(claim_slots),
+                                time_cap_grace=self.time_cap_grace, address=address)
+        self._nodes = self._pool.nodes  # node id -> WorkerNode, the rollouts in flight there
+        self._cache = ResultCache(store)
         # Resume: rollouts stored before this scheduler existed were spent already.
         self.budget.restore_from_rollouts(store.read("rollouts"))
 
         self._items = itertools.count()
         self._jobs: dict[str, _Job] = {}  # key -> unfinished job (queued, in flight or backing off)
-        self._pending: dict[str, deque[_Job]] = {}
-        self._group_running: Counter[str] = Counter()
-        self._nodes: dict[str, WorkerNode] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
         self._own_loop: asyncio.AbstractEventLoop | None = None
-        self._start_lock: asyncio.Lock | None = None
-        self._config_ref: Any = None
-        self._discovered_at = 0.0
         self._closed = False
 
     # --- public API -------------------------------------------------------------------
+    @property
+    def group_limits(self) -> GroupLimits:
+        """The groups with a limit of their own (read-only: use :meth:`set_group_limit`)."""
+        return self._dispatch.limits
+
+    @property
+    def default_group_limit(self) -> int | None:
+        return self._dispatch.default_limit
+
+    def set_group_limit(self, group: str, limit: int | None) -> None:
+        """Cap ``group`` at ``limit`` rollouts in flight (None: back to
+        ``default_group_limit``). Takes effect at once: a raised limit starts queued
+        rollouts now, a lowered one lets those in flight finish and starts no more
+        until the group is under it."""
+        if not isinstance(group, str):
+            raise ValueError(f"RolloutScheduler.set_group_limit: group={group!r} must be a string")
+        self._dispatch.set_limit(group, limit)
+        if _loop_running() and asyncio.get_running_loop() is self._loop:
+            self._pump()
+
     def add_harness(self, harness: Any) -> None:
         """Make a harness known (before any request names it); shipped to each worker once."""
         hid = harness.harness_id
@@ -196,10 +203,7 @@ class RolloutScheduler:
     def cached(self, request: RolloutRequest) -> RolloutResult | None:
         """The finished result for this request's key, from this run or the store, else None
         (infrastructure failures are not cached: they run again when requested again)."""
-        key = request.key(self.model_id)
-        if key not in self._results and key in self._stored_keys:
-            self._load_stored([key])
-        return self._results.get(key)
+        return self._cache.get(request.key(self.model_id))
 
     async def arun(self, requests: Iterable[RolloutRequest], *, count_budget: bool = True) -> list[RolloutResult]:
         """Results in request order. Raises :class:`BudgetExceeded` before starting
@@ -246,17 +250,14 @@ class RolloutScheduler:
 
     def worker_actors(self) -> dict[str, Any]:
         """Live worker actor handles by node label (diagnostics and fault injection)."""
-        return {n.label: n.actor for n in self._nodes.values() if n.actor is not None}
+        return self._pool.actors()
 
     def close(self) -> None:
         """Stop the workers and the progress display. The store stays open (the caller owns it)."""
         if self._closed:
             return
         self._closed = True
-        for node in self._nodes.values():
-            if node.actor is not None:
-                ray.kill(node.actor)
-                node.actor = None
+        self._pool.close()
         self.progress.close()
         if self._own_loop is not None and not self._own_loop.is_closed():
             self._own_loop.close()
@@ -278,10 +279,10 @@ class RolloutScheduler:
             if r.task_id not in self.tasks:
                 raise ValueError(f"request names task {r.task_id!r}, which is not in the scheduler's tasks")
         keys = [r.key(self.model_id) for r in requests]
-        self._load_stored([k for k in set(keys) if k not in self._results and k in self._stored_keys])
+        self._cache.load(keys)
         new: dict[str, RolloutRequest] = {}
         for k, r in zip(keys, requests):
-            if k not in self._results and k not in self._jobs and k not in new:
+            if k not in self._cache and k not in self._jobs and k not in new:
                 new[k] = r
         # Reserve the whole uncached part atomically, before any await: nothing starts
         # unless all of it fits, and concurrent callers cannot double-book a key.
@@ -290,19 +291,19 @@ class RolloutScheduler:
         for k, r in new.items():
             job = _Job(k, r, loop.create_future(), ledger)
             self._jobs[k] = job
-            self._pending.setdefault(r.group, deque()).append(job)
-        self.progress.add(len(new), n_cached=sum(1 for k in keys if k in self._results))
+            self._dispatch.submit(r.group, job)
+        self.progress.add(len(new), n_cached=sum(1 for k in keys if k in self._cache))
         futures: list[asyncio.Future] = []
         for k in keys:
-            if k in self._results:
+            if k in self._cache:
                 fut = loop.create_future()
-                fut.set_result(self._results[k])
+                fut.set_result(self._cache[k])
             else:
                 fut = self._jobs[k].future
             futures.append(fut)
         if new:
             try:
-                await self._ensure_workers()
+                await self._pool.ensure_started()
             except BaseException as exc:
                 self._abandon_pending(exc)
                 raise
@@ -333,131 +334,58 @@ class RolloutScheduler:
                     "drive one scheduler from one loop at a time"
                 )
             self._loop = loop
-            self._start_lock = asyncio.Lock()
-            for node in self._nodes.values():
-                node.poller = None
+            self._pool.bind_loop()
         return loop
 
-    # --- cache and resume ---------------------------------------------------------------
-    def _load_stored(self, keys: list[str]) -> None:
-        if not keys:
-            return
-        for key, result in self.store.get_rollouts(keys).items():
-            if result.error_kind != "infra":
-                self._results.setdefault(key, result)
-
     # --- workers ----------------------------------------------------------------------
-    async def _ensure_workers(self) -> None:
-        """Start workers on the nodes that have none: on first use, then at most every
-        ``_REDISCOVER_S`` seconds so nodes that joined the cluster are put to work."""
-        assert self._start_lock is not None
-        async with self._start_lock:
-            have_workers = any(n.alive for n in self._nodes.values())
-            if have_workers and time.monotonic() - self._discovered_at < _REDISCOVER_S:
-                return
-            if not ray.is_initialized():
-                ray.init(address=self.address)
-            if self._config_ref is None:
-                self._config_ref = ray.put(self.executor_config)
-            self._discovered_at = time.monotonic()
-            fresh = [
-                n
-                for n in discover_nodes(self.slot_resource, self.slots_per_node, claim_slots=self.claim_slots)
-                if n.node_id not in self._nodes or not self._nodes[n.node_id].alive
-            ]
-            for node in fresh:
-                self._nodes[node.node_id] = node
-            await asyncio.gather(*(self._start_worker(n) for n in fresh))
-            if not any(n.alive for n in self._nodes.values()):
-                raise RuntimeError("no Ray node could host a rollout worker; see the log for each node's error")
-
-    async def _start_worker(self, node: WorkerNode) -> None:
-        error = await start_worker(node, self._config_ref, self.time_cap_grace, self.slot_resource)
-        if error:
-            raise RuntimeError(f"the rollout worker could not build the executor from executor_config:\n{error}")
-
     async def _replace_worker(self, node: WorkerNode, exc: BaseException) -> None:
         """The worker died or wedged: its rollouts become infrastructure failures and a
         new worker is started on the same node if the node is still alive."""
-        old, node.actor = node.actor, None
-        if old is not None:
-            ray.kill(old)  # harmless when dead; stops a wedged one
+        self._pool.retire(node)
         jobs = list(node.inflight.values())
         node.inflight.clear()
         for job in jobs:
-            self._group_running[job.request.group] -= 1
+            self._dispatch.done(job.request.group)
         self.store.event("rollout_worker_lost", {"node": node.label, "error": repr(exc), "in_flight": len(jobs)})
         self._record([r for job in jobs if (r := self._infra_failure(job, f"worker lost: {exc!r}", node)) is not None])
-        node_alive = any(n["NodeID"] == node.node_id and n.get("Alive") for n in ray.nodes())
-        if node_alive:
-            await self._start_worker(node)
-        else:
-            node.alive = False
-        if not any(n.alive for n in self._nodes.values()):
+        await self._pool.restart(node)
+        if not self._pool.any_alive():
             self._abandon_pending(RuntimeError("every node with sandbox slots is gone; no rollout can run"))
         self._pump()
 
     # --- dispatch ---------------------------------------------------------------------
-    def _group_room(self, group: str) -> float:
-        limit = self.group_limits.get(group, self.default_group_limit)
-        return float("inf") if limit is None else limit - self._group_running[group]
-
     def _pump(self) -> None:
-        """Hand queued jobs to free slots, round-robin across groups, within group caps."""
-        nodes = [n for n in self._nodes.values() if n.free() > 0]
-        if not nodes:
-            return
-        batches: dict[str, list[_Job]] = {}
-        progressed = True
-        while progressed and nodes:
-            progressed = False
-            for group in list(self._pending):
-                queue = self._pending[group]
-                if not queue:
-                    del self._pending[group]
-                    continue
-                if self._group_room(group) <= 0 or not nodes:
-                    continue
-                job = queue.popleft()
-                progressed = True
+        """Send the jobs the dispatch rules pick for the free slots, one batch per node."""
+        while True:
+            picks = self._dispatch.pick(self._pool.free_slots())
+            if not picks:
+                return
+            batches: dict[str, list[_Job]] = {}
+            dropped = False
+            for node_id, job in picks:
                 if job.ledger.spend_exhausted():
+                    # Its slot is offered again on the next pass.
+                    self._dispatch.done(job.request.group)
                     self._drop(job, BudgetExceeded("token/cost budget spent; no new rollouts start"))
+                    dropped = True
                     continue
-                node = max(nodes, key=WorkerNode.free)
                 job.item_id = next(self._items)
                 job.attempts += 1
-                node.inflight[job.item_id] = job
-                self._group_running[group] += 1
-                batches.setdefault(node.node_id, []).append(job)
-                if node.free() <= 0:
-                    nodes.remove(node)
-        for node_id, jobs in batches.items():
-            self._send(self._nodes[node_id], jobs)
+                self._nodes[node_id].inflight[job.item_id] = job
+                batches.setdefault(node_id, []).append(job)
+            for node_id, jobs in batches.items():
+                self._send(self._nodes[node_id], jobs)
+            if not dropped:
+                return
 
     def _send(self, node: WorkerNode, jobs: list[_Job]) -> None:
-        items: list[Item] = []
-        refs: dict[str, Any] = {}
-        tasks: dict[str, Task] = {}
-        for job in jobs:
-            r = job.request
-            items.append((job.item_id, r.harness_id, r.task_id, r.rollout_idx, r.seed))
-            if r.harness_id not in node.harnesses and r.harness_id not in refs:
-                refs[r.harness_id] = self._harness_ref(r.harness_id)
-            if r.task_id not in node.tasks and r.task_id not in tasks:
-                tasks[r.task_id] = self.tasks[r.task_id]
-        # Fire and forget: a failed submit surfaces as a failed poll (dead actor).
-        node.actor.submit.remote(items, refs, tasks)
-        node.harnesses.update(refs)
-        node.tasks.update(tasks)
+        items: list[Item] = [(j.item_id, j.request.harness_id, j.request.task_id, j.request.rollout_idx,
+                              j.request.seed) for j in jobs]
+        self._pool.ship(node, items, self.tasks)
         self.progress.started(len(jobs))
         if node.poller is None or node.poller.done():
             node.poller = asyncio.ensure_future(self._poll(node))
             node.poller.add_done_callback(self._poller_done)
-
-    def _harness_ref(self, harness_id: str) -> Any:
-        if harness_id not in self._harness_refs:
-            self._harness_refs[harness_id] = ray.put(self._harnesses[harness_id])
-        return self._harness_refs[harness_id]
 
     async def _poll(self, node: WorkerNode) -> None:
         """The node's only poller: long-polls its current worker while rollouts are in
@@ -487,9 +415,9 @@ class RolloutScheduler:
         log.error("rollout poller failed: %s: %s", type(exc).__name__, exc)
         for node in self._nodes.values():
             for job in node.inflight.values():
-                self._group_running[job.request.group] -= 1
+                self._dispatch.done(job.request.group)
             node.inflight.clear()
-        self._pending.clear()
+        self._dispatch.clear()
         for job in list(self._jobs.values()):
             # One exception object per caller: sharing one would grow its traceback
             # with every caller that re-raises it.
@@ -502,28 +430,14 @@ class RolloutScheduler:
             job = node.inflight.pop(o.item_id, None)
             if job is None:
                 continue
-            self._group_running[job.request.group] -= 1
-            infra_error = o.infra_error
-            if infra_error is None and not o.capped:
-                bad = o.result.problem() if isinstance(o.result, RolloutResult) else "not a RolloutResult"
-                if bad is not None:
-                    # The executor broke its contract; like a raise, that is retried and recorded.
-                    infra_error = f"executor returned an invalid result: {bad}"
+            self._dispatch.done(job.request.group)
+            infra_error = attempt_error(o)
             if infra_error is not None:
                 result = self._infra_failure(job, infra_error, node)
                 if result is None:
                     continue
             elif o.capped:
-                task = self.tasks[job.request.task_id]
-                result = RolloutResult(
-                    harness_id=job.request.harness_id,
-                    task_id=job.request.task_id,
-                    rollout_idx=job.request.rollout_idx,
-                    score=0.0,
-                    latency_s=o.finished_at - o.started_at,
-                    timed_out=True,
-                    error=f"cancelled past the time cap ({task.time_cap_s:g} s x grace {self.time_cap_grace:g})",
-                )
+                result = timed_out_result(job.request, self.tasks[job.request.task_id], o, self.time_cap_grace)
             else:
                 result = o.result
             finished.append(self._fill(job, result, node, o.started_at, o.finished_at))
@@ -532,8 +446,8 @@ class RolloutScheduler:
     def _infra_failure(self, job: _Job, error: str, node: WorkerNode) -> RolloutResult | None:
         """Schedule a retry (None) or, past the limit, build the final infra result."""
         r = job.request
-        if job.attempts <= self.max_retries:
-            delay = self.retry_backoff_s * (2 ** (job.attempts - 1))
+        delay = self.retry.backoff(job.attempts)
+        if delay is not None:
             self.store.event(
                 "rollout_retry",
                 {
@@ -553,39 +467,21 @@ class RolloutScheduler:
             self._loop.call_later(delay, self._requeue, job)
             return None
         now = time.time()
-        result = RolloutResult(
-            harness_id=r.harness_id,
-            task_id=r.task_id,
-            rollout_idx=r.rollout_idx,
-            score=0.0,
-            error_kind="infra",
-            error=f"infrastructure failure after {job.attempts} attempts: {error}",
-        )
-        return self._fill(job, result, node, now, now)
+        return self._fill(job, infra_result(r, job.attempts, error), node, now, now)
 
     def _requeue(self, job: _Job) -> None:
         if job.future.done():
             return
-        self._pending.setdefault(job.request.group, deque()).appendleft(job)
+        self._dispatch.requeue(job.request.group, job)
         self._pump()
 
     def _fill(self, job: _Job, result: RolloutResult, node: WorkerNode, started: float, finished: float) -> RolloutResult:
         r = job.request
-        result.harness_id, result.task_id, result.rollout_idx = r.harness_id, r.task_id, r.rollout_idx
-        result.run_id = self.run_id
-        result.method, result.round, result.stage = r.method, r.round, r.stage
-        result.split = r.split or self.tasks[r.task_id].split
-        result.node = node.label
-        result.started_at, result.finished_at = started, finished
-        result.cache_key = job.key
-        result.attempts = job.attempts
-        result.budgeted = job.ledger is self.budget
-        if not result.latency_s:
-            result.latency_s = max(finished - started, 0.0)
-        if self.usd_per_mtok is not None and not result.cost_usd:
-            p_in, p_out = self.usd_per_mtok
-            result.cost_usd = (result.input_tokens * p_in + result.output_tokens * p_out) / 1e6
-        return result
+        return fill_bookkeeping(
+            result, r, run_id=self.run_id, split=r.split or self.tasks[r.task_id].split, node=node.label,
+            started=started, finished=finished, cache_key=job.key, attempts=job.attempts,
+            budgeted=job.ledger is self.budget, usd_per_mtok=self.usd_per_mtok,
+        )
 
     def _record(self, results: list[RolloutResult]) -> None:
         """Settle the budget, refill the freed slots, store the batch (single writer),
@@ -613,16 +509,14 @@ class RolloutScheduler:
             self.progress.finished(res)
             # An infra failure is returned to its callers but not cached: a later request
             # (or a resume) runs it again, as the store's completed_keys() implies.
-            if res.error_kind != "infra":
-                self._results[res.cache_key] = res
-                self._stored_keys.add(res.cache_key)
+            self._cache.add(res)
             job = self._jobs.pop(res.cache_key)
             if not job.future.done():
                 job.future.set_result(res)
 
     def _abandon_pending(self, exc: BaseException) -> None:
         """Fail every job that is not in flight (queued or waiting out a retry backoff)."""
-        self._pending.clear()
+        self._dispatch.clear()
         inflight = {id(j) for n in self._nodes.values() for j in n.inflight.values()}
         for job in [j for j in self._jobs.values() if id(j) not in inflight]:
             self._drop(job, exc)

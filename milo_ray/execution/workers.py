@@ -44,11 +44,11 @@ import ray
 from ray.exceptions import RayError
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
+from milo_ray.execution.cluster import SLOT_RESOURCE
 from milo_ray.execution.types import RolloutResult, Task
 
 log = logging.getLogger(__name__)
 
-SLOT_RESOURCE = "sandbox_slot"
 # Actor calls beyond the rollout slots: submit/poll/ready must never queue behind rollouts.
 _CONTROL_CALLS = 4
 _WORKER_START_TIMEOUT_S = 120.0

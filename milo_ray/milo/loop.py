@@ -57,13 +57,9 @@ class MiloMethod:
         self.cfg.for_run(benchmark, agents)
 
     def run(self, ctx: RunContext) -> dict[str, Any]:
-        import ray
+        from milo_ray.execution.cluster import ensure_connected
 
-        if not ray.is_initialized():
-            from milo_ray.execution.cluster import quiet_token_auth_notice
-
-            quiet_token_auth_notice()
-            ray.init(include_dashboard=False, log_to_driver=False)
+        ensure_connected()
         return asyncio.run(MiloRun(self.cfg, ctx).main())
 
 
@@ -194,7 +190,7 @@ class MiloRun:
         if j not in self.islands:
             self.islands[j] = IslandActor.remote(j, self.cfg.eps, self.cfg.temperature)
             self.progress.setdefault(j, (0, 0))
-            self.sched.group_limits[f"island-{j}"] = int(self.cfg.island_concurrency)
+            self.sched.set_group_limit(f"island-{j}", int(self.cfg.island_concurrency))
 
     async def _assign(self, j: int, name: str) -> None:
         self.pool_plain.assign(j, name)

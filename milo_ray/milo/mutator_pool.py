@@ -1,23 +1,23 @@
 """The mutator pool G (papers/000 §4.1.2): mutator specs, the island -> mutator
 assignment m^(r), per-spec concurrency limits and the per-mutation time cap.
 
-Owns :class:`MutatorPool` (plain, unit-tested without Ray), :func:`run_mutation`
-(what one Ray task executes: build the mutator from its ``_target_`` spec and call
-``mutate``) and the async :class:`MutatorPoolActor` shell that runs mutations as Ray
-tasks. A mutator that times out, crashes or returns nothing yields a
-``MutationResult`` with ``error`` set — the loop records it as a rejected child.
+Owns :class:`MutatorPool` (plain, unit-tested without Ray) and the async
+:class:`MutatorPoolActor` shell that runs mutations through the shared runner
+(:mod:`milo_ray.search.mutation`). A mutator that times out, crashes or returns
+nothing yields a ``MutationOutcome`` with ``error`` set — the loop records it as a
+rejected child.
 """
 
 from __future__ import annotations
 
 import asyncio
-import time
 from typing import Any, Mapping, Sequence
 
 import numpy as np
 import ray
 
-from milo_ray.agents.protocols import MutationRequest, MutationResult
+from milo_ray.agents.protocols import MutationRequest
+from milo_ray.search.mutation import MutationOutcome, ValidationOptions, run_mutation_async
 
 
 def spec_names(specs: Sequence[Mapping[str, Any]]) -> list[str]:
@@ -82,47 +82,19 @@ class MutatorPool:
             raise ValueError(f"island {island} has no mutator assigned") from None
 
 
-def run_mutation(spec: dict[str, Any], request: MutationRequest) -> MutationResult:
-    """Build the mutator from its spec and run one mutation (body of a Ray task)."""
-    import hydra.utils
-
-    t0 = time.monotonic()
-    try:
-        mutator = hydra.utils.instantiate(spec, _convert_="all")
-        res = mutator.mutate(request)
-    except Exception as e:  # a crashing mutator is a rejected child, never a crashed run
-        return MutationResult(None, error=f"mutator crashed: {type(e).__name__}: {e}"[:500],
-                              seconds=time.monotonic() - t0)
-    if not isinstance(res, MutationResult):
-        return MutationResult(None, error=f"mutator returned {type(res).__name__}, not MutationResult",
-                              seconds=time.monotonic() - t0)
-    if res.child is None and not res.error:
-        # The protocol allows writing the child into the workdir instead of returning it.
-        path = request.workdir / "harness.py"
-        if path.exists():
-            from milo_ray.harness.model import Harness
-
-            try:
-                child = Harness.from_dir(request.workdir)
-                return MutationResult(child, report=res.report, input_tokens=res.input_tokens,
-                                      output_tokens=res.output_tokens, seconds=res.seconds)
-            except Exception as e:
-                return MutationResult(None, error=f"invalid output in workdir: {e}")
-        return MutationResult(None, report=res.report, error="mutator produced no child")
-    return res
-
-
-remote_mutation = ray.remote(max_retries=0)(run_mutation)
-
 @ray.remote(num_cpus=0)
 class MutatorPoolActor:
-    """Async Ray shell: holds the pool, runs each mutation as a Ray task under the
-    spec's concurrency limit and the time cap (timeout -> ``ray.cancel``)."""
+    """Async Ray shell: holds the pool and runs each mutation through the shared runner
+    (:func:`milo_ray.search.mutation.run_mutation_async`: a Ray task per mutation, the
+    mutator built once per worker process, the time cap, validation in a subprocess)
+    under the spec's concurrency limit."""
 
-    def __init__(self, specs: list, time_cap_s: float, max_concurrent: Any, task_num_cpus: float) -> None:
+    def __init__(self, specs: list, time_cap_s: float, max_concurrent: Any, task_num_cpus: float,
+                 validation: ValidationOptions | None = None) -> None:
         self._pool = MutatorPool(specs, time_cap_s=time_cap_s, max_concurrent=max_concurrent)
         self._sems = {n: asyncio.Semaphore(l) for n, l in self._pool.limits.items()}
         self._num_cpus = float(task_num_cpus)
+        self._validation = validation
 
     def names(self) -> list:
         return list(self._pool.names)
@@ -136,17 +108,8 @@ class MutatorPoolActor:
     def mutator_for(self, island: int) -> str:
         return self._pool.mutator_for(island)
 
-    async def mutate(self, name: str, request: MutationRequest) -> MutationResult:
+    async def mutate(self, name: str, request: MutationRequest) -> MutationOutcome:
         spec = self._pool.spec(name)
         async with self._sems[name]:
-            t0 = time.monotonic()
-            ref = remote_mutation.options(num_cpus=self._num_cpus).remote(spec, request)
-            try:
-                return await asyncio.wait_for(asyncio.wrap_future(ref.future()), timeout=self._pool.time_cap_s)
-            except asyncio.TimeoutError:
-                ray.cancel(ref, force=True)
-                return MutationResult(None, error=f"mutation timed out after {self._pool.time_cap_s:g}s",
-                                      seconds=time.monotonic() - t0)
-            except Exception as e:  # worker died, task cancelled: the child is rejected
-                return MutationResult(None, error=f"mutation task failed: {type(e).__name__}: {e}"[:500],
-                                      seconds=time.monotonic() - t0)
+            return await run_mutation_async(spec, request, time_cap_s=self._pool.time_cap_s,
+                                            validation=self._validation, num_cpus=self._num_cpus)

@@ -82,6 +82,9 @@ class AgentCallLog:
 
     ``budget`` is the run's ``BudgetLedger`` (rollouts and agent calls share its token
     and USD caps) or None. Thread-safe: SSR judges records from a thread pool.
+
+    A role capped in USD counts priced calls only: with an unpriced model its USD cap
+    is never reached (``by_role()`` reports the unpriced calls), so cap its tokens.
     """
 
     def __init__(self, store: Any, *, budget: Any = None, caps: Mapping[str, RoleCap] | None = None,
@@ -101,8 +104,7 @@ class AgentCallLog:
                            float(row.get("latency_s") or 0.0), int(row.get("retries") or 0), row.get("error"))
             self._spend[row["role"]].add(u)
             self._ids.add(row["call_id"])
-            if self.budget is not None:
-                self.budget.charge(tokens=u.tokens, cost_usd=u.cost_usd)
+            self._charge(row["role"], u)
 
     # --- writing -----------------------------------------------------------------------
     def record(self, role: str, usage: AgentUsage, *, call_id: str, agent: str | None = None,
@@ -115,16 +117,23 @@ class AgentCallLog:
         with self._lock:
             if call_id in self._ids:
                 return
-            self._ids.add(call_id)
-            self._spend[role].add(usage)
-            if self.budget is not None:
-                self.budget.charge(tokens=usage.tokens, cost_usd=usage.cost_usd)
+            # Stored first: if the write fails nothing is marked or charged, so the
+            # ledger never counts a call the store does not hold.
             self.store.append("agent_calls", [{
                 "run_id": getattr(self.store, "run_id", None), "call_id": call_id, "role": role, "agent": agent,
                 "model": model, "island": island, "candidate": candidate, "round": round,
                 "input_tokens": int(usage.input_tokens), "output_tokens": int(usage.output_tokens),
                 "cost_usd": usage.cost_usd, "latency_s": float(usage.seconds), "retries": int(usage.retries),
                 "error": usage.error, "time": time.time()}])
+            self._ids.add(call_id)
+            self._spend[role].add(usage)
+            self._charge(role, usage)
+
+    def _charge(self, role: str, usage: AgentUsage) -> None:
+        # Solver calls happen inside rollouts, whose tokens and cost the scheduler
+        # already charges (and restores on resume): charging them here would count twice.
+        if self.budget is not None and role != "solver":
+            self.budget.charge(tokens=usage.tokens, cost_usd=usage.cost_usd)
 
     # --- reading -----------------------------------------------------------------------
     def recorded(self, call_id: str) -> bool:

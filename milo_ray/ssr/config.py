@@ -46,6 +46,8 @@ class SSRConfig:
     judge_workers: concurrent judge calls (threads; judge calls are I/O-bound).
     validate_timeout_s: time limit of a candidate's validation subprocess.
     max_concurrent_candidates: children generated at once (Ray tasks).
+    optimizer_time_cap_s: cap of one optimizer call (45 min, as MILO's mutations); past it
+        the call is stopped and the candidate recorded as failed with the reason.
     duplicate_retries: times a child identical to the parent or to an earlier
         candidate of the round is re-drawn with a fresh seed before it is dropped (the
         optimizer may write the same edit twice when given the same evidence, as under
@@ -74,6 +76,7 @@ class SSRConfig:
     judge_workers: int = 8
     validate_timeout_s: float = 60.0
     max_concurrent_candidates: int = 4
+    optimizer_time_cap_s: float = 2700.0
     duplicate_retries: int = 2
 
     def __post_init__(self) -> None:
@@ -99,6 +102,8 @@ class SSRConfig:
         for name in ("b_s", "b_f", "judge_retries", "duplicate_retries"):
             if int(getattr(self, name)) < 0:
                 raise ValueError(f"method.{name} must be >= 0, got {getattr(self, name)}")
+        if not self.optimizer_time_cap_s > 0:
+            raise ValueError(f"method.optimizer_time_cap_s must be > 0 seconds, got {self.optimizer_time_cap_s}")
         if self.candidate_cap is not None and self.candidate_cap < 1:
             raise ValueError(f"method.candidate_cap must be >= 1 or null, got {self.candidate_cap}")
         return self

@@ -11,7 +11,8 @@ evidence the candidate optimizer sees:
    Judge calls run on a thread pool: they are I/O-bound (an HTTP request per call
    for the LLM judge; microseconds for the offline judge), the traces already live
    in the driver's store, and threads avoid shipping every trace to a Ray worker.
-2. ``embed_records``: z_i = embedding of summary + insights.
+2. ``embed_records``: z_i = embedding of summary + insights (records read back from
+   the store keep the stored vector and are not embedded again).
 3. ``order_records``: RER greedy over w, q = a·u and S = clipped cosine (or the
    RANDOM / QUALITY-ONLY ablation orderings).
 4. ``evidence_sets``: the per-candidate record sets (nested multiscale prefixes, or
@@ -21,9 +22,9 @@ evidence the candidate optimizer sees:
 
 from __future__ import annotations
 
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any, Callable, Collection, Sequence
 
 import numpy as np
 
@@ -126,25 +127,36 @@ def judge_one(judge: Any, item: JudgeItem, *, round: int, harness_id: str, retri
 
 
 def judge_records(judge: Any, items: Sequence[JudgeItem], *, round: int, harness_id: str, retries: int = 2,
-                  workers: int = 8) -> list[ExperienceRecord]:
-    """Judge every item concurrently; records come back in ``items`` order."""
+                  workers: int = 8,
+                  on_record: Callable[[ExperienceRecord], None] | None = None) -> list[ExperienceRecord]:
+    """Judge every item concurrently; records come back in ``items`` order.
+
+    ``on_record`` is called in the calling thread with each record as soon as it is
+    judged (completion order), so the caller can store it before the slower ones
+    finish: a run killed mid-judging keeps what was already paid for.
+    """
     if not items:
         return []
     with ThreadPoolExecutor(max_workers=max(1, min(workers, len(items)))) as pool:
         futs = [pool.submit(judge_one, judge, it, round=round, harness_id=harness_id, retries=retries) for it in items]
+        if on_record is not None:
+            for f in as_completed(futs):
+                on_record(f.result())
         return [f.result() for f in futs]
 
 
-def embed_records(records: Sequence[ExperienceRecord], embedder: Any) -> None:
-    """Fill ``embedding`` of every judged record (judge failures have none)."""
-    ok = [r for r in records if r.ok]
-    if not ok:
-        return
-    Z = np.asarray(embedder.embed([r.text for r in ok]), dtype=np.float32)
-    if Z.shape[0] != len(ok):
-        raise ValueError(f"embedder returned {Z.shape[0]} rows for {len(ok)} texts")
-    for r, z in zip(ok, Z):
+def embed_records(records: Sequence[ExperienceRecord], embedder: Any) -> int:
+    """Fill ``embedding`` of every judged record that has none yet (judge failures get
+    none); returns how many texts the embedder was given (0: no call)."""
+    todo = [r for r in records if r.ok and r.embedding is None]
+    if not todo:
+        return 0
+    Z = np.asarray(embedder.embed([r.text for r in todo]), dtype=np.float32)
+    if Z.shape[0] != len(todo):
+        raise ValueError(f"embedder returned {Z.shape[0]} rows for {len(todo)} texts")
+    for r, z in zip(todo, Z):
         r.embedding = z
+    return len(todo)
 
 
 def order_records(records: Sequence[ExperienceRecord], ordering: str, rng: np.random.Generator) -> list[str]:
@@ -244,11 +256,18 @@ def pool_statistics(results: Sequence[Any]) -> dict[str, Any]:
     }
 
 
-def judge_items(results: Sequence[Any], store: Any) -> list[JudgeItem]:
-    """Turn stored training rollouts into judge inputs (trace from the blob store)."""
+def judge_items(results: Sequence[Any], store: Any, *, skip: Collection[str] = ()) -> list[JudgeItem]:
+    """Turn stored training rollouts into judge inputs (trace from the blob store).
+
+    ``skip``: task ids already judged (a resumed round); they get no item, but the pool
+    statistics every item carries still cover all ``results``, so the remaining inputs
+    are the ones an uninterrupted round would have judged.
+    """
     pool = pool_statistics(results)
     items = []
     for r in results:
+        if r.task_id in skip:
+            continue
         trace = (store.get_blob(r.trace_ref) if r.trace_ref else r.trace) or {}
         feedback = {
             "score": r.score, "resolved": r.score >= 1.0, "timed_out": r.timed_out,

@@ -16,12 +16,21 @@ racing executions. The method keeps its own count of the distinct rollouts it as
 for, so every budget decision depends only on the run's own history — this is what
 makes a resumed run replay the same decisions.
 
-Resume: a resumed run re-executes this deterministic procedure with the same seed.
-Finished rollouts come back from the scheduler's cache (never executed again, never
-charged), the offline agents reproduce their answers, and rows already in the store
-(harnesses, experience, events) are not written twice. Judge and optimizer calls are
-repeated; with LLM agents their answers may differ, so a resumed LLM run continues
-from the same rollouts but may take a different path from there.
+Resume (DESIGN §5.11): every decision is a typed event (:mod:`milo_ray.ssr.events`)
+and a resumed run fast-forwards through them. It re-walks the same deterministic
+procedure, but every paid step first asks the projection of the stored events
+(:mod:`milo_ray.ssr.state`): a judged record, an evidence order or an optimizer
+answer already recorded is read back (children from their stored sources), so no
+judge or optimizer call is made twice; only what was in flight at the kill is asked
+again. Rollouts come back from the scheduler's cache (never executed again, never
+charged), replayed race stages are checked against their records, and rows already
+in the store are not written twice.
+
+Agent spend: every judge attempt, optimizer answer and embedder call is recorded in
+``agent_calls`` under a deterministic call id. Before a round's judging or candidate
+generation starts, the role's cap (``run.budget.roles.<role>``, and the run's
+token/USD caps) must allow it; otherwise an ``ssr.role_budget`` event ends the search
+and the incumbent is tested (stop reason ``budget:<role>``).
 
 Rollout indices keep executions distinct by purpose: training refreshes use index
 0; racing in round t uses 1 + t·R + i (fresh executions per race, so racing never
@@ -32,38 +41,29 @@ the test split uses 0..test_rollouts-1.
 from __future__ import annotations
 
 import math
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from milo_ray.agents.protocols import MutationRequest
 from milo_ray.execution.budget import BudgetExceeded
 from milo_ray.execution.types import RolloutRequest
 from milo_ray.harness.model import Harness
-from milo_ray.ssr import evidence as ev
-from milo_ray.ssr.candidates import CandidateJob, build_agent, generate_candidates
-from milo_ray.ssr.config import SSRConfig
-from milo_ray.ssr.racing import Race, RaceCandidate, RaceConfig, UniformRace
 from milo_ray.search.seeds import derive_seed
+from milo_ray.ssr import evidence as ev
+from milo_ray.search.mutation import agent_for
+from milo_ray.ssr.children import ChildMaker
+from milo_ray.ssr.config import SSRConfig
+from milo_ray.ssr.events import (CandidatesChosen, RefreshAborted, Refreshed, RefreshUnaffordable, ResumeMarker,
+                                 RoleBudget, RoundStarted, Selection, SSREvent, StageAborted, StageResult,
+                                 StageStarted, Stopped)
+from milo_ray.ssr.judging import judge_round
+from milo_ray.ssr.racing import Race, RaceCandidate, RaceConfig, UniformRace
+from milo_ray.ssr.state import RecordedRun, check_parent, check_stage
 from milo_ray.ssr.store_io import StoreWriter
 
 METHOD = "ssr"
 GROUP = "ssr"
-
-
-def _duplicates(parent: Harness, outcomes: list[Any]) -> list[int]:
-    """Indices of valid children identical to the parent or to an earlier candidate."""
-    seen, dups = {parent.harness_id}, []
-    for o in outcomes:
-        if o.child is None or o.error is not None:
-            continue
-        if o.child.harness_id in seen:
-            dups.append(o.index)
-        else:
-            seen.add(o.child.harness_id)
-    return dups
 
 
 class SSRMethod:
@@ -90,28 +90,38 @@ class _SSRRun:
         cfg = cfg.for_run(ctx.benchmark, agents)
         self.cfg, self.ctx = cfg, ctx
         self.sched, self.store, self.bench = ctx.scheduler, ctx.store, ctx.benchmark
-        self.judge = build_agent(agents["judge"])
-        self.embedder = build_agent(agents["embedder"])
-        self.optimizer_spec = agents["optimizer"]
-        self.optimizer_name = str(getattr(self.optimizer_spec, "name", None) or
-                                  (self.optimizer_spec.get("_target_", "") if isinstance(self.optimizer_spec, dict) else "")
-                                  ).rsplit(".", 1)[-1]
+        self.calls = ctx.agent_calls
+        self.judge = agent_for(agents["judge"])
+        self.embedder = agent_for(agents["embedder"])
+        optimizer_spec = agents["optimizer"]
+        self.optimizer_name = optimizer_name = str(
+            getattr(optimizer_spec, "name", None)
+            or (optimizer_spec.get("_target_", "") if isinstance(optimizer_spec, dict) else "")).rsplit(".", 1)[-1]
         self.train = self.bench.tasks(cfg.train_split)
         self.val = self.bench.tasks(cfg.val_split)
         if not self.train:
             raise ValueError(f"ssr: benchmark split {cfg.train_split!r} is empty (method.train_split)")
         self.tasks = {t.task_id: t for split in self.bench.splits().values() for t in split}
-        from milo_ray.harness.validate import forbidden_fragments_for
-
-        self.forbidden = forbidden_fragments_for(self.tasks.values())
         self.race_cfg = RaceConfig(cfg.stages, tuple(cfg.b_v) if not isinstance(cfg.b_v, int) else (cfg.b_v,),
                                    cfg.b_s, cfg.b_f, cfg.rollouts)
         self.cap = getattr(self.sched.budget, "executions", None)
         self.keys: set[str] = set()  # distinct rollouts this run asked for under the budget
         self.out = StoreWriter(self.store, resumed=bool(ctx.resumed))
-        self.work = Path(ctx.run_dir) / "workspace" / "ssr"
+        from milo_ray.harness.validate import forbidden_fragments_for
+
+        # What earlier sessions decided; kept current as this session decides more.
+        self.recorded = RecordedRun.from_store(self.store) if ctx.resumed else RecordedRun()
+        self.children = ChildMaker(cfg=cfg, seed=ctx.seed, optimizer_spec=optimizer_spec, optimizer_name=optimizer_name,
+                                   forbidden=forbidden_fragments_for(self.tasks.values()), tasks=self.tasks,
+                                   store=self.store, calls=self.calls, emit=self.emit,
+                                   work=Path(ctx.run_dir) / "workspace" / "ssr")
         self.harnesses: dict[str, Harness] = {}
         self.generated = 0
+
+    def emit(self, ev_: SSREvent) -> None:
+        """Store a decision (once) and fold it into the projection."""
+        self.out.emit(ev_)
+        self.recorded.apply(ev_)
 
     # ------------------------------------------------------------------ budget
     def remaining(self) -> float:
@@ -133,6 +143,13 @@ class _SSRRun:
     def _req(self, h: str, t: str, i: int, split: str, rnd: int, stage: str) -> RolloutRequest:
         return RolloutRequest(h, t, i, self.ctx.seed, split=split, method=METHOD, round=rnd, stage=stage, group=GROUP)
 
+    def _role_allows(self, role: str, parent: Harness, rnd: int) -> bool:
+        """Whether new work of ``role`` may start; if not, record why (once)."""
+        if self.calls.allows(role):
+            return True
+        self.emit(RoleBudget(rnd, parent.harness_id, role, self.calls.exhausted_reason(role) or "refused"))
+        return False
+
     # ------------------------------------------------------------------ harnesses
     def _add(self, h: Harness, row: dict[str, Any]) -> None:
         self.harnesses[h.harness_id] = h
@@ -151,112 +168,77 @@ class _SSRRun:
         raise ValueError(f"method.initial={self.cfg.initial!r}: no such seed; choose one of {[h.name for h in seeds]}")
 
     # ------------------------------------------------------------------ evidence
-    def _refresh(self, parent: Harness, rnd: int):
+    def _refresh(self, parent: Harness, rnd: int) -> tuple[dict | None, str | None]:
+        """The parent's judged, ordered training evidence, or (None, stop reason)."""
+        rec = self.recorded.round(rnd)
+        # A round whose judging started was allowed to: finish it without asking again.
+        if not rec.judged and not self._role_allows("judge", parent, rnd):
+            return None, "budget:judge"
         reqs = [self._req(parent.harness_id, t.task_id, 0, self.cfg.train_split, rnd, "refresh") for t in self.train]
         need = self._charge(reqs)
         if need > self.remaining():
-            self.out.event("ssr.refresh_unaffordable", {"needed": need, "remaining": self.remaining()}, round=rnd,
-                           harness_id=parent.harness_id)
-            return None
+            self.emit(RefreshUnaffordable(rnd, parent.harness_id, need, self.remaining()))
+            return None, "budget"
         try:
             results = self._run(reqs)
         except BudgetExceeded as e:
             # A token/cost cap ran out: the incumbent stands, the run stops cleanly.
-            self.out.event("ssr.refresh_aborted", {"reason": str(e), "finished": len(e.partial)}, round=rnd,
-                           harness_id=parent.harness_id)
-            return None
-        items = ev.judge_items(results, self.store)
-        records = ev.judge_records(self.judge, items, round=rnd, harness_id=parent.harness_id,
-                                   retries=self.cfg.judge_retries, workers=self.cfg.judge_workers)
-        ev.embed_records(records, self.embedder)
-        rng = np.random.default_rng(derive_seed(self.ctx.seed, "order", rnd))
-        order = ev.order_records(records, self.cfg.ordering, rng)
-        self.out.experience(records)
-        failures = [r.task_id for r in records if not r.ok]
-        self.out.event("ssr.refresh", {
-            "tasks": len(results), "resolved": sum(1 for r in results if r.score >= 1.0),
-            "mean_score": float(np.mean([r.score for r in results])), "judge_failures": failures,
-            "order": order, "ordering": self.cfg.ordering, "executions_used": len(self.keys),
-        }, round=rnd, harness_id=parent.harness_id)
-        return {"results": results, "records": records, "order": order}
+            self.emit(RefreshAborted(rnd, parent.harness_id, str(e), len(e.partial)))
+            return None, "budget"
+        records = judge_round(judge=self.judge, embedder=self.embedder, results=results, recorded=rec, emit=self.emit,
+                              out=self.out, store=self.store, calls=self.calls, parent_id=parent.harness_id, rnd=rnd,
+                              retries=self.cfg.judge_retries, workers=self.cfg.judge_workers)
+        if rec.refresh is not None:
+            order = list(rec.refresh.order)
+        else:
+            rng = np.random.default_rng(derive_seed(self.ctx.seed, "order", rnd))
+            order = ev.order_records(records, self.cfg.ordering, rng)
+        self.emit(Refreshed(rnd, parent.harness_id, len(results), sum(1 for r in results if r.score >= 1.0),
+                            float(np.mean([r.score for r in results])), [r.task_id for r in records if not r.ok],
+                            order, self.cfg.ordering, len(self.keys)))
+        return {"results": results, "records": records, "order": order}, None
 
     # ------------------------------------------------------------------ candidates
-    def _candidates(self, parent: Harness, ev_state: dict, rnd: int) -> tuple[list[RaceCandidate], int]:
-        """The children that race this round, and how many were generated (M)."""
+    def _candidates(self, parent: Harness, ev_state: dict, rnd: int) -> tuple[list[RaceCandidate], int] | None:
+        """The children that race this round and how many were generated (M), or None
+        when the optimizer's cap refuses a round not yet started."""
         from milo_ray.harness.diff import diff
-        from milo_ray.harness.evidence import write_evidence_dir
 
-        cfg = self.cfg
+        cfg, rec = self.cfg, self.recorded.round(rnd)
+        if not rec.draws and not self._role_allows("optimizer", parent, rnd):
+            return None
         m = cfg.m if cfg.candidate_cap is None else min(cfg.m, cfg.candidate_cap - self.generated)
-        rng = np.random.default_rng(derive_seed(self.ctx.seed, "evidence", rnd))
-        sets = ev.evidence_sets(ev_state["order"], cfg.scales, cfg.evidence, rng)[:m]
-        by_task = {r.task_id: r for r in ev_state["records"]}
-        res_by_task = {r.task_id: r for r in ev_state["results"]}
-        rdir = self.work / f"round-{rnd:03d}"
-        parent_dir = parent.write_to(rdir / "parent")
-        jobs = []
-        for i, tasks in enumerate(sets):
-            cdir = rdir / f"candidate-{i}"
-            recs = [by_task[t] for t in tasks]
-            edir = write_evidence_dir(cdir / "evidence", parent, [res_by_task[t] for t in tasks], self.tasks, self.store)
-            (cdir / "work").mkdir(parents=True, exist_ok=True)
-            memory = ev.render_memory(recs, k=len(tasks), n=len(ev_state["order"]), evidence_dir=str(edir))
-            seed = derive_seed(self.ctx.seed, "candidate", rnd, i)
-            req = MutationRequest(parent=parent, parent_dir=parent_dir, evidence_dir=Path(edir), memory_markdown=memory,
-                                  workdir=cdir / "work", seed=seed,
-                                  context={"records": [r.as_dict() for r in recs], "scale": len(tasks),
-                                           "round": rnd, "candidate_index": i, "method": METHOD})
-            jobs.append(CandidateJob(i, len(tasks), req))
-        outcomes = self._generate(jobs)
-        redrawn: dict[int, int] = {}
-        for attempt in range(1, cfg.duplicate_retries + 1):
-            # An optimizer given the same evidence twice (topk_fixed, fixed_n) may write the
-            # same child twice; re-drawing it with a fresh seed, as an LLM sampled again
-            # would, keeps M distinct racers under every evidence strategy.
-            dups = _duplicates(parent, outcomes)
-            if not dups:
-                break
-            again = [CandidateJob(i, jobs[i].scale, replace(jobs[i].request, seed=derive_seed(
-                self.ctx.seed, "candidate", rnd, i, attempt))) for i in dups]
-            for o in self._generate(again):
-                outcomes[o.index] = o
-                redrawn[o.index] = attempt
-        self.generated += len(outcomes)
+        sets = self.children.evidence_sets(ev_state["order"], m, rnd)
+        drawn, redrawn = self.children.draw(parent, ev_state, sets, rnd, rec)
+        self.generated += len(drawn)
         racers: list[RaceCandidate] = []
         seen = {parent.harness_id}
-        for o, tasks in zip(outcomes, sets):
-            err = o.error
-            if o.child is not None and err is None and o.child.harness_id in seen:
+        for o, tasks in zip(drawn, sets):
+            a, child, err = o.answer, o.child, o.error
+            if child is not None and err is None and child.harness_id in seen:
                 err = "duplicate: identical to the parent or to an earlier candidate of this round"
-            d = diff(parent, o.child) if o.child is not None else None
-            if o.child is not None:
-                self._add(o.child, {
+            d = diff(parent, child) if child is not None else None
+            if child is not None:
+                self._add(child, {
                     "parent_id": parent.harness_id, "round": rnd, "origin": "ssr_candidate",
-                    "mutator": self.optimizer_name, "evidence_scale": o.scale,
+                    "mutator": self.optimizer_name, "evidence_scale": a.scale,
                     "diff_added": d.added, "diff_deleted": d.deleted, "validation_error": err,
-                    "extra": {"candidate_index": o.index, "seed": o.seed, "redraws": redrawn.get(o.index, 0),
-                              "evidence": cfg.evidence,
-                              "ordering": cfg.ordering, "report": o.report[:2000], "seconds": o.seconds},
+                    "extra": {"candidate_index": a.index, "seed": a.seed, "redraws": redrawn.get(a.index, 0),
+                              "evidence": cfg.evidence, "ordering": cfg.ordering, "report": a.report},
                 })
             if err is None:
-                seen.add(o.child.harness_id)
-                racers.append(RaceCandidate(o.child.harness_id, o.index, tuple(tasks), d.added + d.deleted))
-        self.out.event("ssr.candidates", {
-            "generated": [{"index": o.index, "scale": o.scale, "seed": o.seed, "harness_id": o.child.harness_id
-                           if o.child else None, "error": o.error, "redraws": redrawn.get(o.index, 0)}
-                          for o in outcomes],
-            "racing": [c.harness_id for c in racers], "evidence": cfg.evidence,
-        }, round=rnd, harness_id=parent.harness_id)
-        return racers, len(outcomes)
-
-    def _generate(self, jobs: list[CandidateJob]) -> list[Any]:
-        return generate_candidates(self.optimizer_spec, jobs, forbidden=self.forbidden,
-                                   timeout_s=self.cfg.validate_timeout_s,
-                                   max_concurrent=self.cfg.max_concurrent_candidates)
+                seen.add(child.harness_id)
+                racers.append(RaceCandidate(child.harness_id, a.index, tuple(tasks), d.added + d.deleted))
+        self.emit(CandidatesChosen(rnd, parent.harness_id, [
+            {"index": o.index, "scale": o.answer.scale, "seed": o.answer.seed, "error": o.error,
+             "harness_id": o.child.harness_id if o.child else None, "redraws": redrawn.get(o.index, 0)}
+            for o in drawn], [c.harness_id for c in racers], cfg.evidence))
+        return racers, len(drawn)
 
     # ------------------------------------------------------------------ racing
     def _race(self, parent: Harness, ev_state: dict, racers: list[RaceCandidate], generated: int, rnd: int):
         cls = UniformRace if self.cfg.racing == "uniform" else Race
+        rec = self.recorded.round(rnd)
         success = [r.task_id for r in ev_state["results"] if r.score >= 1.0]
         failure = [r.task_id for r in ev_state["results"] if r.score < 1.0]
         race = cls(parent.harness_id, racers, order=ev_state["order"], parent_success=success, parent_failure=failure,
@@ -269,20 +251,24 @@ class _SSRRun:
             req = race.next_stage(None if math.isinf(left) else int(left))
             if req is None:
                 break
-            self.out.event("ssr.stage", req.payload(), round=rnd, harness_id=parent.harness_id)
+            started = StageStarted.from_payload(req.payload(), round=rnd, harness_id=parent.harness_id)
+            check_stage(rec, started)
+            self.emit(started)
             reqs = [self._req(h, t, base + i, splits[t], rnd, f"race-{req.stage}") for h, t, i in req.runs]
             try:
                 results = self._run(reqs)
             except BudgetExceeded as e:
                 race.abort("budget")
-                self.out.event("ssr.stage_aborted", {"stage": req.stage, "reason": str(e)}, round=rnd)
+                self.emit(StageAborted(rnd, req.stage, str(e)))
                 break
             report = race.record([(r.harness_id, r.task_id, r.rollout_idx - base, r.score) for r in results])
-            self.out.event("ssr.stage_result", report.payload(), round=rnd, harness_id=parent.harness_id)
+            result = StageResult.from_payload(report.payload(), round=rnd, harness_id=parent.harness_id)
+            check_stage(rec, result)
+            self.emit(result)
         if not race.finished and race.stage < self.cfg.stages:
             race.abort("deadline")
         outcome = race.decision()
-        self.out.event("ssr.selection", outcome.payload(), round=rnd, harness_id=outcome.selected)
+        self.emit(Selection.from_payload(outcome.payload(), round=rnd, harness_id=outcome.selected))
         return outcome
 
     # ------------------------------------------------------------------ main loop
@@ -297,7 +283,7 @@ class _SSRRun:
     def execute(self) -> dict[str, Any]:
         cfg, ctx = self.cfg, self.ctx
         if ctx.resumed:
-            self.out.event("ssr.resume", {"note": "replaying deterministic decisions; cached rollouts are reused"})
+            self.out.emit(ResumeMarker("fast-forwarding through recorded decisions; cached rollouts are reused"))
         initial = self._initial()
         self._add(initial, {"round": 0, "origin": "seed", "name": initial.name})
         parent, ev_state, stall, rnd, stop = initial, None, 0, 0, None
@@ -306,10 +292,11 @@ class _SSRRun:
             if ctx.out_of_time():
                 stop = "deadline"
                 break
+            check_parent(self.recorded.round(rnd), parent.harness_id)
+            self.emit(RoundStarted(rnd, parent.harness_id, stall, len(self.keys)))
             if ev_state is None:
-                ev_state = self._refresh(parent, rnd)
+                ev_state, stop = self._refresh(parent, rnd)
                 if ev_state is None:
-                    stop = "budget"
                     break
             if cfg.candidate_cap is not None and self.generated >= cfg.candidate_cap:
                 stop = "candidate_cap"
@@ -317,8 +304,11 @@ class _SSRRun:
             if self._min_stage_cost(ev_state) > self.remaining():
                 stop = "budget"
                 break
-            racers, generated = self._candidates(parent, ev_state, rnd)
-            outcome = self._race(parent, ev_state, racers, generated, rnd)
+            drawn = self._candidates(parent, ev_state, rnd)
+            if drawn is None:
+                stop = "budget:optimizer"
+                break
+            outcome = self._race(parent, ev_state, *drawn, rnd)
             history.append({"round": rnd, "parent": parent.harness_id, "selected": outcome.selected,
                             "replaced": outcome.replaced, "stages": outcome.completed_stages,
                             "parent_score": outcome.parent_score, "best_child_score": outcome.best_child_score})
@@ -333,8 +323,7 @@ class _SSRRun:
                 stop = "budget"
             elif ctx.out_of_time():
                 stop = "deadline"
-        self.out.event("ssr.stop", {"reason": stop, "rounds": rnd, "incumbent": parent.harness_id,
-                                    "executions_used": len(self.keys)}, round=rnd, harness_id=parent.harness_id)
+        self.emit(Stopped(rnd, parent.harness_id, stop, rnd, parent.harness_id, len(self.keys)))
         return self._summary(initial, parent, rnd, stop, history)
 
     def _summary(self, initial: Harness, final: Harness, rounds: int, stop: str, history: list) -> dict[str, Any]:
@@ -342,42 +331,39 @@ class _SSRRun:
         (and, with ``evaluate_initial``, the initial) harness in ``final_test``
         (``HarnessScore.as_dict()``; ``test_final``/``test_initial`` name the same rows),
         and the benchmark's ground truth when it has one."""
-        from milo_ray.evaluation import summarize
+        from milo_ray.search.final_test import FinalTest, true_quality
 
         cfg = self.cfg
         # Ground truth (the surrogate's exact expected quality) when the benchmark has it.
-        truth = {h.harness_id: self.bench.true_quality(h, cfg.test_split) for h in (initial, final)} \
-            if hasattr(self.bench, "true_quality") else {}
+        truth = {h.harness_id: true_quality(self.bench, h, cfg.test_split) for h in (initial, final)}
         summary: dict[str, Any] = {
             "method": METHOD, "initial_harness": initial.harness_id, "final_harness": final.harness_id,
             "improved": final.harness_id != initial.harness_id, "rounds": rounds, "stop_reason": stop,
             "executions_used": len(self.keys), "execution_budget": self.cap, "candidates_generated": self.generated,
             "history": history, "evidence": cfg.evidence, "ordering": cfg.ordering, "racing": cfg.racing,
+            "spend_by_role": self.calls.by_role(),
         }
-        test_ids = [t.task_id for t in self.bench.tasks(cfg.test_split)]
-        to_test = [("final", final)]
+        to_test = [("ssr final", final)]
         if cfg.evaluate_initial and initial.harness_id != final.harness_id:
-            to_test.append(("initial", initial))
-        rows = []
-        for label, h in to_test if test_ids else []:
-            reqs = [self._req(h.harness_id, t, i, cfg.test_split, rounds, "test")
-                    for t in test_ids for i in range(cfg.test_rollouts)]
-            # Outside the budget B: the test split never informs a decision.
-            results = self.sched.run(reqs, count_budget=False)
-            row = summarize(f"ssr {label}", h, results, test_ids, cfg.test_rollouts,
-                            true_score=float(truth[h.harness_id]["score"]) if truth else None).as_dict()
-            rows.append(row)
-            summary[f"test_{label}"] = row
+            to_test.append(("ssr initial", initial))
+        # Outside the budget B: the test split never informs a decision.
+        final_test = FinalTest(self.sched, self.bench, split=cfg.test_split, k=cfg.test_rollouts, seed=self.ctx.seed,
+                               method=METHOD, stage="test", group=GROUP)
+        rows = [r.as_dict() for r in final_test.rows(to_test, round=rounds)]
+        for (label, _), row in zip(to_test, rows):
+            summary[f"test_{label.split()[1]}"] = row
         if rows and initial.harness_id == final.harness_id:
             summary["test_initial"] = summary["test_final"]  # the same harness: tested once
         summary["final_test"] = rows
-        if truth:
-            for label, h in (("initial", initial), ("final", final)):
-                tq = truth[h.harness_id]
+        for label, h in (("initial", initial), ("final", final)):
+            tq = truth[h.harness_id]
+            if tq is not None:
                 summary[f"{label}_true_quality"] = float(tq["score"])
                 if "resolve_rate" in tq:
                     summary[f"{label}_true_resolve"] = float(tq["resolve_rate"])
-        self.out.event("ssr.summary", {k: v for k, v in summary.items() if k != "history"}, round=rounds,
-                       harness_id=final.harness_id)
+        # Spend holds wall-clock seconds: the agent_calls table is its record, not this event
+        # (a resumed run must store the same summary event as an uninterrupted one).
+        self.out.event("ssr.summary", {k: v for k, v in summary.items() if k not in ("history", "spend_by_role")},
+                       round=rounds, harness_id=final.harness_id)
         self.store.flush()
         return summary

@@ -2,7 +2,9 @@
 
 ``StoreWriter`` is the only place SSR writes rows; on a resumed run it skips rows
 already present (same harness and round, same experience record, same event), so
-replaying the deterministic procedure does not duplicate history.
+re-walking recorded steps does not duplicate history. It also hands back the stored
+embedding of an experience record, so a resumed run orders its evidence with the
+very vectors the interrupted run used.
 """
 
 from __future__ import annotations
@@ -10,7 +12,13 @@ from __future__ import annotations
 import json
 from typing import Any, Sequence
 
+import numpy as np
+
 from milo_ray.harness.model import Harness
+from milo_ray.search.recording import HarnessRecorder
+from milo_ray.ssr.events import SSREvent
+
+ExperienceKey = tuple[str, int, str]  # (harness_id, round, task_id)
 
 
 class StoreWriter:
@@ -18,38 +26,38 @@ class StoreWriter:
 
     def __init__(self, store: Any, *, resumed: bool) -> None:
         self.store = store
-        self._harness_keys: set[tuple[str, int]] = set()
-        self._exp_keys: set[tuple[str, int, str]] = set()
+        # One row per (harness, round): a harness raced again in a later round is a new row.
+        self._harnesses = HarnessRecorder(store, key=lambda r: (r["harness_id"], int(r.get("round") or 0)),
+                                          resumed=resumed)
+        self._embeddings: dict[ExperienceKey, list[float] | None] = {}
         self._event_keys: set[tuple[str, int | None, str | None, str]] = set()
         if resumed:
             self._load()
 
     def _load(self) -> None:
-        h = self.store.read("harnesses").to_pylist()
-        self._harness_keys = {(r["harness_id"], r.get("round") or 0) for r in h}
-        e = self.store.read("experience").to_pylist()
-        self._exp_keys = {(r.get("harness_id") or "", r.get("round") or 0, r["task_id"]) for r in e}
+        for r in self.store.read("experience").to_pylist():
+            self._embeddings[(r.get("harness_id") or "", r.get("round") or 0, r["task_id"])] = r.get("embedding")
         for r in self.store.read("events").to_pylist():
             if str(r["kind"]).startswith("ssr."):
                 self._event_keys.add((r["kind"], r.get("round"), r.get("harness_id"), r.get("payload") or ""))
 
     def harness(self, h: Harness, row: dict[str, Any]) -> None:
-        key = (h.harness_id, int(row.get("round") or 0))
-        if key in self._harness_keys:
-            return
-        self._harness_keys.add(key)
-        full = {"harness_id": h.harness_id, "name": h.name, "source_ref": self.store.put_harness_source(h.files), **row}
-        self.store.append("harnesses", [full])
+        self._harnesses.record(h, **row)
 
     def experience(self, records: Sequence[Any]) -> None:
         rows = []
         for r in records:
             key = (r.harness_id, r.round, r.task_id)
-            if key not in self._exp_keys:
-                self._exp_keys.add(key)
+            if key not in self._embeddings:
+                self._embeddings[key] = None if r.embedding is None else [float(x) for x in r.embedding]
                 rows.append(r.row())
         if rows:
             self.store.append("experience", rows)
+
+    def stored_embedding(self, harness_id: str, round: int, task_id: str) -> np.ndarray | None:
+        """The embedding stored with this experience record (float32, as written), or None."""
+        z = self._embeddings.get((harness_id, round, task_id))
+        return None if z is None else np.asarray(z, dtype=np.float32)
 
     def event(self, kind: str, payload: dict[str, Any] | None = None, **cols: Any) -> None:
         payload = payload or {}
@@ -58,3 +66,7 @@ class StoreWriter:
         if self._event_keys and key in self._event_keys:
             return
         self.store.event(kind, json.loads(text), **cols)
+
+    def emit(self, ev: SSREvent) -> None:
+        """Write a typed event (once: a replayed decision equals its stored row)."""
+        self.event(ev.kind, ev.to_payload(), **ev.columns())

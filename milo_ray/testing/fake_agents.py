@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from milo_ray.agents.protocols import MutationRequest, MutationResult
+from milo_ray.agents.usage import AgentUsage
 from milo_ray.harness.model import ENTRY_FILE, Harness
 
 
@@ -22,3 +23,90 @@ class SameEditFirstOptimizer:
         tail = "# one common edit\n" if n == 1 else f"# edit {n} of candidate {i}\n"
         source = request.parent.files[ENTRY_FILE] + tail
         return MutationResult(Harness({**request.parent.files, ENTRY_FILE: source}), report="edit")
+
+
+class CountingMutator:
+    """Appends one line per construction and per call to ``log`` (``init <pid>`` /
+    ``call <pid>``), reports fixed usage, and writes a distinct child per seed: tests
+    read the log to count constructions per process and calls."""
+
+    name = "counting"
+
+    def __init__(self, log: str, input_tokens: int = 0, output_tokens: int = 0, cost_usd: float | None = 0.0,
+                 sleep_s: float = 0.0) -> None:
+        import os
+
+        self.log, self.sleep_s = Path(log), float(sleep_s)
+        self.usage = (int(input_tokens), int(output_tokens), cost_usd)
+        with self.log.open("a") as f:
+            f.write(f"init {os.getpid()}\n")
+
+    def mutate(self, request: MutationRequest) -> MutationResult:
+        import os
+        import time
+
+        with self.log.open("a") as f:
+            f.write(f"call {os.getpid()}\n")
+        if self.sleep_s:
+            time.sleep(self.sleep_s)  # a hung agent when the sleep outlasts the cap
+        source = request.parent.files[ENTRY_FILE] + f"# edit for seed {request.seed}\n"
+        i, o, usd = self.usage
+        return MutationResult(Harness({**request.parent.files, ENTRY_FILE: source}), report="edited",
+                              usage=AgentUsage(input_tokens=i, output_tokens=o, cost_usd=usd))
+
+    def graft(self, request: MutationRequest) -> MutationResult:
+        return self.mutate(request)
+
+
+class ScriptedOutputMutator:
+    """Answers by ``mode``: ``crash`` raises, ``nothing`` returns no child, ``workdir``
+    writes the child into the workdir, ``same`` returns the parent, ``broken``
+    returns a child that does not compile."""
+
+    name = "scripted-output"
+
+    def __init__(self, mode: str) -> None:
+        self.mode = mode
+
+    def mutate(self, request: MutationRequest) -> MutationResult:
+        parent = request.parent.files[ENTRY_FILE]
+        if self.mode == "crash":
+            raise RuntimeError("boom")
+        if self.mode == "nothing":
+            return MutationResult(None, report="gave up")
+        if self.mode == "workdir":
+            (Path(request.workdir) / ENTRY_FILE).write_text(parent + "# written to the workdir\n")
+            return MutationResult(None, report="wrote it", usage=AgentUsage(input_tokens=7))
+        if self.mode == "same":
+            return MutationResult(request.parent, report="no change")
+        if self.mode == "broken":
+            return MutationResult(Harness({ENTRY_FILE: "def build_agent(model, backend)\n    return 1\n"}))
+        raise ValueError(f"unknown mode {self.mode!r}")
+
+
+class SlowToBuildMutator(CountingMutator):
+    """A constructor that hangs for ``build_s`` seconds (a client that cannot connect)."""
+
+    def __init__(self, log: str, build_s: float) -> None:
+        import time
+
+        time.sleep(build_s)
+        super().__init__(log)
+
+
+class EvidenceReadingMutator:
+    """Reads what an LLM coding agent would read: the parent's ``harness.py``, the
+    evidence report, and the file the memory text and ``context['memory_path']`` point
+    at; writes all of it into the child, so tests see what reached the agent."""
+
+    name = "evidence-reader"
+
+    def mutate(self, request: MutationRequest) -> MutationResult:
+        import re
+
+        seen = [Path(request.parent_dir, ENTRY_FILE).read_text(), Path(request.evidence_dir, "report.md").read_text()]
+        for path in re.findall(r"(/\S+\.md)", request.memory_markdown):
+            seen.append(Path(path).read_text())
+        seen.append(Path(request.context["memory_path"]).read_text())
+        note = "".join(f"# read: {line}\n" for text in seen[1:] for line in text.splitlines())
+        return MutationResult(Harness({ENTRY_FILE: seen[0] + note}), report="read the evidence")

@@ -33,7 +33,7 @@ class InFlightProbe(RolloutScheduler):
 
     def _send(self, node, jobs):
         self.max_in_flight = max(self.max_in_flight, sum(len(n.inflight) for n in self._nodes.values()))
-        for group, running in self._group_running.items():
+        for group, running in self._dispatch.in_flight_by_group().items():
             self.max_in_flight_per_group[group] = max(self.max_in_flight_per_group[group], running)
         super()._send(node, jobs)
 

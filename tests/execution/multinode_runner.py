@@ -16,6 +16,7 @@ from ray.cluster_utils import Cluster
 sys.path.insert(0, os.path.dirname(__file__))
 from test_rollout_scheduler import _req, _scheduler  # noqa: E402
 
+from milo_ray.execution.cluster import join  # noqa: E402
 from milo_ray.store import MemoryRunStore  # noqa: E402
 
 
@@ -23,7 +24,7 @@ def main() -> None:
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False})
     cluster.add_node(num_cpus=1, resources={"sandbox_slot": 4})
     doomed = cluster.add_node(num_cpus=1, resources={"sandbox_slot": 4})
-    ray.init(address=cluster.address, log_to_driver=False, configure_logging=False)
+    join(cluster.address, configure_logging=False)
     cluster.wait_for_nodes()
     store = MemoryRunStore(run_id="multinode")
     sched = _scheduler(store, max_retries=3, retry_backoff_s=0.05)

@@ -22,3 +22,27 @@ def test_private_local_instance_keeps_token_auth_without_the_start_up_warning(tm
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.split() == ["True", "8.0", "token"]
     assert "Token authentication" not in proc.stderr, proc.stderr
+
+
+SCHEDULER_FIRST = """
+import ray
+from milo_ray.execution.scheduler import RolloutScheduler
+from milo_ray.execution.types import RolloutRequest, Task
+from milo_ray.harness.model import Harness
+from milo_ray.store import MemoryRunStore
+h = Harness.from_source("def build_agent(model, backend):\\n    return 'a'\\n")
+s = RolloutScheduler({"_target_": "milo_ray.execution.fake.SleepExecutor"}, [Task("t", "search", "x", 30.0, 1000, {})],
+                     MemoryRunStore(run_id="r"), model_id="m", run_id="r", slots_per_node=3, progress=False)
+s.add_harness(h)
+(r,) = s.run([RolloutRequest(h.harness_id, "t", 0, seed=1)])
+print(r.score, [n.slots for n in s._nodes.values()], ray.cluster_resources().get("sandbox_slot"))
+"""
+
+
+def test_a_scheduler_used_before_ray_started_starts_it_with_its_own_slots_per_node(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k not in ("RAY_AUTH_MODE", "RAY_ADDRESS")}
+    proc = subprocess.run([sys.executable, "-c", SCHEDULER_FIRST], capture_output=True, text=True, env=env,
+                          cwd=tmp_path, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    # The instance declares no sandbox slots, so the scheduler's slots_per_node counts.
+    assert proc.stdout.split() == ["1.0", "[3]", "None"]

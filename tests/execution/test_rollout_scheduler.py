@@ -159,6 +159,43 @@ def test_group_caps_bound_rollouts_in_flight_per_group(shared):
     assert seen == {"cap2": 2, "cap3": 3}
 
 
+def test_a_raised_group_limit_starts_queued_rollouts_at_once(shared):
+    sched, _ = shared
+    sched.set_group_limit("grow", 1)
+    requests = [_req("slow", i, group="grow") for i in range(200, 204)]
+
+    async def main():
+        run = asyncio.ensure_future(sched.arun(requests))
+        while sched.progress.running < 1:
+            await asyncio.sleep(0.01)
+        assert sched.progress.running == 1  # the limit holds the other three back
+        sched.set_group_limit("grow", 4)
+        return await run
+
+    first, *rest = asyncio.run(main())
+    # They started while the first was still running: the new limit did not wait for
+    # a slot to free up before it took effect.
+    assert all(r.started_at < first.finished_at for r in rest)
+    sched.set_group_limit("grow", None)
+    assert "grow" not in sched.group_limits and sched.group_limits["cap2"] == 2
+
+
+def test_group_limits_change_only_through_the_setter_and_bad_values_are_named():
+    sched = _scheduler(MemoryRunStore(run_id="limits"), group_limits={"a": 2}, default_group_limit=3)
+    with pytest.raises(TypeError, match="set_group_limit"):
+        sched.group_limits["a"] = 5
+    for bad in (0, -2, 1.5, "3"):
+        with pytest.raises(ValueError, match="limit of group 'a'"):
+            sched.set_group_limit("a", bad)
+    with pytest.raises(ValueError, match="group="):
+        sched.set_group_limit(7, 2)
+    sched.set_group_limit("b", 4)
+    assert dict(sched.group_limits) == {"a": 2, "b": 4} and sched.default_group_limit == 3
+    with pytest.raises(ValueError, match="default_group_limit"):
+        _scheduler(MemoryRunStore(run_id="limits"), default_group_limit=0)
+    sched.close()
+
+
 def test_rollout_past_its_time_cap_is_recorded_timed_out(shared):
     sched, _ = shared
     (r,) = sched.run([_req("hang", 0)])

@@ -151,13 +151,12 @@ def _next_session(log: Path) -> int:
 def hold_ray() -> None:
     import ray
 
-    from milo_ray.execution.cluster import quiet_token_auth_notice
+    from milo_ray.execution.cluster import start_local
 
-    quiet_token_auth_notice()
-    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False, resources={"sandbox_slot": 8})
+    info = start_local(num_cpus=2, slots=8)
     # Joining drivers need the auth mode Ray chose for it (a new local instance turns
     # token auth on by default and records that in this process's environment).
-    print(json.dumps({"address": ray.get_runtime_context().gcs_address,
+    print(json.dumps({"address": info.address,
                       "auth_mode": os.environ.get("RAY_AUTH_MODE", "")}), flush=True)
     sys.stdin.read()  # until the test closes the pipe (or dies)
     ray.shutdown()
@@ -175,16 +174,12 @@ def main() -> None:
     log = run_dir / CALL_LOG
     session = _next_session(log)
     log_call(log, {"session": session, "agent": "session", "resume": resume, "pid": os.getpid()})
-    import ray
+    from milo_ray.execution.cluster import join, start_local
 
-    from milo_ray.execution.cluster import quiet_token_auth_notice
-
-    quiet_token_auth_notice()
     if _opt("--ray-address"):
-        ray.init(address=_opt("--ray-address"), log_to_driver=False)
-    else:  # "local": never join another Ray instance running on this machine
-        ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False,
-                 resources={"sandbox_slot": 8})
+        join(_opt("--ray-address"))
+    else:  # private: never join another Ray instance running on this machine
+        start_local(num_cpus=2, slots=8)
     from milo_ray.benchmarks.surrogate import SurrogateBenchmark
     from milo_ray.context import RunContext
     from milo_ray.execution.budget import BudgetLedger

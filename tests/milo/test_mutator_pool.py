@@ -9,7 +9,8 @@ import pytest
 
 from milo_ray.agents.protocols import MutationRequest
 from milo_ray.harness.model import Harness
-from milo_ray.milo.mutator_pool import MutatorPool, run_mutation, spec_names
+from milo_ray.milo.mutator_pool import MutatorPool, spec_names
+from milo_ray.search.mutation import run_mutation
 
 SPECS = [{"_target_": "x.M", "personality": "bold"}, {"_target_": "x.M", "personality": "bold"},
          {"_target_": "pkg.Other"}]
@@ -42,5 +43,5 @@ def test_default_mutator_and_reassign():
 def test_crashing_mutator_becomes_an_error_result(tmp_path: Path):
     req = MutationRequest(parent=Harness.from_source("def build_agent(model, backend):\n    return None\n"),
                           parent_dir=tmp_path, evidence_dir=tmp_path, memory_markdown="", workdir=tmp_path, seed=0)
-    res = run_mutation({"_target_": "no.such.module.Mutator"}, req)
+    res = run_mutation({"_target_": "no.such.module.Mutator"}, req, time_cap_s=30)
     assert res.child is None and res.error.startswith("mutator crashed")

@@ -16,8 +16,9 @@ the run. ``--resume`` runs with ``resumed=True`` on the same run directory.
 
 Every judge and optimizer call is appended, once its answer is back, to
 ``RUN_DIR/agent_calls.jsonl`` (one ``write`` of one line per call, so lines written
-before a kill survive it), tagged with the session (``first`` or ``resume``): the
-tests compare what each session paid for.
+before a kill survive it), tagged with the session (``first`` or ``resume``), judge
+calls also with a digest of the trajectory they were about: the tests compare what
+each session paid for, and match it to the answers the store recorded.
 """
 
 from __future__ import annotations
@@ -62,12 +63,18 @@ def _append_line(path: Path, record: dict) -> None:
 class RecordingJudge:
     """The offline judge, with every answered call logged. A call's identity is its
     input (trajectory, feedback, task) and how many times this session asked that
-    same input before (a malformed answer is re-asked with the same input)."""
+    same input before (a malformed answer is re-asked with the same input).
 
-    def __init__(self, inner, log: Path, session: str) -> None:
-        self.inner, self.log, self.session = inner, log, session
-        self.name = getattr(inner, "name", "judge")
+    Each distinct input gets its own offline judge, so an answer depends on the input
+    and the attempt only: the offline judge otherwise counts attempts per task id
+    across rounds, and a session that (rightly) skips recorded calls would then get
+    other answers to the later ones than an uninterrupted session did."""
+
+    def __init__(self, make, log: Path, session: str) -> None:
+        self.make, self.log, self.session = make, log, session
+        self.name = getattr(make(), "name", None) or "judge"
         self._seen: Counter[str] = Counter()
+        self._inner: dict[str, object] = {}
         self._lock = threading.Lock()
 
     def judge(self, trajectory, feedback, task_id):
@@ -76,10 +83,17 @@ class RecordingJudge:
         with self._lock:
             n = self._seen[digest]
             self._seen[digest] += 1
-        out = self.inner.judge(trajectory, feedback, task_id)
+            inner = self._inner.setdefault(digest, self.make())
+        out = inner.judge(trajectory, feedback, task_id)
         _append_line(self.log, {"session": self.session, "agent": "judge", "task_id": task_id,
-                                "call": f"{digest}#{n}"})
+                                "call": f"{digest}#{n}", "trajectory": trajectory_digest(trajectory)})
         return out
+
+
+def trajectory_digest(trajectory) -> str:
+    """Names the trajectory a judge call was about (the tests match it to the trace of a
+    recorded ``ssr.judged`` event)."""
+    return hashlib.sha256(json.dumps(trajectory, sort_keys=True, default=str).encode()).hexdigest()
 
 
 class RecordingOptimizer:
@@ -136,7 +150,7 @@ def run(run_dir: Path, out: Path, *, resume: bool) -> None:
     sched = RolloutScheduler(executor_config=bench.executor_config(), tasks=tasks, store=store, model_id="offline",
                              run_id=RUN_ID, budget=BudgetLedger(executions=BUDGET), progress=False)
     log, session = run_dir / CALLS, "resume" if resume else "first"
-    agents = {"judge": RecordingJudge(OfflineJudge(malformed_rate=0.1), log, session),
+    agents = {"judge": RecordingJudge(lambda: OfflineJudge(malformed_rate=0.1), log, session),
               "optimizer": RecordingOptimizer(OfflineCandidateOptimizer(), log, session),
               "embedder": HashingEmbedder(dim=64)}
     ctx = RunContext(run_id=RUN_ID, run_dir=run_dir, seed=SEED, store=store, benchmark=bench, scheduler=sched,
@@ -153,16 +167,10 @@ def main() -> None:
     run_dir, out, resume = Path(sys.argv[1]), Path(sys.argv[2]), "--resume" in sys.argv
     if "--die-before" in sys.argv:
         install_kill_point(sys.argv[sys.argv.index("--die-before") + 1])
-    import ray
+    from milo_ray.execution.cluster import start_local
 
-    from milo_ray.execution.cluster import quiet_token_auth_notice
-
-    quiet_token_auth_notice()
     try:
-        # address="local": always a private instance, even when someone ran `ray start`
-        # on this machine (ray.init() would otherwise join that cluster).
-        ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False,
-                 resources={"sandbox_slot": 8})
+        start_local(num_cpus=2, slots=8)  # private, even when `ray start` left one running here
     except Exception as e:  # e.g. the raylet's start-up timed out on a loaded machine
         print(f"ray did not start: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
         os._exit(RAY_START_FAILED)  # nothing of the run was touched yet: the caller may retry

@@ -54,11 +54,11 @@ def test_without_redraws_duplicates_are_dropped(tmp_path, ray_local):
 
 def test_duplicates_are_found_against_the_parent_and_earlier_candidates():
     from milo_ray.ssr.candidates import CandidateOutcome
-    from milo_ray.ssr.loop import _duplicates
+    from milo_ray.ssr.children import duplicates
 
     parent = Harness.from_source("def build_agent(model, backend):\n    return 0\n")
     a = Harness.from_source("def build_agent(model, backend):\n    return 1\n")
     out = [CandidateOutcome(0, 1, 0, a, None), CandidateOutcome(1, 1, 0, parent, None),
            CandidateOutcome(2, 1, 0, a, None), CandidateOutcome(3, 1, 0, a, "invalid child"),
            CandidateOutcome(4, 1, 0, None, "no child")]
-    assert _duplicates(parent, out) == [1, 2]
+    assert duplicates(parent, out) == [1, 2]

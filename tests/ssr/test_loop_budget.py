@@ -8,79 +8,19 @@ import json
 import sys
 from collections import Counter
 
-import numpy as np
 import pytest
-from hydra.utils import instantiate
 
 from milo_ray.agents.embedder import HashingEmbedder
 from milo_ray.agents.judges.offline import OfflineJudge
-from milo_ray.agents.protocols import MutationResult
 from milo_ray.context import RunContext
 from milo_ray.execution.budget import BudgetLedger
-from milo_ray.harness.mechanisms import add_mechanism, detect_mechanisms
 from milo_ray.ssr.loop import SSRMethod
 from milo_ray.store.memory import MemoryRunStore
+from ssr_inprocess import InProcessScheduler, RuleOptimizer
 from ssr_slice import SliceBenchmark
 
 N_TRAIN, N_VAL, N_TEST = 12, 6, 6
 RACE_CFG = dict(b_v=[2, 2], b_s=2, b_f=2, rollouts=2)  # the racing parameters of every run here
-
-
-class InProcessScheduler:
-    """The scheduler's contract in one process: cache by key, reserve the uncached
-    part of a request atomically against the ledger, store every result."""
-
-    def __init__(self, bench, store, budget):
-        self.executor = instantiate(bench.executor_config(), _convert_="all")
-        self.tasks = {t.task_id: t for s in bench.splits().values() for t in s}
-        self.store, self.budget, self.model_id = store, budget, "offline"
-        self.uncounted = BudgetLedger()  # count_budget=False batches (the final test evaluation)
-        self.harnesses, self.results = {}, {}
-        self.executed = 0
-
-    def add_harness(self, h):
-        self.harnesses[h.harness_id] = h
-
-    def run(self, reqs, *, count_budget=True):
-        keys = [r.key(self.model_id) for r in reqs]
-        new = {k: r for k, r in zip(keys, reqs) if k not in self.results}
-        ledger = self.budget if count_budget else self.uncounted
-        ledger.reserve(len(new))
-        fresh = []
-        for k, r in new.items():
-            res = self.executor.execute(self.harnesses[r.harness_id], self.tasks[r.task_id], r.rollout_idx, r.seed)
-            res.stage, res.round, res.split, res.cache_key, res.method = r.stage, r.round, r.split, k, r.method
-            ledger.commit(tokens=res.input_tokens + res.output_tokens, cost_usd=res.cost_usd)
-            self.results[k] = res
-            fresh.append(res)
-            self.executed += 1
-        self.store.append_rollouts(fresh)
-        return [self.results[k] for k in keys]
-
-
-class RuleOptimizer:
-    """Adds the best-weighted mechanism the records suggest (or, if ``inert``, returns
-    the parent unchanged, which never races) — enough to exercise both outcomes."""
-
-    name = "rule-optimizer"
-
-    def __init__(self, inert=False):
-        self.inert = inert
-
-    def mutate(self, req):
-        rng = np.random.default_rng(req.seed)
-        present = detect_mechanisms(req.parent.source)
-        if self.inert:
-            return MutationResult(req.parent)
-        weight = Counter()
-        for r in req.context["records"]:
-            for m in r["mechanisms"][:1]:
-                weight[m] += r["w"] * r["q"]
-        choices = [m for m, _ in weight.most_common() if m not in present]
-        if not choices:
-            return MutationResult(None, error="no new mechanism suggested")
-        pick = choices[int(rng.integers(min(2, len(choices))))]
-        return MutationResult(req.parent.with_source(add_mechanism(req.parent.source, pick)))
 
 
 @pytest.fixture(autouse=True)

@@ -274,8 +274,7 @@ class OfflineMutator:
             f"change: {label}",
         ])
         files = {**request.parent.files, ENTRY_FILE: child}
-        return MutationResult(Harness(files, name=f"{request.parent.name or 'harness'}+"), report=report,
-                              input_tokens=len(source) // 4, output_tokens=len(child) // 4)
+        return MutationResult(Harness(files, name=f"{request.parent.name or 'harness'}+"), report=report)
 
 
 class OfflineCandidateOptimizer(OfflineMutator):
@@ -332,5 +331,4 @@ class OfflineCandidateOptimizer(OfflineMutator):
         lines += [f"dropped: {f}" for f in failed]
         lines.append(f"change: {label}")
         files = {**request.parent.files, ENTRY_FILE: child}
-        return MutationResult(Harness(files, name=f"{request.parent.name or 'harness'}+"), report="\n".join(lines),
-                              input_tokens=len(request.memory_markdown or source) // 4, output_tokens=len(child) // 4)
+        return MutationResult(Harness(files, name=f"{request.parent.name or 'harness'}+"), report="\n".join(lines))

@@ -1,0 +1,71 @@
+"""The end of every method: the benchmark's ground truth of a harness (when it has
+one) and the final test of the chosen harnesses.
+
+The final test is outside the search budget: it runs on the run's scheduler (same
+store, same cache) with ``count_budget=False``, so it is neither refused by nor
+charged to the search's ledger, and a run that stopped on its budget still reports
+its incumbent's test score. The test split never informs a search decision.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+from milo_ray.benchmarks.base import GroundTruth
+from milo_ray.execution.types import RolloutRequest
+from milo_ray.harness.model import Harness
+from milo_ray.search.scores import HarnessScore, summarize
+
+
+def true_quality(benchmark: Any, harness: Harness, split: str) -> dict[str, float] | None:
+    """The benchmark's exact expected quality of ``harness`` on ``split`` (a dict with
+    at least ``score``), or None when the benchmark has no ground truth (real tasks)."""
+    if isinstance(benchmark, GroundTruth):
+        return {k: float(v) for k, v in benchmark.true_quality(harness, split).items()}
+    return None
+
+
+def true_score(benchmark: Any, harness: Harness, split: str) -> float | None:
+    tq = true_quality(benchmark, harness, split)
+    return None if tq is None else tq["score"]
+
+
+def test_requests(harness: Harness, task_ids: Sequence[str], k: int, *, seed: int, split: str, method: str,
+                  round: int, stage: str, group: str) -> list[RolloutRequest]:
+    return [RolloutRequest(harness.harness_id, t, i, seed, split=split, method=method, round=round, stage=stage,
+                           group=group) for t in task_ids for i in range(k)]
+
+
+class FinalTest:
+    """Tests labelled harnesses on one split with k rollouts per task.
+
+    ``rows(...)`` (sync) and ``arows(...)`` (for asyncio drivers) give one
+    :class:`HarnessScore` per harness, in order, named by its label."""
+
+    def __init__(self, scheduler: Any, benchmark: Any, *, split: str, k: int, seed: int, method: str,
+                 stage: str = "final", group: str = "final") -> None:
+        if int(k) < 1:
+            raise ValueError(f"final test: k={k} rollouts per task; need at least 1")
+        self.scheduler, self.benchmark = scheduler, benchmark
+        self.split, self.k, self.seed, self.method, self.stage, self.group = split, int(k), seed, method, stage, group
+        self.task_ids = [t.task_id for t in benchmark.tasks(split)]
+
+    def _requests(self, h: Harness, round: int) -> list[RolloutRequest]:
+        self.scheduler.add_harness(h)
+        return test_requests(h, self.task_ids, self.k, seed=self.seed, split=self.split, method=self.method,
+                             round=round, stage=self.stage, group=self.group)
+
+    def _row(self, label: str, h: Harness, results: list) -> HarnessScore:
+        return summarize(label, h, results, self.task_ids, self.k, true_score=true_score(self.benchmark, h, self.split))
+
+    def rows(self, harnesses: Sequence[tuple[str, Harness]], *, round: int = 0) -> list[HarnessScore]:
+        if not self.task_ids:
+            return []
+        return [self._row(label, h, self.scheduler.run(self._requests(h, round), count_budget=False))
+                for label, h in harnesses]
+
+    async def arows(self, harnesses: Sequence[tuple[str, Harness]], *, round: int = 0) -> list[HarnessScore]:
+        if not self.task_ids:
+            return []
+        return [self._row(label, h, await self.scheduler.arun(self._requests(h, round), count_budget=False))
+                for label, h in harnesses]

@@ -1,0 +1,505 @@
+"""One mutation, run the same way for every method: MILO's mutator pool, MILO's graft
+and SSR's candidate generation all go through this module.
+
+What one mutation is:
+
+1. the agent is built from its ``_target_`` spec once per process and reused for
+   every mutation that process serves (an LLM agent holds its client, connection pool
+   and rate limiter; building one per call would throw them away). Agents are shared
+   by the threads of a process, so their ``mutate``/``graft`` must be re-entrant;
+2. the agent runs under the time cap (see "Time caps" below);
+3. the child is read back: returned by the agent, or written to
+   ``request.workdir/harness.py`` (plus extra files; a stale ``harness.py`` left in a
+   reused workdir is removed before the call);
+4. a child identical to the parent is rejected; any other child is validated in a
+   fresh subprocess (:func:`milo_ray.harness.validate.validate`);
+5. the outcome carries the child (also when invalid: MILO records rejected children),
+   the reason it cannot be used, the agent's report and its :class:`AgentUsage`.
+
+Nothing here raises for a bad agent or a bad child: a failure is an outcome.
+
+Time caps. On Ray (:func:`run_mutation_async`, :func:`run_mutations`) the body is a
+streaming task that reports when it starts and when the agent has answered; the
+caller's clock starts when the task starts (not while it waits for a CPU), and an
+agent still working at the cap has its task cancelled with ``force=True``, which
+ends the worker process and with it the hung agent and anything it was still
+spending (that spend is unknown: the outcome's ``cost_usd`` is None). Validation
+then has its own limit. Without Ray (:func:`run_mutation` called directly, or
+:func:`run_mutations` with ``use_ray=False``) the agent runs in a daemon thread
+joined with the cap; past it the call is abandoned and the agent forgotten, but the
+thread runs on until the agent returns (nothing in-process can stop it).
+
+Files on other nodes: the request names paths on the driver's filesystem (parent
+harness, evidence directory, paths in its context). When the cluster has more than
+one node, the submitting side packs them into the object store
+(:class:`ShippedFiles`); the worker unpacks them into a scratch directory and
+rewrites the request, its memory text and its context to the unpacked paths.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import json
+import shutil
+import tarfile
+import tempfile
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, Callable, Iterator, Sequence
+
+from milo_ray.agents.protocols import MutationRequest, MutationResult
+from milo_ray.agents.usage import AgentUsage
+from milo_ray.harness.model import ENTRY_FILE, Harness
+
+# After the cap (agent) or the validation limit, a Ray caller waits this much longer
+# for the task's own answer before it cancels the task: process start-up and result
+# transfer are not the agent's time.
+GRACE_S = 10.0
+
+
+@dataclass(frozen=True)
+class ValidationOptions:
+    """How children are validated: forbidden fragments (task ids and instruction
+    texts; see ``harness.validate``) and the subprocess's wall-clock limit."""
+
+    forbidden: tuple[str, ...] = ()
+    timeout_s: float = 60.0
+    enabled: bool = True
+
+
+@dataclass(frozen=True)
+class MutationOutcome:
+    """The result of one mutation.
+
+    child: the agent's output read back (also when it failed validation: MILO keeps
+        rejected children in its lineage); None when there is none.
+    error: why there is no child (agent crashed, timed out, produced nothing).
+    validation_error: why the child cannot be used (identical to the parent, or the
+        validator's one-line reason).
+    """
+
+    child: Harness | None
+    error: str | None = None
+    validation_error: str | None = None
+    report: str = ""
+    usage: AgentUsage = AgentUsage()
+
+    @property
+    def ok(self) -> bool:
+        return self.child is not None and self.error is None and self.validation_error is None
+
+    @property
+    def reason(self) -> str | None:
+        """One line saying why the child is rejected (None when it is usable)."""
+        if self.error is not None:
+            return self.error
+        if self.child is None:
+            return "no child"
+        return None if self.validation_error is None else f"validation: {self.validation_error}"
+
+
+def failed(why: str, seconds: float) -> MutationOutcome:
+    """An outcome without a child whose agent spend is unknown (timed out, lost)."""
+    return MutationOutcome(None, error=why, usage=AgentUsage(cost_usd=None, seconds=seconds, error=why))
+
+
+# --------------------------------------------------------------------------- agents per process
+
+_AGENTS: dict[str, Any] = {}
+_BUILD_LOCKS: dict[str, threading.Lock] = {}
+_REGISTRY_LOCK = threading.Lock()  # guards the two dicts only, never held while building
+
+
+def _spec_key(spec: Any) -> str | None:
+    return json.dumps(spec, sort_keys=True, default=str) if isinstance(spec, dict) else None
+
+
+def agent_for(spec: Any) -> Any:
+    """The agent of ``spec`` in this process: a ``_target_`` dict is built once and
+    reused; an already built object is used as is. Building holds only this spec's
+    lock, so a constructor that hangs blocks nobody else."""
+    key = _spec_key(spec)
+    if key is None:
+        if spec is None:
+            raise ValueError("agent spec is missing (expected a `_target_` dict under backend.agents)")
+        return spec
+    with _REGISTRY_LOCK:
+        agent = _AGENTS.get(key)
+        if agent is not None:
+            return agent
+        lock = _BUILD_LOCKS.setdefault(key, threading.Lock())
+    with lock:
+        with _REGISTRY_LOCK:
+            agent = _AGENTS.get(key)
+        if agent is None:
+            agent = _build(spec)
+            with _REGISTRY_LOCK:
+                _AGENTS[key] = agent
+        return agent
+
+
+def _build(spec: dict[str, Any]) -> Any:
+    if "_target_" not in spec:
+        raise ValueError(f"agent spec has no _target_ (keys: {sorted(spec)}); see conf/backend/*.yaml")
+    from hydra.utils import instantiate
+
+    # A pool spec may carry a display ``name`` its class does not take.
+    kwargs = {k: v for k, v in spec.items() if k != "name"} if _drops_name(spec) else spec
+    return instantiate(kwargs, _convert_="all")
+
+
+def _drops_name(spec: dict[str, Any]) -> bool:
+    if "name" not in spec:
+        return False
+    import inspect
+
+    from hydra.utils import get_class
+
+    try:
+        params = inspect.signature(get_class(spec["_target_"])).parameters
+    except Exception:
+        return False
+    return "name" not in params and not any(p.kind is p.VAR_KEYWORD for p in params.values())
+
+
+def forget_agent(spec: Any) -> None:
+    """Drop a cached agent (after a timeout its state is unknown). Never waits for a
+    constructor in progress."""
+    key = _spec_key(spec)
+    if key is not None:
+        with _REGISTRY_LOCK:
+            _AGENTS.pop(key, None)
+
+
+# --------------------------------------------------------------------------- shipping files
+
+@dataclass(frozen=True)
+class ShippedFiles:
+    """The request's directories and context files as one tar archive, for workers on
+    other nodes. ``roots`` maps an archive member to the driver path it was packed from."""
+
+    archive: bytes
+    roots: dict[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def pack(cls, request: MutationRequest) -> "ShippedFiles":
+        roots: dict[str, str] = {}
+        for name in ("parent_dir", "evidence_dir"):
+            path = Path(getattr(request, name))
+            if not path.is_dir():
+                raise ValueError(f"mutation request: {name}={path} is not a directory; nothing to ship")
+            roots[name] = str(path)
+        for key, value in request.context.items():
+            if isinstance(value, str) and (key.endswith("_dir") or key.endswith("_path")) and Path(value).exists():
+                roots[f"context.{key}/{Path(value).name}"] = value  # keeps the name: agents read suffixes
+        buf = io.BytesIO()
+        with tarfile.open(fileobj=buf, mode="w:gz") as tar:
+            for member, path in roots.items():
+                tar.add(path, arcname=member)
+        return cls(buf.getvalue(), roots)
+
+    def unpack(self, request: MutationRequest, into: Path) -> MutationRequest:
+        """The request as the worker sees it: every shipped path unpacked under ``into``
+        and every mention of a driver path (fields, memory text, context) rewritten."""
+        with tarfile.open(fileobj=io.BytesIO(self.archive), mode="r:gz") as tar:
+            tar.extractall(into, filter="data")
+        moved = {src: str(into / member) for member, src in self.roots.items()}
+
+        def rewrite(text: str) -> str:
+            for src in sorted(moved, key=len, reverse=True):  # longest first: nested paths
+                text = text.replace(src, moved[src])
+            return text
+
+        context = {k: rewrite(v) if isinstance(v, str) else v for k, v in request.context.items()}
+        return replace(request, parent_dir=into / "parent_dir", evidence_dir=into / "evidence_dir",
+                       memory_markdown=rewrite(request.memory_markdown), context=context)
+
+
+def ship_files(request: MutationRequest) -> ShippedFiles | None:
+    """Pack the request's files when workers may not see the driver's disk (more than
+    one alive node); None on one machine."""
+    import ray
+
+    alive = [n for n in ray.nodes() if n.get("Alive")]
+    return ShippedFiles.pack(request) if len(alive) > 1 else None
+
+
+# --------------------------------------------------------------------------- the body
+
+def run_mutation(spec: Any, request: MutationRequest, *, time_cap_s: float | None,
+                 validation: ValidationOptions | None = None, call: str = "mutate",
+                 shipped: ShippedFiles | None = None) -> MutationOutcome:
+    """Run one mutation in this process (see the module docstring). ``call`` names the
+    agent method: ``mutate`` (mutators, SSR's optimizer) or ``graft`` (MILO's
+    orchestrator). ``time_cap_s`` None: no in-process cap (the Ray caller enforces it)."""
+    steps = _mutation_steps(spec, request, time_cap_s=time_cap_s, validation=validation, call=call, shipped=shipped)
+    return [x for x in steps if isinstance(x, MutationOutcome)][-1]
+
+
+def _mutation_steps(spec: Any, request: MutationRequest, *, time_cap_s: float | None,
+                    validation: ValidationOptions | None, call: str,
+                    shipped: ShippedFiles | None) -> Iterator[Any]:
+    """The body as steps: ``"started"``, ``"answered"`` (the agent is done; validation
+    follows), then the :class:`MutationOutcome`."""
+    yield "started"
+    t0 = time.monotonic()
+    scratch = Path(tempfile.mkdtemp(prefix="milo-ray-mutation-")) if shipped is not None else None
+    try:
+        if shipped is not None:
+            request = shipped.unpack(request, scratch)
+        workdir = Path(request.workdir)
+        workdir.mkdir(parents=True, exist_ok=True)
+        (workdir / ENTRY_FILE).unlink(missing_ok=True)  # a re-draw reuses the workdir: no stale child
+        res, error = _call_with_cap(spec, request, call, time_cap_s)
+        seconds = time.monotonic() - t0
+        yield "answered"
+        if error is not None:
+            yield MutationOutcome(None, error=error, usage=AgentUsage(cost_usd=None, seconds=seconds, error=error))
+            return
+        usage = res.usage.with_seconds(seconds)
+        child, error = _read_child(res, request)
+        if error is not None:
+            yield MutationOutcome(None, error=error, report=res.report, usage=usage.with_error(error))
+            return
+        verdict = _validate(child, request.parent, validation or ValidationOptions())
+        yield MutationOutcome(child, validation_error=verdict, report=res.report, usage=usage)
+    finally:
+        if scratch is not None:
+            shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _call_with_cap(spec: Any, request: MutationRequest, call: str,
+                   time_cap_s: float | None) -> tuple[MutationResult | None, str | None]:
+    """The agent's answer, or why there is none."""
+    box: dict[str, Any] = {}
+
+    def target() -> None:
+        try:
+            box["res"] = getattr(agent_for(spec), call)(request)
+        except BaseException as e:  # an agent crash is a rejected child, never a crashed run
+            box["exc"] = e
+
+    if time_cap_s is None:
+        target()
+    else:
+        worker = threading.Thread(target=target, name=f"mutation-{call}", daemon=True)
+        worker.start()
+        worker.join(time_cap_s)
+        if worker.is_alive():
+            forget_agent(spec)
+            return None, f"timed out after {time_cap_s:g}s"
+    who = "graft" if call == "graft" else "mutator"
+    if "exc" in box:
+        e = box["exc"]
+        return None, f"{who} crashed: {type(e).__name__}: {e}"[:2000]
+    res = box.get("res")
+    if not isinstance(res, MutationResult):
+        return None, f"{who} returned {type(res).__name__}, not MutationResult"
+    return res, None
+
+
+def _read_child(res: MutationResult, request: MutationRequest) -> tuple[Harness | None, str | None]:
+    if res.error is not None:
+        return None, res.error
+    if res.child is not None:
+        return res.child, None
+    # The protocol allows writing the child into the workdir instead of returning it.
+    if (Path(request.workdir) / ENTRY_FILE).is_file():
+        try:
+            name = str(request.context.get("child_name") or "")
+            return Harness.from_dir(request.workdir, name=name), None
+        except Exception as e:
+            return None, f"invalid output in workdir: {e}"[:2000]
+    return None, "mutator produced no child"
+
+
+# Validation is a pure function of the harness content and the options, and a
+# subprocess start costs seconds; agents often re-propose an identical child, so
+# definite verdicts are remembered per process (a timeout or a crash of the
+# validator may be load, not the child: those are not remembered).
+_VERDICTS: dict[tuple[str, tuple[str, ...], float], str | None] = {}
+_VERDICTS_LOCK = threading.Lock()
+_TRANSIENT_CHECKS = ("timeout", "crash")
+
+
+def _validate(child: Harness, parent: Harness, options: ValidationOptions) -> str | None:
+    if child.harness_id == parent.harness_id:
+        return "duplicate: identical to the parent"
+    if not options.enabled:
+        return None
+    key = (child.harness_id, tuple(options.forbidden), float(options.timeout_s))
+    with _VERDICTS_LOCK:
+        if key in _VERDICTS:
+            return _VERDICTS[key]
+    from milo_ray.harness.validate import validate
+
+    v = validate(child, forbidden_fragments=options.forbidden, timeout_s=options.timeout_s)
+    verdict = None if v.ok else v.reason
+    if v.check not in _TRANSIENT_CHECKS:
+        with _VERDICTS_LOCK:
+            _VERDICTS[key] = verdict
+    return verdict
+
+
+# --------------------------------------------------------------------------- Ray callers
+
+def _streaming_body(spec: Any, request: MutationRequest, validation: ValidationOptions | None, call: str,
+                    shipped: ShippedFiles | None) -> Iterator[Any]:
+    yield from _mutation_steps(spec, request, time_cap_s=None, validation=validation, call=call, shipped=shipped)
+
+
+_remote_body: Any = None
+
+
+def _remote() -> Any:
+    global _remote_body
+    if _remote_body is None:
+        import ray
+
+        # No retries: a mutation is a paid agent call; a lost worker is a rejected child.
+        _remote_body = ray.remote(max_retries=0)(_streaming_body)
+    return _remote_body
+
+
+class _Flight:
+    """One mutation in flight on Ray: its stream and the caller's deadlines."""
+
+    def __init__(self, stream: Any, time_cap_s: float, validation: ValidationOptions | None) -> None:
+        self.stream = stream
+        self.cap = float(time_cap_s)
+        self.validate_s = (validation or ValidationOptions()).timeout_s
+        self.submitted = time.monotonic()
+        self.started: float | None = None
+        self.answered: float | None = None
+
+    def deadline(self) -> float:
+        """When the caller stops waiting: none while queued for a CPU; the cap once the
+        agent runs; the validation limit once it answered."""
+        if self.started is None:
+            return float("inf")
+        if self.answered is None:
+            return self.started + self.cap + GRACE_S
+        return self.answered + self.validate_s + GRACE_S
+
+    def advance(self, item: Any) -> MutationOutcome | None:
+        now = time.monotonic()
+        if item == "started":
+            self.started = now
+        elif item == "answered":
+            self.answered = now
+        elif isinstance(item, MutationOutcome):
+            return item
+        return None
+
+    def expired(self) -> MutationOutcome:
+        """Cancel the task (ending its process) and say why."""
+        import ray
+
+        ray.cancel(self.stream, force=True)
+        spent = time.monotonic() - (self.started or self.submitted)
+        if self.answered is None:
+            return failed(f"timed out after {self.cap:g}s", spent)
+        return failed(f"validation did not finish within {self.validate_s:g}s", spent)
+
+
+def _lost(e: BaseException, flight: _Flight) -> MutationOutcome:
+    return failed(f"mutation task failed: {type(e).__name__}: {e}"[:2000],
+                  time.monotonic() - (flight.started or flight.submitted))
+
+
+async def run_mutation_async(spec: Any, request: MutationRequest, *, time_cap_s: float,
+                             validation: ValidationOptions | None = None, call: str = "mutate",
+                             num_cpus: float = 1.0, shipped: ShippedFiles | None = None) -> MutationOutcome:
+    """One mutation as a Ray task, awaited under the cap (see the module docstring).
+    Cancelling the awaiting coroutine cancels the task too."""
+    if shipped is None:
+        shipped = await asyncio.to_thread(ship_files, request)
+    flight = _Flight(_remote().options(num_cpus=num_cpus).remote(spec, request, validation, call, shipped),
+                     time_cap_s, validation)
+    try:
+        while True:
+            timeout = flight.deadline() - time.monotonic()
+            try:
+                ref = await asyncio.wait_for(flight.stream.__anext__(), timeout=None if timeout == float("inf")
+                                             else max(0.0, timeout))
+                out = flight.advance(await ref)
+            except asyncio.TimeoutError:
+                return flight.expired()
+            except StopAsyncIteration:
+                return failed("mutation task ended without an outcome", time.monotonic() - flight.submitted)
+            if out is not None:
+                return out
+    except asyncio.CancelledError:
+        import ray
+
+        ray.cancel(flight.stream, force=True)
+        raise
+    except Exception as e:  # the worker died: the child is rejected
+        return _lost(e, flight)
+
+
+def run_mutations(spec: Any, requests: Sequence[MutationRequest], *, time_cap_s: float,
+                  validation: ValidationOptions | None = None, max_concurrent: int = 4, num_cpus: float = 1.0,
+                  use_ray: bool | None = None,
+                  on_done: Callable[[int, MutationOutcome], None] | None = None) -> list[MutationOutcome]:
+    """Several mutations in parallel (Ray tasks when connected to Ray, else threads;
+    ``use_ray`` forces the choice), each under the cap; outcomes in ``requests``
+    order. ``on_done(i, outcome)`` is called on the caller's thread as each finishes."""
+    if not requests:
+        return []
+    import ray
+
+    if not (ray.is_initialized() if use_ray is None else use_ray):
+        return _run_in_threads(spec, requests, time_cap_s=time_cap_s, validation=validation,
+                               max_concurrent=max_concurrent, on_done=on_done)
+    body = _remote().options(num_cpus=num_cpus)
+    spec_ref = ray.put(spec)
+    results: dict[int, MutationOutcome] = {}
+    flights: dict[int, _Flight] = {}
+    queue = list(enumerate(requests))
+
+    def finish(i: int, out: MutationOutcome) -> None:
+        results[i] = out
+        flights.pop(i)
+        if on_done is not None:
+            on_done(i, out)
+
+    while queue or flights:
+        while queue and len(flights) < max_concurrent:
+            i, req = queue.pop(0)
+            flights[i] = _Flight(body.remote(spec_ref, req, validation, "mutate", ship_files(req)), time_cap_s,
+                                 validation)
+        streams = [f.stream for f in flights.values()]
+        wait_s = min(f.deadline() for f in flights.values()) - time.monotonic()
+        ray.wait(streams, num_returns=1, timeout=None if wait_s == float("inf") else max(0.0, wait_s))
+        ready, _ = ray.wait(streams, num_returns=len(streams), timeout=0)  # everything ready by now
+        for i, f in list(flights.items()):
+            if any(r is f.stream for r in ready):
+                try:
+                    out = f.advance(ray.get(next(f.stream)))
+                except StopIteration:
+                    out = failed("mutation task ended without an outcome", time.monotonic() - f.submitted)
+                except Exception as e:  # the worker died: this child is lost, the others go on
+                    out = _lost(e, f)
+                if out is not None:
+                    finish(i, out)
+            elif time.monotonic() >= f.deadline():
+                finish(i, f.expired())
+    return [results[i] for i in range(len(requests))]
+
+
+def _run_in_threads(spec: Any, requests: Sequence[MutationRequest], *, time_cap_s: float,
+                    validation: ValidationOptions | None, max_concurrent: int,
+                    on_done: Callable[[int, MutationOutcome], None] | None) -> list[MutationOutcome]:
+    with ThreadPoolExecutor(max_workers=max(1, min(max_concurrent, len(requests)))) as pool:
+        futs = [pool.submit(run_mutation, spec, r, time_cap_s=time_cap_s, validation=validation) for r in requests]
+        out = []
+        for i, f in enumerate(futs):
+            out.append(f.result())
+            if on_done is not None:
+                on_done(i, out[-1])
+        return out

@@ -1,0 +1,96 @@
+"""The shared end-of-run services: the final test is outside the budget and scores
+each harness on every test task k times; ground truth comes from the benchmark when
+it has one; harness rows are written once per key, also across a resume."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from milo_ray.execution.types import RolloutResult
+from milo_ray.harness.model import Harness
+from milo_ray.search.final_test import FinalTest, true_quality, true_score
+from milo_ray.search.recording import HarnessRecorder
+from milo_ray.store.memory import MemoryRunStore
+
+A = Harness.from_source("def build_agent(model, backend):\n    return 'a'\n", name="a")
+B = Harness.from_source("def build_agent(model, backend):\n    return 'b'\n", name="b")
+
+
+class Task:
+    def __init__(self, task_id):
+        self.task_id = task_id
+
+
+class Bench:
+    """Three test tasks; no ground truth."""
+
+    def tasks(self, split):
+        return [Task(f"{split}-{i}") for i in range(3)]
+
+
+class TruthBench(Bench):
+    def true_quality(self, harness, split):
+        return {"score": 0.75 if harness.name == "a" else 0.25}
+
+
+class Sched:
+    """Scores 1 for harness a, 0 for b; remembers what it was asked and how."""
+
+    def __init__(self):
+        self.calls, self.added = [], []
+
+    def add_harness(self, h):
+        self.added.append(h.harness_id)
+
+    def run(self, reqs, *, count_budget=True):
+        self.calls.append((list(reqs), count_budget))
+        return [RolloutResult(r.harness_id, r.task_id, r.rollout_idx, 1.0 if r.harness_id == A.harness_id else 0.0)
+                for r in reqs]
+
+    async def arun(self, reqs, *, count_budget=True):
+        return self.run(reqs, count_budget=count_budget)
+
+
+def test_final_test_runs_every_task_k_times_outside_the_budget():
+    sched = Sched()
+    ft = FinalTest(sched, TruthBench(), split="test", k=2, seed=7, method="ssr", stage="test", group="g")
+    rows = ft.rows([("final", A), ("initial", B)], round=3)
+    assert [r.name for r in rows] == ["final", "initial"]
+    assert [r.pr_at_k for r in rows] == [1.0, 0.0]
+    assert [r.true_score for r in rows] == [0.75, 0.25]
+    assert sched.added == [A.harness_id, B.harness_id]
+    for reqs, counted in sched.calls:
+        assert counted is False
+        assert len(reqs) == 6 and {(r.task_id, r.rollout_idx) for r in reqs} == {
+            (f"test-{i}", j) for i in range(3) for j in range(2)}
+        assert {(r.split, r.stage, r.group, r.round, r.seed, r.method) for r in reqs} == {("test", "test", "g", 3, 7, "ssr")}
+    assert [r.pr_at_k for r in asyncio.run(ft.arows([("x", A)]))] == [1.0]
+
+
+def test_ground_truth_only_where_the_benchmark_has_it():
+    assert true_quality(Bench(), A, "test") is None and true_score(Bench(), A, "test") is None
+    assert true_score(TruthBench(), B, "test") == 0.25
+    rows = FinalTest(Sched(), Bench(), split="test", k=1, seed=0, method="m").rows([("a", A)])
+    assert rows[0].true_score is None
+
+
+def test_recorder_writes_each_key_once_and_remembers_across_resume():
+    store = MemoryRunStore(run_id="r")
+    per_round = HarnessRecorder(store, key=lambda row: (row["harness_id"], row["round"]), resumed=False)
+    assert per_round.record(A, round=0, origin="seed") is True
+    assert per_round.record(A, round=0, origin="seed") is False
+    assert per_round.record(A, round=1, origin="ssr_candidate") is True
+    again = HarnessRecorder(store, key=lambda row: (row["harness_id"], row["round"]), resumed=True)
+    assert again.record(A, round=1, origin="ssr_candidate") is False and (A.harness_id, 0) in again
+    rows = store.read("harnesses").to_pylist()
+    assert len(rows) == 2
+    assert store.get_blob(rows[0]["source_ref"]) is not None
+    once = HarnessRecorder(store)  # default key: the harness id
+    assert once.record(B, origin="seed") is True and once.record(A, origin="seed") is False
+
+
+def test_final_test_refuses_zero_rollouts_per_task():
+    with pytest.raises(ValueError, match="k=0"):
+        FinalTest(Sched(), Bench(), split="test", k=0, seed=0, method="m")
