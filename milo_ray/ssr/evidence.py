@@ -54,6 +54,7 @@ class ExperienceRecord:
     attempts: int = 0
     embedding: np.ndarray | None = None
     usage: list[AgentUsage] = field(default_factory=list)  # one per judge call (re-asks included)
+    embedder: str | None = None  # the model that actually embedded ``text``
 
     @property
     def ok(self) -> bool:
@@ -85,7 +86,7 @@ class ExperienceRecord:
             "w": self.w, "a": self.a, "u": self.u, "q": self.q, "summary": self.summary,
             "suggestions": list(self.suggestions),
             "embedding": None if self.embedding is None else [float(x) for x in self.embedding],
-            "judge_error": self.judge_error, "trace_ref": self.trace_ref,
+            "judge_error": self.judge_error, "trace_ref": self.trace_ref, "embedder": self.embedder,
         }
 
 
@@ -156,6 +157,7 @@ def embed_records(records: Sequence[ExperienceRecord], embedder: Any) -> int:
         raise ValueError(f"embedder returned {Z.shape[0]} rows for {len(todo)} texts")
     for r, z in zip(todo, Z):
         r.embedding = z
+        r.embedder = embedder.model_name
     return len(todo)
 
 

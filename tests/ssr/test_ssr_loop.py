@@ -62,6 +62,10 @@ def test_ssr_end_to_end_within_budget(tmp_path, ray_local):
     experience = store.read("experience").to_pylist()
     assert len([e for e in experience if e["round"] == 0]) == 12
     assert all(e["judge_error"] or 0 <= e["w"] <= 1 for e in experience)
+    # Each embedded record names the model that embedded it.
+    from milo_ray.agents.embedder import HashingEmbedder
+
+    assert {e["embedder"] for e in experience if e["embedding"] is not None} == {HashingEmbedder(dim=64).model_name}
     kinds = [e["kind"] for e in store.read("events").to_pylist()]
     for k in ("ssr.refresh", "ssr.candidates", "ssr.stage", "ssr.stage_result", "ssr.selection", "ssr.stop"):
         assert k in kinds
