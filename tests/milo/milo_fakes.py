@@ -57,3 +57,17 @@ class ScriptedOrchestrator(OfflineOrchestrator):
 
 # Named scripts (Hydra configs cannot carry callables); tests register theirs here.
 SCRIPTS: dict[str, list[Any]] = {}
+
+
+class TokenMutator(AddMechanismMutator):
+    """An :class:`AddMechanismMutator` that reports ``tokens`` output tokens per call
+    (a known spend for per-role cap tests)."""
+
+    def __init__(self, personality: str = "plain", tokens: int = 1000) -> None:
+        super().__init__(personality)
+        self.tokens = int(tokens)
+
+    def mutate(self, req: MutationRequest) -> MutationResult:
+        from dataclasses import replace
+
+        return replace(super().mutate(req), output_tokens=self.tokens)
