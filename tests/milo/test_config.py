@@ -123,3 +123,24 @@ def test_first_spec_names_the_pools_first_spec_and_refuses_ambiguity():
         MiloConfig().for_run(_surrogate(), {**agents, "mutators": pool})
     with pytest.raises(ValueError, match="method.default_mutator='nobody'"):
         MiloConfig(default_mutator="nobody").for_run(_surrogate(), agents)
+
+
+@pytest.mark.parametrize("exp", ["milo_tb21", "milo_deepswe", "milo_swepro"])
+def test_paper_experiment_budgets_fit_thirty_rounds_per_island(exp):
+    """The paper's dynamics (grafts at rounds 15 and 21, its best harness at round 27)
+    need 30 rounds per founding island: the execution budget covers the seeds and 30
+    rounds of every island whose every child is evaluated and admitted."""
+    from milo_ray.benchmarks.surrogate import SurrogateBenchmark
+
+    c = _compose(f"+experiment={exp}")
+    m = c.method
+    bench = SurrogateBenchmark(preset=c.benchmark.preset, seed=0)
+    cfg = MiloConfig(**{k: v for k, v in dict(m).items() if k != "_target_"}).for_run(
+        bench, {"mutators": OFFLINE_POOL, "orchestrator": {"_target_": "x"}})
+    b_search = m.search_size or len(bench.tasks(cfg.search_split))
+    b_val = m.val_size or len(bench.tasks(cfg.val_split))
+    child, admitted = b_search * m.k_search, b_val * m.k_val
+    seeds, K = len(cfg.seed_harnesses(bench)), min(m.num_islands, len(m.seeds))
+    need = seeds * child + K * admitted + K * 30 * (child + admitted)
+    budget = c.run.budget.executions
+    assert budget is not None and budget >= need, (exp, budget, need)
