@@ -26,6 +26,11 @@ def ray_local():
     from milo_ray.execution.cluster import start_local
 
     if not ray.is_initialized():
+        # Ray workers build agents from ``_target_`` specs, some of them test fakes
+        # (tests/milo/milo_fakes.py, tests/ssr/...): workers inherit this path.
+        here = os.path.dirname(os.path.abspath(__file__))
+        extra = [os.path.join(here, d) for d in ("milo", "ssr")]
+        os.environ["PYTHONPATH"] = os.pathsep.join(extra + [p for p in [os.environ.get("PYTHONPATH")] if p])
         start_local(num_cpus=2, slots=8, configure_logging=False)
     yield ray
     ray.shutdown()

@@ -138,3 +138,12 @@ def _info(*, started_here: bool) -> ClusterInfo:
         cpus=float(totals.get("CPU", 0.0)),
         slots=float(totals.get(SLOT_RESOURCE, 0.0)),
     )
+
+
+def driver_node() -> Any:
+    """A scheduling strategy that places an actor on this (the driver's) node: for
+    actors that read the driver's disk."""
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    return NodeAffinitySchedulingStrategy(node_id=ray.get_runtime_context().get_node_id(), soft=False)

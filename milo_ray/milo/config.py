@@ -8,8 +8,14 @@ paper (papers/000 §4, App. A.1). The A.5 ablation ladder is expressed with
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
-from typing import Any, Optional
+from dataclasses import dataclass, field, replace
+from typing import Any, List, Optional
+
+# ``default_mutator`` value meaning "the first spec of the backend's pool" (App. A.1:
+# every island starts with the pool's first agent; the orchestrator may reassign).
+FIRST_SPEC = "first"
+# The three expert-designed seeds every search in papers/000 starts from (B10-B12).
+EXPERT_SEEDS: tuple[str, ...] = ("division_of_labor", "plan_and_solve", "reproduce_first")
 
 
 @dataclass
@@ -26,9 +32,17 @@ class MiloConfig:
     token_cap / seconds_cap: per-task cost caps c_i of the fitness economy axes.
     max_moves: most orchestrator moves per intervention.
     island_concurrency: concurrent rollouts per island (scheduler group limit).
+    seeds: names of the benchmark's seed harnesses the run starts from, in this order
+        (the K most behavior-dissimilar of them found the islands). Default: the three
+        expert seeds every search of papers/000 starts from (division_of_labor,
+        plan_and_solve, reproduce_first = B10-B12); an empty list: every seed the
+        benchmark offers. An unknown name is refused before the run writes anything.
     pool_size: use the first N mutator specs of the backend's pool (None: all of them;
         more than the pool holds is refused).
-    default_mutator: give every island this mutator initially (None: uniform random).
+    default_mutator: m^(1), every island's initial mutator: ``"first"`` = the first spec
+        of the (pool_size-limited) pool on every island, as the paper's experiments run
+        (App. A.1: every island starts with the pool's first agent); a spec name = that
+        spec on every island; None = a uniform random spec per island (§4.1.2's rule).
     mutation_time_cap_s: cap of one mutation or graft (timeout -> rejected child).
     mutator_concurrency: concurrent mutations per mutator spec.
     mutation_num_cpus: CPUs reserved by each mutation's Ray task.
@@ -45,8 +59,11 @@ class MiloConfig:
         "flat" (admitted harnesses and scores only).
     parent_selection: "softmax" (eta/T) or "best" (highest search accuracy).
     orchestrator: call the orchestrator on stalls (False: stalls are only recorded).
-    round_sync: islands advance in lock-step rounds (fully reproducible) instead of
-        free-running (the paper; an island never waits for a slower one).
+    round_sync: islands advance in lock-step rounds: every island runs round r, then the
+        orchestrator may intervene, then round r+1 (Algorithm 1's round structure; fully
+        reproducible). False: free-running islands, each starting its next round as soon
+        as its last one closed (an island never waits for a slower one; faster on
+        uneven mutation times, not reproducible from the seed alone).
     validate_timeout_s: timeout of a child's validation subprocess.
     final_candidates: evaluate this many best harnesses (by held-out score, one per
         island first) on the test split.
@@ -64,8 +81,9 @@ class MiloConfig:
     seconds_cap: float = 7_200
     max_moves: int = 2
     island_concurrency: int = 8
+    seeds: List[str] = field(default_factory=lambda: list(EXPERT_SEEDS))
     pool_size: Optional[int] = None
-    default_mutator: Optional[str] = None
+    default_mutator: Optional[str] = FIRST_SPEC
     mutation_time_cap_s: float = 2_700
     mutator_concurrency: int = 8
     mutation_num_cpus: float = 0.25
@@ -79,7 +97,7 @@ class MiloConfig:
     memory: str = "lineage"
     parent_selection: str = "softmax"
     orchestrator: bool = True
-    round_sync: bool = False
+    round_sync: bool = True
     validate_timeout_s: float = 60.0
     final_candidates: int = 1
 
@@ -111,6 +129,10 @@ class MiloConfig:
         for f in ("search_size", "val_size"):
             if getattr(self, f) is not None and getattr(self, f) < 1:
                 bad(f, "must be >= 1 or null")
+        if isinstance(self.seeds, str) or not all(isinstance(x, str) and x for x in self.seeds):
+            bad("seeds", "expected a list of seed harness names ([] for all of the benchmark's seeds)")
+        if len(set(self.seeds)) != len(self.seeds):
+            bad("seeds", "names a seed more than once")
 
     def for_run(self, benchmark: Any, agents: dict[str, Any]) -> "MiloConfig":
         """This config checked against the run's benchmark and backend, its splits
@@ -137,6 +159,28 @@ class MiloConfig:
         from milo_ray.milo.mutator_pool import spec_names  # imports Ray: keep it off config loading
 
         names = spec_names(pool[: self.pool_size])
-        if self.default_mutator is not None and self.default_mutator not in names:
-            raise ValueError(f"method.default_mutator={self.default_mutator!r}: not in the pool {names}")
+        if self.default_mutator == FIRST_SPEC:
+            if FIRST_SPEC in names[1:]:
+                raise ValueError(f"method.default_mutator={FIRST_SPEC!r} is ambiguous: the pool {names} has a spec "
+                                 f"named {FIRST_SPEC!r} that is not its first; name the spec you mean")
+            resolved = replace(resolved, default_mutator=names[0])
+        elif self.default_mutator is not None and self.default_mutator not in names:
+            raise ValueError(f"method.default_mutator={self.default_mutator!r}: not in the pool {names} "
+                             f"(or {FIRST_SPEC!r} for its first spec, null for a random spec per island)")
+        self.seed_harnesses(benchmark)
         return resolved
+
+    def seed_harnesses(self, benchmark: Any) -> list[Any]:
+        """The seed harnesses this run starts from (``seeds`` in order; all when empty);
+        ``ValueError`` names ``method.seeds`` and the benchmark's seeds when one is unknown."""
+        offered = list(benchmark.seed_harnesses())
+        by_name = {h.name: h for h in offered}
+        if not self.seeds:
+            if not offered:
+                raise ValueError(f"benchmark {getattr(benchmark, 'name', '?')}: no seed harnesses")
+            return offered
+        unknown = [s for s in self.seeds if s not in by_name]
+        if unknown:
+            raise ValueError(f"method.seeds: unknown seed harness(es) {unknown}; benchmark "
+                             f"{getattr(benchmark, 'name', '?')} offers {sorted(by_name)} ([] for all of them)")
+        return [by_name[s] for s in self.seeds]

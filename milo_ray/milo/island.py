@@ -1,12 +1,13 @@
 """One MILO island (papers/000 §4.2): its lineage tree, admitted set H_j^+, parent
 selection, admission verdicts and held-out stall counter.
 
-Owns :class:`Island`, a plain object with no Ray or I/O (unit-tested directly), and
-:class:`IslandActor`, the thin Ray shell the loop drives (one actor per island,
-typed methods, small arguments). The island *decides* (which parent, admitted or
-not); the loop *carries out* (mutation, evaluation, events). Every state change of
-an island is the application of one ``events`` row, so the driver can rebuild an
-island after a crash by replaying them.
+Owns :class:`Island`, a plain object with no Ray or I/O (unit-tested directly). The
+island *decides* (which parent, admitted or not); the loop *carries out* (mutation,
+evaluation, events). Islands live in :class:`milo_ray.milo.state.MiloState` on the
+driver and change only by the application of ``events`` rows, so replaying the store
+rebuilds them exactly. Their work (a Pareto check, a softmax over a few dozen nodes,
+rendering a tree) is microseconds next to a rollout; a Ray actor per island would
+only add a second copy of the state to keep in step.
 """
 
 from __future__ import annotations
@@ -15,7 +16,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-import ray
 
 from milo_ray.kernels.hypervolume import delta_hv
 from milo_ray.kernels.pareto import admits, dominates, sample_parent, selection_scores
@@ -49,14 +49,14 @@ class Island:
         self.best_val_node: str | None = None
 
     # --- lineage ---------------------------------------------------------------------
-    def add_node(self, node: dict[str, Any]) -> None:
-        self.lineage.add(LineageNode.from_dict(node))
+    def add_node(self, node: LineageNode | dict[str, Any]) -> None:
+        self.lineage.add(node if isinstance(node, LineageNode) else LineageNode.from_dict(node))
 
-    def node(self, node_id: str) -> dict[str, Any]:
-        return self.lineage.node(node_id).to_dict()
+    def node(self, node_id: str) -> LineageNode:
+        return self.lineage.node(node_id)
 
-    def nodes(self) -> list[dict[str, Any]]:
-        return [n.to_dict() for n in self.lineage]
+    def nodes(self) -> list[LineageNode]:
+        return self.lineage.nodes()
 
     def relabel(self, node_id: str, changes: dict[str, Any]) -> None:
         self.lineage.update(node_id, **changes)
@@ -64,6 +64,9 @@ class Island:
     def find(self, key: str) -> str | None:
         n = self.lineage.find(key)
         return None if n is None else n.node_id
+
+    def is_root(self, node_id: str) -> bool:
+        return any(r.node_id == node_id for r in self.lineage.roots())
 
     # --- admission (§4.2 stage 4, Eq. 7) ----------------------------------------------
     def _admitted_matrix(self) -> tuple[list[LineageNode], np.ndarray]:
@@ -141,34 +144,33 @@ class Island:
     def set_progress(self, rounds_done: int, stall: int) -> None:
         self.rounds_done, self.stall = int(rounds_done), int(stall)
 
-    def best(self) -> dict[str, Any] | None:
+    def best(self) -> LineageNode | None:
         """The island's best admitted harness: highest held-out score, then search accuracy."""
         adm = [n for n in self.lineage.admitted() if n.evaluated]
         if not adm:
             return None
-        n = max(adm, key=lambda n: (n.val_accuracy if n.val_accuracy is not None else -1.0, n.accuracy or 0.0))
-        return n.to_dict()
+        return max(adm, key=lambda n: (n.val_accuracy if n.val_accuracy is not None else -1.0, n.accuracy or 0.0))
 
     # --- speciation --------------------------------------------------------------------
-    def detach_subtree(self, node_id: str) -> list[dict[str, Any]]:
+    def detach_subtree(self, node_id: str) -> list[LineageNode]:
         if node_id not in self.lineage:
             raise ValueError(f"island {self.island} has no node {node_id!r} to speciate")
-        if any(r.node_id == node_id for r in self.lineage.roots()):
+        if self.is_root(node_id):
             raise ValueError(f"node {node_id!r} is a root of island {self.island}; speciate a descendant")
-        moved = [n.to_dict() for n in self.lineage.detach_subtree(node_id)]
+        moved = self.lineage.detach_subtree(node_id)
         if self.best_val_node is not None and self.best_val_node not in self.lineage:
             vals = [(n.val_accuracy, n.node_id) for n in self.lineage.admitted() if n.val_accuracy is not None]
             self.best_val, self.best_val_node = max(vals) if vals else (None, None)
         return moved
 
-    def adopt_subtree(self, nodes: list[dict[str, Any]]) -> None:
-        """Seed this (new) island with a moved subtree; its root becomes admitted here,
-        since the dominating lineage it was crowded out by stays behind."""
-        for i, d in enumerate(nodes):
-            n = LineageNode.from_dict(d)
+    def adopt_subtree(self, nodes: list[LineageNode]) -> None:
+        """Seed this (new) island with a moved subtree (the nodes become this island's);
+        its root becomes admitted here, since the dominating lineage it was crowded out
+        by stays behind."""
+        for i, n in enumerate(nodes):
             if i == 0:
                 n.admitted = True
-                n.verdict_reason = f"admitted: speciated from island {d['island']}"
+                n.verdict_reason = f"admitted: speciated from island {n.island}"
             self.lineage.add(n)
         for n in self.lineage.admitted():
             if n.val_accuracy is not None and (self.best_val is None or n.val_accuracy > self.best_val):
@@ -179,11 +181,12 @@ class Island:
         children = [n for n in self.lineage if n.origin in ("mutation", "graft")]
         roots = {n.node_id for n in self.lineage.roots()}
         last = children[-recent:]
+        best = self.best()
         return {
             "island": self.island,
             "stall": self.stall,
             "rounds_done": self.rounds_done,
-            "best": self.best(),
+            "best": None if best is None else best.to_dict(),
             "best_val": self.best_val,
             "n_nodes": len(self.lineage),
             "n_admitted": len(self.lineage.admitted()),
@@ -210,59 +213,3 @@ class Island:
         if memory == "flat":
             return render_flat_archive(self.lineage)
         return render_island(self.lineage, mutator=mutator, stall=self.stall, best_val=self.best_val)
-
-
-@ray.remote(num_cpus=0)
-class IslandActor:
-    """Ray shell around :class:`Island`: one actor per island, explicit small calls."""
-
-    def __init__(self, island: int, eps: float, temperature: float) -> None:
-        self._island = Island(island, eps=eps, temperature=temperature)
-
-    def add_node(self, node: dict) -> None:
-        self._island.add_node(node)
-
-    def relabel(self, node_id: str, changes: dict) -> None:
-        self._island.relabel(node_id, changes)
-
-    def node(self, node_id: str) -> dict:
-        return self._island.node(node_id)
-
-    def nodes(self) -> list:
-        return self._island.nodes()
-
-    def find(self, key: str) -> str | None:
-        return self._island.find(key)
-
-    def is_root(self, node_id: str) -> bool:
-        return any(r.node_id == node_id for r in self._island.lineage.roots())
-
-    def judge(self, fitness: list) -> Verdict:
-        return self._island.judge(fitness)
-
-    def select_parent(self, seed: int, mode: str) -> str:
-        return self._island.select_parent(seed, mode)
-
-    def record_val(self, node_id: str, val_accuracy: float) -> bool:
-        return self._island.record_val(node_id, val_accuracy)
-
-    def set_progress(self, rounds_done: int, stall: int) -> None:
-        self._island.set_progress(rounds_done, stall)
-
-    def progress(self) -> tuple[int, int]:
-        return self._island.rounds_done, self._island.stall
-
-    def best(self) -> dict | None:
-        return self._island.best()
-
-    def detach_subtree(self, node_id: str) -> list:
-        return self._island.detach_subtree(node_id)
-
-    def adopt_subtree(self, nodes: list) -> None:
-        self._island.adopt_subtree(nodes)
-
-    def summary(self, recent: int) -> dict:
-        return self._island.summary(recent)
-
-    def render(self, memory: str, mutator: str | None) -> str:
-        return self._island.render(memory=memory, mutator=mutator)

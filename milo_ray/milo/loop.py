@@ -1,42 +1,44 @@
 """MILO's evolution loop (papers/000 Algorithm 1, §4.2) as the ``milo`` method.
 
 Owns :class:`MiloMethod` (the ``Method`` the entry point runs) and :class:`MiloRun`,
-the driver of one run: initialization from the seeds, islands advancing as asyncio
-coroutines on the driver (an island never waits for a slower island's mutation), the
-wall-clock and budget stops, and the final test evaluation.
+the driver of one run: initialization from the seeds, the rounds (lock-step, or
+free-running islands as asyncio coroutines), when the orchestrator is called, the
+time, budget and per-role agent caps, and the final test evaluation.
 
-State changes are event-sourced: every change of an island, the assignment or the
-curriculum is one ``events`` row (``milo.*``) written first and then applied by
-:meth:`MiloRun.apply`; resuming replays the same rows through the same method, so the
-store is the single source of truth and the actors are caches. Orchestrator moves
-live in :mod:`milo_ray.milo.orchestrator`; reproducibility in
-:mod:`milo_ray.search.seeds`.
+State is a projection of events (DESIGN §5.11): every change is one typed event
+(:mod:`milo_ray.milo.events`) that :meth:`MiloRun.emit` appends to the store and
+applies to :class:`~milo_ray.milo.state.MiloState`; resuming applies the stored
+events, in order, through the same ``apply``. Children are handled in
+:mod:`milo_ray.milo.children`, orchestrator moves in
+:mod:`milo_ray.milo.orchestrator`; both see the run as a
+:class:`~milo_ray.milo.view.PopulationView`.
 """
 
 from __future__ import annotations
 
 import asyncio
-import copy
+import json
 import logging
-import shutil
 import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from milo_ray.agents.protocols import MutationRequest, MutationResult
 from milo_ray.context import RunContext
 from milo_ray.execution.budget import BudgetExceeded
+from milo_ray.execution.cluster import driver_node
 from milo_ray.harness.model import Harness
 from milo_ray.kernels.pareto import most_dissimilar
+from milo_ray.milo.children import admit_child, eval_search, heldout, mutation_request
 from milo_ray.milo.config import MiloConfig
-from milo_ray.search.seeds import derive_seed
-from milo_ray.milo.evaluate import (Evaluation, empty_dir, evaluate, write_evidence, write_harness_dir,
-                                   write_request_record)
-from milo_ray.milo.island import IslandActor
+from milo_ray.milo.events import Init, MiloEvent, Progress, RoleBudget, SeedScore, Step, Stopped, decode
 from milo_ray.milo.lineage import LineageNode
 from milo_ray.milo.mutator_pool import MutatorPool, MutatorPoolActor
+from milo_ray.milo.records import build_node, record_node, write_missing_rows
+from milo_ray.milo.state import MiloState
+from milo_ray.search.mutation import MutationOutcome, ValidationOptions
+from milo_ray.search.seeds import derive_seed
 
 log = logging.getLogger(__name__)
 
@@ -53,7 +55,8 @@ class MiloMethod:
         self.cfg.check()
 
     def preflight(self, benchmark: Any, agents: dict[str, Any]) -> None:
-        """Refuse a benchmark or backend this config cannot run on (before anything is written)."""
+        """Refuse a benchmark, backend or seed list this config cannot run on (before
+        anything is written)."""
         self.cfg.for_run(benchmark, agents)
 
     def run(self, ctx: RunContext) -> dict[str, Any]:
@@ -64,7 +67,7 @@ class MiloMethod:
 
 
 class MiloRun:
-    """One MILO run on the driver."""
+    """One MILO run on the driver (a :class:`~milo_ray.milo.view.PopulationView`)."""
 
     def __init__(self, cfg: MiloConfig, ctx: RunContext) -> None:
         agents = ctx.agents or {}
@@ -72,45 +75,32 @@ class MiloRun:
         self.cfg, self.ctx = cfg, ctx
         self.store, self.sched, self.bench = ctx.store, ctx.scheduler, ctx.benchmark
         self.run_dir = Path(ctx.run_dir)
-        self.caps = (float(cfg.token_cap), float(cfg.seconds_cap))
+        self.seeds: list[Harness] = cfg.seed_harnesses(ctx.benchmark)
         specs = list(agents.get("mutators") or [])[: cfg.pool_size]
         self.pool_plain = MutatorPool(specs, time_cap_s=cfg.mutation_time_cap_s, max_concurrent=cfg.mutator_concurrency)
-        self.pool = MutatorPoolActor.remote(specs, cfg.mutation_time_cap_s, cfg.mutator_concurrency,
-                                                      cfg.mutation_num_cpus)
+        self.pool_names: list[str] = list(self.pool_plain.names)
+        tasks_all = [t for split in self.bench.splits().values() for t in split]
+        self.forbidden = tuple(sorted({t.task_id for t in tasks_all} | {t.instruction for t in tasks_all if t.instruction}))
+        self.validation = ValidationOptions(self.forbidden, float(cfg.validate_timeout_s))
+        # On the driver's node: the actor packs each request's files (read from the
+        # driver's disk) for mutation tasks that may run elsewhere.
+        self.pool = MutatorPoolActor.options(scheduling_strategy=driver_node()).remote(
+            specs, cfg.mutation_time_cap_s, cfg.mutator_concurrency, cfg.mutation_num_cpus, self.validation)
         self.orch_spec = agents.get("orchestrator")
         self._orchestrator: Any = None
-        # Mirrors of the event-sourced state the driver needs without an actor round trip.
-        self.islands: dict[int, Any] = {}
-        self.progress: dict[int, tuple[int, int]] = {}
-        self.assignment: dict[int, str] = {}
-        self.search_tasks: list[str] = []
-        self.val_tasks: list[str] = []
-        self.task_pool: list[str] = []
-        self.version = 0
-        self.decisions: dict[str, dict[str, Any]] = {}
-        self.moves_done: dict[str, set[int]] = {}
-        self.decisions_done: set[str] = set()
-        self.last_intervention: dict[int, int] = {}  # island -> rounds_done when it last triggered the orchestrator
-        self.mutator_stats: dict[str, dict[str, int]] = {}
-        self.node_index: dict[str, tuple[int, dict[str, Any]]] = {}  # node_id -> (island, node dict)
-        self.recorded_nodes: dict[str, dict[str, Any]] = {}  # node_id -> the node as its milo.node event recorded it
-        self.val_gain: dict[str, bool] = {}  # node_id -> whether its held-out score was a new island best
-        self.init_members: dict[int, list[tuple[str, int]]] = {}  # island -> (seed node id, seed index)
-        self.speciations: dict[tuple[str, int], tuple[int, str]] = {}  # (decision, move) -> (new island, root)
-        self.last_step: dict[int, int] = {}  # lock-step: island -> the round its latest step runs
-        self.harnesses: dict[str, Harness] = {}
-        self.seed_scores: list[dict[str, Any]] = []
+        self.state = MiloState(eps=cfg.eps, temperature=cfg.temperature)
+        self.harnesses: dict[str, Harness] = {}  # harness id -> source (a cache of the store's blobs)
+        self._grouped: set[int] = set()  # islands whose scheduler group limit is set
         self.stop = False
         self.stop_reason = ""
         self.lock = asyncio.Lock()  # curriculum changes vs. admissions
         self.orch_lock = asyncio.Lock()  # one orchestrator intervention at a time
         self._tasks: dict[int, asyncio.Task] = {}
-        tasks_all = [t for split in self.bench.splits().values() for t in split]
-        self.forbidden = tuple(sorted({t.task_id for t in tasks_all} | {t.instruction for t in tasks_all if t.instruction}))
 
     # ------------------------------------------------------------------ events
-    async def emit(self, kind: str, payload: dict[str, Any], *, island: int | None = None, round: int | None = None,
-                   harness_id: str | None = None) -> None:
+    def emit(self, event: MiloEvent, *, island: int | None = None, round: int | None = None,
+             harness_id: str | None = None) -> None:
+        """The one way state changes: store the event, then apply it."""
         cols: dict[str, Any] = {}
         if island is not None:
             cols["island"] = int(island)
@@ -118,200 +108,70 @@ class MiloRun:
             cols["round"] = int(round)
         if harness_id:
             cols["harness_id"] = harness_id
-        self.store.event(kind, payload, **cols)
-        await self.apply(kind, payload)
+        self.store.event(event.kind, event.to_payload(), **cols)
+        self._apply(event)
 
-    async def apply(self, kind: str, p: dict[str, Any]) -> None:
-        """Apply one ``milo.*`` event to the islands, the pool and the mirrors."""
-        if kind == "milo.init":
-            self.search_tasks, self.val_tasks, self.task_pool = list(p["search_tasks"]), list(p["val_tasks"]), list(p["task_pool"])
-            self.seed_scores = list(p.get("seeds", []))
-            self.init_members = {int(j): [(str(nid), int(i)) for nid, i in m] for j, m in p.get("members", {}).items()}
-            for j in p["islands"]:
-                await self._new_island(int(j))
-            for j, m in p["assignment"].items():
-                await self._assign(int(j), m)
-        elif kind == "milo.node":
-            n = p["node"]
-            self.recorded_nodes[n["node_id"]] = copy.deepcopy(n)  # as recorded; node_index's copy is updated later
-            await self.islands[n["island"]].add_node.remote(n)
-            self.node_index[n["node_id"]] = (n["island"], n)
-            if n["origin"] in ("mutation", "graft") and n.get("mutator"):
-                st = self.mutator_stats.setdefault(n["mutator"], {"children": 0, "admitted": 0})
-                st["children"] += 1
-                st["admitted"] += int(bool(n["admitted"]))
-        elif kind == "milo.heldout":
-            # The island answers atomically whether this is a new best (replay gives the same answer).
-            gain = await self.islands[p["island"]].record_val.remote(p["node_id"], p["val_accuracy"])
-            self.val_gain[p["node_id"]] = bool(gain)
-            self._touch(p["node_id"], {"val_accuracy": p["val_accuracy"]})
-        elif kind == "milo.progress":
-            j = int(p["island"])
-            await self.islands[j].set_progress.remote(p["rounds_done"], p["stall"])
-            self.progress[j] = (int(p["rounds_done"]), int(p["stall"]))
-        elif kind == "milo.reassign":
-            await self._assign(int(p["island"]), p["mutator"])
-        elif kind == "milo.island":
-            src, j = int(p["from_island"]), int(p["island"])
-            moved = await self.islands[src].detach_subtree.remote(p["node_id"])
-            await self._new_island(j)
-            await self.islands[j].adopt_subtree.remote(moved)
-            for n in moved:
-                n["island"] = j
-                self.node_index[n["node_id"]] = (j, n)
-            await self._assign(j, p["mutator"])
-            if "index" in p:
-                self.speciations[(p["decision_id"], int(p["index"]))] = (j, p["node_id"])
-        elif kind == "milo.curriculum":
-            self.version, self.search_tasks = int(p["version"]), list(p["tasks"])
-        elif kind == "milo.refit":
-            await self.islands[p["island"]].relabel.remote(p["node_id"], p["changes"])
-            self._touch(p["node_id"], p["changes"])
-        elif kind == "milo.decision":
-            self.decisions[p["decision_id"]] = p
-            self.moves_done.setdefault(p["decision_id"], set())
-            self.last_intervention[int(p["trigger"])] = int(p["round"])
-        elif kind == "milo.decision_invalid":
-            j = int(p["trigger"])
-            self.last_intervention[j] = int(p.get("round", self.progress.get(j, (0, 0))[0]))
-        elif kind == "milo.move_done":
-            self.moves_done.setdefault(p["decision_id"], set()).add(int(p["index"]))
-        elif kind == "milo.intervention_done":
-            self.decisions_done.add(p["decision_id"])
-        elif kind == "milo.step":
-            self.last_step = {int(j): int(r) for j, r in p["rounds"].items()}
-        # Other kinds (diagnosis text, invalid decisions, stops) are records only.
+    def _apply(self, event: MiloEvent) -> None:
+        self.state.apply(event)
+        for j in self.state.islands:
+            if j not in self._grouped:
+                self.sched.set_group_limit(f"island-{j}", int(self.cfg.island_concurrency))
+                self._grouped.add(j)
 
-    def _touch(self, node_id: str, changes: dict[str, Any]) -> None:
-        if node_id in self.node_index:
-            self.node_index[node_id][1].update(changes)
-
-    async def _new_island(self, j: int) -> None:
-        if j not in self.islands:
-            self.islands[j] = IslandActor.remote(j, self.cfg.eps, self.cfg.temperature)
-            self.progress.setdefault(j, (0, 0))
-            self.sched.set_group_limit(f"island-{j}", int(self.cfg.island_concurrency))
-
-    async def _assign(self, j: int, name: str) -> None:
-        self.pool_plain.assign(j, name)
-        await self.pool.assign.remote(j, name)
-        self.assignment[j] = name
+    def stored_events(self) -> list[MiloEvent]:
+        """The run's MILO events in write order, decoded."""
+        rows = self.store.read("events").to_pylist()
+        rows = sorted((r for r in rows if str(r.get("kind", "")).startswith("milo.")), key=lambda r: r["seq"])
+        return [decode(r["kind"], json.loads(r["payload"]) if isinstance(r["payload"], str) else r["payload"])
+                for r in rows]
 
     async def replay(self) -> bool:
         """Rebuild state from the store's events; False when the run never initialized."""
-        tbl = self.store.read("events").to_pylist()
-        rows = sorted((r for r in tbl if str(r.get("kind", "")).startswith("milo.")), key=lambda r: r["seq"])
-        if not any(r["kind"] == "milo.init" for r in rows):
+        events = self.stored_events()
+        if not any(isinstance(e, Init) for e in events):
             return False
-        import json
-
-        for r in rows:
-            p = r["payload"]
-            await self.apply(r["kind"], json.loads(p) if isinstance(p, str) else (p or {}))
-        for _, n in self.node_index.values():
-            if n.get("source_ref") and n["harness_id"] not in self.harnesses:
-                self.harnesses[n["harness_id"]] = Harness(dict(self.store.get_blob(n["source_ref"])), name=n.get("name", ""))
+        for e in events:
+            self._apply(e)
         return True
 
-    # ------------------------------------------------------------------ helpers
+    # ------------------------------------------------------------------ services (PopulationView)
+    def harness(self, node: LineageNode) -> Harness:
+        h = self.harnesses.get(node.harness_id)
+        if h is None:
+            if not node.source_ref:
+                raise KeyError(f"node {node.node_id!r} has no harness source")
+            h = self.harnesses[node.harness_id] = Harness(dict(self.store.get_blob(node.source_ref)), name=node.name)
+        return h
+
+    def remember(self, harness: Harness) -> None:
+        self.harnesses[harness.harness_id] = harness
+
+    def orchestrator_spec(self) -> Any:
+        if not self.orch_spec:
+            raise ValueError("method.orchestrator=true but the backend defines no agents.orchestrator")
+        return self.orch_spec
+
+    def orchestrator(self) -> Any:
+        """The decision agent, built once per run on the driver (grafts build their own
+        copy where they run, through the mutation runner)."""
+        if self._orchestrator is None:
+            import hydra.utils
+
+            spec = self.orchestrator_spec()
+            self._orchestrator = hydra.utils.instantiate(spec, _convert_="all") if isinstance(spec, dict) else spec
+        return self._orchestrator
+
+    def role_refused(self, role: str) -> str | None:
+        """None while ``role`` may start agent calls; else why not, recorded once as a
+        ``milo.role_budget`` event (the check is live: spend can only grow)."""
+        reason = self.ctx.agent_calls.exhausted_reason(role)
+        if reason is not None and role not in self.state.exhausted_roles:
+            self.emit(RoleBudget(role, reason))
+        return reason
+
     def out_of_time(self) -> bool:
         # The run's one time limit (run.time_limit_s), earlier sessions counted.
         return self.ctx.out_of_time()
-
-    def harness(self, node: dict[str, Any]) -> Harness:
-        return self.harnesses[node["harness_id"]]
-
-    def tasks_of(self, ids: list[str]) -> list[Any]:
-        return [self.bench.task(t) for t in ids]
-
-    async def eval_search(self, h: Harness, *, island: int | str, round: int) -> Evaluation:
-        return await evaluate(self.sched, h, self.search_tasks, self.cfg.k_search, seed=self.ctx.seed,
-                              split=self.cfg.search_split, round=round, stage="search", group=self._group(island),
-                              caps=self.caps)
-
-    async def eval_val(self, h: Harness, *, island: int | str, round: int) -> Evaluation:
-        return await evaluate(self.sched, h, self.val_tasks, self.cfg.k_val, seed=self.ctx.seed,
-                              split=self.cfg.val_split, round=round, stage="heldout", group=self._group(island),
-                              caps=self.caps)
-
-    @staticmethod
-    def _group(island: int | str) -> str:
-        return f"island-{island}" if isinstance(island, int) else str(island)
-
-    def _node_dict(self, *, node_id: str, h: Harness | None, island: int, round: int, origin: str,
-                   parent: dict[str, Any] | None, ev: Evaluation | None, **labels: Any) -> dict[str, Any]:
-        d = LineageNode(node_id=node_id, harness_id=h.harness_id if h else "", island=island, round=round,
-                        origin=origin, parent=parent["node_id"] if parent else None, name=h.name if h else "",
-                        search_version=self.version).to_dict()
-        if h is not None:
-            from milo_ray.harness.diff import diff
-
-            patch = diff(self.harness(parent), h) if parent else None
-            hd, diff_path = write_harness_dir(self.run_dir, h, patch.patch if patch else None,
-                                              parent_id=parent["harness_id"] if parent else "")
-            d.update(harness_path=str(hd / "harness.py"), source_ref=self.store.put_harness_source(dict(h.files)))
-            if patch:
-                d.update(diff_path=str(diff_path), diff_added=patch.added, diff_deleted=patch.deleted)
-            self.harnesses[h.harness_id] = h
-        if ev is not None:
-            ev_dir = write_evidence(self.run_dir, h, ev.results, self.tasks_of(self.search_tasks), self.store)
-            d.update(accuracy=ev.accuracy, costs=ev.costs, behavior=ev.behavior, fitness=ev.fitness,
-                     evidence_path=str(ev_dir))
-        d.update(labels)
-        return d
-
-    async def record_node(self, d: dict[str, Any]) -> None:
-        """Record a node: its ``milo.node`` event is the record, its ``harnesses`` row is
-        derived from it afterwards (a kill in between is repaired by :meth:`write_missing_rows`)."""
-        await self.emit("milo.node", {"node": d}, island=d["island"], round=d["round"], harness_id=d["harness_id"] or None)
-        self.store.append("harnesses", [self._node_row(d)])
-
-    def _node_row(self, d: dict[str, Any]) -> dict[str, Any]:
-        return {
-            "harness_id": d["harness_id"] or f"none:{d['node_id']}", "name": d["name"], "island": d["island"],
-            "parent_id": self.node_index[d["parent"]][1]["harness_id"] if d.get("parent") in self.node_index else None,
-            "co_parent_id": self.node_index[d["co_parent"]][1]["harness_id"] if d.get("co_parent") in self.node_index else None,
-            "round": d["round"], "origin": d["origin"], "mutator": d.get("mutator"), "admitted": bool(d["admitted"]),
-            "verdict_reason": d["verdict_reason"], "fitness": d.get("fitness"), "delta_hv": d.get("delta_hv"),
-            "diff_added": d.get("diff_added"), "diff_deleted": d.get("diff_deleted"), "source_ref": d.get("source_ref"),
-            "validation_error": d.get("validation_error"), "created_at": time.time(),
-            "extra": {"node_id": d["node_id"], "mutation": d.get("mutation"), "accuracy": d.get("accuracy"),
-                      "costs": d.get("costs"), "search_version": d.get("search_version")},
-        }
-
-    def _stored_rows(self) -> set[tuple[str, str]]:
-        """(node id or "" for an island-less seed, harness id) of every stored harnesses row."""
-        import json
-
-        out = set()
-        for r in self.store.read("harnesses").to_pylist():
-            extra = r.get("extra") or {}
-            extra = json.loads(extra) if isinstance(extra, str) else extra
-            out.add((str(extra.get("node_id") or ""), r["harness_id"]))
-        return out
-
-    def write_missing_rows(self) -> None:
-        """The ``harnesses`` rows the events imply and the store lacks: a node recorded
-        just before a kill, or the seeds left without an island when the kill came right
-        after ``milo.init``. Rows already stored are never written twice."""
-        have = self._stored_rows()
-        rows = [self._node_row(d) for node_id, d in self.recorded_nodes.items()
-                if (node_id, d["harness_id"] or f"none:{node_id}") not in have]
-        placed = {i for members in self.init_members.values() for _, i in members}
-        seeds = self.bench.seed_harnesses()
-        K = len(self.init_members)
-        for i, s in enumerate(self.seed_scores):
-            if i in placed or ("", s["harness_id"]) in have:
-                continue
-            h = seeds[i]
-            rows.append({
-                "harness_id": h.harness_id, "name": h.name, "round": 0, "origin": "seed", "admitted": False,
-                "verdict_reason": f"not among the {K} most behavior-dissimilar seeds: no island",
-                "fitness": s.get("fitness"), "source_ref": self.store.put_harness_source(dict(h.files)),
-                "created_at": time.time(), "extra": {"accuracy": s.get("accuracy"), "costs": s.get("costs")},
-            })
-        if rows:
-            self.store.append("harnesses", rows)
 
     # ------------------------------------------------------------------ initialization
     async def initialize(self) -> None:
@@ -322,167 +182,99 @@ class MiloRun:
             raise ValueError(f"benchmark {self.bench.name}: needs tasks in splits {cfg.search_split!r} and {cfg.val_split!r}")
         search = list(rng.permutation(search_all)[: cfg.search_size]) if cfg.search_size else list(search_all)
         val = list(rng.permutation(val_all)[: cfg.val_size]) if cfg.val_size else list(val_all)
-        self.search_tasks = [str(t) for t in search]
-        seeds = self.bench.seed_harnesses()
-        if not seeds:
-            raise ValueError(f"benchmark {self.bench.name}: no seed harnesses")
-        evs = await asyncio.gather(*(self.eval_search(h, island="init", round=0) for h in seeds))
-        B = np.array([[ev.behavior[t] for t in self.search_tasks] for ev in evs])
+        search_tasks = [str(t) for t in search]
+        seeds = self.seeds
+        evs = await asyncio.gather(*(eval_search(self, h, island="init", round=0, tasks=search_tasks) for h in seeds))
+        B = np.array([[ev.behavior[t] for t in search_tasks] for ev in evs])
         K = min(cfg.num_islands, len(seeds))
         groups = [list(range(len(seeds)))] if cfg.num_islands == 1 else [[int(i)] for i in most_dissimilar(B, K)]
         assignment = self.pool_plain.assign_initial(range(len(groups)), rng, cfg.default_mutator)
-        members = {str(j): [[self._seed_node_id(j, seeds[i]), int(i)] for i in idxs] for j, idxs in enumerate(groups)}
-        await self.emit("milo.init", {
-            "search_tasks": self.search_tasks, "val_tasks": [str(t) for t in val], "task_pool": search_all,
-            "islands": list(range(len(groups))), "assignment": {str(j): m for j, m in assignment.items()},
-            "seeds": [{"name": h.name, "harness_id": h.harness_id, "accuracy": ev.accuracy,
-                       "fitness": [float(f) for f in ev.fitness], "costs": ev.costs} for h, ev in zip(seeds, evs)],
-            "members": members,
-        })
+        self.emit(Init(
+            search_tasks=search_tasks, val_tasks=[str(t) for t in val], task_pool=search_all,
+            islands=list(range(len(groups))), assignment=dict(assignment),
+            seeds=[SeedScore(h.name, h.harness_id, ev.accuracy, [float(f) for f in ev.fitness], ev.costs)
+                   for h, ev in zip(seeds, evs)],
+            members={j: [(self._seed_node_id(j, seeds[i]), int(i)) for i in idxs] for j, idxs in enumerate(groups)},
+        ))
         # Seeds left without an island were still evaluated: the harnesses table keeps them.
-        self.write_missing_rows()
+        write_missing_rows(self)
         await self.seed_islands(dict(enumerate(evs)))
 
     @staticmethod
     def _seed_node_id(j: int, h: Harness) -> str:
         return f"s{j}-{h.name or h.harness_id}"
 
-    async def seed_islands(self, evs: dict[int, Evaluation] | None = None) -> None:
+    async def seed_islands(self, evs: dict[int, Any] | None = None) -> None:
         """Record every island's seed nodes and their held-out scores.
 
         On resume this finishes what a crash during initialization left out: seed
         nodes already recorded are kept, missing ones are judged from their (cached)
         evaluations, missing held-out scores are measured."""
-        seeds = self.bench.seed_harnesses()
-        for j, members in sorted(self.init_members.items()):
+        for j, members in sorted(self.state.init_members.items()):
             for node_id, i in members:
-                if node_id in self.node_index:
-                    d = self.node_index[node_id][1]
+                if self.state.has_node(node_id):
+                    n = self.state.node(node_id)
                 else:
-                    h = seeds[i]
-                    ev = evs[i] if evs is not None else await self.eval_search(h, island="init", round=0)
-                    verdict = await self.islands[j].judge.remote(ev.fitness)
-                    d = self._node_dict(node_id=node_id, h=h, island=j, round=0, origin="seed", parent=None, ev=ev,
-                                        admitted=verdict.admitted, delta_hv=verdict.delta_hv,
-                                        verdict_reason=verdict.reason, mutation=f"seed {h.name}")
-                    await self.record_node(d)
-                if d["admitted"]:
-                    await self.heldout(j, d, round=0)
-
-    async def heldout(self, j: int, d: dict[str, Any], *, round: int) -> bool:
-        """Measure and record a node's held-out score once; whether it was a new island best.
-
-        A node whose score is already recorded (a resumed round) is not measured again."""
-        node_id = d["node_id"]
-        if node_id not in self.val_gain:
-            ev = await self.eval_val(self.harness(d), island=j, round=round)
-            await self.emit("milo.heldout", {"island": j, "node_id": node_id, "val_accuracy": ev.accuracy},
-                            island=j, round=round, harness_id=d["harness_id"])
-        return self.val_gain[node_id]
+                    h = self.seeds[i]
+                    ev = evs[i] if evs is not None else await eval_search(self, h, island="init", round=0)
+                    verdict = self.state.islands[j].judge(ev.fitness)
+                    n = build_node(self, node_id=node_id, h=h, island=j, round=0, origin="seed", parent=None, ev=ev,
+                                   admitted=verdict.admitted, delta_hv=verdict.delta_hv,
+                                   verdict_reason=verdict.reason, mutation=f"seed {h.name}")
+                    record_node(self, n)
+                if n.admitted:
+                    await heldout(self, j, n, round=0)
 
     # ------------------------------------------------------------------ one round
     async def island_round(self, j: int) -> None:
-        r = self.progress[j][0] + 1
+        r = self.state.rounds_done(j) + 1
         node_id = f"{j}-{r}"
-        if node_id in self.node_index:
+        if self.state.has_node(node_id):
             # A crash interrupted this round after its child was recorded: finish the round.
-            d = self.node_index[node_id][1]
+            n = self.state.node(node_id)
         else:
-            d = await self._mutate(j, r, node_id)
-        new_best = bool(d["admitted"]) and await self.heldout(j, d, round=r)
+            reason = self.role_refused("mutator")
+            if reason is not None:
+                self._halt(f"mutator budget: {reason}")
+                return
+            n = await self._mutate(j, r, node_id)
+        new_best = bool(n.admitted) and await heldout(self, j, n, round=r)
         # Read the counter now, not at the start of the round: a graft into this island may
         # have produced a held-out gain (and reset it) while this round's mutation ran.
-        stall = self.progress[j][1]
-        await self.emit("milo.progress", {"island": j, "rounds_done": r, "stall": 0 if new_best else stall + 1},
-                        island=j, round=r)
+        stall = self.state.stall(j)
+        self.emit(Progress(j, r, 0 if new_best else stall + 1), island=j, round=r)
 
-    async def _mutate(self, j: int, r: int, node_id: str) -> dict[str, Any]:
-        """Round r's mutation on island j: parent selection, the mutator, and the child's node."""
-        cfg = self.cfg
-        isl = self.islands[j]
-        parent_id = await isl.select_parent.remote(derive_seed(self.ctx.seed, "parent", j, r), cfg.parent_selection)
-        parent = await isl.node.remote(parent_id)
-        mutator = self.assignment[j]
-        memory_md = await isl.render.remote(cfg.memory, mutator)
-        workdir = self.run_dir / "workspace" / "mutations" / f"island-{j}" / f"round-{r}"
-        shutil.rmtree(workdir, ignore_errors=True)
-        workdir.mkdir(parents=True)
-        (workdir.parent / f"round-{r}.memory.md").write_text(memory_md)
-        agentic = cfg.mutator_mode == "agentic"
-        evidence = Path(parent["evidence_path"]) if agentic and parent.get("evidence_path") else empty_dir(workdir.parent / "no-evidence")
-        req = MutationRequest(
-            parent=self.harness(parent), parent_dir=Path(parent["harness_path"]).parent, evidence_dir=evidence,
-            memory_markdown=memory_md, workdir=workdir, seed=derive_seed(self.ctx.seed, "mutate", j, r),
-            context={"mode": cfg.mutator_mode, "memory": cfg.memory, "island": j, "round": r, "parent_node": parent_id,
-                     "parent_accuracy": parent.get("accuracy"), "parent_costs": parent.get("costs"),
-                     "memory_path": str(workdir.parent / f"round-{r}.memory.md")},
-        )
-        write_request_record(workdir.parent / f"round-{r}.request.json", req, mutator)
-        res: MutationResult = await self.pool.mutate.remote(mutator, req)
-        return await self.child(j, r, node_id=node_id, parent=parent, res=res, origin="mutation", mutator=mutator)
-
-    async def child(self, j: int, r: int, *, node_id: str, parent: dict[str, Any], res: MutationResult, origin: str,
-                    mutator: str, co_parent: str | None = None,
-                    co_parent_label: dict[str, Any] | None = None) -> dict[str, Any]:
-        """Validate, evaluate and judge a mutator's (or graft's) output; record the node."""
-        label = (res.report or "").strip().splitlines()[0][:200] if (res.report or "").strip() else ""
-        base = dict(island=j, round=r, origin=origin, parent=parent, mutator=mutator, co_parent=co_parent,
-                    co_parent_label=co_parent_label)
-        if res.child is None:
-            d = self._node_dict(node_id=node_id, h=None, ev=None, admitted=False, mutation=label or "(no child)",
-                                verdict_reason=f"mutator error: {res.error or 'no child'}", **base)
-            await self.record_node(d)
-            return d
-        h = res.child
-        from milo_ray.harness.validate import validate
-
-        vr = await asyncio.to_thread(validate, h, forbidden_fragments=self.forbidden, timeout_s=self.cfg.validate_timeout_s)
-        if not vr.ok:
-            d = self._node_dict(node_id=node_id, h=h, ev=None, admitted=False, mutation=label, validation_error=vr.reason,
-                                verdict_reason=f"invalid child: {vr.reason}", **base)
-            await self.record_node(d)
-            return d
-        dup = await self.islands[j].find.remote(h.harness_id)
-        if dup is not None:
-            d = self._node_dict(node_id=node_id, h=h, ev=None, admitted=False, mutation=label,
-                                verdict_reason=f"duplicate of {dup} (no behavioral change)", **base)
-            await self.record_node(d)
-            return d
-        while True:
-            version = self.version
-            ev = await self.eval_search(h, island=j, round=r)
-            async with self.lock:
-                if version != self.version:
-                    continue  # the curriculum changed during evaluation: re-fit on the new B_search
-                verdict = await self.islands[j].judge.remote(ev.fitness)
-                d = self._node_dict(node_id=node_id, h=h, ev=ev, admitted=verdict.admitted, delta_hv=verdict.delta_hv,
-                                    verdict_reason=verdict.reason, mutation=label, **base)
-                await self.record_node(d)
-                return d
+    async def _mutate(self, j: int, r: int, node_id: str) -> LineageNode:
+        """Round r's mutation on island j: parent selection, the mutator call (its spend
+        recorded as role ``mutator``), and the child's way into the island."""
+        isl = self.state.islands[j]
+        parent = isl.node(isl.select_parent(derive_seed(self.ctx.seed, "parent", j, r), self.cfg.parent_selection))
+        mutator = self.state.assignment[j]
+        req = mutation_request(self, j, r, parent, mutator)
+        t0 = time.monotonic()
+        res: MutationOutcome = await self.pool.mutate.remote(mutator, req)
+        self.ctx.agent_calls.record("mutator", res.usage.with_seconds(time.monotonic() - t0),
+                                    call_id=f"mutate:i{j}:r{r}", agent=mutator, island=j, round=r)
+        return await admit_child(self, j, r, node_id=node_id, parent=parent, res=res, origin="mutation",
+                                 mutator=mutator)
 
     # ------------------------------------------------------------------ driving
-    def orchestrator(self) -> Any:
-        if self._orchestrator is None:
-            import hydra.utils
-
-            if not self.orch_spec:
-                raise ValueError("method.orchestrator=true but the backend defines no agents.orchestrator")
-            self._orchestrator = hydra.utils.instantiate(self.orch_spec, _convert_="all")
-        return self._orchestrator
-
     def _should_orchestrate(self, j: int) -> bool:
-        """stall_j >= P, and island j has run P rounds since its last intervention.
+        """stall_j >= P, island j has run P rounds since its last intervention, and the
+        orchestrator role may still spend.
 
         stall_j itself only resets on a held-out gain (it is what the orchestrator reads);
         the spacing gives each intervention P rounds to show an effect before the next one.
         """
-        rounds, stall = self.progress[j]
+        rounds, stall = self.state.progress[j]
         P = self.cfg.patience
-        spaced = j not in self.last_intervention or rounds - self.last_intervention[j] >= P
-        return bool(self.cfg.orchestrator and self.cfg.max_moves > 0 and stall >= P and spaced)
+        last = self.state.last_intervention
+        spaced = j not in last or rounds - last[j] >= P
+        due = bool(self.cfg.orchestrator and self.cfg.max_moves > 0 and stall >= P and spaced)
+        return due and self.role_refused("orchestrator") is None
 
     def _island_done(self, j: int) -> bool:
-        return self.cfg.max_rounds is not None and self.progress[j][0] >= self.cfg.max_rounds
+        return self.cfg.max_rounds is not None and self.state.rounds_done(j) >= self.cfg.max_rounds
 
     def _halt(self, reason: str) -> None:
         if not self.stop:
@@ -520,7 +312,7 @@ class MiloRun:
             self._tasks[j] = asyncio.create_task(self.island_loop(j))
 
     async def run_free(self) -> None:
-        for j in sorted(self.islands):
+        for j in sorted(self.state.islands):
             self.spawn(j)
         while True:
             pending = [t for t in self._tasks.values() if not t.done()]
@@ -542,11 +334,11 @@ class MiloRun:
     async def run_lockstep(self) -> None:
         # A crash inside a step: its islands that had not closed their round finish it
         # first, before any orchestrator call, exactly as the uninterrupted run would.
-        unfinished = {j: r for j, r in self.last_step.items() if self.progress[j][0] < r}
+        unfinished = {j: r for j, r in self.state.last_step.items() if self.state.rounds_done(j) < r}
         if unfinished and not self.stop:
             await self.run_rounds(unfinished)
         while not self.stop:
-            for j in sorted(self.islands):
+            for j in sorted(self.state.islands):
                 if self._should_orchestrate(j):
                     await self._orchestrate(j)
             if self.stop:
@@ -554,21 +346,25 @@ class MiloRun:
             if self.out_of_time():
                 self._halt("time limit")
                 break
-            active = [j for j in sorted(self.islands) if not self._island_done(j)]
+            active = [j for j in sorted(self.state.islands) if not self._island_done(j)]
             if not active:
                 break
-            rounds = {j: self.progress[j][0] + 1 for j in active}
-            await self.emit("milo.step", {"rounds": {str(j): r for j, r in rounds.items()}})
+            reason = self.role_refused("mutator")
+            if reason is not None:
+                self._halt(f"mutator budget: {reason}")
+                break
+            rounds = {j: self.state.rounds_done(j) + 1 for j in active}
+            self.emit(Step(rounds))
             await self.run_rounds(rounds)
 
     async def finish_pending(self) -> None:
         """Complete interventions a crash interrupted (their decision is in the store)."""
         from milo_ray.milo.orchestrator import apply_decision
 
-        for did, p in list(self.decisions.items()):
-            if did not in self.decisions_done:
+        for did in list(self.state.decisions):
+            if did not in self.state.decisions_done:
                 async with self.orch_lock:
-                    await self._guarded(apply_decision(self, did, p["trigger"], p["round"], p["decision"]))
+                    await self._guarded(apply_decision(self, did))
 
     async def main(self) -> dict[str, Any]:
         resumed = self.ctx.resumed and await self.replay()
@@ -576,14 +372,15 @@ class MiloRun:
             if not resumed:
                 await self.initialize()
             else:
-                self.write_missing_rows()
+                write_missing_rows(self)
                 await self.seed_islands()
                 await self.finish_pending()
             if not self.stop:
                 await (self.run_lockstep() if self.cfg.round_sync else self.run_free())
         except BudgetExceeded as e:
             self._halt(f"budget: {e}")
-        self.store.event("milo.stop", {"reason": self.stop_reason or "finished"})
+        # Rounds stopped by a role cap close normally: the incumbents get their final test.
+        self.emit(Stopped(self.stop_reason or "finished"))
         from milo_ray.milo.summary import final_summary
 
-        return await final_summary(self)
+        return await final_summary(self, self.stop_reason or "finished")

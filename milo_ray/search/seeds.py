@@ -12,12 +12,12 @@ Every random choice (MILO's and SSR's alike) draws from a ``numpy.random.Generat
   (seed, harness_id, task_id, rollout_idx), so a rollout's result never depends on
   when or where it ran, and the scheduler's cache makes re-runs free.
 
-Reproducible: with ``round_sync=True`` a run is a deterministic function of its
-config and seed (islands advance in lock-step; orchestrator triggers are handled in
-island order between rounds), and a resumed run reaches the same lineage, assignment
-and stall counters as an uninterrupted one. With free-running islands (the default,
-as in the paper) each island's own sequence of parents, mutations and verdicts is
-reproducible *given the same order of completions*; what is not reproducible is the
+Reproducible: with ``round_sync=True`` (MILO's default: Algorithm 1's rounds) a run
+is a deterministic function of its config and seed (islands advance in lock-step;
+orchestrator triggers are handled in island order between rounds), and a resumed run
+reaches the same lineage, assignment and stall counters as an uninterrupted one. With
+free-running islands (``round_sync=False``, an option for uneven mutation times) each
+island's own sequence of parents, mutations and verdicts is reproducible *given the same order of completions*; what is not reproducible is the
 cross-island interleaving: which island's stall reaches the orchestrator first, what
 the other islands hold at that moment, and therefore the decisions and everything
 downstream of them. Mutators and orchestrators backed by LLMs add their own

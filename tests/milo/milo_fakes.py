@@ -44,7 +44,9 @@ class ScriptedOrchestrator(OfflineOrchestrator):
 
     def __init__(self, script: str) -> None:
         super().__init__()
-        self.script = list(SCRIPTS[script])
+        # Grafts build their own copy in a Ray worker, where no test registered the script
+        # (only decide(), on the driver, reads it).
+        self.script = list(SCRIPTS.get(script, ()))
         self.i = 0
 
     def decide(self, snapshot_markdown: str, state: dict[str, Any], seed: int) -> dict[str, Any]:
@@ -57,3 +59,19 @@ class ScriptedOrchestrator(OfflineOrchestrator):
 
 # Named scripts (Hydra configs cannot carry callables); tests register theirs here.
 SCRIPTS: dict[str, list[Any]] = {}
+
+
+class TokenMutator(AddMechanismMutator):
+    """An :class:`AddMechanismMutator` that reports ``tokens`` output tokens per call
+    (a known spend for per-role cap tests)."""
+
+    def __init__(self, personality: str = "plain", tokens: int = 1000) -> None:
+        super().__init__(personality)
+        self.tokens = int(tokens)
+
+    def mutate(self, req: MutationRequest) -> MutationResult:
+        from dataclasses import replace
+
+        from milo_ray.agents.usage import AgentUsage
+
+        return replace(super().mutate(req), usage=AgentUsage(output_tokens=self.tokens))

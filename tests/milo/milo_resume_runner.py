@@ -99,15 +99,15 @@ class LoggedOrchestrator:
         return self.inner.graft(request)
 
 
-async def state_of(run) -> dict:
-    out = {"assignment": {str(j): m for j, m in sorted(run.assignment.items())}, "islands": {}}
-    for j in sorted(run.islands):
-        nodes = await run.islands[j].nodes.remote()
-        rounds, stall = await run.islands[j].progress.remote()
+def state_of(run) -> dict:
+    st = run.state
+    out = {"assignment": {str(j): m for j, m in sorted(st.assignment.items())}, "islands": {}}
+    for j in sorted(st.islands):
+        isl = st.islands[j]
         out["islands"][str(j)] = {
-            "rounds": rounds, "stall": stall,
-            "nodes": [[n["node_id"], n["harness_id"], n["parent"], n["co_parent"], n["admitted"], n["verdict_reason"],
-                       n["mutator"], n["val_accuracy"]] for n in nodes],
+            "rounds": isl.rounds_done, "stall": isl.stall,
+            "nodes": [[n.node_id, n.harness_id, n.parent, n.co_parent, n.admitted, n.verdict_reason,
+                       n.mutator, n.val_accuracy] for n in isl.nodes()],
         }
     return out
 
@@ -116,6 +116,9 @@ DIE_EXIT_CODE = 3
 
 
 def install_kill_point(spec: str, *, after: bool = False) -> None:
+    """Patch ``MiloRun.emit`` (the one place events are stored and applied) to end the
+    process before the matching event is stored, or right after it is stored and
+    before it is applied."""
     from milo_ray.milo.loop import MiloRun
 
     kind, _, conds = spec.partition(":")
@@ -125,14 +128,15 @@ def install_kill_point(spec: str, *, after: bool = False) -> None:
     def die(*_: Any, **__: Any) -> None:
         os._exit(DIE_EXIT_CODE)
 
-    async def emit_or_die(self, k, payload, **cols):
-        if k == kind:
+    def emit_or_die(self, event, **cols):
+        if event.kind == kind:
+            payload = event.to_payload()
             fields = {**payload.get("node", {}), **payload}
             if all(str(fields.get(f)) == v for f, v in want.items()):
                 if not after:
                     die()
-                self.apply = die  # emit stores the row, then calls apply: die there
-        return await emit(self, k, payload, **cols)
+                self._apply = die  # emit stores the row, then applies it: die there
+        return emit(self, event, **cols)
 
     MiloRun.emit = emit_or_die
 
@@ -204,7 +208,7 @@ def main() -> None:
     async def go():
         run = MiloRun(cfg, ctx)
         await run.main()
-        return await state_of(run)
+        return state_of(run)
 
     state = asyncio.run(go())
     sched.close()

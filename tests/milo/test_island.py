@@ -96,7 +96,7 @@ def test_held_out_best_is_tracked():
     isl.add_node(node("b", parent="a", acc=0.5))
     assert not isl.record_val("b", 0.3)  # not strictly better
     assert isl.record_val("b", 0.35)
-    assert isl.best()["node_id"] == "b"
+    assert isl.best().node_id == "b"
 
 
 def test_speciate_moves_subtree_and_keeps_rest():
@@ -106,7 +106,7 @@ def test_speciate_moves_subtree_and_keeps_rest():
     isl.add_node(node("c", parent="b", acc=0.35))
     isl.add_node(node("d", parent="a", acc=0.45))
     moved = isl.detach_subtree("b")
-    assert [m["node_id"] for m in moved] == ["b", "c"]
+    assert [m.node_id for m in moved] == ["b", "c"]
     assert [n.node_id for n in isl.lineage] == ["a", "d"]
     new = Island(1)
     new.adopt_subtree(moved)

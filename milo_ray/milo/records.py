@@ -1,0 +1,106 @@
+"""Recording MILO nodes: building a :class:`LineageNode` with its on-disk harness
+directory and evidence, its ``milo.node`` event, and the ``harnesses`` table rows
+derived from the events.
+
+Owns :func:`build_node`, :func:`record_node` and :func:`write_missing_rows`. The
+``milo.node`` event is the record; the ``harnesses`` row is written after it, so a
+kill in between leaves a row :func:`write_missing_rows` adds on resume (once).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+from milo_ray.harness.model import Harness
+from milo_ray.milo.evaluate import Evaluation, write_evidence, write_harness_dir
+from milo_ray.milo.events import NodeRecorded
+from milo_ray.milo.lineage import LineageNode
+from milo_ray.milo.state import MiloState
+from milo_ray.milo.view import PopulationView
+
+
+def build_node(run: PopulationView, *, node_id: str, h: Harness | None, island: int, round: int, origin: str,
+               parent: LineageNode | None, ev: Evaluation | None, **labels: Any) -> LineageNode:
+    """The node of ``h`` (None: a mutation that produced no harness), its harness
+    directory (source + diff vs the parent) and, when evaluated, its evidence dir."""
+    n = LineageNode(node_id=node_id, harness_id=h.harness_id if h else "", island=island, round=round,
+                    origin=origin, parent=parent.node_id if parent else None, name=h.name if h else "",
+                    search_version=run.state.version)
+    if h is not None:
+        from milo_ray.harness.diff import diff
+
+        patch = diff(run.harness(parent), h) if parent else None
+        hd, diff_path = write_harness_dir(run.run_dir, h, patch.patch if patch else None,
+                                          parent_id=parent.harness_id if parent else "")
+        n.harness_path, n.source_ref = str(hd / "harness.py"), run.ctx.store.put_harness_source(dict(h.files))
+        if patch:
+            n.diff_path, n.diff_added, n.diff_deleted = str(diff_path), patch.added, patch.deleted
+        run.remember(h)
+    if ev is not None:
+        tasks = [run.ctx.benchmark.task(t) for t in run.state.search_tasks]
+        ev_dir = write_evidence(run.run_dir, h, ev.results, tasks, run.ctx.store)
+        n.accuracy, n.costs, n.behavior, n.fitness = ev.accuracy, ev.costs, ev.behavior, ev.fitness
+        n.evidence_path = str(ev_dir)
+    for k, v in labels.items():
+        if not hasattr(n, k):
+            raise ValueError(f"LineageNode has no field {k!r}")
+        setattr(n, k, v)
+    return n
+
+
+def record_node(run: PopulationView, node: LineageNode) -> None:
+    """Record a node: its ``milo.node`` event, then its ``harnesses`` row."""
+    run.emit(NodeRecorded(node), island=node.island, round=node.round, harness_id=node.harness_id or None)
+    run.ctx.store.append("harnesses", [harness_row(run.state, node)])
+
+
+def harness_row(state: MiloState, n: LineageNode) -> dict[str, Any]:
+    def harness_of(node_id: str | None) -> str | None:
+        return state.node(node_id).harness_id if node_id and state.has_node(node_id) else None
+
+    return {
+        "harness_id": n.harness_id or f"none:{n.node_id}", "name": n.name, "island": n.island,
+        "parent_id": harness_of(n.parent), "co_parent_id": harness_of(n.co_parent),
+        "round": n.round, "origin": n.origin, "mutator": n.mutator, "admitted": bool(n.admitted),
+        "verdict_reason": n.verdict_reason, "fitness": n.fitness, "delta_hv": n.delta_hv,
+        "diff_added": n.diff_added, "diff_deleted": n.diff_deleted, "source_ref": n.source_ref,
+        "validation_error": n.validation_error, "created_at": time.time(),
+        "extra": {"node_id": n.node_id, "mutation": n.mutation, "accuracy": n.accuracy, "costs": n.costs,
+                  "search_version": n.search_version},
+    }
+
+
+def _stored_rows(store: Any) -> set[tuple[str, str]]:
+    """(node id or "" for an island-less seed, harness id) of every stored harnesses row."""
+    out = set()
+    for r in store.read("harnesses").to_pylist():
+        extra = r.get("extra") or {}
+        extra = json.loads(extra) if isinstance(extra, str) else extra
+        out.add((str(extra.get("node_id") or ""), r["harness_id"]))
+    return out
+
+
+def write_missing_rows(run: PopulationView) -> None:
+    """The ``harnesses`` rows the events imply and the store lacks: a node recorded
+    just before a kill, or the seeds left without an island when the kill came right
+    after ``milo.init``. Rows already stored are never written twice."""
+    state, store = run.state, run.ctx.store
+    have = _stored_rows(store)
+    rows = [harness_row(state, n) for node_id, n in state.recorded.items()
+            if (node_id, n.harness_id or f"none:{node_id}") not in have]
+    placed = {i for members in state.init_members.values() for _, i in members}
+    K = len(state.init_members)
+    for i, s in enumerate(state.seed_scores):
+        if i in placed or ("", s.harness_id) in have:
+            continue
+        h = run.seeds[i]
+        rows.append({
+            "harness_id": h.harness_id, "name": h.name, "round": 0, "origin": "seed", "admitted": False,
+            "verdict_reason": f"not among the {K} most behavior-dissimilar seeds: no island",
+            "fitness": s.fitness, "source_ref": store.put_harness_source(dict(h.files)),
+            "created_at": time.time(), "extra": {"accuracy": s.accuracy, "costs": s.costs},
+        })
+    if rows:
+        store.append("harnesses", rows)
