@@ -107,6 +107,36 @@ MUTATIONS: tuple[Mutation, ...] = (
         ("tests/execution/test_rollout_scheduler.py::test_model_prices_cost_unpriced_results_and_the_usd_cap_stops_new_rollouts",),
         "model prices never reach a rollout's cost, so the USD cap is never reached",
     ),
+    Mutation(
+        "mutation-cap-off", "milo_ray/search/mutation.py",
+        "            return self.started + self.cap + GRACE_S", "            return float('inf')",
+        ("tests/search/test_mutation_runner.py::test_hung_optimizer_is_stopped_at_the_cap_in_ray_tasks",),
+        "a hung mutator or optimizer on Ray is never stopped",
+    ),
+    Mutation(
+        "agent-cache-off", "milo_ray/search/mutation.py",
+        "                _AGENTS[key] = agent", "                pass",
+        ("tests/search/test_mutation_runner.py::test_agent_is_built_once_per_process_however_many_mutations_it_serves",),
+        "every mutation builds its agent again (an LLM agent's client and rate limiter are thrown away)",
+    ),
+    Mutation(
+        "agent-spend-uncharged", "milo_ray/search/agent_calls.py",
+        "        if self.budget is not None and role != \"solver\":", "        if False:",
+        ("tests/search/test_agent_calls.py",),
+        "agent calls do not count against the run's token and USD budget",
+    ),
+    Mutation(
+        "role-caps-off", "milo_ray/search/agent_calls.py",
+        "            spent, cap = self._spend[role], self.caps.get(role)", "            spent, cap = self._spend[role], None",
+        ("tests/search/test_agent_calls.py", "tests/ssr/test_fast_forward.py"),
+        "run.budget.roles.<role> caps never stop their role",
+    ),
+    Mutation(
+        "ssr-fast-forward-off", "milo_ray/ssr/children.py",
+        "        missing = [(i, d) for i, d in wanted if (i, d) not in rec.draws]", "        missing = list(wanted)",
+        ("tests/ssr/test_fast_forward.py",),
+        "a resumed SSR run asks its optimizer again for candidates already recorded",
+    ),
 )
 
 
