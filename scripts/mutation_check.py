@@ -96,14 +96,14 @@ MUTATIONS: tuple[Mutation, ...] = (
         "a method is handed a split the benchmark lacks",
     ),
     Mutation(
-        "duplicate-redraw-off", "milo_ray/ssr/loop.py",
-        "for attempt in range(1, cfg.duplicate_retries + 1):", "for attempt in range(1, 1):",
+        "duplicate-redraw-off", "milo_ray/ssr/children.py",
+        "for attempt in range(1, self.cfg.duplicate_retries + 1):", "for attempt in range(1, 1):",
         ("tests/ssr/test_duplicate_redraw.py",),
         "duplicate SSR children are dropped instead of re-drawn",
     ),
     Mutation(
-        "model-prices-off", "milo_ray/execution/scheduler.py",
-        "if self.usd_per_mtok is not None and not result.cost_usd:", "if False:",
+        "model-prices-off", "milo_ray/execution/outcomes.py",
+        "if usd_per_mtok is not None and not result.cost_usd:", "if False:",
         ("tests/execution/test_rollout_scheduler.py::test_model_prices_cost_unpriced_results_and_the_usd_cap_stops_new_rollouts",),
         "model prices never reach a rollout's cost, so the USD cap is never reached",
     ),
