@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -21,7 +22,8 @@ class RunContext:
     time limits count them (``deadline`` already does). ``agents``: the ``backend.agents``
     config (mutators, orchestrator, judge, optimizer, embedder), checked before the run
     started. ``agent_calls``: the run's :class:`~milo_ray.search.agent_calls.AgentCallLog`;
-    every agent call is recorded there. ``model``: the solver's
+    every agent call is recorded there. ``session``: this session of the run (a resumed run gets a new one);
+    agents built for it are never reused by another run or session. ``model``: the solver's
     :class:`~milo_ray.config.ModelConfig` (checked; ``model.id == model_id``, the cache
     identity; a context built without one gets the model named by ``model_id``).
     ``budget``: the run's budget ledger (the scheduler's)."""
@@ -38,6 +40,7 @@ class RunContext:
     elapsed_before_s: float = 0.0
     agents: dict[str, Any] = field(default_factory=dict)
     agent_calls: Any = None
+    session: str = field(default_factory=lambda: uuid.uuid4().hex)
     model: ModelConfig | None = None
 
     def __post_init__(self) -> None:

@@ -85,7 +85,8 @@ class MiloRun:
         # On the driver's node: the actor packs each request's files (read from the
         # driver's disk) for mutation tasks that may run elsewhere.
         self.pool = MutatorPoolActor.options(scheduling_strategy=driver_node()).remote(
-            specs, cfg.mutation_time_cap_s, cfg.mutator_concurrency, cfg.mutation_num_cpus, self.validation)
+            specs, cfg.mutation_time_cap_s, cfg.mutator_concurrency, cfg.mutation_num_cpus, self.validation,
+            ctx.session)
         self.orch_spec = agents.get("orchestrator")
         self._orchestrator: Any = None
         self.state = MiloState(eps=cfg.eps, temperature=cfg.temperature)

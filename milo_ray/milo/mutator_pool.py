@@ -90,11 +90,12 @@ class MutatorPoolActor:
     under the spec's concurrency limit."""
 
     def __init__(self, specs: list, time_cap_s: float, max_concurrent: Any, task_num_cpus: float,
-                 validation: ValidationOptions | None = None) -> None:
+                 validation: ValidationOptions | None = None, scope: str | None = None) -> None:
         self._pool = MutatorPool(specs, time_cap_s=time_cap_s, max_concurrent=max_concurrent)
         self._sems = {n: asyncio.Semaphore(l) for n, l in self._pool.limits.items()}
         self._num_cpus = float(task_num_cpus)
         self._validation = validation
+        self._scope = scope  # the run session whose agents the mutation tasks reuse
 
     def names(self) -> list:
         return list(self._pool.names)
@@ -112,4 +113,5 @@ class MutatorPoolActor:
         spec = self._pool.spec(name)
         async with self._sems[name]:
             return await run_mutation_async(spec, request, time_cap_s=self._pool.time_cap_s,
-                                            validation=self._validation, num_cpus=self._num_cpus)
+                                            validation=self._validation, num_cpus=self._num_cpus,
+                                            scope=self._scope)

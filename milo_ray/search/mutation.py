@@ -3,10 +3,11 @@ and SSR's candidate generation all go through this module.
 
 What one mutation is:
 
-1. the agent is built from its ``_target_`` spec once per process and reused for
-   every mutation that process serves (an LLM agent holds its client, connection pool
-   and rate limiter; building one per call would throw them away). Agents are shared
-   by the threads of a process, so their ``mutate``/``graft`` must be re-entrant;
+1. the agent is built from its ``_target_`` spec once per process and run session
+   (``scope``) and reused for every mutation that process serves in that session (an
+   LLM agent holds its client, connection pool and rate limiter; building one per call
+   would throw them away). Agents are shared by the threads of a process, so their
+   ``mutate``/``graft`` must be re-entrant;
 2. the agent runs under the time cap (see "Time caps" below);
 3. the child is read back: returned by the agent, or written to
    ``request.workdir/harness.py`` (plus extra files; a stale ``harness.py`` left in a
@@ -46,6 +47,7 @@ import tarfile
 import tempfile
 import threading
 import time
+from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -109,36 +111,57 @@ def failed(why: str, seconds: float) -> MutationOutcome:
 
 # --------------------------------------------------------------------------- agents per process
 
-_AGENTS: dict[str, Any] = {}
-_BUILD_LOCKS: dict[str, threading.Lock] = {}
-_REGISTRY_LOCK = threading.Lock()  # guards the two dicts only, never held while building
+# Agents per (scope, spec). A scope is one session of one run (``RunContext.session``):
+# agents keep state between calls (an LLM client, an offline agent's memory of tried
+# edits), and a run must never inherit another run's agent, nor a resumed session the
+# dead one's. Long-lived worker processes serve many runs, so only the newest scopes
+# are kept.
+_AGENTS: "OrderedDict[str | None, dict[str, Any]]" = OrderedDict()
+_BUILD_LOCKS: dict[tuple[str | None, str], threading.Lock] = {}
+_REGISTRY_LOCK = threading.Lock()  # guards the registry only, never held while building
+MAX_SCOPES = 4
 
 
 def _spec_key(spec: Any) -> str | None:
     return json.dumps(spec, sort_keys=True, default=str) if isinstance(spec, dict) else None
 
 
-def agent_for(spec: Any) -> Any:
-    """The agent of ``spec`` in this process: a ``_target_`` dict is built once and
-    reused; an already built object is used as is. Building holds only this spec's
-    lock, so a constructor that hangs blocks nobody else."""
-    key = _spec_key(spec)
-    if key is None:
+def build_agent(spec: Any) -> Any:
+    """A fresh agent from a ``_target_`` spec (an object is used as is): for agents a
+    run builds once for itself on the driver (judge, embedder, orchestrator)."""
+    if _spec_key(spec) is None:
         if spec is None:
             raise ValueError("agent spec is missing (expected a `_target_` dict under backend.agents)")
         return spec
+    return _build(spec)
+
+
+def agent_for(spec: Any, scope: str | None = None) -> Any:
+    """The agent of ``spec`` for ``scope`` in this process: a ``_target_`` dict is built
+    once and reused by every mutation of that scope; an already built object is used as
+    is. Building holds only this spec's lock, so a constructor that hangs blocks nobody
+    else."""
+    key = _spec_key(spec)
+    if key is None:
+        return build_agent(spec)
     with _REGISTRY_LOCK:
-        agent = _AGENTS.get(key)
+        agent = _AGENTS.get(scope, {}).get(key)
         if agent is not None:
+            _AGENTS.move_to_end(scope)
             return agent
-        lock = _BUILD_LOCKS.setdefault(key, threading.Lock())
+        lock = _BUILD_LOCKS.setdefault((scope, key), threading.Lock())
     with lock:
         with _REGISTRY_LOCK:
-            agent = _AGENTS.get(key)
+            agent = _AGENTS.get(scope, {}).get(key)
         if agent is None:
             agent = _build(spec)
             with _REGISTRY_LOCK:
-                _AGENTS[key] = agent
+                _AGENTS.setdefault(scope, {})[key] = agent
+                _AGENTS.move_to_end(scope)
+                while len(_AGENTS) > MAX_SCOPES:
+                    old, _ = _AGENTS.popitem(last=False)
+                    for k in [k for k in _BUILD_LOCKS if k[0] == old]:
+                        del _BUILD_LOCKS[k]
         return agent
 
 
@@ -166,13 +189,13 @@ def _drops_name(spec: dict[str, Any]) -> bool:
     return "name" not in params and not any(p.kind is p.VAR_KEYWORD for p in params.values())
 
 
-def forget_agent(spec: Any) -> None:
+def forget_agent(spec: Any, scope: str | None = None) -> None:
     """Drop a cached agent (after a timeout its state is unknown). Never waits for a
     constructor in progress."""
     key = _spec_key(spec)
     if key is not None:
         with _REGISTRY_LOCK:
-            _AGENTS.pop(key, None)
+            _AGENTS.get(scope, {}).pop(key, None)
 
 
 # --------------------------------------------------------------------------- shipping files
@@ -232,17 +255,19 @@ def ship_files(request: MutationRequest) -> ShippedFiles | None:
 
 def run_mutation(spec: Any, request: MutationRequest, *, time_cap_s: float | None,
                  validation: ValidationOptions | None = None, call: str = "mutate",
-                 shipped: ShippedFiles | None = None) -> MutationOutcome:
+                 shipped: ShippedFiles | None = None, scope: str | None = None) -> MutationOutcome:
     """Run one mutation in this process (see the module docstring). ``call`` names the
     agent method: ``mutate`` (mutators, SSR's optimizer) or ``graft`` (MILO's
-    orchestrator). ``time_cap_s`` None: no in-process cap (the Ray caller enforces it)."""
-    steps = _mutation_steps(spec, request, time_cap_s=time_cap_s, validation=validation, call=call, shipped=shipped)
+    orchestrator). ``time_cap_s`` None: no in-process cap (the Ray caller enforces it).
+    ``scope``: whose agents to reuse (a run session; see :func:`agent_for`)."""
+    steps = _mutation_steps(spec, request, time_cap_s=time_cap_s, validation=validation, call=call, shipped=shipped,
+                            scope=scope)
     return [x for x in steps if isinstance(x, MutationOutcome)][-1]
 
 
 def _mutation_steps(spec: Any, request: MutationRequest, *, time_cap_s: float | None,
                     validation: ValidationOptions | None, call: str,
-                    shipped: ShippedFiles | None) -> Iterator[Any]:
+                    shipped: ShippedFiles | None, scope: str | None = None) -> Iterator[Any]:
     """The body as steps: ``"started"``, ``"answered"`` (the agent is done; validation
     follows), then the :class:`MutationOutcome`."""
     yield "started"
@@ -254,7 +279,7 @@ def _mutation_steps(spec: Any, request: MutationRequest, *, time_cap_s: float | 
         workdir = Path(request.workdir)
         workdir.mkdir(parents=True, exist_ok=True)
         (workdir / ENTRY_FILE).unlink(missing_ok=True)  # a re-draw reuses the workdir: no stale child
-        res, error = _call_with_cap(spec, request, call, time_cap_s)
+        res, error = _call_with_cap(spec, request, call, time_cap_s, scope)
         seconds = time.monotonic() - t0
         yield "answered"
         if error is not None:
@@ -272,14 +297,14 @@ def _mutation_steps(spec: Any, request: MutationRequest, *, time_cap_s: float | 
             shutil.rmtree(scratch, ignore_errors=True)
 
 
-def _call_with_cap(spec: Any, request: MutationRequest, call: str,
-                   time_cap_s: float | None) -> tuple[MutationResult | None, str | None]:
+def _call_with_cap(spec: Any, request: MutationRequest, call: str, time_cap_s: float | None,
+                   scope: str | None) -> tuple[MutationResult | None, str | None]:
     """The agent's answer, or why there is none."""
     box: dict[str, Any] = {}
 
     def target() -> None:
         try:
-            box["res"] = getattr(agent_for(spec), call)(request)
+            box["res"] = getattr(agent_for(spec, scope), call)(request)
         except BaseException as e:  # an agent crash is a rejected child, never a crashed run
             box["exc"] = e
 
@@ -290,7 +315,7 @@ def _call_with_cap(spec: Any, request: MutationRequest, call: str,
         worker.start()
         worker.join(time_cap_s)
         if worker.is_alive():
-            forget_agent(spec)
+            forget_agent(spec, scope)
             return None, f"timed out after {time_cap_s:g}s"
     who = "graft" if call == "graft" else "mutator"
     if "exc" in box:
@@ -348,8 +373,9 @@ def _validate(child: Harness, parent: Harness, options: ValidationOptions) -> st
 # --------------------------------------------------------------------------- Ray callers
 
 def _streaming_body(spec: Any, request: MutationRequest, validation: ValidationOptions | None, call: str,
-                    shipped: ShippedFiles | None) -> Iterator[Any]:
-    yield from _mutation_steps(spec, request, time_cap_s=None, validation=validation, call=call, shipped=shipped)
+                    shipped: ShippedFiles | None, scope: str | None) -> Iterator[Any]:
+    yield from _mutation_steps(spec, request, time_cap_s=None, validation=validation, call=call, shipped=shipped,
+                               scope=scope)
 
 
 _remote_body: Any = None
@@ -413,12 +439,13 @@ def _lost(e: BaseException, flight: _Flight) -> MutationOutcome:
 
 async def run_mutation_async(spec: Any, request: MutationRequest, *, time_cap_s: float,
                              validation: ValidationOptions | None = None, call: str = "mutate",
-                             num_cpus: float = 1.0, shipped: ShippedFiles | None = None) -> MutationOutcome:
+                             num_cpus: float = 1.0, shipped: ShippedFiles | None = None,
+                             scope: str | None = None) -> MutationOutcome:
     """One mutation as a Ray task, awaited under the cap (see the module docstring).
     Cancelling the awaiting coroutine cancels the task too."""
     if shipped is None:
         shipped = await asyncio.to_thread(ship_files, request)
-    flight = _Flight(_remote().options(num_cpus=num_cpus).remote(spec, request, validation, call, shipped),
+    flight = _Flight(_remote().options(num_cpus=num_cpus).remote(spec, request, validation, call, shipped, scope),
                      time_cap_s, validation)
     try:
         while True:
@@ -444,7 +471,7 @@ async def run_mutation_async(spec: Any, request: MutationRequest, *, time_cap_s:
 
 def run_mutations(spec: Any, requests: Sequence[MutationRequest], *, time_cap_s: float,
                   validation: ValidationOptions | None = None, max_concurrent: int = 4, num_cpus: float = 1.0,
-                  use_ray: bool | None = None,
+                  use_ray: bool | None = None, scope: str | None = None,
                   on_done: Callable[[int, MutationOutcome], None] | None = None) -> list[MutationOutcome]:
     """Several mutations in parallel (Ray tasks when connected to Ray, else threads;
     ``use_ray`` forces the choice), each under the cap; outcomes in ``requests``
@@ -455,7 +482,7 @@ def run_mutations(spec: Any, requests: Sequence[MutationRequest], *, time_cap_s:
 
     if not (ray.is_initialized() if use_ray is None else use_ray):
         return _run_in_threads(spec, requests, time_cap_s=time_cap_s, validation=validation,
-                               max_concurrent=max_concurrent, on_done=on_done)
+                               max_concurrent=max_concurrent, on_done=on_done, scope=scope)
     body = _remote().options(num_cpus=num_cpus)
     spec_ref = ray.put(spec)
     results: dict[int, MutationOutcome] = {}
@@ -471,7 +498,7 @@ def run_mutations(spec: Any, requests: Sequence[MutationRequest], *, time_cap_s:
     while queue or flights:
         while queue and len(flights) < max_concurrent:
             i, req = queue.pop(0)
-            flights[i] = _Flight(body.remote(spec_ref, req, validation, "mutate", ship_files(req)), time_cap_s,
+            flights[i] = _Flight(body.remote(spec_ref, req, validation, "mutate", ship_files(req), scope), time_cap_s,
                                  validation)
         streams = [f.stream for f in flights.values()]
         wait_s = min(f.deadline() for f in flights.values()) - time.monotonic()
@@ -494,9 +521,11 @@ def run_mutations(spec: Any, requests: Sequence[MutationRequest], *, time_cap_s:
 
 def _run_in_threads(spec: Any, requests: Sequence[MutationRequest], *, time_cap_s: float,
                     validation: ValidationOptions | None, max_concurrent: int,
-                    on_done: Callable[[int, MutationOutcome], None] | None) -> list[MutationOutcome]:
+                    on_done: Callable[[int, MutationOutcome], None] | None,
+                    scope: str | None) -> list[MutationOutcome]:
     with ThreadPoolExecutor(max_workers=max(1, min(max_concurrent, len(requests)))) as pool:
-        futs = [pool.submit(run_mutation, spec, r, time_cap_s=time_cap_s, validation=validation) for r in requests]
+        futs = [pool.submit(run_mutation, spec, r, time_cap_s=time_cap_s, validation=validation, scope=scope)
+                for r in requests]
         out = []
         for i, f in enumerate(futs):
             out.append(f.result())

@@ -65,11 +65,12 @@ def optimize_call_id(rnd: int, index: int, draw: int) -> str:
 
 class ChildMaker:
     """Draws a round's children; ``emit`` stores (and projects) an event, ``calls`` is
-    the run's ``AgentCallLog``."""
+    the run's ``AgentCallLog``; ``scope`` the run session whose optimizer agents are reused."""
 
     def __init__(self, *, cfg: Any, seed: int, optimizer_spec: Any, optimizer_name: str, forbidden: Sequence[str],
-                 tasks: dict[str, Any], store: Any, calls: Any, emit: Callable[[SSREvent], None], work: Path) -> None:
-        self.cfg, self.seed = cfg, seed
+                 tasks: dict[str, Any], store: Any, calls: Any, emit: Callable[[SSREvent], None], work: Path,
+                 scope: str | None = None) -> None:
+        self.cfg, self.seed, self.scope = cfg, seed, scope
         self.optimizer_spec, self.optimizer_name, self.forbidden = optimizer_spec, optimizer_name, forbidden
         self.tasks, self.store, self.calls, self.emit, self.work = tasks, store, calls, emit, work
 
@@ -109,7 +110,7 @@ class ChildMaker:
             outcomes = generate_candidates(self.optimizer_spec, jobs, forbidden=self.forbidden,
                                            timeout_s=self.cfg.validate_timeout_s,
                                            max_concurrent=self.cfg.max_concurrent_candidates,
-                                           time_cap_s=self.cfg.optimizer_time_cap_s)
+                                           time_cap_s=self.cfg.optimizer_time_cap_s, scope=self.scope)
             for (i, d), o in zip(missing, outcomes):
                 self.calls.record("optimizer", o.usage, call_id=optimize_call_id(rnd, i, d),
                                   agent=self.optimizer_name, candidate=i, round=rnd)

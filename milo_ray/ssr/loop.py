@@ -51,7 +51,7 @@ from milo_ray.execution.types import RolloutRequest
 from milo_ray.harness.model import Harness
 from milo_ray.search.seeds import derive_seed
 from milo_ray.ssr import evidence as ev
-from milo_ray.search.mutation import agent_for
+from milo_ray.search.mutation import build_agent
 from milo_ray.ssr.children import ChildMaker
 from milo_ray.ssr.config import SSRConfig
 from milo_ray.ssr.events import (CandidatesChosen, RefreshAborted, Refreshed, RefreshUnaffordable, ResumeMarker,
@@ -91,8 +91,8 @@ class _SSRRun:
         self.cfg, self.ctx = cfg, ctx
         self.sched, self.store, self.bench = ctx.scheduler, ctx.store, ctx.benchmark
         self.calls = ctx.agent_calls
-        self.judge = agent_for(agents["judge"])
-        self.embedder = agent_for(agents["embedder"])
+        self.judge = build_agent(agents["judge"])
+        self.embedder = build_agent(agents["embedder"])
         optimizer_spec = agents["optimizer"]
         self.optimizer_name = optimizer_name = str(
             getattr(optimizer_spec, "name", None)
@@ -114,7 +114,7 @@ class _SSRRun:
         self.children = ChildMaker(cfg=cfg, seed=ctx.seed, optimizer_spec=optimizer_spec, optimizer_name=optimizer_name,
                                    forbidden=forbidden_fragments_for(self.tasks.values()), tasks=self.tasks,
                                    store=self.store, calls=self.calls, emit=self.emit,
-                                   work=Path(ctx.run_dir) / "workspace" / "ssr")
+                                   work=Path(ctx.run_dir) / "workspace" / "ssr", scope=ctx.session)
         self.harnesses: dict[str, Harness] = {}
         self.generated = 0
 

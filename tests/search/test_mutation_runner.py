@@ -178,6 +178,20 @@ def test_two_specs_get_two_agents_and_a_forgotten_agent_is_built_again(tmp_path)
     assert agent_for(a) is not first
 
 
+def test_runs_and_sessions_never_share_an_agent(tmp_path):
+    """An agent keeps state between calls: a run (or a resumed session) must not inherit
+    another's; old sessions are dropped so long-lived workers do not grow."""
+    from milo_ray.search import mutation
+
+    spec = {"_target_": COUNTING, "log": str(tmp_path / "a")}
+    one, two = mutation.agent_for(spec, "run-1"), mutation.agent_for(spec, "run-2")
+    assert one is not two and mutation.agent_for(spec, "run-1") is one
+    for i in range(mutation.MAX_SCOPES + 2):
+        mutation.agent_for(spec, f"later-{i}")
+    assert len(mutation._AGENTS) <= mutation.MAX_SCOPES
+    assert mutation.agent_for(spec, "run-1") is not one  # evicted, built again
+
+
 def test_a_stale_child_in_a_reused_workdir_is_not_read_back(tmp_path):
     req = request(tmp_path)
     Path(req.workdir).mkdir(parents=True)
