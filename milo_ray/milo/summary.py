@@ -10,22 +10,17 @@ from __future__ import annotations
 
 from typing import Any
 
-from milo_ray.milo.evaluate import requests_for
 from milo_ray.milo.events import Summarized
 from milo_ray.milo.lineage import LineageNode
 from milo_ray.milo.view import PopulationView
+from milo_ray.search.final_test import FinalTest, true_score
 
 
 def _true(run: PopulationView, h: Any) -> float | None:
-    gt = run.ctx.benchmark
-    if not hasattr(gt, "true_quality"):
-        return None
-    return float(gt.true_quality(h, run.cfg.test_split)["score"])
+    return true_score(run.ctx.benchmark, h, run.cfg.test_split)
 
 
 async def final_summary(run: PopulationView, stop_reason: str) -> dict[str, Any]:
-    from milo_ray.evaluation import summarize
-
     cfg, st, sched = run.cfg, run.state, run.ctx.scheduler
     used = int(sched.budget.executions_used)
     islands: dict[str, Any] = {}
@@ -43,15 +38,11 @@ async def final_summary(run: PopulationView, stop_reason: str) -> dict[str, Any]
         islands[str(j)] = entry
     bests.sort(key=lambda t: (-t[0], -t[1], t[2]))
     final: list[dict[str, Any]] = []
-    test_ids = [t.task_id for t in run.ctx.benchmark.tasks(cfg.test_split)]
+    final_test = FinalTest(sched, run.ctx.benchmark, split=cfg.test_split, k=cfg.k_test, seed=run.ctx.seed,
+                           method="milo", stage="final", group="final")
     for val, acc, j, b in bests[: cfg.final_candidates]:
-        h = run.harness(b)
-        sched.add_harness(h)
-        reqs = requests_for(h.harness_id, test_ids, cfg.k_test, seed=run.ctx.seed, split=cfg.test_split,
-                            round=st.rounds_done(j), stage="final", group="final")
-        res = await sched.arun(reqs, count_budget=False)
-        sc = summarize(f"island-{j}:{b.node_id}", h, res, test_ids, cfg.k_test, true_score=_true(run, h))
-        final.append({"island": j, "node_id": b.node_id, **sc.as_dict()})
+        for sc in await final_test.arows([(f"island-{j}:{b.node_id}", run.harness(b))], round=st.rounds_done(j)):
+            final.append({"island": j, "node_id": b.node_id, **sc.as_dict()})
     seed_true = {h.name or h.harness_id: _true(run, h) for h in run.seeds}
     best = bests[0][3] if bests else None
     summary = {
