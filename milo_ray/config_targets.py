@@ -169,7 +169,8 @@ def check_composition(cfg: Any) -> Composition:
             raise CompositionError(_first_line(exc)) from None
     method_spec = _resolved(cfg, "method")
     method_cls = check_spec("method", method_spec)
-    roles = tuple(getattr(method_cls, "agent_roles", ()) or ())
+    roles_for = getattr(method_cls, "agent_roles_for", None)  # roles that depend on the method's settings
+    roles = tuple(roles_for(method_spec) if callable(roles_for) else getattr(method_cls, "agent_roles", ()) or ())
     agents = OmegaConf.to_container(cfg.backend.agents, resolve=True)
     check_agents(agents, roles, str(getattr(method_cls, "name", None) or method_spec["_target_"]))
     return Composition(model=model, executor=executor, agents=agents)

@@ -49,6 +49,12 @@ class MiloMethod:
     name = "milo"
     agent_roles = ("mutators", "orchestrator")  # checked by the entry point before the run starts
 
+    @classmethod
+    def agent_roles_for(cls, method: dict[str, Any]) -> tuple[str, ...]:
+        """The roles this configuration needs: rungs without an orchestrator
+        (``method.orchestrator=false``, ablations A-D) need mutators only."""
+        return cls.agent_roles if method.get("orchestrator", True) else ("mutators",)
+
     def __init__(self, **fields: Any) -> None:
         fields.pop("_target_", None)
         self.cfg = MiloConfig(**fields)

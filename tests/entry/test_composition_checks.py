@@ -178,3 +178,10 @@ def test_a_run_stored_before_the_executor_group_resumes_with_the_same_executor_a
     assert "model_id" not in resumed.benchmark and plan.model.id == "offline-surrogate"
     assert {k: plan.executor[k] for k in ("preset", "seed", "label_noise", "calibrate_to")} == \
         {"preset": "surrogate_deepswe", "seed": 2, "label_noise": 0.1, "calibrate_to": None}
+
+
+@pytest.mark.parametrize("rung", ["milo_A", "milo_B", "milo_C", "milo_D"])
+def test_rungs_without_an_orchestrator_do_not_need_one(rung):
+    check_overrides(CONF_DIR, [f"method={rung}", "backend.agents.orchestrator=null"])  # accepted
+    with pytest.raises(UserError, match="backend.agents.orchestrator:"):
+        check_overrides(CONF_DIR, ["method=milo_E", "backend.agents.orchestrator=null"])
