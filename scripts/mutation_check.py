@@ -115,7 +115,8 @@ MUTATIONS: tuple[Mutation, ...] = (
     ),
     Mutation(
         "agent-cache-off", "milo_ray/search/mutation.py",
-        "                _AGENTS[key] = agent", "                pass",
+        "    return json.dumps(spec, sort_keys=True, default=str) if isinstance(spec, dict) else None",
+        "    return json.dumps(spec, sort_keys=True, default=str) + str(time.monotonic_ns()) if isinstance(spec, dict) else None",
         ("tests/search/test_mutation_runner.py::test_agent_is_built_once_per_process_however_many_mutations_it_serves",),
         "every mutation builds its agent again (an LLM agent's client and rate limiter are thrown away)",
     ),
