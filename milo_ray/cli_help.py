@@ -31,8 +31,10 @@ RUN_KEYS = {
     "run.seed": "the run seed (islands, candidates and rollouts derive theirs)",
     "run.time_limit_s": "wall-clock limit of the run, earlier sessions counted (null: none)",
     "run.budget.executions": "rollout budget; cached rollouts are free (null: unlimited)",
-    "run.budget.tokens": "token cap on rollouts (null: unlimited)",
-    "run.budget.cost_usd": "USD cap on rollouts; needs model prices (null: unlimited)",
+    "run.budget.tokens": "token cap on rollouts and agent calls (null: unlimited)",
+    "run.budget.cost_usd": "USD cap on rollouts and agent calls; needs model prices (null: unlimited)",
+    "run.budget.roles.ROLE.tokens": "token cap of one agent role (solver, mutator, orchestrator, judge, optimizer, embedder)",
+    "run.budget.roles.ROLE.cost_usd": "USD cap of one agent role",
     "run.progress": "live progress line on a terminal (true/false; null: when a terminal)",
 }
 
@@ -48,7 +50,8 @@ def usage(conf_dir: str) -> str:
         lines.append(f"  {'':<10} ({what})")
     lines += ["", "Experiments (+experiment=NAME, paper configurations as overrides):",
               f"  {', '.join(options(conf_dir, 'experiment'))}", "", "Run-level keys:"]
-    lines += [f"  {key:<22} {text}" for key, text in RUN_KEYS.items()]
+    width = max(map(len, RUN_KEYS))
+    lines += [f"  {key:<{width}} {text}" for key, text in RUN_KEYS.items()]
     lines += [
         "",
         "Every key of the composed config:  python -m milo_ray.run --cfg job [overrides]",
