@@ -27,6 +27,10 @@ class RoleCap:
     tokens: int | None = None
     cost_usd: float | None = None
 
+    def reached(self, spent: "RoleSpend") -> bool:
+        return (self.tokens is not None and spent.tokens >= self.tokens) or (
+            self.cost_usd is not None and spent.cost_usd >= self.cost_usd)
+
 
 def role_caps(config: Mapping[str, Any] | None) -> dict[str, RoleCap]:
     """``run.budget.roles`` as RoleCaps; an unknown role or a negative cap is a
@@ -145,8 +149,7 @@ class AgentCallLog:
         caps are not reached."""
         with self._lock:
             spent, cap = self._spend[role], self.caps.get(role)
-            if cap is not None and ((cap.tokens is not None and spent.tokens >= cap.tokens)
-                                    or (cap.cost_usd is not None and spent.cost_usd >= cap.cost_usd)):
+            if cap is not None and cap.reached(spent):
                 return False
         return self.budget is None or not self.budget.spend_exhausted()
 
@@ -155,8 +158,7 @@ class AgentCallLog:
         if self.allows(role):
             return None
         cap, spent = self.caps.get(role), self.spend(role)
-        if cap is not None and ((cap.tokens is not None and spent.tokens >= cap.tokens)
-                                or (cap.cost_usd is not None and spent.cost_usd >= cap.cost_usd)):
+        if cap is not None and cap.reached(spent):
             return (f"run.budget.roles.{role} reached (tokens {spent.tokens}/{cap.tokens}, "
                     f"cost ${spent.cost_usd:.4f}/{cap.cost_usd})")
         return "the run's token/USD budget is spent"
