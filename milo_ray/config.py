@@ -244,6 +244,8 @@ class Config:
     backend: BackendConfig = field(default_factory=BackendConfig)
     benchmark: Any = MISSING
     executor: Any = MISSING
+    # The sandbox real executors run agents in (conf/sandbox/); the surrogate ignores it.
+    sandbox: Any = None
     method: Any = MISSING
 
 

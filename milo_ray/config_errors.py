@@ -112,6 +112,16 @@ def check_composition(cfg: Any) -> Any:
         raise UserError(str(exc)) from None
 
 
+def check_tasks_runnable(executor_spec: Any, executor_node: Any, tasks: Any) -> None:
+    """:func:`milo_ray.config_targets.check_tasks_runnable` with its error as a ``UserError``."""
+    from milo_ray.config_targets import CompositionError, check_tasks_runnable as check
+
+    try:
+        check(executor_spec, executor_node, tasks)
+    except CompositionError as exc:
+        raise UserError(str(exc)) from None
+
+
 # What a resumed run may be given again; everything else is the stored config.
 RESUMABLE_KEYS = ("run.resume", "run.time_limit_s", "run.progress", "run.budget", "execution")
 

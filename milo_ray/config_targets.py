@@ -164,7 +164,10 @@ def check_composition(cfg: Any) -> Composition:
     preflight = getattr(executor_cls, "preflight", None)
     if callable(preflight):
         try:
-            preflight(model, benchmark)
+            if "executor" in inspect.signature(preflight).parameters:
+                preflight(model, benchmark, executor=executor)
+            else:
+                preflight(model, benchmark)
         except ValueError as exc:
             raise CompositionError(_first_line(exc)) from None
     method_spec = _resolved(cfg, "method")
@@ -174,3 +177,32 @@ def check_composition(cfg: Any) -> Composition:
     agents = OmegaConf.to_container(cfg.backend.agents, resolve=True)
     check_agents(agents, roles, str(getattr(method_cls, "name", None) or method_spec["_target_"]))
     return Composition(model=model, executor=executor, agents=agents)
+
+
+def check_tasks_runnable(executor_spec: Mapping[str, Any], executor_node: Any, tasks: Sequence[Any]) -> None:
+    """An executor that can say which tasks it cannot run (``unsupported_tasks``: a real
+    executor whose sandbox lacks what a task's environment needs) is built on the driver
+    and asked about every task, so a run refuses them by name before it writes anything."""
+    cls = locate("executor", executor_spec)
+    if not callable(getattr(cls, "unsupported_tasks", None)):
+        return
+    from hydra.utils import instantiate
+
+    try:
+        executor = instantiate(executor_node, _convert_="all")
+    except Exception as exc:
+        cause = exc.__cause__ or exc
+        raise CompositionError(f"executor: {_first_line(cause)}") from None
+    problems = list(executor.unsupported_tasks(list(tasks)))
+    if problems:
+        shown = "; ".join(problems[:5]) + (f"; and {len(problems) - 5} more" if len(problems) > 5 else "")
+        raise CompositionError(f"executor: {len(problems)} of {len(tasks)} tasks cannot run here: {shown}")
+
+
+def worker_env(model: ModelConfig) -> dict[str, str]:
+    """The environment the rollout workers need from the driver's: the model's API key
+    variable (named by ``model.api_key_env``), when the driver has it."""
+    import os
+
+    name = model.api_key_env
+    return {name: os.environ[name]} if name and os.environ.get(name) else {}

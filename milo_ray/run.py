@@ -40,7 +40,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from milo_ray.config import register_configs
 from milo_ray.config_errors import (UserError, check_composition, check_overrides, check_resume_overrides,
-                                    check_settings, override_key)
+                                    check_settings, check_tasks_runnable, override_key)
 from milo_ray.manifest import EMBEDDER_LOADED, build_manifest, deadline_for, elapsed_before, finish_manifest
 
 CONF_DIR = str(Path(__file__).resolve().parent.parent / "conf")
@@ -154,6 +154,7 @@ def run_job(cfg: DictConfig) -> dict[str, Any]:
     from milo_ray.execution.budget import BudgetLedger
     from milo_ray.execution.cluster import connect
     from milo_ray.execution.scheduler import RolloutScheduler
+    from milo_ray.config_targets import worker_env
     from milo_ray.search.agent_calls import AgentCallLog, role_caps
     from milo_ray.store.parquet import ParquetRunStore
 
@@ -174,13 +175,14 @@ def run_job(cfg: DictConfig) -> dict[str, Any]:
             preflight(benchmark, agents)
         except ValueError as exc:
             raise UserError(str(exc).strip().splitlines()[0]) from None
+    tasks = {t.task_id: t for split in benchmark.splits().values() for t in split}
+    check_tasks_runnable(plan.executor, cfg.executor, list(tasks.values()))
     cluster = connect(cfg.execution)
 
     manifest = build_manifest(cfg, run_dir=run_dir, cluster=cluster, resumed=resumed)
     store = ParquetRunStore(run_dir, run_id=manifest["run_id"])
     store.write_manifest(manifest)
     log_file = _attach_run_log(run_dir)
-    tasks = {t.task_id: t for split in benchmark.splits().values() for t in split}
     scheduler = RolloutScheduler(
         executor_config=plan.executor,
         tasks=tasks,
@@ -198,6 +200,7 @@ def run_job(cfg: DictConfig) -> dict[str, Any]:
         progress=cfg.run.progress,
         usd_per_mtok=None if plan.model.usd_per_mtok_input is None
         else (plan.model.usd_per_mtok_input, plan.model.usd_per_mtok_output),
+        worker_env=worker_env(plan.model),
     )
     elapsed = elapsed_before(manifest["history"], _activity_times(store)) if resumed else 0.0
     if elapsed:
@@ -219,6 +222,7 @@ def run_job(cfg: DictConfig) -> dict[str, Any]:
         agent_calls=AgentCallLog(store, budget=scheduler.budget, resumed=resumed,
                                  caps=role_caps(OmegaConf.to_container(cfg.run.budget.roles, resolve=True))),
     )
+    scheduler.agent_calls = ctx.agent_calls  # real rollouts' model calls land there (role solver)
     status = "failed"
     summary: dict[str, Any] = {}
     try:

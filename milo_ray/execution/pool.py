@@ -42,8 +42,10 @@ class WorkerPool:
         claim_slots: bool,
         time_cap_grace: float,
         address: str | None,
+        worker_env: Mapping[str, str] | None = None,
     ) -> None:
         self.executor_config = executor_config
+        self.worker_env = dict(worker_env or {})
         self.harnesses = harnesses
         self.slots_per_node = slots_per_node
         self.slot_resource = slot_resource
@@ -95,7 +97,8 @@ class WorkerPool:
                 raise RuntimeError("no Ray node could host a rollout worker; see the log for each node's error")
 
     async def _start(self, node: WorkerNode) -> None:
-        error = await start_worker(node, self._config_ref, self.time_cap_grace, self.slot_resource)
+        error = await start_worker(node, self._config_ref, self.time_cap_grace, self.slot_resource,
+                                   env=self.worker_env)
         if error:
             raise RuntimeError(f"the rollout worker could not build the executor from executor_config:\n{error}")
 

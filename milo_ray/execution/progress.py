@@ -89,7 +89,7 @@ class RolloutProgress:
             if result.error_kind is not None or result.timed_out:
                 self.failures += 1
             self.tokens += result.input_tokens + result.output_tokens
-            self.cost_usd += result.cost_usd
+            self.cost_usd += result.cost_usd or 0.0
 
     def eta_s(self) -> float | None:
         if self._t0 is None or self.done == 0:

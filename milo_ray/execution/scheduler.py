@@ -104,11 +104,13 @@ class RolloutScheduler:
     them later with :meth:`set_group_limit`.
     ``max_retries`` infrastructure retries per rollout, the n-th after
     ``retry_backoff_s * 2**(n-1)`` seconds. A rollout running longer than
-    ``task.time_cap_s * time_cap_grace`` is cancelled and recorded ``timed_out``.
+    ``task.time_cap_s * time_cap_grace + task.grading_cap_s`` is cancelled and recorded ``timed_out``.
     ``progress``: None = live line on a TTY, False = quiet, or a ``RolloutProgress``.
     ``address`` is used to connect only when Ray is not initialised yet.
     ``usd_per_mtok``: (input, output) USD per million tokens; it prices every result
     whose executor reported no cost of its own (None: such results cost 0).
+    ``worker_env``: environment variables the rollout workers get through Ray's runtime
+    environment (the model's API key; see :func:`~milo_ray.execution.workers.start_worker`).
     """
 
     def __init__(
@@ -131,6 +133,7 @@ class RolloutScheduler:
         slot_resource: str = SLOT_RESOURCE,
         claim_slots: bool = False,
         usd_per_mtok: tuple[float, float] | None = None,
+        worker_env: Mapping[str, str] | None = None,
     ) -> None:
         self.executor_config = executor_config
         self.tasks: dict[str, Task] = dict(tasks) if isinstance(tasks, Mapping) else {t.task_id: t for t in tasks}
@@ -152,11 +155,14 @@ class RolloutScheduler:
         if usd_per_mtok is not None and (len(usd_per_mtok) != 2 or min(usd_per_mtok) < 0):
             raise ValueError(f"RolloutScheduler: usd_per_mtok={usd_per_mtok!r} must be (input, output) prices >= 0")
         self.usd_per_mtok = usd_per_mtok
+        # The run's AgentCallLog (set by the entry point): the model calls a real rollout
+        # made are recorded there (role "solver") before the rollout itself is stored.
+        self.agent_calls: Any = None
 
         self._harnesses: dict[str, Any] = {}
         self._pool = WorkerPool(executor_config, self._harnesses, slots_per_node=slots_per_node,
                                 slot_resource=slot_resource, claim_slots=bool(claim_slots),
-                                time_cap_grace=self.time_cap_grace, address=address)
+                                time_cap_grace=self.time_cap_grace, address=address, worker_env=worker_env)
         self._nodes = self._pool.nodes  # node id -> WorkerNode, the rollouts in flight there
         self._cache = ResultCache(store)
         # Resume: rollouts stored before this scheduler existed were spent already.
@@ -489,12 +495,15 @@ class RolloutScheduler:
         if not results:
             return
         for res in results:
-            self._jobs[res.cache_key].ledger.commit(tokens=res.input_tokens + res.output_tokens, cost_usd=res.cost_usd)
+            self._jobs[res.cache_key].ledger.commit(tokens=res.input_tokens + res.output_tokens, cost_usd=res.cost_usd or 0.0)
         # Dispatch before writing: the next submission is on the critical path of every
         # wave of rollouts, the store write is not.
         self._pump()
         # The store moves each trace into a blob and sets trace_ref on the result in place.
         try:
+            if self.agent_calls is not None:
+                for res in results:
+                    self.agent_calls.record_rollout_calls(res)
             self.store.append_rollouts(results)
         except Exception as exc:
             # Executed (and charged) but not stored: the callers get the store's error;

@@ -25,6 +25,10 @@ class Task:
     ``metadata`` holds benchmark-specific, JSON-serializable facts (for the surrogate:
     latent difficulty, failure-mode propensities, hidden-test count); executors read
     it, methods must not rely on it.
+
+    ``time_cap_s`` bounds the agent's work; ``grading_cap_s`` is the wall time a real
+    rollout needs on top of it to set up its sandbox and run the task's verifier (0 for
+    simulated tasks). The worker cancels a rollout past ``time_cap_s * grace + grading_cap_s``.
     """
 
     task_id: str
@@ -33,6 +37,7 @@ class Task:
     time_cap_s: float
     token_cap: int
     metadata: dict[str, Any] = field(default_factory=dict)
+    grading_cap_s: float = 0.0
 
 
 def cache_key(harness_id: str, task_id: str, rollout_idx: int, model_id: str, seed: int) -> str:
@@ -82,7 +87,8 @@ class RolloutResult:
     score: float
     input_tokens: int = 0
     output_tokens: int = 0
-    cost_usd: float = 0.0
+    # None: the model could not be priced (recorded as null, never as free).
+    cost_usd: float | None = 0.0
     latency_s: float = 0.0
     timed_out: bool = False
     error_kind: str | None = None
@@ -119,6 +125,8 @@ class RolloutResult:
                 return f"{name}={v!r} is not a non-negative integer"
         for name in ("cost_usd", "latency_s"):
             v = getattr(self, name)
+            if v is None and name == "cost_usd":
+                continue
             if not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
                 return f"{name}={v!r} is not a finite non-negative number"
         return None

@@ -16,8 +16,8 @@ amortised over many rollouts:
   they finish without a batch barrier).
 
 Per-rollout time caps are enforced here, next to the rollout: past
-``task.time_cap_s * time_cap_grace`` after the executor call started running (for a
-blocking ``execute``, once it got a thread) the coroutine is cancelled and the outcome
+``task.time_cap_s * time_cap_grace + task.grading_cap_s`` after the executor call started
+running (for a blocking ``execute``, once it got a thread) the coroutine is cancelled and the outcome
 is marked as capped. An executor that raises is reported as an infrastructure failure
 (the driver decides about retries); a ``SystemExit`` from it is a harness failure. The actor is a thin shell around
 :class:`WorkerCore`, which is plain asyncio and testable without Ray.
@@ -181,7 +181,7 @@ class WorkerCore:
             try:
                 harness = await self._resolve(self.harnesses, "harness", harness_id)
                 task = await self._resolve(self.tasks, "task", task_id)
-                cap = task.time_cap_s * self.time_cap_grace
+                cap = task.time_cap_s * self.time_cap_grace + max(float(task.grading_cap_s or 0.0), 0.0)
                 limit = cap if 0 < cap < math.inf else None
                 job, began = self._launch(harness, task, rollout_idx, seed)
                 if began is not None:
@@ -368,15 +368,22 @@ def discover_nodes(slot_resource: str, slots_per_node: int, *, claim_slots: bool
     return out
 
 
-async def start_worker(node: WorkerNode, config_ref: Any, time_cap_grace: float, slot_resource: str) -> str | None:
+async def start_worker(node: WorkerNode, config_ref: Any, time_cap_grace: float, slot_resource: str,
+                       env: Mapping[str, str] | None = None) -> str | None:
     """Start a worker pinned to ``node`` and wait until it is up. Returns the executor
     construction error (a config problem, not retried) or None; a worker that cannot be
-    placed or dies while starting marks the node as not alive."""
+    placed or dies while starting marks the node as not alive.
+
+    ``env``: environment variables the worker needs that its node may lack (the model's
+    API key, named by ``model.api_key_env``): given through Ray's runtime environment,
+    never through the executor config, which is stored in the manifest."""
     opts: dict[str, Any] = {
         "scheduling_strategy": NodeAffinitySchedulingStrategy(node.node_id, soft=False),
         "max_concurrency": node.slots + _CONTROL_CALLS,
         "max_restarts": 0,
     }
+    if env:
+        opts["runtime_env"] = {"env_vars": dict(env)}
     if node.claim_slots:
         opts["resources"] = {slot_resource: node.slots}
     actor = RolloutWorker.options(**opts).remote(config_ref, node.slots, time_cap_grace)
