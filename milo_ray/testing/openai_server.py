@@ -17,7 +17,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+from typing import Any, Callable
 
 
 @dataclass
@@ -50,14 +50,20 @@ def error(status: int) -> Reply:
 
 class ScriptedOpenAIServer:
     """Serves ``script`` in order on ``POST /v1/chat/completions``; the last reply is
-    repeated once the script is used up. ``requests`` holds every request body."""
+    repeated once the script is used up. ``requests`` holds every request body.
 
-    def __init__(self, script: list[Reply], *, model: str = "scripted") -> None:
-        if not script:
+    ``script`` may instead be a function from the request body to a :class:`Reply`: the
+    answer then depends on the conversation, not on arrival order, which is what many
+    concurrent agent runs against one server need."""
+
+    def __init__(self, script: list[Reply] | Callable[[dict[str, Any]], Reply], *, model: str = "scripted") -> None:
+        if not callable(script) and not script:
             raise ValueError("ScriptedOpenAIServer: the script needs at least one reply")
-        self.script, self.model = list(script), model
+        self.responder = script if callable(script) else None
+        self.script, self.model = ([] if callable(script) else list(script)), model
         self.requests: list[dict[str, Any]] = []
         self._next = 0
+        self.answered: list[Reply] = []  # replies served with HTTP 200 (their usage is what a client was billed)
         self._lock = threading.Lock()
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
         self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
@@ -78,11 +84,14 @@ class ScriptedOpenAIServer:
     def _take(self, body: dict[str, Any]) -> Reply:
         with self._lock:
             self.requests.append(body)
-            r = self.script[min(self._next, len(self.script) - 1)]
             self._next += 1
-            return r
+            if self.responder is not None:
+                return self.responder(body)
+            return self.script[min(self._next - 1, len(self.script) - 1)]
 
     def _answer(self, r: Reply) -> dict[str, Any]:
+        with self._lock:
+            self.answered.append(r)
         message: dict[str, Any] = {"role": "assistant", "content": r.content}
         if r.tool_calls:
             message["tool_calls"] = r.tool_calls
