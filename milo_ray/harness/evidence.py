@@ -13,7 +13,9 @@ Layout written by ``write_evidence_dir``:
   the top-level files are copies of the worst one, so a reader that only knows the
   ``traces/<task>/trajectory.json`` convention still sees the most telling failure.
 * ``traces/<task_id>/result.json`` — for failed tasks only (a task fails when any
-  rollout is not fully resolved): the verifier reward per rollout and errors.
+  rollout is not fully resolved): the verifier reward per rollout and errors (for real
+  tasks also what the verifier said: its reward values, error and output tail).
+  A trace without a CTRF report (a verifier that wrote none) leaves no ``ctrf.json``.
 
 Traces come from ``result.trace`` when still inline, else ``store.get_blob(result.trace_ref)``.
 """
@@ -40,6 +42,10 @@ def _trace(result: RolloutResult, store: Any) -> dict[str, Any] | None:
 
 
 def _dump(path: Path, obj: Any) -> None:
+    """Write ``obj`` as JSON; nothing for None (a verifier that wrote no CTRF report
+    leaves no ctrf.json rather than a file saying null)."""
+    if obj is None:
+        return
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(obj, indent=1, sort_keys=False))
 
@@ -89,7 +95,10 @@ def write_evidence_dir(path: str | Path, harness: Any, results: Iterable[Rollout
                 "task_id": tid, "reward": sum(r.score for r in rs) / len(rs),
                 "rollouts": [{"rollout_idx": r.rollout_idx, "reward": r.score, "resolved": r.resolved,
                               "timed_out": r.timed_out, "error_kind": r.error_kind, "error": r.error,
-                              "output_tokens": r.output_tokens, "seconds": r.latency_s} for r in rs]})
+                              "output_tokens": r.output_tokens, "seconds": r.latency_s,
+                              # A real task's verifier: its reward values, error and output tail.
+                              **({"verifier": traces[r.rollout_idx]["verifier"]}
+                                 if (traces[r.rollout_idx] or {}).get("verifier") else {})} for r in rs]})
         tp = _tests_passed(wt)
         mean = sum(r.score for r in rs) / len(rs)
         tok = sum(r.output_tokens for r in rs) / len(rs)

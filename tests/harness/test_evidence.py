@@ -45,3 +45,18 @@ def test_evidence_dir_has_report_traces_ctrf_and_results_for_failures(tmp_path):
         assert traj["rollout_idx"] == worst.rollout_idx
         assert (tdir / "rollout-0" / "trajectory.json").exists() and (tdir / "rollout-1" / "ctrf.json").exists()
         assert (tdir / "result.json").exists() == any(not r.resolved for r in rs)
+
+
+def test_a_real_verifier_failure_is_in_result_json_and_leaves_no_null_ctrf(tmp_path):
+    from milo_ray.execution.types import RolloutResult
+
+    h = load_seeds(["minimal"])[0]
+    verifier = {"score": 0.0, "reward": {}, "error": "test.sh wrote no reward (it needs the network)",
+                "seconds": 1.5, "output": "curl: (6) Could not resolve host"}
+    r = RolloutResult(h.harness_id, "needs-net", 0, score=0.0, error_kind="task", error=verifier["error"],
+                      trace={"trajectory": {"steps": []}, "ctrf": None, "verifier": verifier})
+    root = write_evidence_dir(tmp_path / "ev", h, [r], [])
+    tdir = root / "traces" / "needs-net"
+    assert (tdir / "trajectory.json").is_file() and not (tdir / "ctrf.json").exists()
+    result = json.loads((tdir / "result.json").read_text())
+    assert result["rollouts"][0]["verifier"] == verifier
