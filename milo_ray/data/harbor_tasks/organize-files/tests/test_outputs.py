@@ -38,7 +38,7 @@ class TestOrganize(unittest.TestCase):
         files = [p for p in SORTED.rglob("*") if p.is_file() and p.name != "index.json"]
         self.assertEqual(len(files), 14)
         for p in files:
-            self.assertEqual(p.read_text(), f"content of {p.name}\n")
+            self.assertEqual(p.read_text(), f"# content of {p.name}\n")
 
     def test_index(self):
         self.assertEqual(json.loads((SORTED / "index.json").read_text()), EXPECTED)

@@ -1,1 +1,1 @@
-content of deploy.sh
+# content of deploy.sh

@@ -1,1 +1,1 @@
-content of script.py
+# content of script.py
