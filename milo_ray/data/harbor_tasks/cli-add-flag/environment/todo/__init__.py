@@ -1,0 +1,1 @@
+"""A tiny to-do list kept in a JSON file."""
