@@ -6,6 +6,7 @@ Without a daemon that can be started the Docker tests skip, saying why -- except
 from __future__ import annotations
 
 import os
+import subprocess
 import uuid
 from pathlib import Path
 
@@ -46,15 +47,21 @@ def docker_factory(make_docker_factory) -> DockerSandboxFactory:
 
 
 @pytest.fixture
-def docker_task(tmp_path: Path) -> SandboxSpec:
+def docker_task(docker_base_image: str, tmp_path: Path):
     """A task whose Dockerfile starts FROM an unpullable image and copies hello.txt into
-    /app; the file's content is unique per test, so its image is built fresh."""
+    /app; the file's content is unique per test, so its image is built fresh (and removed
+    afterwards, found by the task label the build puts on it)."""
     context = tmp_path / "task"
     context.mkdir()
     (context / "hello.txt").write_text(f"hello {uuid.uuid4().hex}\n")
     (context / "Dockerfile").write_text("FROM registry.example/unpullable:1.0\nWORKDIR /app\nCOPY hello.txt /app/\n")
-    return SandboxSpec(task_id=f"docker-test-{uuid.uuid4().hex[:8]}", build_context=str(context),
+    spec = SandboxSpec(task_id=f"docker-test-{uuid.uuid4().hex[:8]}", build_context=str(context),
                        env={"TASK_GREETING": "hi there"})
+    yield spec
+    images = subprocess.run(["docker", "images", "-q", "--filter", f"label=milo-ray.task={spec.task_id}"],
+                            capture_output=True, text=True).stdout.split()
+    if images:
+        subprocess.run(["docker", "rmi", "-f", *images], capture_output=True)
 
 
 @pytest.fixture
