@@ -170,3 +170,24 @@ def test_container_is_removed_on_close_and_when_dropped(docker_factory, docker_t
     docker_factory.open(docker_task, tmp_path / "b")
     gc.collect()
     assert _containers(docker_task.task_id) == []
+
+
+def test_interrupt_restarts_the_container_when_the_sweep_cannot_run(docker_sandbox, monkeypatch) -> None:
+    docker_sandbox.execute("nohup sleep 303 >/dev/null 2>&1 &")
+    monkeypatch.setattr(docker_module, "_SWEEP", "exit 1")  # as when no pid is left to fork it
+    docker_sandbox.interrupt()
+    assert not [p for p in _processes(docker_sandbox) if p.startswith("sleep 303")]
+    assert docker_sandbox.execute("cat /app/hello.txt").output.startswith("hello ")
+    monkeypatch.undo()
+    docker_sandbox.interrupt()  # the main process found again after the restart survives it
+    assert docker_sandbox.execute("echo alive").output == "alive\n"
+
+
+def test_config_group_builds_the_factory() -> None:
+    from hydra.utils import instantiate
+    from omegaconf import OmegaConf
+
+    conf = OmegaConf.load(Path(__file__).parents[3] / "conf" / "sandbox" / "docker.yaml")
+    factory = instantiate(conf)
+    assert isinstance(factory, DockerSandboxFactory) and factory.name == "docker"
+    assert (factory.docker, factory.host_mounts, factory.base_image_override) == (("docker",), (), None)
