@@ -1,0 +1,471 @@
+"""The Docker sandbox: one container per rollout, from the task's image.
+
+The image is ``spec.docker_image``, or the task's Dockerfile in ``spec.build_context``
+built once per content (tagged ``milo-ray-task:<hash of the context>``; a lock per tag
+keeps concurrent opens of one task in a process from building it twice). The container's
+main process is a long ``sleep`` under Docker's ``--init`` (which reaps orphans); every
+command is a ``docker exec`` into it, run through :func:`run_capped` for the per-command
+timeout and the output cap.
+
+What is enforced: no network unless ``spec.allow_internet`` (``--network none``); CPUs,
+memory (swap included) and the process count (``--cpus``, ``--memory``/``--memory-swap``,
+``--pids-limit``) from the spec, else the factory's defaults; the timeout and output cap
+of each command. ``spec.storage_mb`` is not enforced: Docker can cap a container's
+writable layer only on overlay2 over xfs with project quotas, which these hosts lack.
+
+Offline hosts cannot pull the public image a task's Dockerfile starts ``FROM``; the
+factory's ``base_image_override`` replaces it at build time (tests and offline CI use
+:func:`milo_ray.testing.dockerd.local_base_image` with its ``host_mounts``).
+
+Containers carry the label ``milo-ray.sandbox=docker`` (and the task id and owner pid), so
+leftovers are found with ``docker ps -a --filter label=milo-ray.sandbox``. ``close()``
+removes the container; a ``weakref.finalize`` backstop removes it when the sandbox is
+garbage-collected unclosed or the interpreter exits (a rollout that crashed before
+``close``). Only a SIGKILLed process leaves its containers behind.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import logging
+import os
+import re
+import shlex
+import subprocess
+import tarfile
+import threading
+import uuid
+import weakref
+from pathlib import Path
+
+from deepagents.backends.protocol import (
+    FILE_NOT_FOUND,
+    INVALID_PATH,
+    IS_DIRECTORY,
+    ExecuteResponse,
+    FileDownloadResponse,
+    FileUploadResponse,
+)
+
+from milo_ray.execution.sandbox.base import LOGS_DIR, SOLUTION_DIR, TESTS_DIR, Sandbox, SandboxSpec
+from milo_ray.execution.sandbox.process import run_capped
+
+log = logging.getLogger(__name__)
+
+LABEL = "milo-ray.sandbox"
+IMAGE_REPO = "milo-ray-task"
+# Every ``docker exec`` of a command carries this variable with a fresh value, so the
+# processes it started (children inherit the environment) can be found and killed when the
+# command times out: killing the ``docker exec`` client does not stop them -- dockerd does
+# not forward the signal into the container.
+EXEC_MARKER = "MILO_RAY_EXEC"
+# The main process only has to outlive the rollout (68 years; busybox's sleep lacks
+# ``infinity``).
+_MAIN = ("sleep", "2147483647")
+# Control-plane calls (run, rm, the kill sweep, cp) answer in well under a second on an idle
+# daemon; a daemon busy with builds and many containers can stall for tens of seconds.
+_CONTROL_TIMEOUT_S = 120.0
+_CONTROL_OUTPUT_CAP = 64 * 1024
+# Keeps the build log's useful part (the failing step) without holding a huge log.
+_BUILD_LOG_CAP = 256 * 1024
+_TIMEOUT_EXIT = 124  # what coreutils ``timeout`` reports, so shells and agents read it alike
+
+# One lock per image tag in this process: the second open of a task waits for the first
+# one's build and then finds the image.
+_BUILD_LOCKS: dict[str, threading.Lock] = {}
+_BUILD_LOCKS_GUARD = threading.Lock()
+
+# Kills, as root inside the container, every process except PID 1 (docker-init), the main
+# ``sleep`` ($1) and itself -- or with a marker ($2), only the processes whose environment
+# holds it. Zombies are skipped (already dead, reaped by their parent). It repeats while it
+# finds victims, since a victim may fork between the listing and the kill. Builtins only in
+# the loop (busybox-compatible): under ``--pids-limit`` a fork may be refused.
+_SWEEP = r"""
+main=$1; marker=$2; pass=0
+while [ "$pass" -lt 20 ]; do
+  found=0
+  for d in /proc/[0-9]*; do
+    p=${d#/proc/}
+    case "$p" in 1|"$$"|"$main") continue;; esac
+    st=; while read -r k v rest; do [ "$k" = State: ] && { st=$v; break; }; done 2>/dev/null < "$d/status"
+    [ -z "$st" ] || [ "$st" = Z ] && continue
+    if [ -n "$marker" ]; then
+      tr '\000' '\n' < "$d/environ" 2>/dev/null | grep -qxF "$marker" || continue
+    fi
+    kill -9 "$p" 2>/dev/null && found=1
+  done
+  [ "$found" = 0 ] && exit 0
+  pass=$((pass+1))
+done
+"""
+
+# Right after ``docker run``, the only child of docker-init (PID 1) is the main process.
+_MAIN_PID = r"""
+for d in /proc/[0-9]*; do
+  while read -r k v rest; do [ "$k" = PPid: ] && { [ "$v" = 1 ] && echo "${d#/proc/}"; break; }; done 2>/dev/null < "$d/status"
+done
+"""
+
+# Runs under the image's python3 as the exec user (so files belong to whoever runs the
+# agent's commands). stdin: a JSON line of paths, then per file a decimal length line and
+# the bytes. Prints a JSON list: None or the protocol's error per path.
+_UPLOAD = r"""
+import json, os, sys
+src = sys.stdin.buffer
+paths = json.loads(src.readline())
+errors = []
+for path in paths:
+    body = src.read(int(src.readline()))
+    try:
+        parent = os.path.dirname(path)
+        if parent:
+            os.makedirs(parent, exist_ok=True)
+        with open(path, "wb") as f:
+            f.write(body)
+        errors.append(None)
+    except PermissionError:
+        errors.append("permission_denied")
+    except IsADirectoryError:
+        errors.append("is_directory")
+    except (NotADirectoryError, FileExistsError):
+        errors.append("invalid_path")
+    except OSError as e:
+        errors.append(str(e))
+print(json.dumps(errors))
+"""
+
+
+class DockerSandbox(Sandbox):
+    """One running container (see the module docstring); build it with
+    :meth:`DockerSandboxFactory.open`."""
+
+    def __init__(self, *, docker: tuple[str, ...], container: str, workdir: str, main_pid: str,
+                 command_timeout_s: float, output_cap_bytes: int) -> None:
+        self._docker, self._container, self._workdir = docker, container, workdir
+        self._main_pid = main_pid
+        self._command_timeout_s, self._output_cap = command_timeout_s, output_cap_bytes
+        self._closed = False
+        # Not a method of self: a finalizer holding the sandbox would keep it alive forever.
+        self._remover = weakref.finalize(self, _remove_container, docker, container)
+
+    @property
+    def id(self) -> str:
+        return self._container
+
+    def execute(self, command: str, *, timeout: int | None = None) -> ExecuteResponse:
+        """Run ``bash -c command`` in the workdir. ``timeout`` (seconds) None or 0 means the
+        factory's ``command_timeout_s`` -- a sandbox command is never unbounded. On timeout
+        the command's processes inside the container are killed (found by their exec
+        marker) and the exit code is 124."""
+        self._check_open()
+        if timeout is not None and timeout < 0:
+            raise ValueError(f"timeout must be >= 0 seconds, got {timeout}")
+        limit = float(timeout) if timeout else self._command_timeout_s
+        marker = f"{EXEC_MARKER}={uuid.uuid4().hex}"
+        run = run_capped([*self._docker, "exec", "-e", marker, "-w", self._workdir, self._container,
+                          "bash", "-c", command], timeout_s=limit, output_cap_bytes=self._output_cap)
+        if not run.timed_out:
+            return ExecuteResponse(output=run.output, exit_code=run.exit_code, truncated=run.truncated)
+        # The docker exec client was killed; what it started inside still runs.
+        self._sweep(marker)
+        note = f"\n[command timed out after {limit:g} s; its processes were killed]"
+        return ExecuteResponse(output=run.output + note, exit_code=_TIMEOUT_EXIT, truncated=run.truncated)
+
+    def interrupt(self) -> None:
+        """Kill every process in the container except docker-init and the main sleep; the
+        files stay. When the sweep itself cannot run (e.g. a fork bomb holds every pid the
+        container may have), the container is restarted: that kills everything and keeps
+        its filesystem."""
+        self._check_open()
+        if self._sweep(None):
+            return
+        restart = run_capped([*self._docker, "restart", "-t", "0", self._container],
+                             timeout_s=_CONTROL_TIMEOUT_S, output_cap_bytes=_CONTROL_OUTPUT_CAP)
+        if restart.exit_code != 0:
+            raise RuntimeError(f"could not interrupt container {self._container}: {restart.output.strip()}")
+        self._main_pid = _find_main_pid(self._docker, self._container)
+
+    def upload_files(self, files: list[tuple[str, bytes]]) -> list[FileUploadResponse]:
+        """Write each file (creating parent directories) as the user commands run as, in one
+        ``docker exec -i`` into the image's python3 (which the file tools need anyway)."""
+        self._check_open()
+        results: list[str | None] = [None if path.startswith("/") else INVALID_PATH for path, _ in files]
+        todo = [(path, data) for (path, data), err in zip(files, results) if err is None]
+        if todo:
+            payload = io.BytesIO()
+            payload.write(json.dumps([path for path, _ in todo]).encode() + b"\n")
+            for _, data in todo:
+                payload.write(b"%d\n" % len(data))
+                payload.write(data)
+            run = run_capped([*self._docker, "exec", "-i", self._container, "python3", "-c", _UPLOAD],
+                             timeout_s=max(self._command_timeout_s, _CONTROL_TIMEOUT_S),
+                             output_cap_bytes=_CONTROL_OUTPUT_CAP, stdin=payload.getvalue())
+            errors = _last_json_list(run.output, len(todo))
+            if errors is None:
+                errors = [f"upload failed (exit {run.exit_code}): {run.output.strip()[-500:]}"] * len(todo)
+            it = iter(errors)
+            results = [next(it) if err is None else err for err in results]
+        return [FileUploadResponse(path=path, error=err) for (path, _), err in zip(files, results)]
+
+    def download_files(self, paths: list[str]) -> list[FileDownloadResponse]:
+        """Read each file with ``docker cp`` (a tar stream; symlinks followed)."""
+        self._check_open()
+        return [self._download(path) for path in paths]
+
+    def _download(self, path: str) -> FileDownloadResponse:
+        if not path.startswith("/"):
+            return FileDownloadResponse(path=path, content=None, error=INVALID_PATH)
+        try:
+            done = subprocess.run([*self._docker, "cp", "-L", f"{self._container}:{path}", "-"],
+                                  capture_output=True, timeout=_CONTROL_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            return FileDownloadResponse(path=path, content=None, error=f"docker cp timed out after {_CONTROL_TIMEOUT_S:g} s")
+        if done.returncode != 0:
+            message = done.stderr.decode(errors="replace").strip()
+            missing = "could not find the file" in message.lower() or "no such" in message.lower()
+            return FileDownloadResponse(path=path, content=None, error=FILE_NOT_FOUND if missing else message)
+        with tarfile.open(fileobj=io.BytesIO(done.stdout)) as tar:
+            member = tar.next()
+            if member is None:
+                return FileDownloadResponse(path=path, content=None, error=FILE_NOT_FOUND)
+            if member.isdir():
+                return FileDownloadResponse(path=path, content=None, error=IS_DIRECTORY)
+            extracted = tar.extractfile(member)
+            if extracted is None:  # a device or fifo: nothing to read
+                return FileDownloadResponse(path=path, content=None, error=f"{path} is not a regular file")
+            return FileDownloadResponse(path=path, content=extracted.read(), error=None)
+
+    def close(self) -> None:
+        """Remove the container (``docker rm -f``); idempotent."""
+        self._closed = True
+        self._remover()
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise RuntimeError(f"sandbox {self._container} is closed")
+
+    def _sweep(self, marker: str | None) -> bool:
+        """Kill the marked processes (all but the main one when ``marker`` is None)."""
+        run = run_capped([*self._docker, "exec", "-u", "0", self._container, "sh", "-c", _SWEEP, "sh",
+                          self._main_pid, marker or ""],
+                         timeout_s=_CONTROL_TIMEOUT_S, output_cap_bytes=_CONTROL_OUTPUT_CAP)
+        if run.exit_code != 0:
+            log.warning("kill sweep in %s failed (exit %s): %s", self._container, run.exit_code, run.output.strip())
+        return run.exit_code == 0
+
+
+def _remove_container(docker: tuple[str, ...], container: str) -> None:
+    try:
+        done = subprocess.run([*docker, "rm", "-f", container], capture_output=True, text=True,
+                              timeout=_CONTROL_TIMEOUT_S)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        log.warning("could not remove container %s: %s", container, e)
+        return
+    if done.returncode != 0 and "no such container" not in done.stderr.lower():
+        log.warning("could not remove container %s: %s", container, done.stderr.strip())
+
+
+def _find_main_pid(docker: tuple[str, ...], container: str) -> str:
+    # docker-init forks the main process right after ``docker run`` returns; give it a
+    # moment rather than failing the rollout on that race.
+    for _ in range(50):
+        run = run_capped([*docker, "exec", "-u", "0", container, "sh", "-c", _MAIN_PID],
+                         timeout_s=_CONTROL_TIMEOUT_S, output_cap_bytes=_CONTROL_OUTPUT_CAP)
+        pids = run.output.split()
+        if run.exit_code == 0 and len(pids) == 1:
+            return pids[0]
+        threading.Event().wait(0.1)
+    raise RuntimeError(f"container {container}: cannot find its main process ({run.output.strip()[-300:]})")
+
+
+def _last_json_list(output: str, n: int) -> list[str | None] | None:
+    lines = output.strip().splitlines()
+    try:
+        value = json.loads(lines[-1]) if lines else None
+    except ValueError:
+        return None
+    return value if isinstance(value, list) and len(value) == n else None
+
+
+def override_from(dockerfile: str, image: str) -> str:
+    """``dockerfile`` with every ``FROM`` of an external image replaced by ``image``
+    (flags such as ``--platform`` and ``AS name`` kept; ``FROM`` an earlier stage kept)."""
+    stages: set[str] = set()
+    out = []
+    for line in dockerfile.splitlines(keepends=True):
+        m = re.match(r"(?i)^(\s*FROM\s+)((?:--\S+\s+)*)(\S+)(.*)$", line.rstrip("\r\n"))
+        if m is None:
+            out.append(line)
+            continue
+        head, flags, source, tail = m.groups()
+        alias = re.match(r"(?i)\s+AS\s+(\S+)", tail)
+        if source.lower() not in stages:
+            source = image
+        if alias:
+            stages.add(alias.group(1).lower())
+        out.append(head + flags + source + tail + line[len(line.rstrip("\r\n")):])
+    return "".join(out)
+
+
+def context_digest(context: Path, dockerfile: str) -> str:
+    """sha256 over the effective Dockerfile and every file of the build context (relative
+    path, executable bit, content; symlinks by target), in path order."""
+    h = hashlib.sha256()
+    h.update(b"dockerfile\0" + dockerfile.encode() + b"\0")
+    for path in sorted(p for p in context.rglob("*") if not p.is_dir() or p.is_symlink()):
+        rel = path.relative_to(context).as_posix().encode()
+        if path.is_symlink():
+            h.update(b"link\0" + rel + b"\0" + os.readlink(path).encode() + b"\0")
+        else:
+            data = path.read_bytes()
+            mode = b"x" if os.access(path, os.X_OK) else b"-"
+            h.update(b"file\0" + rel + b"\0" + mode + b"%d\0" % len(data) + data)
+    return h.hexdigest()
+
+
+def _build_lock(tag: str) -> threading.Lock:
+    with _BUILD_LOCKS_GUARD:
+        return _BUILD_LOCKS.setdefault(tag, threading.Lock())
+
+
+class DockerSandboxFactory:
+    """Opens :class:`DockerSandbox` es (the ``sandbox=docker`` config group).
+
+    ``command_timeout_s``: default per-command timeout; ``output_cap_bytes``: per-command
+    output cap; ``build_timeout_s``: limit of one image build; ``base_image_override``: an
+    image that replaces the external ``FROM`` images of task Dockerfiles at build time
+    (for offline hosts; None builds them as written); ``host_mounts``: host directories
+    mounted read-only at the same path in every container (the host's programs for an
+    image made by ``docker import``; empty for real task images); ``cpus``,
+    ``memory_mb``: defaults for specs that name none (None: unlimited); ``pids_limit``:
+    processes per container; ``docker``: the CLI command (e.g. ``["sudo", "docker"]``).
+    """
+
+    name = "docker"
+
+    def __init__(self, *, command_timeout_s: float = 600.0, output_cap_bytes: int = 1_000_000,
+                 build_timeout_s: float = 1800.0, base_image_override: str | None = None,
+                 host_mounts: tuple[str, ...] | list[str] = (), cpus: float | None = None,
+                 memory_mb: int | None = None, pids_limit: int = 4096,
+                 docker: tuple[str, ...] | list[str] = ("docker",)) -> None:
+        for field, value in (("command_timeout_s", command_timeout_s), ("build_timeout_s", build_timeout_s),
+                             ("output_cap_bytes", output_cap_bytes), ("pids_limit", pids_limit)):
+            if not value > 0:
+                raise ValueError(f"sandbox.{field} must be > 0, got {value!r}")
+        for field, value in (("cpus", cpus), ("memory_mb", memory_mb)):
+            if value is not None and not value > 0:
+                raise ValueError(f"sandbox.{field} must be > 0 or null, got {value!r}")
+        for mount in host_mounts:
+            if not str(mount).startswith("/"):
+                raise ValueError(f"sandbox.host_mounts: {mount!r} is not an absolute path")
+        if not docker:
+            raise ValueError("sandbox.docker must name the docker CLI, got an empty list")
+        if base_image_override is not None and not str(base_image_override).strip():
+            raise ValueError("sandbox.base_image_override must be an image name or null, got an empty string")
+        self.command_timeout_s, self.output_cap_bytes = float(command_timeout_s), int(output_cap_bytes)
+        self.build_timeout_s, self.base_image_override = float(build_timeout_s), base_image_override
+        self.host_mounts = tuple(str(m) for m in host_mounts)
+        self.cpus, self.memory_mb, self.pids_limit = cpus, memory_mb, int(pids_limit)
+        self.docker = tuple(str(a) for a in docker)
+        self._host_cpus: float | None = None  # the daemon's CPU count, once it answered
+
+    def unsupported(self, spec: SandboxSpec) -> str | None:
+        if spec.docker_image is None and spec.build_context is None:
+            return (f"task {spec.task_id}: sandbox=docker needs the task's image (spec.docker_image) or a build "
+                    f"context with a Dockerfile (spec.build_context); the task has neither -- use sandbox=bwrap")
+        if spec.docker_image is None and not (Path(spec.build_context) / "Dockerfile").is_file():
+            return f"task {spec.task_id}: build_context {spec.build_context} has no Dockerfile"
+        reason = self._daemon()
+        if reason is not None:
+            return (f"task {spec.task_id}: no Docker daemon answers ({reason}); start one (as root: "
+                    f"python -m milo_ray.testing.dockerd) or use sandbox=bwrap")
+        return None
+
+    def _daemon(self) -> str | None:
+        if self._host_cpus is not None:
+            return None
+        try:
+            done = subprocess.run([*self.docker, "info", "--format", "{{.NCPU}}"], capture_output=True, text=True,
+                                  timeout=_CONTROL_TIMEOUT_S)
+        except (OSError, subprocess.TimeoutExpired) as e:
+            return str(e)
+        if done.returncode != 0 or not done.stdout.strip().isdigit():
+            lines = (done.stderr or done.stdout).strip().splitlines()
+            return lines[-1] if lines else f"docker info exited with {done.returncode}"
+        self._host_cpus = float(done.stdout.strip())
+        return None
+
+    def open(self, spec: SandboxSpec, scratch: Path) -> DockerSandbox:
+        reason = self.unsupported(spec)
+        if reason is not None:
+            raise RuntimeError(reason)
+        if not spec.workdir.startswith("/"):
+            raise ValueError(f"task {spec.task_id}: spec.workdir must be absolute, got {spec.workdir!r}")
+        image = spec.docker_image or self._build(spec, Path(scratch))
+        slug = re.sub(r"[^a-zA-Z0-9_.-]+", "-", spec.task_id).strip("-.")[:40] or "task"
+        container = f"milo-ray-{slug}-{uuid.uuid4().hex[:12]}"
+        argv = [*self.docker, "run", "-d", "--init", "--name", container,
+                "--label", f"{LABEL}=docker", "--label", f"milo-ray.task={spec.task_id}",
+                "--label", f"milo-ray.pid={os.getpid()}",
+                "--pids-limit", str(self.pids_limit), "-w", spec.workdir, "--entrypoint", _MAIN[0]]
+        if not spec.allow_internet:
+            argv += ["--network", "none"]
+        cpus = spec.cpus if spec.cpus is not None else self.cpus
+        if cpus is not None:
+            # Docker refuses more CPUs than the daemon's host has; a task asking for 4 on a
+            # 2-core CI machine still runs, with all of them.
+            argv += ["--cpus", f"{min(float(cpus), self._host_cpus or float(cpus)):g}"]
+        memory = spec.memory_mb if spec.memory_mb is not None else self.memory_mb
+        if memory is not None:
+            argv += ["--memory", f"{int(memory)}m", "--memory-swap", f"{int(memory)}m"]
+        for key, value in spec.env.items():
+            if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", key):
+                raise ValueError(f"task {spec.task_id}: spec.env key {key!r} is not a variable name")
+            argv += ["-e", f"{key}={value}"]
+        for mount in self.host_mounts:
+            argv += ["-v", f"{mount}:{mount}:ro"]
+        argv += [image, *_MAIN[1:]]
+        started = run_capped(argv, timeout_s=_CONTROL_TIMEOUT_S, output_cap_bytes=_CONTROL_OUTPUT_CAP)
+        if started.exit_code != 0:
+            _remove_container(self.docker, container)  # a created-but-not-started container
+            raise RuntimeError(f"task {spec.task_id}: docker run {image} failed: {started.output.strip()[-2000:]}")
+        try:
+            main_pid = _find_main_pid(self.docker, container)
+            dirs = " ".join(shlex.quote(d) for d in (spec.workdir, LOGS_DIR, TESTS_DIR, SOLUTION_DIR))
+            made = run_capped([*self.docker, "exec", "-u", "0", container, "sh", "-c",
+                               f"mkdir -p {dirs} && chmod 0777 {LOGS_DIR} {TESTS_DIR} {SOLUTION_DIR}"],
+                              timeout_s=_CONTROL_TIMEOUT_S, output_cap_bytes=_CONTROL_OUTPUT_CAP)
+            if made.exit_code != 0:
+                raise RuntimeError(f"task {spec.task_id}: cannot create the sandbox directories: {made.output.strip()}")
+        except BaseException:
+            _remove_container(self.docker, container)
+            raise
+        return DockerSandbox(docker=self.docker, container=container, workdir=spec.workdir, main_pid=main_pid,
+                             command_timeout_s=self.command_timeout_s, output_cap_bytes=self.output_cap_bytes)
+
+    def _build(self, spec: SandboxSpec, scratch: Path) -> str:
+        context = Path(spec.build_context)
+        dockerfile = (context / "Dockerfile").read_text()
+        if self.base_image_override is not None:
+            dockerfile = override_from(dockerfile, self.base_image_override)
+        tag = f"{IMAGE_REPO}:{context_digest(context, dockerfile)[:32]}"
+        with _build_lock(tag):
+            have = run_capped([*self.docker, "image", "inspect", "--format", "{{.Id}}", tag],
+                              timeout_s=_CONTROL_TIMEOUT_S, output_cap_bytes=_CONTROL_OUTPUT_CAP)
+            if have.exit_code == 0:
+                return tag
+            # The effective Dockerfile lives outside the context (it is the task's, maybe
+            # rewritten); ``-f`` accepts that.
+            scratch.mkdir(parents=True, exist_ok=True)
+            effective = scratch / "Dockerfile.milo-ray"
+            effective.write_text(dockerfile)
+            built = run_capped([*self.docker, "build", "-t", tag, "--label", f"{LABEL}=docker",
+                                "--label", f"milo-ray.task={spec.task_id}", "-f", str(effective), str(context)],
+                               timeout_s=self.build_timeout_s, output_cap_bytes=_BUILD_LOG_CAP)
+            if built.exit_code != 0 or built.timed_out:
+                why = f"timed out after {self.build_timeout_s:g} s" if built.timed_out else f"exit {built.exit_code}"
+                raise RuntimeError(f"task {spec.task_id}: building its image from {context} failed ({why}):\n"
+                                   f"{built.output.strip()[-4000:]}")
+            return tag

@@ -1,0 +1,208 @@
+"""Running one command as a process tree with a timeout and a bounded output buffer.
+
+Every sandbox executes an agent's commands through :func:`run_capped` (or
+:func:`start_capped` when something else must be able to kill the command while it runs):
+the child gets its own session, so its whole process group can be killed at once; its
+combined stdout and stderr are read incrementally and everything past the cap is read and
+thrown away, so a command printing gigabytes costs CPU, never memory; on timeout the group
+is SIGKILLed, and once the command ends any process it left behind in its group is killed
+too (a backgrounded process ignoring SIGTERM must not outlive the command it belongs to).
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import signal
+import subprocess
+import threading
+import time
+from dataclasses import dataclass
+
+# Bytes per read from the output pipe: the pipe buffer is 64 KiB on Linux, so one read
+# empties it and a flood costs one syscall per buffer.
+_READ_CHUNK = 65536
+# While the command runs, wake up this often even without output, to notice that the
+# leader exited while a background child still holds the pipe open (no EOF comes then).
+# 50 ms keeps the added latency small and the wake-ups (20/s) negligible.
+_POLL_S = 0.05
+# After the group is killed, how long to keep reading for the pipe to close. SIGKILLed
+# writers close it within milliseconds; only a process that left the group (setsid) can
+# keep it open, and one second is long enough not to cut a dying process's last output
+# and short enough that such a process cannot stall the caller.
+_DRAIN_GRACE_S = 1.0
+
+
+@dataclass
+class CappedRun:
+    """What one command did. ``output`` is the combined stdout+stderr, at most
+    ``output_cap_bytes`` of it (utf-8, undecodable bytes replaced), plus a one-line marker
+    when it was cut; ``exit_code`` is None when the timeout killed it (a death by signal N
+    otherwise reads 128+N, as a shell reports it); ``seconds`` is wall-clock time."""
+
+    output: str
+    exit_code: int | None
+    truncated: bool
+    timed_out: bool
+    seconds: float
+
+
+class CappedProcess:
+    """A started command: :meth:`kill` ends its whole process group from any thread,
+    :meth:`wait` reads its output to the end and returns the :class:`CappedRun`."""
+
+    def __init__(
+        self,
+        argv: list[str],
+        *,
+        timeout_s: float | None,
+        output_cap_bytes: int,
+        env: dict[str, str] | None = None,
+        cwd: str | None = None,
+        stdin: bytes | None = None,
+    ) -> None:
+        if output_cap_bytes < 0:
+            raise ValueError(f"output_cap_bytes must be >= 0, got {output_cap_bytes}")
+        if timeout_s is not None and timeout_s <= 0:
+            raise ValueError(f"timeout_s must be > 0 or None (no timeout), got {timeout_s}")
+        self._cap = output_cap_bytes
+        self._timeout_s = timeout_s
+        self._start = time.monotonic()
+        self._killed = threading.Event()
+        # start_new_session: the child leads a new session and process group, so killpg
+        # reaches it and every descendant that did not leave the group on purpose.
+        self._proc = subprocess.Popen(
+            argv,
+            stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            env=env,
+            cwd=cwd,
+            start_new_session=True,
+            close_fds=True,
+        )
+        self.pid = self._proc.pid
+        if stdin is not None:
+            # A writer thread: a large stdin written inline could fill the child's pipe
+            # while the child waits for us to read its output (deadlock).
+            threading.Thread(target=self._feed, args=(stdin,), daemon=True).start()
+
+    def _feed(self, data: bytes) -> None:
+        assert self._proc.stdin is not None
+        try:
+            self._proc.stdin.write(data)
+        except OSError:
+            pass  # the child exited or closed stdin without reading everything
+        finally:
+            try:
+                self._proc.stdin.close()
+            except OSError:
+                pass
+
+    def kill(self) -> None:
+        """SIGKILL the command's process group (no-op once it is gone)."""
+        self._killed.set()
+        self._killpg()
+
+    def _killpg(self) -> None:
+        # The group id is the leader's pid, which stays reserved as long as the leader is
+        # unreaped (wait() reaps it only after this kill), so this never hits a stranger.
+        try:
+            os.killpg(self.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+    def _leader_exited(self) -> bool:
+        # WNOWAIT: learn that the leader exited without reaping it, so its pid (the group
+        # id) cannot be reused before the leftovers of the group are killed.
+        try:
+            info = os.waitid(os.P_PID, self.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+        except ChildProcessError:
+            return True
+        return info is not None
+
+    def wait(self) -> CappedRun:
+        """Read the output to the end (or the timeout), kill what is left of the group,
+        reap the leader and return the result."""
+        assert self._proc.stdout is not None
+        fd = self._proc.stdout.fileno()
+        kept = bytearray()
+        total = 0
+        timed_out = False
+        deadline = None if self._timeout_s is None else self._start + self._timeout_s
+        drain_until: float | None = None  # set once the group has been killed
+        eof = False
+        # After EOF the leader is usually a few microseconds from exiting; back off from
+        # 0.1 ms up to _POLL_S so a normal exit is noticed at once, while a leader that
+        # closed its output and keeps running does not make us spin.
+        eof_sleep = 0.0001
+        poller = select.poll()
+        poller.register(fd, select.POLLIN | select.POLLHUP | select.POLLERR)
+        while True:
+            now = time.monotonic()
+            if drain_until is None:
+                if deadline is not None and now >= deadline:
+                    timed_out = True
+                if timed_out or self._killed.is_set() or self._leader_exited():
+                    # The command ended (or must end): kill whatever is left of its group.
+                    self._killpg()
+                    drain_until = now + _DRAIN_GRACE_S
+            if drain_until is not None and (eof or now >= drain_until):
+                break
+            wait_s = _POLL_S
+            if deadline is not None and drain_until is None:
+                wait_s = min(wait_s, max(0.0, deadline - now))
+            if eof:
+                time.sleep(min(wait_s, eof_sleep))
+                eof_sleep = min(eof_sleep * 2, _POLL_S)
+                continue
+            if not poller.poll(wait_s * 1000):
+                continue
+            chunk = os.read(fd, _READ_CHUNK)
+            if not chunk:
+                eof = True  # every writer closed the pipe; wait for the leader to exit
+                continue
+            room = self._cap - len(kept)
+            if room > 0:
+                kept += chunk[:room]
+            total += len(chunk)
+        self._proc.stdout.close()
+        code = self._proc.wait()
+        truncated = total > len(kept)
+        text = kept.decode("utf-8", errors="replace")
+        if truncated:
+            text += f"\n[output truncated: {total} bytes, only the first {len(kept)} kept]\n"
+        exit_code = None if timed_out else (128 - code if code < 0 else code)
+        return CappedRun(text, exit_code, truncated, timed_out, time.monotonic() - self._start)
+
+
+def start_capped(
+    argv: list[str],
+    *,
+    timeout_s: float | None,
+    output_cap_bytes: int,
+    env: dict[str, str] | None = None,
+    cwd: str | None = None,
+    stdin: bytes | None = None,
+) -> CappedProcess:
+    """Start ``argv`` in its own process group; see :class:`CappedProcess`."""
+    return CappedProcess(
+        argv, timeout_s=timeout_s, output_cap_bytes=output_cap_bytes, env=env, cwd=cwd, stdin=stdin
+    )
+
+
+def run_capped(
+    argv: list[str],
+    *,
+    timeout_s: float | None,
+    output_cap_bytes: int,
+    env: dict[str, str] | None = None,
+    cwd: str | None = None,
+    stdin: bytes | None = None,
+) -> CappedRun:
+    """Run ``argv`` to completion or ``timeout_s`` (None: no timeout), keeping at most
+    ``output_cap_bytes`` of its combined output; ``env`` replaces the environment when
+    given. Nothing of the process group survives the call."""
+    return start_capped(
+        argv, timeout_s=timeout_s, output_cap_bytes=output_cap_bytes, env=env, cwd=cwd, stdin=stdin
+    ).wait()

@@ -1,0 +1,193 @@
+"""The Docker sandbox against a real dockerd (skipped without one, failed under CI=true)."""
+
+from __future__ import annotations
+
+import dataclasses
+import gc
+import json
+import subprocess
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from milo_ray.execution.sandbox import docker as docker_module
+from milo_ray.execution.sandbox.base import SandboxSpec
+from milo_ray.execution.sandbox.docker import DockerSandboxFactory, override_from
+
+
+def _containers(task_id: str) -> list[str]:
+    done = subprocess.run(["docker", "ps", "-aq", "--filter", f"label=milo-ray.task={task_id}"],
+                          capture_output=True, text=True, check=True)
+    return done.stdout.split()
+
+
+def _processes(sandbox) -> list[str]:
+    """Command lines of every process in the container but ps itself."""
+    out = sandbox.execute("ps -eo args=").output.splitlines()
+    return [line.strip() for line in out if line.strip() and not line.strip().startswith("ps ")]
+
+
+# -- without a daemon ---------------------------------------------------------------------
+
+def test_from_override_replaces_external_images_and_keeps_stages() -> None:
+    text = ("FROM --platform=linux/amd64 python:3.12 AS build\nRUN make\n"
+            "from build AS test\nFROM ubuntu:24.04\nCOPY --from=build /x /x\n")
+    assert override_from(text, "base:local") == (
+        "FROM --platform=linux/amd64 base:local AS build\nRUN make\n"
+        "from build AS test\nFROM base:local\nCOPY --from=build /x /x\n")
+
+
+def test_unsupported_names_what_is_missing(tmp_path: Path) -> None:
+    factory = DockerSandboxFactory(docker=("false",))
+    assert "sandbox=bwrap" in factory.unsupported(SandboxSpec(task_id="t"))
+    assert "no Dockerfile" in factory.unsupported(SandboxSpec(task_id="t", build_context=str(tmp_path)))
+    reason = factory.unsupported(SandboxSpec(task_id="t", docker_image="img"))
+    assert "no Docker daemon answers" in reason and "milo_ray.testing.dockerd" in reason
+
+
+def test_bad_factory_options_name_the_field() -> None:
+    with pytest.raises(ValueError, match="command_timeout_s"):
+        DockerSandboxFactory(command_timeout_s=0)
+    with pytest.raises(ValueError, match="host_mounts"):
+        DockerSandboxFactory(host_mounts=["usr"])
+
+
+# -- against dockerd ----------------------------------------------------------------------
+
+def test_task_files_env_and_sandbox_dirs_are_in_place(docker_sandbox, docker_task) -> None:
+    hello = (Path(docker_task.build_context) / "hello.txt").read_text()
+    result = docker_sandbox.execute("pwd; cat /app/hello.txt; echo \"$TASK_GREETING\"; "
+                                    "touch /logs/a /tests/a /solution/a && echo dirs-ok")
+    assert result.exit_code == 0
+    assert result.output == f"/app\n{hello}hi there\ndirs-ok\n"
+
+
+def test_deepagents_file_tools_work_inside(docker_sandbox) -> None:
+    assert docker_sandbox.write("/app/src/main.py", "print('one')\n").error is None
+    assert docker_sandbox.edit("/app/src/main.py", "one", "two").error is None
+    assert docker_sandbox.read("/app/src/main.py").file_data["content"] == "print('two')"
+    assert {e["path"] for e in docker_sandbox.ls("/app").entries} == {"/app/hello.txt", "/app/src"}
+    assert docker_sandbox.execute("python3 src/main.py").output == "two\n"
+
+
+def test_no_network_unless_the_task_allows_it(docker_factory, docker_task, tmp_path) -> None:
+    probe = ("python3 -c \"import os,socket; print(sorted(os.listdir('/sys/class/net')));"
+             "s=socket.socket(); s.settimeout(3)\ntry: s.connect(('1.1.1.1', 53))\n"
+             "except OSError as e: print(e.errno)\"")
+    out = docker_factory.open(docker_task, tmp_path / "a")
+    with out:
+        assert out.execute(probe).output.split("\n")[:2] == ["['lo']", "101"]  # ENETUNREACH
+    allowed = docker_factory.open(dataclasses.replace(docker_task, allow_internet=True), tmp_path / "b")
+    with allowed:
+        assert "eth0" in allowed.execute(probe).output.split("\n")[0]
+
+
+def test_resource_limits_come_from_the_spec(docker_factory, docker_task, tmp_path) -> None:
+    spec = dataclasses.replace(docker_task, cpus=0.5, memory_mb=256)
+    with docker_factory.open(spec, tmp_path / "s") as sandbox:
+        done = subprocess.run(["docker", "inspect", "--format", "{{json .HostConfig}}", sandbox.id],
+                              capture_output=True, text=True, check=True)
+    host = json.loads(done.stdout)
+    assert (host["NanoCpus"], host["Memory"], host["PidsLimit"]) == (500_000_000, 256 << 20, 4096)
+
+
+def test_command_past_its_timeout_is_killed_with_its_children(docker_sandbox) -> None:
+    start = time.monotonic()
+    result = docker_sandbox.execute("sleep 41 & echo started; sleep 42", timeout=2)
+    assert time.monotonic() - start < 10
+    assert result.exit_code == 124 and "timed out after 2 s" in result.output
+    assert result.output.startswith("started\n")
+    assert not [p for p in _processes(docker_sandbox) if p.startswith("sleep 4")]
+    assert docker_sandbox.execute("echo alive").output == "alive\n"
+
+
+def test_output_past_the_cap_is_truncated(make_docker_factory, docker_task, tmp_path) -> None:
+    factory = make_docker_factory(output_cap_bytes=1000)
+    with factory.open(docker_task, tmp_path / "s") as sandbox:
+        result = sandbox.execute("head -c 200000 /dev/zero | tr '\\0' a; echo done")
+    assert result.truncated and result.exit_code == 0
+    assert result.output.startswith("a" * 1000) and len(result.output) < 1200
+
+
+def test_interrupt_kills_running_commands_and_keeps_files(docker_sandbox) -> None:
+    docker_sandbox.execute("nohup sleep 301 >/dev/null 2>&1 &")
+    running = {}
+    worker = threading.Thread(target=lambda: running.update(r=docker_sandbox.execute("sleep 302", timeout=60)))
+    worker.start()
+    deadline = time.monotonic() + 10
+    while "sleep 302" not in _processes(docker_sandbox) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    docker_sandbox.interrupt()
+    worker.join(timeout=20)
+    assert not worker.is_alive() and running["r"].exit_code not in (0, 124)
+    assert not [p for p in _processes(docker_sandbox) if p.startswith("sleep 30")]
+    assert docker_sandbox.execute("cat /app/hello.txt").output.startswith("hello ")
+
+
+def test_upload_download_round_trip_and_errors(docker_sandbox) -> None:
+    blob = bytes(range(256)) * 100
+    up = docker_sandbox.upload_files([("/app/deep/new/blob.bin", blob), ("relative.txt", b"x"), ("/app", b"x")])
+    assert [r.error for r in up] == [None, "invalid_path", "is_directory"]
+    down = docker_sandbox.download_files(["/app/deep/new/blob.bin", "/app/missing.txt", "/app/deep", "x"])
+    assert down[0].content == blob and down[0].error is None
+    assert [r.error for r in down[1:]] == ["file_not_found", "is_directory", "invalid_path"]
+
+
+def test_image_is_built_once_per_task_content(docker_factory, docker_task, tmp_path, monkeypatch) -> None:
+    builds = []
+    real = docker_module.run_capped
+
+    def counting(argv, **kw):
+        if "build" in argv:
+            builds.append(argv)
+        return real(argv, **kw)
+
+    monkeypatch.setattr(docker_module, "run_capped", counting)
+    with ThreadPoolExecutor(2) as pool:
+        pair = list(pool.map(lambda i: docker_factory.open(docker_task, tmp_path / f"s{i}"), range(2)))
+    pair.append(docker_factory.open(docker_task, tmp_path / "s2"))
+    try:
+        assert len({s.id for s in pair}) == 3
+        assert all(s.execute("cat hello.txt").output.startswith("hello ") for s in pair)
+    finally:
+        for s in pair:
+            s.close()
+    assert len(builds) == 1
+
+
+def test_container_is_removed_on_close_and_when_dropped(docker_factory, docker_task, tmp_path) -> None:
+    sandbox = docker_factory.open(docker_task, tmp_path / "a")
+    assert len(_containers(docker_task.task_id)) == 1
+    sandbox.close()
+    sandbox.close()
+    assert _containers(docker_task.task_id) == []
+    with pytest.raises(RuntimeError, match="closed"):
+        sandbox.execute("true")
+    # A rollout that crashed before close(): the finalizer removes the container.
+    docker_factory.open(docker_task, tmp_path / "b")
+    gc.collect()
+    assert _containers(docker_task.task_id) == []
+
+
+def test_interrupt_restarts_the_container_when_the_sweep_cannot_run(docker_sandbox, monkeypatch) -> None:
+    docker_sandbox.execute("nohup sleep 303 >/dev/null 2>&1 &")
+    monkeypatch.setattr(docker_module, "_SWEEP", "exit 1")  # as when no pid is left to fork it
+    docker_sandbox.interrupt()
+    assert not [p for p in _processes(docker_sandbox) if p.startswith("sleep 303")]
+    assert docker_sandbox.execute("cat /app/hello.txt").output.startswith("hello ")
+    monkeypatch.undo()
+    docker_sandbox.interrupt()  # the main process found again after the restart survives it
+    assert docker_sandbox.execute("echo alive").output == "alive\n"
+
+
+def test_config_group_builds_the_factory() -> None:
+    from hydra.utils import instantiate
+    from omegaconf import OmegaConf
+
+    conf = OmegaConf.load(Path(__file__).parents[3] / "conf" / "sandbox" / "docker.yaml")
+    factory = instantiate(conf)
+    assert isinstance(factory, DockerSandboxFactory) and factory.name == "docker"
+    assert (factory.docker, factory.host_mounts, factory.base_image_override) == (("docker",), (), None)
