@@ -261,7 +261,7 @@ class HarborBenchmark:
         self.root = root.resolve()
         self.name = f"harbor:{self.root.name}"
         self.token_cap = token_cap
-        self.seed_names = list(seeds) if seeds else None
+        self.seed_names = seed_names(seeds)
         dirs = _task_dirs(self.root)
         if not dirs:
             raise BenchmarkDataMissing(f"benchmark.path={str(self.root)!r}: holds no task directory "
@@ -307,6 +307,20 @@ class HarborBenchmark:
         """Why ``factory`` cannot run each task it cannot run (one line per task, naming
         it); empty when it can run them all. Checked before a run starts."""
         return unsupported_tasks(HARBOR, self._by_id.values(), factory)
+
+
+def seed_names(seeds: Any) -> list[str] | None:
+    """The configured seed harness names (None: all five), checked now rather than at
+    the first ``seed_harnesses()`` call."""
+    from milo_ray.harness.seeds import SEED_NAMES
+
+    if not seeds:
+        return None
+    names = [str(s) for s in seeds]
+    bad = [s for s in names if s not in SEED_NAMES]
+    if bad:
+        raise ValueError(f"benchmark.seeds: unknown seed harness(es) {bad}; choose from {list(SEED_NAMES)}")
+    return names
 
 
 def unsupported_tasks(fmt: Any, tasks: Any, factory: SandboxFactory) -> list[str]:

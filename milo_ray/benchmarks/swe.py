@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from milo_ray.benchmarks.base import BenchmarkDataMissing
-from milo_ray.benchmarks.harbor import OUTPUT_CAP, diagnose, tail, unsupported_tasks
+from milo_ray.benchmarks.harbor import OUTPUT_CAP, diagnose, seed_names, tail, unsupported_tasks
 from milo_ray.benchmarks.splits import resolve_splits
 from milo_ray.benchmarks.task_format import Verdict
 from milo_ray.execution.sandbox.base import SOLUTION_DIR, TESTS_DIR, Sandbox, SandboxFactory, SandboxSpec
@@ -249,7 +249,7 @@ class SweBenchmark:
         self.path = p.resolve()
         self.name = f"swe:{self.path.stem}"
         self.token_cap, self.time_cap_s = token_cap, float(time_cap_s)
-        self.seed_names = list(seeds) if seeds else None
+        self.seed_names = seed_names(seeds)
         metas: dict[str, dict[str, Any]] = {}
         seen: dict[str, int] = {}
         problems: list[str] = []

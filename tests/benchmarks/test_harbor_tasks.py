@@ -255,3 +255,17 @@ def test_default_path_is_the_bundled_suite():
     from milo_ray.benchmarks import harbor
 
     assert harbor.BUNDLED_SUITE == Path(harbor.__file__).resolve().parent.parent / "data" / "harbor_tasks"
+
+
+def test_the_config_group_builds_the_benchmark_and_seeds_are_checked(tmp_path):
+    from hydra.utils import instantiate
+    from omegaconf import OmegaConf
+
+    make_task(tmp_path, "a")
+    make_task(tmp_path, "b")
+    cfg = OmegaConf.load(Path(__file__).resolve().parents[2] / "conf" / "benchmark" / "harbor.yaml")
+    bench = instantiate(cfg, path=str(tmp_path), splits={"search": 1, "test": 1}, seeds=["minimal", "stock"])
+    assert sorted(bench.splits()) == ["search", "test"] and bench.name == f"harbor:{tmp_path.name}"
+    assert [h.name for h in bench.seed_harnesses()] == ["minimal", "stock"]
+    with pytest.raises(ValueError, match="benchmark.seeds: unknown seed harness"):
+        HarborBenchmark(path=str(tmp_path), splits={"test": 1.0}, seeds=["nope"])

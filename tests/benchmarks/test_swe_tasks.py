@@ -169,3 +169,14 @@ def test_a_test_command_with_unparseable_output_is_a_task_error(swe_repo):
     with checkout() as sb:
         v = SWE.verify(task, sb)
     assert v.score == 0.0 and "no test results parsed" in v.error and "no such runner" in v.error
+
+
+def test_the_config_group_builds_the_benchmark(tmp_path):
+    from hydra.utils import instantiate
+    from omegaconf import OmegaConf
+
+    f = write_jsonl(tmp_path / "x.jsonl", [row(f"r__{i}") for i in range(10)])
+    cfg = OmegaConf.load(Path(__file__).resolve().parents[2] / "conf" / "benchmark" / "swe.yaml")
+    bench = instantiate(cfg, path=str(f), test_cmd="pytest -rA")
+    assert {k: len(v) for k, v in bench.splits().items()} == {"search": 5, "val": 3, "test": 2}
+    assert len(bench.seed_harnesses()) == 5
