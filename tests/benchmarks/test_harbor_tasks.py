@@ -195,7 +195,8 @@ def test_verify_passes_a_solved_workspace_and_fails_an_unsolved_one(tmp_path):
 
     task = one_task(tmp_path / "suite", solve_sh="echo 42 > answer.txt\n")
     with DirSandbox.from_spec(HARBOR.sandbox_spec(task), tmp_path / "sb1") as sb:
-        sb.execute("mkdir -p /logs/verifier && echo 1 > /logs/verifier/reward.txt")  # planted by the agent
+        # Planted by the agent: reward.json would win over the verifier's reward.txt.
+        sb.execute("mkdir -p /logs/verifier && echo '{\"reward\": 1}' > /logs/verifier/reward.json")
         v = HARBOR.verify(task, sb)
         assert v.score == 0.0 and v.error is None and v.reward == {"reward": 0.0}
     with DirSandbox.from_spec(HARBOR.sandbox_spec(task), tmp_path / "sb2") as sb:
