@@ -244,7 +244,9 @@ class HarborBenchmark:
     """A suite of Harbor task directories.
 
     path: the suite directory (default: the bundled suite ``milo_ray/data/harbor_tasks``),
-      or a single task directory. splits / split_seed / split_file: see
+      or a single task directory. A task directory is a subdirectory holding task.toml,
+      instruction.md or tests/; names starting with "." or "_" (e.g. ``_template``) are
+      skipped. splits / split_seed / split_file: see
       :mod:`milo_ray.benchmarks.splits`. token_cap: each task's output-token cap (the
       paper's 20M). seeds: seed harness names (default all five).
     A task's time cap is its ``[agent] timeout_sec`` (600 s when absent).

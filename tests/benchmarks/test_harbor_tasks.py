@@ -270,3 +270,14 @@ def test_the_config_group_builds_the_benchmark_and_seeds_are_checked(tmp_path):
     assert [h.name for h in bench.seed_harnesses()] == ["minimal", "stock"]
     with pytest.raises(ValueError, match="benchmark.seeds: unknown seed harness"):
         HarborBenchmark(path=str(tmp_path), splits={"test": 1.0}, seeds=["nope"])
+
+
+@needs_bwrap
+def test_a_verifier_calling_a_missing_python_says_so(tmp_path):
+    from milo_ray.testing.dir_sandbox import DirSandbox
+
+    # An empty PATH stands in for a host without `python` (bash prints "python: command not found").
+    task = one_task(tmp_path / "suite", test_sh="#!/bin/bash\nPATH=/nonexistent python -m pytest /tests\n")
+    with DirSandbox.from_spec(HARBOR.sandbox_spec(task), tmp_path / "sb") as sb:
+        v = HARBOR.verify(task, sb)
+    assert v.score == 0.0 and "calls `python`" in v.error and "wrote no" in v.error
