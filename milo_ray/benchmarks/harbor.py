@@ -30,7 +30,7 @@ from typing import Any, Mapping
 from milo_ray.benchmarks.base import BenchmarkDataMissing
 from milo_ray.benchmarks.harbor_task import HarborTaskSpec, parse_task_dir, resolve_env
 from milo_ray.benchmarks.splits import resolve_splits
-from milo_ray.benchmarks.task_format import Verdict
+from milo_ray.benchmarks.task_format import SETUP_ALLOWANCE_S, Verdict
 from milo_ray.execution.sandbox.base import LOGS_DIR, SOLUTION_DIR, TESTS_DIR, Sandbox, SandboxFactory, SandboxSpec
 from milo_ray.execution.types import Task
 from milo_ray.harness.model import Harness
@@ -284,7 +284,8 @@ class HarborBenchmark:
 
     def _task(self, spec: HarborTaskSpec, split: str) -> Task:
         return Task(task_id=spec.task_id, split=split, instruction=spec.instruction,
-                    time_cap_s=spec.agent_timeout_s, token_cap=self.token_cap, metadata=spec.metadata())
+                    time_cap_s=spec.agent_timeout_s, token_cap=self.token_cap, metadata=spec.metadata(),
+                    grading_cap_s=spec.verifier_timeout_s + SETUP_ALLOWANCE_S)
 
     def splits(self) -> dict[str, list[Task]]:
         return {k: list(v) for k, v in self._splits.items()}

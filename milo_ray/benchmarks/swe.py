@@ -32,7 +32,7 @@ from typing import Any, Mapping
 from milo_ray.benchmarks.base import BenchmarkDataMissing
 from milo_ray.benchmarks.harbor import OUTPUT_CAP, diagnose, seed_names, tail, unsupported_tasks
 from milo_ray.benchmarks.splits import resolve_splits
-from milo_ray.benchmarks.task_format import Verdict
+from milo_ray.benchmarks.task_format import SETUP_ALLOWANCE_S, Verdict
 from milo_ray.execution.sandbox.base import SOLUTION_DIR, TESTS_DIR, Sandbox, SandboxFactory, SandboxSpec
 from milo_ray.execution.types import Task
 from milo_ray.harness.model import Harness
@@ -284,7 +284,8 @@ class SweBenchmark:
         meta = dict(meta)
         instruction = meta.pop("problem_statement")
         return Task(task_id=meta["instance_id"], split=split, instruction=instruction, time_cap_s=self.time_cap_s,
-                    token_cap=self.token_cap, metadata=meta)
+                    token_cap=self.token_cap, metadata=meta,
+                    grading_cap_s=float(meta["verifier_timeout_s"]) + SETUP_ALLOWANCE_S)
 
     def splits(self) -> dict[str, list[Task]]:
         return {k: list(v) for k, v in self._splits.items()}

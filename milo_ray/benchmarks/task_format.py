@@ -17,6 +17,12 @@ from typing import Any, Protocol
 from milo_ray.execution.sandbox.base import Sandbox, SandboxSpec
 from milo_ray.execution.types import Task
 
+# Wall time a real rollout needs besides the agent's and the verifier's own caps: opening
+# the sandbox (copying the workspace; under Docker, starting a container and, the first
+# time a task runs on a node, building its image) and closing it. A task's
+# ``grading_cap_s`` is its verifier timeout plus this.
+SETUP_ALLOWANCE_S = 300.0
+
 # metadata["format"] -> "module:attribute" of its TaskFormat (imported lazily).
 FORMATS: dict[str, str] = {
     "harbor": "milo_ray.benchmarks.harbor:HARBOR",
