@@ -133,7 +133,8 @@ class HarborSandbox(BaseSandbox):
             if "timed out" not in str(e):
                 raise
             return ExecuteResponse(output=f"command timed out after {limit} s", exit_code=124)
-        output = (r.stdout or "") + (("\n" if r.stdout else "") + r.stderr if r.stderr else "")
+        out, err = r.stdout or "", r.stderr or ""
+        output = out + ("\n" if out and err and not out.endswith("\n") else "") + err
         truncated = len(output) > MAX_OUTPUT_CHARS
         if truncated:
             output = output[:MAX_OUTPUT_CHARS] + f"\n[output truncated at {MAX_OUTPUT_CHARS} characters]"

@@ -133,7 +133,8 @@ def test_sandbox_backend_runs_commands_and_moves_files(tmp_path):
     async def scenario():
         sb = HarborSandbox(env, asyncio.get_running_loop())
         r = await sb.aexecute("echo out; echo err >&2; exit 3")
-        assert (r.exit_code, r.output) == (3, "out\n\nerr\n")
+        assert (r.exit_code, r.output) == (3, "out\nerr\n")
+        assert (await sb.aexecute("printf out; printf err >&2")).output == "out\nerr"
         assert (await sb.aexecute("sleep 5", timeout=1)).exit_code == 124
         # deepagents' file operations go through execute/upload/download
         target = str(tmp_path / "deep" / "er" / "a.txt")
