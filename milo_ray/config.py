@@ -131,7 +131,15 @@ class ModelConfig:
         itself: the config is stored in the manifest); None: the provider's default variable.
     temperature: sampling temperature of the solver's calls.
     max_output_tokens: cap on the output tokens of one call (None: the provider's default).
-    request_timeout_s: timeout of one call in seconds (None: litellm's default).
+    request_timeout_s: timeout of one HTTP request in seconds (None: litellm's default); a
+        request that times out is retried like a dropped connection.
+    max_retries: retries of a failed request (429, 5xx, timeouts, dropped connections) after
+        the first attempt; other 4xx answers are never retried. The HTTP client's own retries
+        are switched off, so a call sends at most ``max_retries + 1`` requests.
+    retry_base_s / retry_max_s: exponential backoff with full jitter between retries: retry
+        i (from 1) sleeps uniformly in [0, min(retry_max_s, retry_base_s * 2**(i-1))].
+    rpm / tpm: requests and tokens (input + output) per minute allowed for this model id,
+        shared by every process of the run (a Ray actor per model); None: unlimited.
     extra_body: extra JSON fields sent with every request (e.g. vLLM sampling options).
     usd_per_mtok_input / usd_per_mtok_output: prices in USD per million tokens. They
         price every rollout whose executor reports no cost of its own, which is what
@@ -146,6 +154,11 @@ class ModelConfig:
     temperature: float = 0.0
     max_output_tokens: Optional[int] = None
     request_timeout_s: Optional[float] = None
+    max_retries: int = 3
+    retry_base_s: float = 1.0
+    retry_max_s: float = 60.0
+    rpm: Optional[int] = None
+    tpm: Optional[int] = None
     extra_body: dict[str, Any] = field(default_factory=dict)
     usd_per_mtok_input: Optional[float] = None
     usd_per_mtok_output: Optional[float] = None
@@ -176,6 +189,15 @@ class ModelConfig:
             raise ValueError(f"model.max_output_tokens={self.max_output_tokens}: must be an integer >= 1 (or null)")
         if self.request_timeout_s is not None and float(self.request_timeout_s) <= 0:
             raise ValueError(f"model.request_timeout_s={self.request_timeout_s}: must be > 0 seconds (or null)")
+        if int(self.max_retries) < 0:
+            raise ValueError(f"model.max_retries={self.max_retries}: must be an integer >= 0")
+        if float(self.retry_base_s) < 0 or float(self.retry_max_s) < float(self.retry_base_s):
+            raise ValueError(f"model.retry_base_s={self.retry_base_s}, model.retry_max_s={self.retry_max_s}: "
+                             "need 0 <= retry_base_s <= retry_max_s seconds")
+        for name in ("rpm", "tpm"):
+            value = getattr(self, name)
+            if value is not None and int(value) < 1:
+                raise ValueError(f"model.{name}={value}: must be an integer >= 1 (or null: unlimited)")
         if not isinstance(self.extra_body, Mapping):
             raise ValueError(f"model.extra_body: must be a mapping of extra request fields, got "
                              f"{type(self.extra_body).__name__}")

@@ -55,19 +55,29 @@ def check_credentials(cfg: Any, env: Mapping[str, str] | None = None) -> None:
         api_key(cfg, env)
 
 
-def build_chat_model(cfg: Any, *, max_retries: int = 3, rate_limiter: Any = None) -> Any:
-    """A LangChain chat model for ``cfg.solver`` through langchain-litellm.
+def build_chat_model(cfg: Any, *, rate_limiter: Any = "config", callbacks: list[Any] | None = None) -> Any:
+    """A LangChain chat model for ``cfg.solver`` through langchain-litellm
+    (:class:`SolverChatLiteLLM`): ``cfg.max_retries`` retries with full-jitter backoff,
+    ``cfg.request_timeout_s`` per request, and the run-wide rate limit of ``cfg.rpm`` /
+    ``cfg.tpm``.
 
-    ``max_retries``: retries of a failed call (429, 5xx, dropped connections) with
-    exponential backoff; each one repeats the HTTP client's own two quick retries. ``rate_limiter``: a LangChain rate limiter shared by
-    the callers of this model."""
+    ``rate_limiter``: "config" (the default) takes the model's shared limiter from
+    :func:`~milo_ray.agents.rate_limit.rate_limiter_for`; None turns limiting off; a
+    :class:`~milo_ray.agents.rate_limit.SharedRateLimiter` or any LangChain
+    ``BaseRateLimiter`` replaces it. ``callbacks``: LangChain callback handlers of every
+    call (e.g. a :class:`~milo_ray.agents.solver_calls.SolverCallRecorder`)."""
     solver = _field(cfg, "solver")
     if not solver:
         raise ValueError("model.solver: not set; give a litellm model string such as openai/NAME (model=litellm)")
-    from langchain_litellm import ChatLiteLLM
+    if rate_limiter == "config":
+        from milo_ray.agents.rate_limit import rate_limiter_for
 
-    kwargs: dict[str, Any] = {"model": solver, "api_key": api_key(cfg), "max_retries": int(max_retries),
-                              "temperature": _field(cfg, "temperature")}
+        rate_limiter = rate_limiter_for(cfg)
+    kwargs: dict[str, Any] = {"model": solver, "api_key": api_key(cfg), "temperature": _field(cfg, "temperature"),
+                              "max_retries": int(_field(cfg, "max_retries", 3)),
+                              "retry_base_s": float(_field(cfg, "retry_base_s", 1.0)),
+                              "retry_max_s": float(_field(cfg, "retry_max_s", 60.0)),
+                              "request_limiter": rate_limiter}
     if _field(cfg, "api_base"):
         kwargs["api_base"] = _field(cfg, "api_base")
     if _field(cfg, "max_output_tokens") is not None:
@@ -77,9 +87,141 @@ def build_chat_model(cfg: Any, *, max_retries: int = 3, rate_limiter: Any = None
     extra = dict(_field(cfg, "extra_body") or {})
     if extra:
         kwargs["model_kwargs"] = {"extra_body": extra}
-    if rate_limiter is not None:
-        kwargs["rate_limiter"] = rate_limiter
-    return ChatLiteLLM(**kwargs)
+    if callbacks:
+        kwargs["callbacks"] = list(callbacks)
+    return _solver_class()(**kwargs)
+
+
+def retryable(exc: BaseException) -> bool:
+    """Whether a failed request is worth repeating: no answer arrived (timeout, dropped or
+    refused connection), or the server said so (429, 5xx). Other 4xx answers (bad
+    request, auth, unknown model, context too long) fail the same way every time."""
+    import openai
+
+    if isinstance(exc, openai.APIConnectionError):  # litellm's Timeout and APIConnectionError included
+        return True
+    status = getattr(exc, "status_code", None)
+    if isinstance(status, int):
+        return status == 429 or status >= 500
+    return isinstance(exc, (ConnectionError, TimeoutError))
+
+
+_SOLVER_CLASS: Any = None
+
+
+def _solver_class() -> Any:
+    """:class:`SolverChatLiteLLM`, defined on first use so that importing this module
+    never imports litellm (the module's ``__getattr__`` makes it importable and picklable
+    by name)."""
+    global _SOLVER_CLASS
+    if _SOLVER_CLASS is None:
+        _SOLVER_CLASS = _define_solver_class()
+    return _SOLVER_CLASS
+
+
+def __getattr__(name: str) -> Any:
+    if name == "SolverChatLiteLLM":
+        return _solver_class()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def _define_solver_class() -> Any:
+    import litellm
+    from langchain_litellm import ChatLiteLLM
+    from pydantic import Field
+    from tenacity import AsyncRetrying, Retrying, retry_if_exception, stop_after_attempt, wait_random_exponential
+
+    class SolverChatLiteLLM(ChatLiteLLM):
+        """ChatLiteLLM whose retries are exactly the config's.
+
+        ChatLiteLLM retries through tenacity with a fixed 4-10 s wait, and the openai
+        client under litellm retries twice more inside every attempt, so one call could
+        send three times the requests it was allowed. Here each attempt is one HTTP
+        request (``max_retries=0`` for the client, ``num_retries=0`` for litellm), retried
+        only when :func:`retryable`, ``max_retries`` times, with full-jitter backoff; each
+        retry is announced to the callbacks (``on_retry``), which is how a call's retries
+        are counted. Each attempt takes a slot of ``request_limiter`` (retries are
+        requests the provider counts too) and reports its tokens to it."""
+
+        max_retries: int = 3
+        """Retries after the first attempt (not ChatLiteLLM's attempts)."""
+        retry_base_s: float = 1.0
+        retry_max_s: float = 60.0
+        request_limiter: Any = Field(default=None, exclude=True)
+
+        def _retrying(self, cls: Any, run_manager: Any) -> Any:
+            def before_sleep(state: Any) -> None:
+                if run_manager is not None:
+                    # The async manager's on_retry is a coroutine: AsyncRetrying awaits
+                    # a coroutine function, so wrap it as one below.
+                    return run_manager.on_retry(state)
+                return None
+
+            return cls(stop=stop_after_attempt(int(self.max_retries) + 1),
+                       wait=wait_random_exponential(multiplier=float(self.retry_base_s), max=float(self.retry_max_s)),
+                       retry=retry_if_exception(retryable), reraise=True,
+                       before_sleep=_async_callback(before_sleep) if cls is AsyncRetrying else before_sleep)
+
+        @staticmethod
+        def _single_request(kwargs: dict[str, Any]) -> dict[str, Any]:
+            return {**kwargs, "max_retries": 0, "num_retries": 0}
+
+        def _report(self, response: Any) -> None:
+            limiter = self.request_limiter
+            report = getattr(limiter, "report_tokens", None)
+            usage = response.get("usage") if hasattr(response, "get") else None
+            if report is not None and usage:
+                total = usage.get("total_tokens") if hasattr(usage, "get") else None
+                if total is None and hasattr(usage, "get"):
+                    total = int(usage.get("prompt_tokens") or 0) + int(usage.get("completion_tokens") or 0)
+                report(int(total or 0))
+
+        def completion_with_retry(self, run_manager: Any = None, **kwargs: Any) -> Any:
+            kwargs = self._single_request(kwargs)
+            attempts = 0
+            try:
+                for attempt in self._retrying(Retrying, run_manager):
+                    with attempt:
+                        attempts += 1
+                        if self.request_limiter is not None:
+                            self.request_limiter.acquire()
+                        response = self.client.completion(**kwargs)
+            except BaseException as exc:
+                exc.add_note(f"{self.model}: failed after {attempts} request(s)")
+                raise
+            self._report(response)
+            return response
+
+        async def acompletion_with_retry(self, run_manager: Any = None, **kwargs: Any) -> Any:
+            kwargs = self._single_request(kwargs)
+            attempts = 0
+            try:
+                async for attempt in self._retrying(AsyncRetrying, run_manager):
+                    with attempt:
+                        attempts += 1
+                        if self.request_limiter is not None:
+                            await self.request_limiter.aacquire()
+                        response = await self.client.acompletion(**kwargs)
+            except BaseException as exc:
+                exc.add_note(f"{self.model}: failed after {attempts} request(s)")
+                raise
+            self._report(response)
+            return response
+
+    # litellm prints a feedback banner to stdout on every failed request, retried or not;
+    # the error itself still propagates and is recorded.
+    litellm.suppress_debug_info = True
+    SolverChatLiteLLM.__module__ = __name__
+    return SolverChatLiteLLM
+
+
+def _async_callback(fn: Any) -> Any:
+    async def call(state: Any) -> None:
+        result = fn(state)
+        if result is not None and hasattr(result, "__await__"):
+            await result
+
+    return call
 
 
 def usage_of(message: Any, cfg: Any, *, seconds: float = 0.0, retries: int = 0) -> AgentUsage:

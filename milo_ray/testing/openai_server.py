@@ -50,7 +50,8 @@ def error(status: int) -> Reply:
 
 class ScriptedOpenAIServer:
     """Serves ``script`` in order on ``POST /v1/chat/completions``; the last reply is
-    repeated once the script is used up. ``requests`` holds every request body.
+    repeated once the script is used up. ``requests`` holds every request body and
+    ``request_times`` the ``time.monotonic()`` at which each arrived.
 
     ``script`` may instead be a function from the request body to a :class:`Reply`: the
     answer then depends on the conversation, not on arrival order, which is what many
@@ -62,6 +63,7 @@ class ScriptedOpenAIServer:
         self.responder = script if callable(script) else None
         self.script, self.model = ([] if callable(script) else list(script)), model
         self.requests: list[dict[str, Any]] = []
+        self.request_times: list[float] = []
         self._next = 0
         self.answered: list[Reply] = []  # replies served with HTTP 200 (their usage is what a client was billed)
         self._lock = threading.Lock()
@@ -84,6 +86,7 @@ class ScriptedOpenAIServer:
     def _take(self, body: dict[str, Any]) -> Reply:
         with self._lock:
             self.requests.append(body)
+            self.request_times.append(time.monotonic())
             self._next += 1
             if self.responder is not None:
                 return self.responder(body)

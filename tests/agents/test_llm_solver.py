@@ -3,11 +3,15 @@ litellm and langchain, scripted answers with known usage."""
 
 from __future__ import annotations
 
+import asyncio
+import time
+
 import pytest
 
 from milo_ray.agents.llm import api_key, build_chat_model, check_credentials, price, usage_of
 from milo_ray.config import ModelConfig
-from milo_ray.testing.openai_server import ScriptedOpenAIServer, error, reply, tool_call
+from milo_ray.agents.solver_calls import SolverCallRecorder
+from milo_ray.testing.openai_server import Reply, ScriptedOpenAIServer, error, reply, tool_call
 
 KEY = "OPENAI_API_KEY_FOR_TESTS"
 
@@ -57,16 +61,89 @@ def test_tool_calls_are_parsed(key_env):
     assert srv.requests[0]["tools"][0]["function"]["name"] == "write_file"
 
 
-def test_429s_are_retried_up_to_max_retries(key_env):
-    """The HTTP client under litellm retries twice on its own (3 requests); each of our
-    ``max_retries`` repeats that, with backoff."""
-    with ScriptedOpenAIServer([error(429)] * 4 + [reply("after the rate limit")]) as srv:
-        msg = build_chat_model(cfg(srv.url), max_retries=3).invoke("hi")
-    assert msg.content == "after the rate limit" and len(srv.requests) == 5
-    with ScriptedOpenAIServer([error(429)] * 4 + [reply("too late")]) as srv:
-        with pytest.raises(Exception, match="429"):
-            build_chat_model(cfg(srv.url), max_retries=0).invoke("hi")
+FAST = {"retry_base_s": 0.01, "retry_max_s": 0.05}
+
+
+def test_a_429_is_retried_once_and_the_call_succeeds(key_env):
+    """One retry is one more HTTP request: the HTTP client's own retries are off."""
+    rec = SolverCallRecorder(cfg("http://x"))
+    with ScriptedOpenAIServer([error(429), reply("after the rate limit")]) as srv:
+        msg = build_chat_model(cfg(srv.url, **FAST), callbacks=[rec]).invoke("hi")
+    assert msg.content == "after the rate limit" and len(srv.requests) == 2
+    (call,) = rec.calls()
+    assert call.usage.retries == 1 and call.usage.error is None
+
+
+@pytest.mark.parametrize("status", [500, 502, 503])
+def test_5xx_forever_fails_after_exactly_max_retries_plus_one_requests(key_env, status):
+    rec = SolverCallRecorder(cfg("http://x"))
+    with ScriptedOpenAIServer([error(status)]) as srv:
+        with pytest.raises(Exception, match=str(status)) as info:
+            build_chat_model(cfg(srv.url, max_retries=2, **FAST), callbacks=[rec]).invoke("hi")
     assert len(srv.requests) == 3
+    assert "failed after 3 request(s)" in "".join(getattr(info.value, "__notes__", []))
+    (call,) = rec.calls()
+    assert call.usage.retries == 2 and str(status) in call.usage.error
+
+
+@pytest.mark.parametrize("status", [400, 401, 404])
+def test_other_4xx_are_never_retried(key_env, status):
+    with ScriptedOpenAIServer([error(status), reply("never reached")]) as srv:
+        with pytest.raises(Exception):
+            build_chat_model(cfg(srv.url, max_retries=3, **FAST)).invoke("hi")
+    assert len(srv.requests) == 1
+
+
+def test_max_retries_zero_sends_one_request(key_env):
+    with ScriptedOpenAIServer([error(429), reply("too late")]) as srv:
+        with pytest.raises(Exception, match="429"):
+            build_chat_model(cfg(srv.url, max_retries=0)).invoke("hi")
+    assert len(srv.requests) == 1
+
+
+def test_backoff_sleeps_within_the_full_jitter_envelope(key_env):
+    """Retry i sleeps in [0, min(retry_max_s, retry_base_s * 2**(i-1))]: with base 0.4 and
+    cap 0.5 three retries sleep at most 0.4 + 0.5 + 0.5 s, and jitter makes sleeping the
+    whole envelope every time unlikely."""
+    gaps = []
+    for _ in range(2):
+        with ScriptedOpenAIServer([error(503)] * 3 + [reply("ok")]) as srv:
+            build_chat_model(cfg(srv.url, max_retries=3, retry_base_s=0.4, retry_max_s=0.5)).invoke("hi")
+        assert len(srv.requests) == 4
+        times = srv.request_times
+        gaps += [b - a for a, b in zip(times, times[1:])]
+    envelope = [0.4, 0.5, 0.5] * 2
+    assert all(g <= e + 0.3 for g, e in zip(gaps, envelope)), gaps
+    assert sum(gaps) < sum(envelope), gaps  # full jitter, not a fixed wait
+
+
+def test_a_hung_request_times_out_within_request_timeout(key_env):
+    with ScriptedOpenAIServer([Reply(content="too late", delay_s=3.0)]) as srv:
+        model = build_chat_model(cfg(srv.url, max_retries=1, request_timeout_s=0.5, **FAST))
+        t0 = time.monotonic()
+        with pytest.raises(Exception, match="(?i)time"):
+            model.invoke("hi")
+        elapsed = time.monotonic() - t0
+    assert len(srv.requests) == 2  # a timeout is retried like a dropped connection
+    assert elapsed < 2 * 0.5 + 1.0, elapsed
+
+
+def test_async_calls_retry_the_same_way(key_env):
+    rec = SolverCallRecorder(cfg("http://x"))
+    with ScriptedOpenAIServer([error(500), error(429), reply("ok")]) as srv:
+        msg = asyncio.run(build_chat_model(cfg(srv.url, **FAST), callbacks=[rec]).ainvoke("hi"))
+    assert msg.content == "ok" and len(srv.requests) == 3
+    assert rec.calls()[0].usage.retries == 2
+
+
+def test_a_dropped_connection_is_retried(key_env):
+    """Nothing listens on the port: every attempt is refused, and each is one attempt."""
+    with ScriptedOpenAIServer([reply("x")]) as srv:
+        url = srv.url
+    rec = SolverCallRecorder(cfg("http://x"))
+    with pytest.raises(Exception, match="(?i)connect"):
+        build_chat_model(cfg(url, max_retries=2, **FAST), callbacks=[rec]).invoke("hi")
+    assert rec.calls()[0].usage.retries == 2
 
 
 def test_extra_body_reaches_the_server(key_env):
