@@ -115,7 +115,7 @@ class RateLimitActor:
 # Process-wide state: the local budgets (no Ray) and the actor handles. Holding a handle
 # here keeps a named, non-detached actor alive for as long as this process lives.
 _local: dict[tuple[str, int | None, int | None, float], tuple[RateBudget, threading.Lock]] = {}
-_actors: dict[tuple[str, str], Any] = {}
+_actors: dict[tuple[str, str], tuple[Any, tuple[Any, ...]]] = {}
 _registry_lock = threading.Lock()
 
 
@@ -132,17 +132,17 @@ def _actor(model_id: str, rpm: int | None, tpm: int | None, window_s: float) -> 
     import ray
 
     key = (ray.get_runtime_context().namespace, model_id)
+    want = (rpm, tpm, float(window_s))
     with _registry_lock:
-        handle = _actors.get(key)
-        if handle is None:
+        if key not in _actors:
             remote = ray.remote(num_cpus=0, max_restarts=-1)(RateLimitActor)
             handle = remote.options(name=actor_name(model_id), get_if_exists=True).remote(rpm, tpm, window_s)
-            have = ray.get(handle.limits.remote())
-            if have != (rpm, tpm, float(window_s)):
-                raise ValueError(f"model.rpm/model.tpm of {model_id}: this run already limits it to "
-                                 f"rpm={have[0]}, tpm={have[1]}; one model id has one limit per run")
-            _actors[key] = handle
-        return handle
+            _actors[key] = (handle, tuple(ray.get(handle.limits.remote())))
+        handle, have = _actors[key]
+    if have != want:
+        raise ValueError(f"model.rpm/model.tpm of {model_id}: this run already limits it to rpm={have[0]}, "
+                         f"tpm={have[1]}; one model id has one limit per run")
+    return handle
 
 
 class SharedRateLimiter(BaseRateLimiter):
