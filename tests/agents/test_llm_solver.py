@@ -162,3 +162,36 @@ def test_missing_credentials_name_the_variable_and_never_the_value(monkeypatch):
     check_credentials(ModelConfig())  # offline: no solver, nothing to check
     monkeypatch.setenv(KEY, "sk-very-secret")
     assert api_key(ModelConfig(solver="openai/x", api_key_env=KEY)) == "sk-very-secret"
+
+
+def test_the_litellm_yaml_carries_every_knob_to_the_chat_model(key_env):
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    from milo_ray.config import model_config, register_configs
+    from milo_ray.run import CONF_DIR
+
+    register_configs()
+    GlobalHydra.instance().clear()
+    try:
+        with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+            composed = compose("config", overrides=[
+                "model=litellm", "model.solver=openai/scripted", f"model.api_key_env={KEY}", "model.max_retries=5",
+                "model.retry_base_s=0.5", "model.retry_max_s=8", "model.rpm=100", "model.tpm=20000"])
+    finally:
+        GlobalHydra.instance().clear()
+    m = model_config(composed.model)
+    assert (m.max_retries, m.retry_base_s, m.retry_max_s, m.rpm, m.tpm, m.request_timeout_s) == (5, 0.5, 8.0, 100, 20000,
+                                                                                              600.0)
+    model = build_chat_model(m)
+    assert (model.max_retries, model.retry_base_s, model.retry_max_s, model.request_timeout) == (5, 0.5, 8.0, 600.0)
+    limiter = model.request_limiter
+    assert (limiter.model_id, limiter.rpm, limiter.tpm) == ("openai/scripted", 100, 20000)
+
+
+@pytest.mark.parametrize("kw,field", [({"max_retries": -1}, "max_retries"), ({"retry_base_s": -1.0}, "retry_base_s"),
+                                      ({"retry_base_s": 5.0, "retry_max_s": 1.0}, "retry_max_s"),
+                                      ({"request_timeout_s": 0}, "request_timeout_s")])
+def test_bad_retry_settings_name_the_field(kw, field):
+    with pytest.raises(ValueError, match=f"model.{field}="):
+        ModelConfig(solver="openai/x", **kw).check()
