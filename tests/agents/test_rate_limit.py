@@ -4,7 +4,9 @@ litellm to the scripted server and measure when requests arrive there."""
 
 from __future__ import annotations
 
+import asyncio
 import os
+import pickle
 import threading
 import time
 import uuid
@@ -89,7 +91,8 @@ def test_no_limits_no_limiter():
 
 def test_a_burst_of_calls_at_rpm_60_arrives_a_second_apart(key_env):
     n = 3
-    with ScriptedOpenAIServer([reply("ok")]) as srv:
+    with ScriptedOpenAIServer([reply("ok")]) as srv, ScriptedOpenAIServer([reply("warm")]) as warm_srv:
+        build_chat_model(cfg(warm_srv.url)).invoke("warm up")  # client set-up, outside the measurement
         model = build_chat_model(cfg(srv.url, rpm=60))
         threads = [threading.Thread(target=model.invoke, args=("hi",)) for _ in range(n)]
         t0 = time.monotonic()
@@ -101,6 +104,29 @@ def test_a_burst_of_calls_at_rpm_60_arrives_a_second_apart(key_env):
     assert len(srv.request_times) == n
     assert min(gaps(srv.request_times)) > 0.85, gaps(srv.request_times)
     assert elapsed < (n - 1) * 1.0 + 3.0  # spaced, not stalled
+
+
+def test_async_calls_take_their_slots_without_blocking_the_loop(key_env):
+    with ScriptedOpenAIServer([reply("ok")]) as srv, ScriptedOpenAIServer([reply("warm")]) as warm_srv:
+        model = build_chat_model(cfg(srv.url, rpm=150))  # 0.4 s apart
+
+        async def burst():
+            # litellm's async client is set up on first use, after the slot is taken:
+            # warm it up on an unlimited model so arrivals measure the limiter.
+            await build_chat_model(cfg(warm_srv.url)).ainvoke("warm up")
+            await asyncio.gather(*(model.ainvoke("hi") for _ in range(3)))
+
+        asyncio.run(burst())
+    assert min(gaps(srv.request_times)) > 0.3, gaps(srv.request_times)
+
+
+def test_a_pickled_limiter_shares_its_processes_budget():
+    """A limiter crosses process boundaries by value; inside one process every copy
+    draws from the same budget (here without Ray: the process-local fallback)."""
+    a = SharedRateLimiter(f"m-{uuid.uuid4().hex[:8]}", rpm=1, tpm=None)
+    b = pickle.loads(pickle.dumps(a))
+    assert a.acquire(blocking=False) is True
+    assert b.acquire(blocking=False) is False  # the one slot of the minute is taken
 
 
 def test_without_rpm_the_same_burst_is_not_spaced(key_env):
@@ -131,7 +157,21 @@ def test_tpm_holds_the_next_request_until_the_spent_tokens_expire(key_env):
 def test_two_ray_workers_share_one_limit(key_env, ray_local):
     ray = ray_local
 
-    def calls_from_a_worker(m: ModelConfig, warm: ModelConfig, n: int) -> int:
+    @ray.remote(num_cpus=0)
+    class Gate:
+        """Both workers start calling together, so an unshared limit would show as
+        pairs of simultaneous requests."""
+
+        def __init__(self) -> None:
+            self.arrived = 0
+
+        def arrive(self) -> None:
+            self.arrived += 1
+
+        def open(self) -> bool:
+            return self.arrived >= 2
+
+    def calls_from_a_worker(m: ModelConfig, warm: ModelConfig, gate, n: int) -> int:
         # Defined here so that Ray ships it by value (tests/ is not importable on workers).
         os.environ[KEY] = "local-secret"
         # litellm's first request in a process sets up its client (a few hundred ms on a
@@ -139,17 +179,21 @@ def test_two_ray_workers_share_one_limit(key_env, ray_local):
         # arrival times below measure the limiter.
         build_chat_model(warm).invoke("warm up")
         model = build_chat_model(m)  # the limiter of m.rpm, found by name in the run's namespace
+        ray.get(gate.arrive.remote())
+        while not ray.get(gate.open.remote()):
+            time.sleep(0.01)
         for _ in range(n):
             model.invoke("hi")
         return os.getpid()
 
     with ScriptedOpenAIServer([reply("ok")]) as srv, ScriptedOpenAIServer([reply("warm")]) as warm_srv:
-        m, warm = cfg(srv.url, rpm=120), cfg(warm_srv.url)  # one request per 0.5 s for the whole run
+        m, warm = cfg(srv.url, rpm=120), cfg(warm_srv.url)  # rpm=120: one request per 0.5 s for the run
         limiter = rate_limiter_for(m)  # the driver creates (and owns) the model's actor
         with pytest.raises(ValueError, match="model.rpm/model.tpm"):
             rate_limiter_for(ModelConfig(**{**m.__dict__, "rpm": 5}))  # one model id, one limit
         task = ray.remote(num_cpus=1)(calls_from_a_worker)
-        pids = ray.get([task.remote(m, warm, 3), task.remote(m, warm, 3)], timeout=120)
+        gate = Gate.remote()
+        pids = ray.get([task.remote(m, warm, gate, 3), task.remote(m, warm, gate, 3)], timeout=120)
         assert limiter.acquire(blocking=True)
     assert len(set(pids)) == 2 and os.getpid() not in pids
     assert len(srv.request_times) == 6
