@@ -3,9 +3,12 @@ later, the search's own LLM agents.
 
 Owns :func:`api_key` (credentials come only from the environment variable the config
 names; a missing one is a one-line error naming it), :func:`build_chat_model` (a
-LangChain ``ChatLiteLLM`` from a :class:`~milo_ray.config.ModelConfig`) and
-:func:`usage_of` (an answer's :class:`AgentUsage`: tokens from ``usage_metadata``,
-USD from the config's prices, else litellm's local price map, else unknown).
+``SolverChatLiteLLM``, the LangChain ``ChatLiteLLM`` with the config's retries, backoff,
+request timeout and shared rate limit), :func:`retryable` (which failures are retried)
+and :func:`usage_of` / :func:`price` (an answer's :class:`AgentUsage`: tokens from
+``usage_metadata``, USD from the config's prices, else litellm's local price map, else
+unknown). Per-call records for the trajectory and ``agent_calls`` come from
+:mod:`milo_ray.agents.solver_calls`; the limiter from :mod:`milo_ray.agents.rate_limit`.
 
 ``import litellm`` takes seconds and must never happen on the offline path: this
 module imports it only inside the functions that need it.
@@ -111,8 +114,7 @@ _SOLVER_CLASS: Any = None
 
 def _solver_class() -> Any:
     """:class:`SolverChatLiteLLM`, defined on first use so that importing this module
-    never imports litellm (the module's ``__getattr__`` makes it importable and picklable
-    by name)."""
+    never imports litellm (the module's ``__getattr__`` makes it importable by name)."""
     global _SOLVER_CLASS
     if _SOLVER_CLASS is None:
         _SOLVER_CLASS = _define_solver_class()
@@ -152,29 +154,28 @@ def _define_solver_class() -> Any:
         def _retrying(self, cls: Any, run_manager: Any) -> Any:
             def before_sleep(state: Any) -> None:
                 if run_manager is not None:
-                    # The async manager's on_retry is a coroutine: AsyncRetrying awaits
-                    # a coroutine function, so wrap it as one below.
-                    return run_manager.on_retry(state)
-                return None
+                    run_manager.on_retry(state)
+
+            async def abefore_sleep(state: Any) -> None:
+                if run_manager is not None:
+                    await run_manager.on_retry(state)
 
             return cls(stop=stop_after_attempt(int(self.max_retries) + 1),
                        wait=wait_random_exponential(multiplier=float(self.retry_base_s), max=float(self.retry_max_s)),
                        retry=retry_if_exception(retryable), reraise=True,
-                       before_sleep=_async_callback(before_sleep) if cls is AsyncRetrying else before_sleep)
+                       before_sleep=abefore_sleep if cls is AsyncRetrying else before_sleep)
 
         @staticmethod
         def _single_request(kwargs: dict[str, Any]) -> dict[str, Any]:
             return {**kwargs, "max_retries": 0, "num_retries": 0}
 
         def _report(self, response: Any) -> None:
-            limiter = self.request_limiter
-            report = getattr(limiter, "report_tokens", None)
-            usage = response.get("usage") if hasattr(response, "get") else None
-            if report is not None and usage:
-                total = usage.get("total_tokens") if hasattr(usage, "get") else None
-                if total is None and hasattr(usage, "get"):
-                    total = int(usage.get("prompt_tokens") or 0) + int(usage.get("completion_tokens") or 0)
-                report(int(total or 0))
+            """Count an answer's tokens against the limiter's tpm (a stream's usage is
+            not known here: streamed calls count only as requests)."""
+            report = getattr(self.request_limiter, "report_tokens", None)
+            usage = response.get("usage") if report is not None and hasattr(response, "get") else None
+            if usage:
+                report(int(usage.get("prompt_tokens") or 0) + int(usage.get("completion_tokens") or 0))
 
         def completion_with_retry(self, run_manager: Any = None, **kwargs: Any) -> Any:
             kwargs = self._single_request(kwargs)
@@ -211,17 +212,9 @@ def _define_solver_class() -> Any:
     # litellm prints a feedback banner to stdout on every failed request, retried or not;
     # the error itself still propagates and is recorded.
     litellm.suppress_debug_info = True
-    SolverChatLiteLLM.__module__ = __name__
+    # Named as importable: ``from milo_ray.agents.llm import SolverChatLiteLLM`` (module __getattr__).
+    SolverChatLiteLLM.__module__, SolverChatLiteLLM.__qualname__ = __name__, "SolverChatLiteLLM"
     return SolverChatLiteLLM
-
-
-def _async_callback(fn: Any) -> Any:
-    async def call(state: Any) -> None:
-        result = fn(state)
-        if result is not None and hasattr(result, "__await__"):
-            await result
-
-    return call
 
 
 def usage_of(message: Any, cfg: Any, *, seconds: float = 0.0, retries: int = 0) -> AgentUsage:
