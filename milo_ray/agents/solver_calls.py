@@ -39,6 +39,14 @@ class SolverCall:
     finished_at: float
     model: str | None
 
+    def as_dict(self) -> dict[str, Any]:
+        """A JSON-ready row: the trajectory's ``calls`` entry, which
+        ``AgentCallLog.record_rollout_calls`` turns into an ``agent_calls`` row."""
+        u = self.usage
+        return {"model": self.model, "started_at": self.started_at, "finished_at": self.finished_at,
+                "input_tokens": u.input_tokens, "output_tokens": u.output_tokens, "cost_usd": u.cost_usd,
+                "seconds": u.seconds, "retries": u.retries, "error": u.error}
+
 
 @dataclass
 class _Open:
@@ -77,6 +85,14 @@ class SolverCallRecorder(BaseCallbackHandler):
         """The finished calls so far, in the order they finished."""
         with self._lock:
             return list(self._calls)
+
+    def as_dicts(self) -> list[dict[str, Any]]:
+        return [c.as_dict() for c in self.calls()]
+
+    def tokens(self) -> int:
+        """Input + output tokens of the finished calls (a rollout's token cap checks it)."""
+        with self._lock:
+            return sum(c.usage.tokens for c in self._calls)
 
     def _model(self, kwargs: dict[str, Any]) -> str | None:
         params = kwargs.get("invocation_params") or {}

@@ -5,6 +5,7 @@ config's prices, retries and errors of failed calls."""
 from __future__ import annotations
 
 import asyncio
+import json
 
 import pytest
 from langchain_core.messages import HumanMessage, ToolMessage
@@ -44,6 +45,11 @@ def test_a_three_call_conversation_gives_three_records_with_the_servers_usage():
     calls = rec.calls()
     assert [(c.usage.input_tokens, c.usage.output_tokens) for c in calls] == [
         (r.prompt_tokens, r.completion_tokens) for r in script]
+    assert rec.tokens() == sum(r.prompt_tokens + r.completion_tokens for r in script)
+    rows = json.loads(json.dumps(rec.as_dicts()))  # the trajectory stores them as JSON
+    assert [(r["input_tokens"], r["output_tokens"], r["retries"], r["error"]) for r in rows] == [
+        (r.prompt_tokens, r.completion_tokens, 0, None) for r in script]
+    assert all(r["model"] == "openai/scripted" and r["started_at"] <= r["finished_at"] for r in rows)
     assert [c.usage.cost_usd for c in calls] == pytest.approx(
         [(r.prompt_tokens * 2.0 + r.completion_tokens * 8.0) / 1e6 for r in script])
     assert all(c.usage.retries == 0 and c.usage.error is None and c.model == "openai/scripted" for c in calls)
