@@ -24,7 +24,7 @@ from uuid import UUID
 
 from langchain_core.callbacks import BaseCallbackHandler
 
-from milo_ray.agents.llm import price
+from milo_ray.agents.llm import _field, price
 from milo_ray.agents.usage import AgentUsage
 
 
@@ -98,7 +98,7 @@ class SolverCallRecorder(BaseCallbackHandler):
         params = kwargs.get("invocation_params") or {}
         meta = kwargs.get("metadata") or {}
         return params.get("model") or params.get("model_name") or meta.get("ls_model_name") or \
-            getattr(self.cfg, "id", None) or getattr(self.cfg, "solver", None)
+            _field(self.cfg, "id") or _field(self.cfg, "solver")
 
     def _start(self, run_id: UUID, kwargs: dict[str, Any]) -> None:
         with self._lock:
