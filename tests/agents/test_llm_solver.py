@@ -165,24 +165,25 @@ def test_missing_credentials_name_the_variable_and_never_the_value(monkeypatch):
 
 
 def test_the_litellm_yaml_carries_every_knob_to_the_chat_model(key_env):
-    from hydra import compose, initialize_config_dir
-    from hydra.core.global_hydra import GlobalHydra
+    """conf/model/litellm.yaml against the ModelConfig schema (merged as Hydra would,
+    without composing the other groups), with command-line style overrides."""
+    from pathlib import Path
 
-    from milo_ray.config import model_config, register_configs
+    from omegaconf import OmegaConf
+
+    from milo_ray.config import model_config
     from milo_ray.run import CONF_DIR
 
-    register_configs()
-    GlobalHydra.instance().clear()
-    try:
-        with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
-            composed = compose("config", overrides=[
-                "model=litellm", "model.solver=openai/scripted", f"model.api_key_env={KEY}", "model.max_retries=5",
-                "model.retry_base_s=0.5", "model.retry_max_s=8", "model.rpm=100", "model.tpm=20000"])
-    finally:
-        GlobalHydra.instance().clear()
-    m = model_config(composed.model)
+    yaml = OmegaConf.load(Path(CONF_DIR) / "model" / "litellm.yaml")
+    yaml.pop("defaults")
+    overrides = OmegaConf.from_dotlist([
+        "solver=openai/scripted", f"api_key_env={KEY}", "max_retries=5", "retry_base_s=0.5", "retry_max_s=8",
+        "rpm=100", "tpm=20000"])
+    m = model_config(OmegaConf.merge(OmegaConf.structured(ModelConfig), yaml, overrides))
     assert (m.max_retries, m.retry_base_s, m.retry_max_s, m.rpm, m.tpm, m.request_timeout_s) == (5, 0.5, 8.0, 100, 20000,
                                                                                               600.0)
+    defaults = model_config(OmegaConf.merge(OmegaConf.structured(ModelConfig), yaml, {"solver": "openai/x"}))
+    assert (defaults.max_retries, defaults.rpm, defaults.tpm) == (3, None, None)
     model = build_chat_model(m)
     assert (model.max_retries, model.retry_base_s, model.retry_max_s, model.request_timeout) == (5, 0.5, 8.0, 600.0)
     limiter = model.request_limiter
