@@ -261,6 +261,12 @@ class BwrapSandbox(Sandbox):
         finally:
             with self._lock:
                 self._running.discard(proc)
+                alone = not self._running
+        if run.timed_out and alone:
+            # Killing bwrap ends the PID namespace, but its processes die asynchronously:
+            # wait until they are gone, so a timed-out command holds nothing afterwards.
+            # (Only when no other command runs: the cgroup is shared by all of them.)
+            self._cgroup.kill_all()
         return to_response(run, timeout_s)
 
     def upload_files(self, files: list[tuple[str, bytes]]) -> list[FileUploadResponse]:

@@ -156,31 +156,34 @@ class SandboxCgroup:
                 pass
         return out
 
-    def kill_all(self) -> None:
-        """SIGKILL every process in the cgroup, repeatedly until it is empty, since a
-        fork bomb can create new members between reading the list and killing them (the
-        pids limit bounds how many there can be, so this terminates)."""
-        for _ in range(100):
+    def kill_all(self, wait_s: float = 5.0) -> bool:
+        """SIGKILL every process in the cgroup until it is empty (a fork bomb can add
+        members between reading the list and killing them; the pids limit bounds how many)
+        and wait for the killed ones to be gone, at most ``wait_s`` -- a killed process
+        stays listed while the kernel tears it down. True once empty."""
+        deadline = time.monotonic() + wait_s
+        while True:
             pids = self.pids()
             if not pids:
-                return
+                return True
+            if time.monotonic() >= deadline:
+                return False
             for pid in pids:
                 try:
                     os.kill(pid, signal.SIGKILL)
                 except (ProcessLookupError, PermissionError):
                     pass
+            time.sleep(0.005)
 
     def close(self) -> None:
         self.kill_all()
         for d in self.dirs:
-            # rmdir fails while a killed process is still being torn down; retry briefly.
-            for _ in range(50):
-                try:
-                    d.rmdir()
-                    break
-                except FileNotFoundError:
-                    break
-                except OSError:
-                    self.kill_all()
-                    time.sleep(0.02)
+            try:
+                d.rmdir()
+            except FileNotFoundError:
+                pass
+            except OSError:
+                # Still busy after kill_all's wait (a process stuck in the kernel): leave
+                # the empty-of-limits directory behind rather than fail the rollout.
+                pass
         self.dirs = []
