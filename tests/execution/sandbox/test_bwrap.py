@@ -212,7 +212,14 @@ def test_deepagents_file_tools_work(sandbox):
     assert [m["path"] for m in sandbox.glob("**/*.py", "/app").matches] == ["/app/pkg/mod.py"]
 
 
-def test_interrupt_kills_running_commands_and_keeps_files(sandbox):
+@pytest.mark.parametrize("cgroups", [True, False])
+def test_interrupt_kills_running_commands_and_keeps_files(tmp_path, cgroups):
+    factory = BwrapSandboxFactory(command_timeout_s=20, output_cap_bytes=1000, cgroups=cgroups)
+    with factory.open(SandboxSpec(task_id="int"), tmp_path) as sandbox:
+        _interrupt_and_check(sandbox)
+
+
+def _interrupt_and_check(sandbox):
     result = {}
     t = threading.Thread(target=lambda: result.update(r=_sh(sandbox, "echo kept > /app/f; sleep 60")))
     t.start()
