@@ -27,7 +27,7 @@ SANDBOX_TMP = "/tmp"
 class HostDirs:
     """Sandbox path -> host directory for every writable directory of one sandbox."""
 
-    def __init__(self, spec: SandboxSpec, scratch: Path) -> None:
+    def __init__(self, spec: SandboxSpec, scratch: Path, *, private_tmp: bool = True) -> None:
         workdir = posixpath.normpath(spec.workdir)
         if not spec.workdir.startswith("/") or workdir == "/":
             raise ValueError(f"SandboxSpec.workdir must be an absolute path below /, got {spec.workdir!r}")
@@ -44,8 +44,10 @@ class HostDirs:
             LOGS_DIR: scratch / "logs",
             TESTS_DIR: scratch / "tests",
             SOLUTION_DIR: scratch / "solution",
-            SANDBOX_TMP: scratch / "tmp",
         }
+        # Without a mount namespace (the local sandbox) commands see the host's /tmp, so
+        # transfers to /tmp must reach it too (deepagents' edit stages files there).
+        layout[SANDBOX_TMP] = scratch / "tmp" if private_tmp else Path("/tmp")
         if self.home != workdir:
             layout[self.home] = scratch / "home"
         for host in layout.values():
