@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import logging
 import os
-import shlex
 import shutil
 import threading
 import uuid
@@ -49,6 +48,7 @@ logger = logging.getLogger(__name__)
 DEFAULT_HOST_READONLY = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc", "/opt")
 # Host files under a read-only directory that the sandbox must still not read.
 _MASKED = ("/etc/shadow", "/etc/gshadow", "/etc/sudoers")
+_CGROUP_DIR = "/run/.sandbox_cgroup"  # where the command's shell finds its cgroup.procs files
 SANDBOX_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 # How long the one-time probe of bwrap may take; starting a sandbox takes milliseconds, so
 # 30 s only trips on a machine that is hung, and then failing early is right.
@@ -121,6 +121,16 @@ class BwrapSandboxFactory:
         self._lock = threading.Lock()
         self._probed: tuple[str | None, CgroupSupport] | None = None
 
+    def __getstate__(self) -> dict:
+        # Picklable (to ship the factory to a worker): the lock is per process.
+        state = dict(self.__dict__)
+        del state["_lock"]
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self._lock = threading.Lock()
+
     def _probe(self) -> tuple[str | None, CgroupSupport]:
         """(why bwrap cannot run here or None, cgroup support), computed once."""
         with self._lock:
@@ -187,9 +197,8 @@ class BwrapSandbox(Sandbox):
         return self._id
 
     def _limits(self) -> tuple[Limits, list[str]]:
-        """What is enforced and the launcher prefix enforcing it: the launcher joins the
-        cgroups and sets the rlimits, then execs bwrap, so nothing of the sandbox runs
-        outside them even for a moment."""
+        """What is enforced, and the launcher prefix setting the rlimits before it execs
+        bwrap (the rlimits are inherited by everything inside)."""
         cg = self._cgroup.enforced
         rlimits: list[str] = []
         pids = memory = cpu = file_size = None
@@ -213,9 +222,6 @@ class BwrapSandbox(Sandbox):
             rlimits.append(f"--fsize={self.spec.storage_mb * 1024 * 1024}")
             file_size = f"RLIMIT_FSIZE={self.spec.storage_mb} MB per file"
         launcher: list[str] = []
-        if self._cgroup.procs_files:
-            joins = " && ".join(f"echo $$ > {shlex.quote(f)}" for f in self._cgroup.procs_files)
-            launcher = ["/bin/sh", "-c", joins + ' && exec "$@"', "sh"]
         if rlimits:
             prlimit = shutil.which("prlimit")
             if prlimit is None:
@@ -233,6 +239,13 @@ class BwrapSandbox(Sandbox):
         # Parents before children, so a nested mount is not hidden by its parent's.
         for inside, host in sorted(self.dirs.mounts.items(), key=lambda kv: len(kv[0])):
             argv += ["--bind", str(host), inside]
+        # The command's shell joins the sandbox's cgroups before it runs anything (see
+        # _command), through these files alone: writing a pid there can only move a process
+        # of this sandbox (the only ones it can name) into this sandbox's cgroup. Joining
+        # from inside rather than from a launcher before bwrap saves an exec per command;
+        # bwrap and its PID-1 stay outside, and they never fork more than the command.
+        for i, procs in enumerate(self._cgroup.procs_files):
+            argv += ["--bind", procs, f"{_CGROUP_DIR}/{i}.procs"]
         # bwrap's root is a writable tmpfs: make it read-only so nothing can be created
         # outside the binds (remounting / does not touch the binds, they are own mounts).
         argv += ["--remount-ro", "/", "--chdir", self.dirs.workdir, "--clearenv"]
@@ -240,6 +253,14 @@ class BwrapSandbox(Sandbox):
             argv += ["--setenv", key, value]
         shell = "/bin/bash" if os.path.exists("/bin/bash") else "/bin/sh"
         return argv + [shell, "-c"]
+
+    def _command(self, command: str) -> str:
+        if not self._cgroup.procs_files:
+            return command
+        # On its own line, so no syntax of the command can come before it; 125 = the
+        # sandbox, not the command, failed (as docker run reports it).
+        joins = " && ".join(f"echo $$ > {_CGROUP_DIR}/{i}.procs" for i in range(len(self._cgroup.procs_files)))
+        return f"{{ {joins}; }} 2>/dev/null || {{ echo 'sandbox: cannot join its cgroup' >&2; exit 125; }}\n{command}"
 
     def execute(self, command: str, *, timeout: int | None = None) -> ExecuteResponse:
         if not command or not isinstance(command, str):
@@ -250,7 +271,7 @@ class BwrapSandbox(Sandbox):
                 raise RuntimeError(f"sandbox {self._id} is closed")
             # The host environment is not passed on: bwrap gets only what it needs to start.
             proc = start_capped(
-                self._launcher + self._bwrap_argv + [command],
+                self._launcher + self._bwrap_argv + [self._command(command)],
                 timeout_s=timeout_s,
                 output_cap_bytes=self._factory.output_cap_bytes,
                 env={"PATH": SANDBOX_PATH},

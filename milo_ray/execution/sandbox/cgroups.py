@@ -104,8 +104,8 @@ def probe_cgroups() -> CgroupSupport:
 
 class SandboxCgroup:
     """The cgroup(s) of one sandbox, with its limits written. ``procs_files`` are the
-    ``cgroup.procs`` files a process writes its pid to in order to join (the sandbox's
-    launcher does that before exec'ing bwrap, so nothing forks outside the limits)."""
+    ``cgroup.procs`` files a process writes its pid to in order to join (a bwrap
+    sandbox's command shell does that first thing, so nothing it runs is outside them)."""
 
     def __init__(
         self,

@@ -259,3 +259,19 @@ def test_unsupported_names_the_task_and_the_fix(tmp_path):
     assert FACTORY.unsupported(SandboxSpec(task_id="t9", docker_image="img:1", build_context=str(tmp_path))) is None
     missing = BwrapSandboxFactory(bwrap_path="/nonexistent/bwrap").unsupported(SandboxSpec(task_id="t9"))
     assert "t9" in missing and "not installed" in missing
+
+
+def test_config_builds_the_factory_with_every_knob():
+    import pickle
+
+    from hydra.utils import instantiate
+    from omegaconf import OmegaConf
+
+    conf = OmegaConf.load(Path(__file__).parents[3] / "conf" / "sandbox" / "bwrap.yaml")
+    factory = instantiate(conf)
+    assert isinstance(factory, BwrapSandboxFactory) and factory.name == "bwrap"
+    knobs = {k: v for k, v in OmegaConf.to_container(conf).items() if k != "_target_"}
+    for key, value in knobs.items():
+        got = getattr(factory, key)
+        assert (list(got) if isinstance(got, tuple) else got) == value, key
+    assert pickle.loads(pickle.dumps(factory)).unsupported(SandboxSpec(task_id="p")) is None

@@ -83,3 +83,17 @@ def test_interrupt_kills_a_running_command_and_keeps_files(sandbox):
 def test_tasks_needing_an_image_are_refused():
     assert "sandbox=docker" in FACTORY.unsupported(SandboxSpec(task_id="t", needs_docker="RUN pip install x"))
     assert FACTORY.unsupported(SandboxSpec(task_id="t")) is None
+
+
+def test_config_builds_the_factory_with_every_knob():
+    from pathlib import Path
+
+    from hydra.utils import instantiate
+    from omegaconf import OmegaConf
+
+    conf = OmegaConf.load(Path(__file__).parents[3] / "conf" / "sandbox" / "local.yaml")
+    factory = instantiate(conf)
+    assert isinstance(factory, LocalSandboxFactory) and factory.name == "local"
+    for key, value in OmegaConf.to_container(conf).items():
+        if key != "_target_":
+            assert getattr(factory, key) == value, key
