@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import logging
 import os
+import posixpath
 import shutil
 import threading
 import uuid
@@ -48,7 +49,7 @@ logger = logging.getLogger(__name__)
 DEFAULT_HOST_READONLY = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc", "/opt")
 # Host files under a read-only directory that the sandbox must still not read.
 _MASKED = ("/etc/shadow", "/etc/gshadow", "/etc/sudoers")
-_CGROUP_DIR = "/run/.sandbox_cgroup"  # where the command's shell finds its cgroup.procs files
+_CGROUP_DIR = "/.sandbox_cgroup"  # where the command's shell finds its cgroup.procs files
 SANDBOX_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 # How long the one-time probe of bwrap may take; starting a sandbox takes milliseconds, so
 # 30 s only trips on a machine that is hung, and then failing early is right.
@@ -155,6 +156,13 @@ class BwrapSandboxFactory:
             return f"task {spec.task_id}: its image cannot be replaced by the host ({spec.needs_docker}); run it with sandbox=docker"
         if spec.docker_image and not spec.build_context:
             return f"task {spec.task_id}: it runs in the prebuilt image {spec.docker_image}, which the host cannot stand in for; run it with sandbox=docker"
+        workdir = posixpath.normpath(spec.workdir)
+        for ro in self.host_readonly:
+            if workdir == ro or workdir.startswith(ro.rstrip("/") + "/"):
+                return (
+                    f"task {spec.task_id}: its workdir {spec.workdir} lies under the read-only host path {ro} "
+                    "(sandbox.host_readonly); run it with sandbox=docker"
+                )
         error, _ = self._probe()
         if error:
             return f"task {spec.task_id}: {error}; run it with sandbox=docker"

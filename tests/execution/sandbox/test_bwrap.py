@@ -132,9 +132,9 @@ def test_fork_bomb_is_killed_within_the_timeout_and_the_host_stays_usable(sandbo
     r = _sh(sandbox, "bomb() { bomb | bomb & }; bomb; sleep 60", timeout=3)
     assert r.exit_code == 124
     assert time.monotonic() - start < 15
+    assert sandbox._cgroup.pids() == set()  # nothing of the bomb is left once execute returns
     assert run_capped(["true"], timeout_s=10, output_cap_bytes=100).exit_code == 0
     assert _sh(sandbox, "echo alive").output.strip() == "alive"
-    assert sandbox._cgroup.pids() == set()  # nothing of the bomb is left
 
 
 def _host_pids_with(marker: str) -> list[int]:
@@ -257,6 +257,7 @@ def test_unsupported_names_the_task_and_the_fix(tmp_path):
     msg = FACTORY.unsupported(SandboxSpec(task_id="t9", docker_image="img:1"))
     assert "t9" in msg and "sandbox=docker" in msg
     assert FACTORY.unsupported(SandboxSpec(task_id="t9", docker_image="img:1", build_context=str(tmp_path))) is None
+    assert "/usr/src/app" in FACTORY.unsupported(SandboxSpec(task_id="t9", workdir="/usr/src/app"))
     missing = BwrapSandboxFactory(bwrap_path="/nonexistent/bwrap").unsupported(SandboxSpec(task_id="t9"))
     assert "t9" in missing and "not installed" in missing
 
