@@ -4,7 +4,7 @@
 
 For each command (``true``, ``python3 -c pass``) it runs it ``--n`` times as a bare
 ``subprocess.run(["bash", "-c", cmd])`` with the sandbox's PATH (the baseline, named "bare subprocess"), through
-an open bwrap sandbox's ``execute``, and -- when ``milo_ray.execution.sandbox.docker``
+the sandboxes' process runner alone (``run_capped``), an open bwrap sandbox's ``execute``, and -- when ``milo_ray.execution.sandbox.docker``
 imports and a Docker daemon answers -- through a Docker sandbox's ``execute``; it prints
 the median per command and its ratio to the baseline (the target for bwrap is within 2x).
 :func:`main` runs the functions in ``SECTIONS`` in order; a new measurement (e.g. rollouts
@@ -26,6 +26,7 @@ from typing import Callable, Iterator
 
 from milo_ray.execution.sandbox.base import Sandbox, SandboxSpec
 from milo_ray.execution.sandbox.bwrap import SANDBOX_PATH, BwrapSandboxFactory
+from milo_ray.execution.sandbox.process import run_capped
 
 BASELINE = "bare subprocess"
 COMMANDS = ("true", "python3 -c pass")
@@ -69,6 +70,13 @@ def bare(args: argparse.Namespace) -> Iterator[Callable[[str], Callable[[], obje
 
 
 @contextlib.contextmanager
+def runner(args: argparse.Namespace) -> Iterator[Callable[[str], Callable[[], object]] | None]:
+    # The sandboxes' process runner without a sandbox: separates its cost from bwrap's.
+    env = {"PATH": SANDBOX_PATH, "LANG": "C.UTF-8"}
+    yield lambda cmd: lambda: run_capped(["bash", "-c", cmd], timeout_s=60, output_cap_bytes=100_000, env=env)
+
+
+@contextlib.contextmanager
 def bwrap(args: argparse.Namespace) -> Iterator[Callable[[str], Callable[[], object]] | None]:
     factory = BwrapSandboxFactory()
     spec = SandboxSpec(task_id="bench")
@@ -109,7 +117,7 @@ def docker(args: argparse.Namespace) -> Iterator[Callable[[str], Callable[[], ob
 
 # name -> context manager yielding "command -> callable running it there" (None: skipped).
 # The first is the baseline the others are compared against.
-BACKENDS = {BASELINE: bare, "bwrap": bwrap, "docker exec": docker}
+BACKENDS = {BASELINE: bare, "run_capped": runner, "bwrap": bwrap, "docker exec": docker}
 
 
 def command_overhead(args: argparse.Namespace) -> None:

@@ -9,8 +9,9 @@ rest of the root is an empty read-only tmpfs, so the host's home directories, ``
 and every other path do not exist. It gets a clean environment (never the host's, which
 holds API keys), no network unless ``spec.allow_internet``, no capabilities (as root,
 bwrap would otherwise keep them all), a new session (no terminal injection), and it dies
-with its parent. With its own PID namespace, killing the bwrap process kills every
-process of the command.
+with its parent. Every command is its own bwrap with its own PID namespace: when the
+command ends (or is killed) every process it started ends with it, background ones
+included, so state carries over between commands only through files.
 
 Limits (what :attr:`BwrapSandbox.limits` reports as enforced):
 
@@ -136,7 +137,15 @@ class BwrapSandboxFactory:
         """(why bwrap cannot run here or None, cgroup support), computed once."""
         with self._lock:
             if self._probed is None:
-                self._probed = (self._probe_bwrap(), probe_cgroups() if self.cgroups else CgroupSupport())
+                support = probe_cgroups() if self.cgroups else CgroupSupport()
+                self._probed = (self._probe_bwrap(), support)
+                logger.info("bwrap sandbox: cgroup controllers usable here: %s", sorted(support.parents) or "none")
+                if self.pids_limit is not None and not support.has("pids") and os.geteuid() == 0:
+                    logger.warning(
+                        "bwrap sandbox: pids_limit=%s cannot be enforced (no pids cgroup, and RLIMIT_NPROC "
+                        "does not apply to root); a fork bomb is bounded only by the command timeout",
+                        self.pids_limit,
+                    )
             return self._probed
 
     def _probe_bwrap(self) -> str | None:
