@@ -276,3 +276,22 @@ def test_config_builds_the_factory_with_every_knob():
         got = getattr(factory, key)
         assert (list(got) if isinstance(got, tuple) else got) == value, key
     assert pickle.loads(pickle.dumps(factory)).unsupported(SandboxSpec(task_id="p")) is None
+
+
+def test_storage_limit_caps_the_size_of_a_file(tmp_path):
+    with FACTORY.open(SandboxSpec(task_id="fs", storage_mb=1), tmp_path) as sb:
+        assert sb.limits.file_size is not None
+        assert sb.execute("head -c 2000000 /dev/zero > /app/big").exit_code != 0
+        assert (tmp_path / "workspace" / "big").stat().st_size <= 1024 * 1024
+        assert sb.execute("head -c 500000 /dev/zero > /app/small").exit_code == 0
+
+
+def test_cpu_quota_slows_a_busy_loop(tmp_path):
+    with FACTORY.open(SandboxSpec(task_id="cpu", cpus=0.05), tmp_path) as sb:
+        if sb.limits.cpu is None:
+            pytest.skip("no cpu cgroup on this machine")
+        busy = "import time\ns = time.time()\nwhile time.time() - s < 1: pass\nprint(time.process_time())\n"
+        sb.upload_files([("/tmp/busy.py", busy.encode())])
+        r = sb.execute("python3 /tmp/busy.py")
+        # 5% of a CPU for ~1 s of wall time; unthrottled it gets most of a core.
+        assert float(r.output.split()[-1]) < 0.3, r.output
