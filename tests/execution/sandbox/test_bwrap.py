@@ -180,9 +180,11 @@ def test_timeout_kills_the_command_and_zero_means_none(tmp_path):
             sb.execute("true", timeout=-1)
 
 
-def test_memory_limit_stops_a_large_allocation(tmp_path):
-    with FACTORY.open(SandboxSpec(task_id="mem", memory_mb=128), tmp_path) as sb:
-        assert sb.limits.memory is not None
+@pytest.mark.parametrize("cgroups", [True, False])  # the cgroup, and the RLIMIT_AS fallback
+def test_memory_limit_stops_a_large_allocation(tmp_path, cgroups):
+    factory = BwrapSandboxFactory(command_timeout_s=20, output_cap_bytes=1000, cgroups=cgroups)
+    with factory.open(SandboxSpec(task_id="mem", memory_mb=128), tmp_path) as sb:
+        assert sb.limits.memory is not None and ("cgroup" in sb.limits.memory or not cgroups)
         r = sb.execute("python3 -c 'x = bytearray(512 * 2**20); print(len(x))'")
         assert r.exit_code != 0 and "536870912" not in r.output
         assert sb.execute("python3 -c 'x = bytearray(16 * 2**20); print(len(x))'").exit_code == 0
