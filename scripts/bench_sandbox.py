@@ -77,8 +77,8 @@ def runner(args: argparse.Namespace) -> Iterator[Callable[[str], Callable[[], ob
 
 
 @contextlib.contextmanager
-def bwrap(args: argparse.Namespace) -> Iterator[Callable[[str], Callable[[], object]] | None]:
-    factory = BwrapSandboxFactory()
+def bwrap(args: argparse.Namespace, cgroups: bool = True) -> Iterator[Callable[[str], Callable[[], object]] | None]:
+    factory = BwrapSandboxFactory(cgroups=cgroups)
     spec = SandboxSpec(task_id="bench")
     why = factory.unsupported(spec)
     if why:
@@ -87,7 +87,7 @@ def bwrap(args: argparse.Namespace) -> Iterator[Callable[[str], Callable[[], obj
         return
     with tempfile.TemporaryDirectory(prefix="bench_bwrap_") as scratch:
         with factory.open(spec, Path(scratch)) as sandbox:
-            print(f"bwrap limits: {sandbox.limits}")
+            print(f"bwrap (cgroups={cgroups}) limits: {sandbox.limits}")
             yield lambda cmd: _through(sandbox, cmd)
 
 
@@ -117,7 +117,15 @@ def docker(args: argparse.Namespace) -> Iterator[Callable[[str], Callable[[], ob
 
 # name -> context manager yielding "command -> callable running it there" (None: skipped).
 # The first is the baseline the others are compared against.
-BACKENDS = {BASELINE: bare, "run_capped": runner, "bwrap": bwrap, "docker exec": docker}
+# "bwrap, no cgroup" shows what the per-command cgroup join costs (a cgroup v1 migration
+# waits for an RCU grace period, which grows with the machine's load).
+BACKENDS = {
+    BASELINE: bare,
+    "run_capped": runner,
+    "bwrap": bwrap,
+    "bwrap, no cgroup": lambda args: bwrap(args, cgroups=False),
+    "docker exec": docker,
+}
 
 
 def command_overhead(args: argparse.Namespace) -> None:
@@ -129,7 +137,7 @@ def command_overhead(args: argparse.Namespace) -> None:
             medians = interleaved_medians_ms({name: make(cmd) for name, make in makers.items()}, args.n)
             for name, ms in medians.items():
                 ratio = ms / medians[BASELINE]
-                print(f"{name:<16} {cmd:<18} median {ms:8.2f} ms   {ratio:5.2f}x {BASELINE}  (n={args.n})")
+                print(f"{name:<17} {cmd:<16} median {ms:8.2f} ms   {ratio:5.2f}x {BASELINE}  (n={args.n})")
 
 
 # The measurements main() runs, in order; each takes the parsed arguments.
