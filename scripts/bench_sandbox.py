@@ -1,21 +1,21 @@
 """Per-command overhead of the sandboxes against a bare subprocess.
 
-    PYTHONPATH=. python scripts/bench_sandbox.py [--n 50] [--docker-image IMAGE]
+    PYTHONPATH=. python scripts/bench_sandbox.py [--n 50]
 
-For each command (``true``, ``python3 -c pass``) it runs it ``--n`` times as a bare
-``subprocess.run(["bash", "-c", cmd])`` with the sandbox's PATH (the baseline, named "bare subprocess"), through
-the sandboxes' process runner alone (``run_capped``), an open bwrap sandbox's ``execute``, and -- when ``milo_ray.execution.sandbox.docker``
-imports and a Docker daemon answers -- through a Docker sandbox's ``execute``; it prints
-the median per command and its ratio to the baseline (the target for bwrap is within 2x).
-:func:`main` runs the functions in ``SECTIONS`` in order; a new measurement (e.g. rollouts
-per second of a suite) is one more function there.
+Each command (``true``, ``python3 -c pass``) runs ``--n`` times as a bare
+``subprocess.run(["bash", "-c", cmd])`` with the sandbox's PATH (the baseline, named
+"bare subprocess"), through the sandboxes' process runner alone (``run_capped``), through
+an open bwrap sandbox's ``execute`` (with and without its cgroup), and -- when the Docker
+sandbox imports and a Docker daemon answers -- through a Docker sandbox's ``execute``
+(a ``docker exec``). It prints the median per command and its ratio to the baseline (the
+target for bwrap is within 2x). :func:`main` runs the functions in ``SECTIONS`` in order;
+a new measurement (e.g. rollouts per second of a suite) is one more function there.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
-import shutil
 import statistics
 import subprocess
 import sys
@@ -94,24 +94,31 @@ def bwrap(args: argparse.Namespace, cgroups: bool = True) -> Iterator[Callable[[
 @contextlib.contextmanager
 def docker(args: argparse.Namespace) -> Iterator[Callable[[str], Callable[[], object]] | None]:
     try:
-        from milo_ray.execution.sandbox.docker import DockerSandboxFactory  # type: ignore[import-not-found]
+        from milo_ray.execution.sandbox.docker import DockerSandboxFactory
+        from milo_ray.testing.dockerd import daemon_answers, local_base_image, local_host_mounts
     except ImportError as exc:
-        print(f"docker exec: skipped (milo_ray.execution.sandbox.docker does not import: {exc})")
+        print(f"docker exec: skipped (the Docker sandbox does not import: {exc})")
         yield None
         return
-    if shutil.which("docker") is None or subprocess.run(["docker", "info"], capture_output=True, timeout=30).returncode:
-        print("docker exec: skipped (no Docker daemon answers `docker info`)")
+    why = daemon_answers()
+    if why is not None:
+        print(f"docker exec: skipped (no Docker daemon answers: {why})")
         yield None
         return
-    factory = DockerSandboxFactory()
-    spec = SandboxSpec(task_id="bench", docker_image=args.docker_image)
-    why = factory.unsupported(spec)
-    if why:
-        print(f"docker exec: skipped ({why})")
-        yield None
-        return
+    # The offline base image the Docker sandbox's tests use (the host's programs bind-mounted
+    # read-only), so the measurement needs no pull; the task image is one WORKDIR on it.
+    factory = DockerSandboxFactory(base_image_override=local_base_image(), host_mounts=local_host_mounts())
     with tempfile.TemporaryDirectory(prefix="bench_docker_") as scratch:
-        with factory.open(spec, Path(scratch)) as sandbox:
+        context = Path(scratch) / "task"
+        context.mkdir()
+        (context / "Dockerfile").write_text("FROM registry.example/unpullable:1.0\nWORKDIR /app\n")
+        spec = SandboxSpec(task_id="bench-docker", build_context=str(context))
+        why = factory.unsupported(spec)
+        if why:
+            print(f"docker exec: skipped ({why})")
+            yield None
+            return
+        with factory.open(spec, Path(scratch) / "scratch") as sandbox:
             yield lambda cmd: _through(sandbox, cmd)
 
 
@@ -147,7 +154,6 @@ SECTIONS: tuple[Callable[[argparse.Namespace], None], ...] = (command_overhead,)
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--n", type=int, default=50, help="runs per command and backend (median reported)")
-    parser.add_argument("--docker-image", default="python:3.11-slim", help="image for the Docker measurement")
     args = parser.parse_args(argv)
     if args.n < 1:
         parser.error("--n must be >= 1")

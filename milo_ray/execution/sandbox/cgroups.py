@@ -14,6 +14,7 @@ import os
 import signal
 import time
 import uuid
+import weakref
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -131,6 +132,10 @@ class SandboxCgroup:
             )
         self.enforced = tuple(sorted(wanted))
         self.dirs: list[Path] = []
+        # A sandbox dropped without close() must not leave its cgroups behind for good
+        # (the list is shared, so close() emptying it disarms this). Not a method of self:
+        # a finalizer holding self would keep it alive.
+        self._finalizer = weakref.finalize(self, _rmdirs, self.dirs)
         try:
             for ctrl, files in wanted.items():
                 d = support.parents[ctrl] / name
@@ -177,13 +182,15 @@ class SandboxCgroup:
 
     def close(self) -> None:
         self.kill_all()
-        for d in self.dirs:
-            try:
-                d.rmdir()
-            except FileNotFoundError:
-                pass
-            except OSError:
-                # Still busy after kill_all's wait (a process stuck in the kernel): leave
-                # the empty-of-limits directory behind rather than fail the rollout.
-                pass
-        self.dirs = []
+        _rmdirs(self.dirs)
+
+
+def _rmdirs(dirs: list[Path]) -> None:
+    for d in dirs:
+        try:
+            d.rmdir()
+        except OSError:
+            # Gone already, or still busy after kill_all's wait (a process stuck in the
+            # kernel): leave it rather than fail the rollout.
+            pass
+    dirs.clear()
