@@ -22,10 +22,13 @@ from dataclasses import dataclass
 # Bytes per read from the output pipe: the pipe buffer is 64 KiB on Linux, so one read
 # empties it and a flood costs one syscall per buffer.
 _READ_CHUNK = 65536
-# While the command runs, wake up this often even without output, to notice that the
-# leader exited while a background child still holds the pipe open (no EOF comes then).
-# 50 ms keeps the added latency small and the wake-ups (20/s) negligible.
+# Without a pidfd, wake up this often even without output, to notice that the leader
+# exited while a background child still holds the pipe open (no EOF comes then), or that
+# kill() was called. 50 ms keeps the added latency small and the wake-ups (20/s) negligible.
 _POLL_S = 0.05
+# Without a pidfd, how often to check for the leader's exit once its output has closed:
+# the exit usually follows EOF within microseconds, so check often (1 ms).
+_EOF_POLL_S = 0.001
 # After the group is killed, how long to keep reading for the pipe to close. SIGKILLed
 # writers close it within milliseconds; only a process that left the group (setsid) can
 # keep it open, and one second is long enough not to cut a dying process's last output
@@ -131,41 +134,50 @@ class CappedProcess:
         timed_out = False
         deadline = None if self._timeout_s is None else self._start + self._timeout_s
         drain_until: float | None = None  # set once the group has been killed
-        eof = False
-        # After EOF the leader is usually a few microseconds from exiting; back off from
-        # 0.1 ms up to _POLL_S so a normal exit is noticed at once, while a leader that
-        # closed its output and keeps running does not make us spin.
-        eof_sleep = 0.0001
+        pipe_open = True
         poller = select.poll()
         poller.register(fd, select.POLLIN | select.POLLHUP | select.POLLERR)
-        while True:
-            now = time.monotonic()
-            if drain_until is None:
-                if deadline is not None and now >= deadline:
-                    timed_out = True
-                if timed_out or self._killed.is_set() or self._leader_exited():
-                    # The command ended (or must end): kill whatever is left of its group.
-                    self._killpg()
-                    drain_until = now + _DRAIN_GRACE_S
-            if drain_until is not None and (eof or now >= drain_until):
-                break
-            wait_s = _POLL_S
-            if deadline is not None and drain_until is None:
-                wait_s = min(wait_s, max(0.0, deadline - now))
-            if eof:
-                time.sleep(min(wait_s, eof_sleep))
-                eof_sleep = min(eof_sleep * 2, _POLL_S)
-                continue
-            if not poller.poll(wait_s * 1000):
-                continue
-            chunk = os.read(fd, _READ_CHUNK)
-            if not chunk:
-                eof = True  # every writer closed the pipe; wait for the leader to exit
-                continue
-            room = self._cap - len(kept)
-            if room > 0:
-                kept += chunk[:room]
-            total += len(chunk)
+        # A pidfd becomes readable when the leader exits, so its exit wakes us at once even
+        # while a background process keeps the pipe open (EOF then never comes). Without
+        # pidfds (Linux < 5.3) we poll for the exit instead; see _POLL_S and _EOF_POLL_S.
+        pidfd = _open_pidfd(self.pid)
+        if pidfd is not None:
+            poller.register(pidfd, select.POLLIN)
+        try:
+            while True:
+                now = time.monotonic()
+                if drain_until is None:
+                    if deadline is not None and now >= deadline:
+                        timed_out = True
+                    if timed_out or self._killed.is_set() or self._leader_exited():
+                        # The command ended (or must end): kill whatever is left of its group.
+                        self._killpg()
+                        drain_until = now + _DRAIN_GRACE_S
+                        if pidfd is not None:
+                            poller.unregister(pidfd)  # stays readable from now on
+                if drain_until is not None and (not pipe_open or now >= drain_until):
+                    break
+                waits = [drain_until if drain_until is not None else deadline]
+                if pidfd is None or self._killed.is_set():
+                    waits.append(now + (_POLL_S if pipe_open else _EOF_POLL_S))
+                waits = [w for w in waits if w is not None]
+                wait_ms = max(0.0, min(waits) - now) * 1000 if waits else None
+                for ready, _ in poller.poll(wait_ms):
+                    if ready != fd:
+                        continue  # the pidfd: the leader exited, handled at the top
+                    chunk = os.read(fd, _READ_CHUNK)
+                    if not chunk:
+                        # Every writer closed the pipe; the leader's exit is still awaited.
+                        pipe_open = False
+                        poller.unregister(fd)
+                        continue
+                    room = self._cap - len(kept)
+                    if room > 0:
+                        kept += chunk[:room]
+                    total += len(chunk)
+        finally:
+            if pidfd is not None:
+                os.close(pidfd)
         self._proc.stdout.close()
         code = self._proc.wait()
         truncated = total > len(kept)
@@ -174,6 +186,13 @@ class CappedProcess:
             text += f"\n[output truncated: {total} bytes, only the first {len(kept)} kept]\n"
         exit_code = None if timed_out else (128 - code if code < 0 else code)
         return CappedRun(text, exit_code, truncated, timed_out, time.monotonic() - self._start)
+
+
+def _open_pidfd(pid: int) -> int | None:
+    try:
+        return os.pidfd_open(pid)
+    except (AttributeError, OSError):  # Python/kernel without pidfds
+        return None
 
 
 def start_capped(

@@ -1,0 +1,350 @@
+"""The bubblewrap sandbox: each command runs in fresh Linux namespaces with the host's
+system directories read-only and only the task's directories writable.
+
+Inside a :class:`BwrapSandbox` a command sees ``host_readonly`` (``/usr``, ``/etc``, ...,
+so the host's ``python3`` and shell work), the workspace at ``spec.workdir``, ``/logs``,
+``/tests``, ``/solution``, a private ``/tmp`` and ``HOME`` (all host directories under the
+rollout's scratch, see :mod:`hostdirs`), its own ``/proc`` and a minimal ``/dev``. The
+rest of the root is an empty read-only tmpfs, so the host's home directories, ``/sys``
+and every other path do not exist. It gets a clean environment (never the host's, which
+holds API keys), no network unless ``spec.allow_internet``, no capabilities (as root,
+bwrap would otherwise keep them all), a new session (no terminal injection), and it dies
+with its parent. Every command is its own bwrap with its own PID namespace: when the
+command ends (or is killed) every process it started ends with it, background ones
+included, so state carries over between commands only through files.
+
+Limits (what :attr:`BwrapSandbox.limits` reports as enforced):
+
+* ``pids_limit`` (fork bombs), ``spec.memory_mb`` and ``spec.cpus``: a cgroup per
+  sandbox when this process may create one (cgroup v1, or a delegated v2 subtree).
+  Without a memory cgroup, memory falls back to RLIMIT_AS per process (``prlimit``).
+  Without a pids cgroup the process count falls back to RLIMIT_NPROC, but only when not
+  running as root: the kernel never applies RLIMIT_NPROC to uid 0, so a root host without
+  cgroups bounds a fork bomb only by the command timeout. CPU has no fallback.
+* ``spec.storage_mb``: RLIMIT_FSIZE, i.e. the size of any one file written; the total
+  size of the writable directories is not bounded.
+* Per-command timeout and output cap: :mod:`process`.
+
+Cost: a command takes ~4 ms more than a bare subprocess (namespaces and mounts), plus,
+with a cgroup, the move into it (on cgroup v1 an RCU grace period: ~5-15 ms, growing
+with the machine's load); ``scripts/bench_sandbox.py`` measures both.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import posixpath
+import shutil
+import threading
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+from deepagents.backends.protocol import ExecuteResponse, FileDownloadResponse, FileUploadResponse
+
+from milo_ray.execution.sandbox.base import Sandbox, SandboxSpec
+from milo_ray.execution.sandbox.cgroups import CgroupSupport, SandboxCgroup, probe_cgroups
+from milo_ray.execution.sandbox.hostdirs import HostDirs
+from milo_ray.execution.sandbox.process import CappedProcess, CappedRun, run_capped, start_capped
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_HOST_READONLY = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc", "/opt")
+# Host files under a read-only directory that the sandbox must still not read.
+_MASKED = ("/etc/shadow", "/etc/gshadow", "/etc/sudoers")
+_CGROUP_DIR = "/.sandbox_cgroup"  # where the command's shell finds its cgroup.procs files
+SANDBOX_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+# How long the one-time probe of bwrap may take; starting a sandbox takes milliseconds, so
+# 30 s only trips on a machine that is hung, and then failing early is right.
+_PROBE_TIMEOUT_S = 30.0
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Which resource limits a sandbox enforces, and by which mechanism (None: not
+    enforced on this machine or not asked for)."""
+
+    pids: str | None
+    memory: str | None
+    cpu: str | None
+    file_size: str | None
+
+
+def resolve_timeout(timeout: int | float | None, default_s: float | None) -> float | None:
+    """deepagents' ``execute(timeout=...)``: None -> the backend default, 0 -> no timeout
+    (protocol.py: "a value of 0 may disable timeouts on backends that support it")."""
+    if timeout is None:
+        return default_s
+    if timeout < 0:
+        raise ValueError(f"execute timeout must be >= 0 seconds (0 = none), got {timeout}")
+    return None if timeout == 0 else float(timeout)
+
+
+def to_response(run: CappedRun, timeout_s: float | None) -> ExecuteResponse:
+    """The agent-facing result: a timeout reads exit code 124 (as ``timeout(1)`` and
+    deepagents' local shell report it) with a line saying what happened."""
+    if run.timed_out:
+        note = f"\nError: command timed out after {timeout_s:g} seconds and was killed.\n"
+        return ExecuteResponse(output=run.output + note, exit_code=124, truncated=run.truncated)
+    return ExecuteResponse(output=run.output, exit_code=run.exit_code, truncated=run.truncated)
+
+
+class BwrapSandboxFactory:
+    """Opens :class:`BwrapSandbox` es. ``command_timeout_s``: default per-command timeout
+    (None: none); ``output_cap_bytes``: output kept per command; ``host_readonly``: host
+    paths visible read-only at the same path (symlinks are recreated as symlinks);
+    ``pids_limit``: processes per sandbox (None: no limit); ``cgroups``: use cgroups for
+    the limits when the machine allows; ``bwrap_path``: the bwrap executable."""
+
+    name = "bwrap"
+
+    def __init__(
+        self,
+        command_timeout_s: float | None = 600.0,
+        output_cap_bytes: int = 100_000,
+        host_readonly: Sequence[str] = DEFAULT_HOST_READONLY,
+        pids_limit: int | None = 1024,
+        cgroups: bool = True,
+        bwrap_path: str = "bwrap",
+    ) -> None:
+        if command_timeout_s is not None and command_timeout_s <= 0:
+            raise ValueError(f"sandbox.command_timeout_s must be > 0 or null, got {command_timeout_s}")
+        if output_cap_bytes <= 0:
+            raise ValueError(f"sandbox.output_cap_bytes must be > 0, got {output_cap_bytes}")
+        if pids_limit is not None and pids_limit < 8:
+            raise ValueError(f"sandbox.pids_limit must be >= 8 (bwrap and a shell need a few) or null, got {pids_limit}")
+        for p in host_readonly:
+            if not str(p).startswith("/"):
+                raise ValueError(f"sandbox.host_readonly entries must be absolute paths, got {p!r}")
+        self.command_timeout_s = command_timeout_s
+        self.output_cap_bytes = int(output_cap_bytes)
+        self.host_readonly = tuple(str(p) for p in host_readonly)
+        self.pids_limit = pids_limit
+        self.cgroups = cgroups
+        self.bwrap_path = bwrap_path
+        self._lock = threading.Lock()
+        self._probed: tuple[str | None, CgroupSupport] | None = None
+
+    def __getstate__(self) -> dict:
+        # Picklable (to ship the factory to a worker): the lock is per process.
+        state = dict(self.__dict__)
+        del state["_lock"]
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self._lock = threading.Lock()
+
+    def _probe(self) -> tuple[str | None, CgroupSupport]:
+        """(why bwrap cannot run here or None, cgroup support), computed once."""
+        with self._lock:
+            if self._probed is None:
+                support = probe_cgroups() if self.cgroups else CgroupSupport()
+                self._probed = (self._probe_bwrap(), support)
+                logger.info("bwrap sandbox: cgroup controllers usable here: %s", sorted(support.parents) or "none")
+                if self.pids_limit is not None and not support.has("pids") and os.geteuid() == 0:
+                    logger.warning(
+                        "bwrap sandbox: pids_limit=%s cannot be enforced (no pids cgroup, and RLIMIT_NPROC "
+                        "does not apply to root); a fork bomb is bounded only by the command timeout",
+                        self.pids_limit,
+                    )
+            return self._probed
+
+    def _probe_bwrap(self) -> str | None:
+        exe = shutil.which(self.bwrap_path)
+        if exe is None:
+            return f"{self.bwrap_path!r} is not installed (apt-get install bubblewrap)"
+        self.bwrap_path = exe
+        argv = [exe, "--unshare-all", "--die-with-parent", "--cap-drop", "ALL"]
+        argv += _readonly_args(self.host_readonly) + ["--proc", "/proc", "--dev", "/dev", "python3", "-c", "pass"]
+        run = run_capped(argv, timeout_s=_PROBE_TIMEOUT_S, output_cap_bytes=4096, env={"PATH": SANDBOX_PATH})
+        if run.exit_code != 0:
+            return f"bwrap cannot create namespaces or run python3 here: {run.output.strip()[:300]}"
+        return None
+
+    def unsupported(self, spec: SandboxSpec) -> str | None:
+        if spec.needs_docker:
+            return f"task {spec.task_id}: its image cannot be replaced by the host ({spec.needs_docker}); run it with sandbox=docker"
+        if spec.docker_image and not spec.build_context:
+            return f"task {spec.task_id}: it runs in the prebuilt image {spec.docker_image}, which the host cannot stand in for; run it with sandbox=docker"
+        workdir = posixpath.normpath(spec.workdir)
+        for ro in self.host_readonly:
+            if workdir == ro or workdir.startswith(ro.rstrip("/") + "/"):
+                return (
+                    f"task {spec.task_id}: its workdir {spec.workdir} lies under the read-only host path {ro} "
+                    "(sandbox.host_readonly); run it with sandbox=docker"
+                )
+        error, _ = self._probe()
+        if error:
+            return f"task {spec.task_id}: {error}; run it with sandbox=docker"
+        return None
+
+    def open(self, spec: SandboxSpec, scratch: Path) -> "BwrapSandbox":
+        why = self.unsupported(spec)
+        if why:
+            raise RuntimeError(why)
+        return BwrapSandbox(self, spec, Path(scratch), self._probe()[1])
+
+
+class BwrapSandbox(Sandbox):
+    """One task's bwrap sandbox (see the module docstring for what it isolates)."""
+
+    def __init__(self, factory: BwrapSandboxFactory, spec: SandboxSpec, scratch: Path, support: CgroupSupport) -> None:
+        self._factory = factory
+        self.spec = spec
+        self._id = f"bwrap-{uuid.uuid4().hex[:16]}"
+        self.dirs = HostDirs(spec, scratch)
+        self._lock = threading.Lock()
+        self._running: set[CappedProcess] = set()
+        self._closed = False
+        self._cgroup = SandboxCgroup(
+            support, f"milo_ray_{self._id}", pids_limit=factory.pids_limit, memory_mb=spec.memory_mb, cpus=spec.cpus
+        )
+        self.limits, self._launcher = self._limits()
+        self._env = {
+            "PATH": SANDBOX_PATH,
+            "HOME": self.dirs.home,
+            "LANG": "C.UTF-8",
+            "TMPDIR": "/tmp",
+            "TERM": "dumb",
+            **spec.env,
+        }
+        self._bwrap_argv = self._build_bwrap_argv()
+
+    @property
+    def id(self) -> str:
+        return self._id
+
+    def _limits(self) -> tuple[Limits, list[str]]:
+        """What is enforced, and the launcher prefix setting the rlimits before it execs
+        bwrap (the rlimits are inherited by everything inside)."""
+        cg = self._cgroup.enforced
+        rlimits: list[str] = []
+        pids = memory = cpu = file_size = None
+        if self._factory.pids_limit is not None:
+            if "pids" in cg:
+                pids = f"cgroup pids.max={self._factory.pids_limit}"
+            elif os.geteuid() != 0:
+                # Counted per user namespace (bwrap makes one), so host processes of the
+                # same uid do not use up the sandbox's allowance.
+                rlimits.append(f"--nproc={self._factory.pids_limit}")
+                pids = f"RLIMIT_NPROC={self._factory.pids_limit}"
+        if self.spec.memory_mb is not None:
+            if "memory" in cg:
+                memory = f"cgroup memory limit {self.spec.memory_mb} MB"
+            else:
+                rlimits.append(f"--as={self.spec.memory_mb * 1024 * 1024}")
+                memory = f"RLIMIT_AS={self.spec.memory_mb} MB per process"
+        if self.spec.cpus is not None and "cpu" in cg:
+            cpu = f"cgroup CPU quota {self.spec.cpus:g} CPUs"
+        if self.spec.storage_mb is not None:
+            rlimits.append(f"--fsize={self.spec.storage_mb * 1024 * 1024}")
+            file_size = f"RLIMIT_FSIZE={self.spec.storage_mb} MB per file"
+        launcher: list[str] = []
+        if rlimits:
+            prlimit = shutil.which("prlimit")
+            if prlimit is None:
+                raise RuntimeError("the sandbox's rlimits need prlimit (util-linux), which is not installed")
+            launcher += [prlimit, *rlimits, "--"]
+        return Limits(pids, memory, cpu, file_size), launcher
+
+    def _build_bwrap_argv(self) -> list[str]:
+        argv = [self._factory.bwrap_path, "--unshare-all"]
+        if self.spec.allow_internet:
+            argv.append("--share-net")
+        argv += ["--die-with-parent", "--new-session", "--cap-drop", "ALL", "--hostname", "sandbox"]
+        argv += _readonly_args(self._factory.host_readonly)
+        argv += ["--proc", "/proc", "--dev", "/dev"]
+        # Parents before children, so a nested mount is not hidden by its parent's.
+        for inside, host in sorted(self.dirs.mounts.items(), key=lambda kv: len(kv[0])):
+            argv += ["--bind", str(host), inside]
+        # The command's shell joins the sandbox's cgroups before it runs anything (see
+        # _command), through these files alone: writing a pid there can only move a process
+        # of this sandbox (the only ones it can name) into this sandbox's cgroup. Joining
+        # from inside rather than from a launcher before bwrap saves an exec per command;
+        # bwrap and its PID-1 stay outside, and they never fork more than the command.
+        for i, procs in enumerate(self._cgroup.procs_files):
+            argv += ["--bind", procs, f"{_CGROUP_DIR}/{i}.procs"]
+        # bwrap's root is a writable tmpfs: make it read-only so nothing can be created
+        # outside the binds (remounting / does not touch the binds, they are own mounts).
+        argv += ["--remount-ro", "/", "--chdir", self.dirs.workdir, "--clearenv"]
+        for key, value in self._env.items():
+            argv += ["--setenv", key, value]
+        shell = "/bin/bash" if os.path.exists("/bin/bash") else "/bin/sh"
+        return argv + [shell, "-c"]
+
+    def _command(self, command: str) -> str:
+        if not self._cgroup.procs_files:
+            return command
+        # On its own line, so no syntax of the command can come before it; 125 = the
+        # sandbox, not the command, failed (as docker run reports it).
+        joins = " && ".join(f"echo $$ > {_CGROUP_DIR}/{i}.procs" for i in range(len(self._cgroup.procs_files)))
+        return f"{{ {joins}; }} 2>/dev/null || {{ echo 'sandbox: cannot join its cgroup' >&2; exit 125; }}\n{command}"
+
+    def execute(self, command: str, *, timeout: int | None = None) -> ExecuteResponse:
+        if not command or not isinstance(command, str):
+            return ExecuteResponse(output="Error: Command must be a non-empty string.", exit_code=1)
+        timeout_s = resolve_timeout(timeout, self._factory.command_timeout_s)
+        with self._lock:
+            if self._closed:
+                raise RuntimeError(f"sandbox {self._id} is closed")
+            # The host environment is not passed on: bwrap gets only what it needs to start.
+            proc = start_capped(
+                self._launcher + self._bwrap_argv + [self._command(command)],
+                timeout_s=timeout_s,
+                output_cap_bytes=self._factory.output_cap_bytes,
+                env={"PATH": SANDBOX_PATH},
+            )
+            self._running.add(proc)
+        try:
+            run = proc.wait()
+        finally:
+            with self._lock:
+                self._running.discard(proc)
+                alone = not self._running
+        if run.timed_out and alone:
+            # Killing bwrap ends the PID namespace, but its processes die asynchronously:
+            # wait until they are gone, so a timed-out command holds nothing afterwards.
+            # (Only when no other command runs: the cgroup is shared by all of them.)
+            self._cgroup.kill_all()
+        return to_response(run, timeout_s)
+
+    def upload_files(self, files: list[tuple[str, bytes]]) -> list[FileUploadResponse]:
+        return self.dirs.upload(files)
+
+    def download_files(self, paths: list[str]) -> list[FileDownloadResponse]:
+        return self.dirs.download(paths)
+
+    def interrupt(self) -> None:
+        with self._lock:
+            running = list(self._running)
+        for proc in running:
+            proc.kill()
+        # A process can only leave the group by setsid (bwrap's --new-session does), but it
+        # stays in the PID namespace and the cgroup: killing bwrap ends the namespace, and
+        # the cgroup, when there is one, catches anything in between.
+        self._cgroup.kill_all()
+
+    def close(self) -> None:
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+        self.interrupt()
+        self._cgroup.close()
+
+
+def _readonly_args(paths: Sequence[str]) -> list[str]:
+    args: list[str] = []
+    for p in paths:
+        if os.path.islink(p):
+            args += ["--symlink", os.readlink(p), p]
+        elif os.path.exists(p):
+            args += ["--ro-bind", p, p]
+    if "/etc" in paths:
+        for f in _MASKED:
+            if os.path.exists(f):
+                args += ["--ro-bind", "/dev/null", f]
+    return args

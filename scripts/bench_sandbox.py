@@ -1,0 +1,166 @@
+"""Per-command overhead of the sandboxes against a bare subprocess.
+
+    PYTHONPATH=. python scripts/bench_sandbox.py [--n 50]
+
+Each command (``true``, ``python3 -c pass``) runs ``--n`` times as a bare
+``subprocess.run(["bash", "-c", cmd])`` with the sandbox's PATH (the baseline, named
+"bare subprocess"), through the sandboxes' process runner alone (``run_capped``), through
+an open bwrap sandbox's ``execute`` (with and without its cgroup), and -- when the Docker
+sandbox imports and a Docker daemon answers -- through a Docker sandbox's ``execute``
+(a ``docker exec``). It prints the median per command and its ratio to the baseline (the
+target for bwrap is within 2x). :func:`main` runs the functions in ``SECTIONS`` in order;
+a new measurement (e.g. rollouts per second of a suite) is one more function there.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Callable, Iterator
+
+from milo_ray.execution.sandbox.base import Sandbox, SandboxSpec
+from milo_ray.execution.sandbox.bwrap import SANDBOX_PATH, BwrapSandboxFactory
+from milo_ray.execution.sandbox.process import run_capped
+
+BASELINE = "bare subprocess"
+COMMANDS = ("true", "python3 -c pass")
+
+
+def interleaved_medians_ms(calls: dict[str, Callable[[], object]], n: int) -> dict[str, float]:
+    """Median wall time of each call over ``n`` rounds, in ms. Each round runs every call
+    once, in turn, so a load spike on a shared machine hits all of them alike rather than
+    whichever was being measured at the time. One warm-up round first."""
+    times: dict[str, list[float]] = {name: [] for name in calls}
+    for round_no in range(n + 1):
+        for name, call in calls.items():
+            start = time.perf_counter()
+            call()
+            if round_no:
+                times[name].append(time.perf_counter() - start)
+    return {name: statistics.median(t) * 1000 for name, t in times.items()}
+
+
+def _bare(cmd: str) -> Callable[[], object]:
+    # The sandbox's PATH, so both run the same python3 (the host's default may be a
+    # different interpreter with a slower start-up).
+    env = {"PATH": SANDBOX_PATH, "LANG": "C.UTF-8"}
+    return lambda: subprocess.run(
+        ["bash", "-c", cmd], stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT, env=env, check=True
+    )
+
+
+def _through(sandbox: Sandbox, cmd: str) -> Callable[[], object]:
+    def call() -> None:
+        r = sandbox.execute(cmd)
+        if r.exit_code != 0:
+            raise RuntimeError(f"{cmd!r} failed in {sandbox.id}: {r.output[:300]}")
+
+    return call
+
+
+@contextlib.contextmanager
+def bare(args: argparse.Namespace) -> Iterator[Callable[[str], Callable[[], object]] | None]:
+    yield _bare
+
+
+@contextlib.contextmanager
+def runner(args: argparse.Namespace) -> Iterator[Callable[[str], Callable[[], object]] | None]:
+    # The sandboxes' process runner without a sandbox: separates its cost from bwrap's.
+    env = {"PATH": SANDBOX_PATH, "LANG": "C.UTF-8"}
+    yield lambda cmd: lambda: run_capped(["bash", "-c", cmd], timeout_s=60, output_cap_bytes=100_000, env=env)
+
+
+@contextlib.contextmanager
+def bwrap(args: argparse.Namespace, cgroups: bool = True) -> Iterator[Callable[[str], Callable[[], object]] | None]:
+    factory = BwrapSandboxFactory(cgroups=cgroups)
+    spec = SandboxSpec(task_id="bench")
+    why = factory.unsupported(spec)
+    if why:
+        print(f"bwrap: skipped ({why})")
+        yield None
+        return
+    with tempfile.TemporaryDirectory(prefix="bench_bwrap_") as scratch:
+        with factory.open(spec, Path(scratch)) as sandbox:
+            print(f"bwrap (cgroups={cgroups}) limits: {sandbox.limits}")
+            yield lambda cmd: _through(sandbox, cmd)
+
+
+@contextlib.contextmanager
+def docker(args: argparse.Namespace) -> Iterator[Callable[[str], Callable[[], object]] | None]:
+    try:
+        from milo_ray.execution.sandbox.docker import DockerSandboxFactory
+        from milo_ray.testing.dockerd import daemon_answers, local_base_image, local_host_mounts
+    except ImportError as exc:
+        print(f"docker exec: skipped (the Docker sandbox does not import: {exc})")
+        yield None
+        return
+    why = daemon_answers()
+    if why is not None:
+        print(f"docker exec: skipped (no Docker daemon answers: {why})")
+        yield None
+        return
+    # The offline base image the Docker sandbox's tests use (the host's programs bind-mounted
+    # read-only), so the measurement needs no pull; the task image is one WORKDIR on it.
+    factory = DockerSandboxFactory(base_image_override=local_base_image(), host_mounts=local_host_mounts())
+    with tempfile.TemporaryDirectory(prefix="bench_docker_") as scratch:
+        context = Path(scratch) / "task"
+        context.mkdir()
+        (context / "Dockerfile").write_text("FROM registry.example/unpullable:1.0\nWORKDIR /app\n")
+        spec = SandboxSpec(task_id="bench-docker", build_context=str(context))
+        why = factory.unsupported(spec)
+        if why:
+            print(f"docker exec: skipped ({why})")
+            yield None
+            return
+        with factory.open(spec, Path(scratch) / "scratch") as sandbox:
+            yield lambda cmd: _through(sandbox, cmd)
+
+
+# name -> context manager yielding "command -> callable running it there" (None: skipped).
+# The first is the baseline the others are compared against.
+# "bwrap, no cgroup" shows what the per-command cgroup join costs (a cgroup v1 migration
+# waits for an RCU grace period, which grows with the machine's load).
+BACKENDS = {
+    BASELINE: bare,
+    "run_capped": runner,
+    "bwrap": bwrap,
+    "bwrap, no cgroup": lambda args: bwrap(args, cgroups=False),
+    "docker exec": docker,
+}
+
+
+def command_overhead(args: argparse.Namespace) -> None:
+    """Per-command time of every backend against the bare subprocess."""
+    with contextlib.ExitStack() as stack:
+        makers = {name: stack.enter_context(cm(args)) for name, cm in BACKENDS.items()}
+        makers = {name: make for name, make in makers.items() if make is not None}
+        for cmd in COMMANDS:
+            medians = interleaved_medians_ms({name: make(cmd) for name, make in makers.items()}, args.n)
+            for name, ms in medians.items():
+                ratio = ms / medians[BASELINE]
+                print(f"{name:<17} {cmd:<16} median {ms:8.2f} ms   {ratio:5.2f}x {BASELINE}  (n={args.n})")
+
+
+# The measurements main() runs, in order; each takes the parsed arguments.
+SECTIONS: tuple[Callable[[argparse.Namespace], None], ...] = (command_overhead,)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--n", type=int, default=50, help="runs per command and backend (median reported)")
+    args = parser.parse_args(argv)
+    if args.n < 1:
+        parser.error("--n must be >= 1")
+    for section in SECTIONS:
+        section(args)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
