@@ -80,7 +80,7 @@ def test_a_task_the_sandbox_cannot_run_is_refused_by_name_before_the_run(tmp_pat
     needy = make_task(tasks, "needs-apt")
     (needy / "environment" / "Dockerfile").write_text("FROM debian:12\nWORKDIR /app\nRUN apt-get install -y jq\n")
     proc = _cli(tmp_path, "method=eval", "executor.agent=oracle", "benchmark=harbor", f"benchmark.path={tasks}",
-                f"run.dir={tmp_path / 'run'}", env={**os.environ, "LITELLM_LOCAL_MODEL_COST_MAP": "True"})
+                "benchmark.splits={test: 1.0}", f"run.dir={tmp_path / 'run'}", env={**os.environ, "LITELLM_LOCAL_MODEL_COST_MAP": "True"})
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert "needs-apt" in proc.stderr and "sandbox=docker" in proc.stderr
     assert not (tmp_path / "run").exists()
