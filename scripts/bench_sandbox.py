@@ -9,7 +9,8 @@ an open bwrap sandbox's ``execute`` (with and without its cgroup), and -- when t
 sandbox imports and a Docker daemon answers -- through a Docker sandbox's ``execute``
 (a ``docker exec``). It prints the median per command and its ratio to the baseline (the
 target for bwrap is within 2x). :func:`main` runs the functions in ``SECTIONS`` in order;
-a new measurement (e.g. rollouts per second of a suite) is one more function there.
+:func:`suite_throughput` then measures rollouts per second of the bundled Harbor suite
+with the real executor against a local scripted model at 1, 8 and 32 slots.
 """
 
 from __future__ import annotations
@@ -147,13 +148,73 @@ def command_overhead(args: argparse.Namespace) -> None:
                 print(f"{name:<17} {cmd:<16} median {ms:8.2f} ms   {ratio:5.2f}x {BASELINE}  (n={args.n})")
 
 
+def _write_then_stop(body: dict) -> object:
+    """A scripted solver: writes a note with the harness's write_file tool, then stops."""
+    from milo_ray.testing.openai_server import reply, tool_call
+
+    if any(m.get("role") == "tool" for m in body.get("messages", [])):
+        return reply("Done.", prompt_tokens=900, completion_tokens=20)
+    return tool_call("write_file", {"file_path": "/app/NOTES.md", "content": "checked\n"},
+                     prompt_tokens=600, completion_tokens=40)
+
+
+def suite_throughput(args: argparse.Namespace) -> None:
+    """Rollouts per second of the bundled suite: the real executor (the minimal seed
+    harness, bwrap, the tasks' own verifiers) against a local scripted model, through the
+    Ray scheduler at 1, 8 and 32 concurrent slots (baseline: 1 slot)."""
+    import os
+
+    from milo_ray.benchmarks.harbor import HarborBenchmark
+    from milo_ray.execution.cluster import start_local
+    from milo_ray.execution.scheduler import RolloutScheduler
+    from milo_ray.execution.types import RolloutRequest
+    from milo_ray.harness.seeds import load_seeds
+    from milo_ray.store import MemoryRunStore
+    from milo_ray.testing.openai_server import ScriptedOpenAIServer
+
+    os.environ.setdefault("BENCH_SOLVER_KEY", "local")
+    tasks = [t for split in HarborBenchmark().splits().values() for t in split]
+    harness = load_seeds(["minimal"])[0]
+    start_local(num_cpus=os.cpu_count() or 2, slots=max(args.slots), configure_logging=False)
+    rates: dict[int, float] = {}
+    with ScriptedOpenAIServer(_write_then_stop) as srv:
+        executor = {"_target_": "milo_ray.execution.agent_executor.AgentExecutor",
+                    "model": {"solver": "openai/scripted", "api_base": srv.url, "api_key_env": "BENCH_SOLVER_KEY"},
+                    "sandbox": {"_target_": "milo_ray.execution.sandbox.bwrap.BwrapSandboxFactory"}}
+        for slots in args.slots:
+            sched = RolloutScheduler(executor, {t.task_id: t for t in tasks}, MemoryRunStore(run_id="bench"),
+                                     "openai/scripted", "bench", slots_per_node=slots, progress=False,
+                                     slot_resource="bench_slot_no_node_declares",
+                                     worker_env={"BENCH_SOLVER_KEY": os.environ["BENCH_SOLVER_KEY"]})
+            try:
+                sched.add_harness(harness)
+                # warm-up: the worker process imports the harness stack once
+                sched.run([RolloutRequest(harness.harness_id, tasks[0].task_id, 10_000 + slots, seed=0)])
+                requests = [RolloutRequest(harness.harness_id, t.task_id, i, seed=slots)
+                            for i in range(args.rollouts_per_task) for t in tasks]
+                start = time.perf_counter()
+                results = sched.run(requests)
+                rates[slots] = len(results) / (time.perf_counter() - start)
+                bad = [r for r in results if r.error_kind]
+                if bad:
+                    print(f"  {len(bad)} rollouts failed, e.g. {bad[0].error_kind}: {bad[0].error}")
+            finally:
+                sched.close()
+            base = rates[args.slots[0]]
+            print(f"suite throughput  {slots:>2} slots  {rates[slots]:6.2f} rollouts/s   {rates[slots] / base:5.2f}x "
+                  f"{args.slots[0]} slot(s)  ({len(requests)} rollouts of {len(tasks)} tasks)")
+
+
 # The measurements main() runs, in order; each takes the parsed arguments.
-SECTIONS: tuple[Callable[[argparse.Namespace], None], ...] = (command_overhead,)
+SECTIONS: tuple[Callable[[argparse.Namespace], None], ...] = (command_overhead, suite_throughput)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--n", type=int, default=50, help="runs per command and backend (median reported)")
+    parser.add_argument("--slots", type=int, nargs="+", default=[1, 8, 32],
+                        help="concurrent rollout slots of the suite throughput runs (the first is the baseline)")
+    parser.add_argument("--rollouts-per-task", type=int, default=2, help="rollouts of each bundled task per run")
     args = parser.parse_args(argv)
     if args.n < 1:
         parser.error("--n must be >= 1")
