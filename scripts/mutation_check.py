@@ -54,6 +54,26 @@ MUTATIONS: tuple[Mutation, ...] = (
         "a resumed SSR run writes its rows again",
     ),
     Mutation(
+        "solver-calls-unrecorded", "milo_ray/execution/scheduler.py",
+        "                    self.agent_calls.record_rollout_calls(res)", "                    pass",
+        ("tests/execution/test_agent_executor.py::test_scheduler_records_tokens_in_rollouts_and_agent_calls_and_survives_a_dead_endpoint",),
+        "a real rollout's model calls never reach the agent_calls table",
+    ),
+    Mutation(
+        "agent-time-cap-off", "milo_ray/execution/agent_executor.py",
+        "        status = await asyncio.wait_for(consume(), timeout=cap)",
+        "        status = await asyncio.wait_for(consume(), timeout=None)",
+        ("tests/execution/test_agent_executor.py::test_model_slower_than_the_agent_cap_times_out_and_the_workspace_is_graded",),
+        "a real agent run is not stopped at the task's agent timeout",
+    ),
+    Mutation(
+        "sandbox-network-shared", "milo_ray/execution/sandbox/bwrap.py",
+        "        if self.spec.allow_internet:\n            argv.append(\"--share-net\")",
+        "        if True:\n            argv.append(\"--share-net\")",
+        ("tests/execution/sandbox/test_bwrap.py::test_network_is_reachable_only_when_allowed",),
+        "the bwrap sandbox lets agent commands reach the network",
+    ),
+    Mutation(
         "budget-ledger-check-off", "milo_ray/execution/budget.py",
         "            if n > remaining:", "            if False:",
         ("tests/execution/test_budget_ledger.py",),
