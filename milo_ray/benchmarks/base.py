@@ -33,6 +33,29 @@ class Benchmark(Protocol):
     def seed_harnesses(self) -> list[Harness]: ...
 
 
+class SplitTasks:
+    """The split accessors every benchmark shares, over ``self._splits`` (split name ->
+    tasks, in order) and ``self._by_id`` (task id -> task) that the benchmark fills."""
+
+    name: str
+    _splits: dict[str, list[Task]]
+    _by_id: dict[str, Task]
+
+    def splits(self) -> dict[str, list[Task]]:
+        return {k: list(v) for k, v in self._splits.items()}
+
+    def tasks(self, split: str) -> list[Task]:
+        if split not in self._splits:
+            raise ValueError(f"split {split!r}: {self.name} has {list(self._splits)}")
+        return list(self._splits[split])
+
+    def task(self, task_id: str) -> Task:
+        try:
+            return self._by_id[task_id]
+        except KeyError:
+            raise ValueError(f"task_id {task_id!r}: not in any split of {self.name}") from None
+
+
 @runtime_checkable
 class GroundTruth(Protocol):
     """Benchmarks with known ground truth (the surrogate) also expose this."""

@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 from typing import Any, Mapping
 
-from milo_ray.benchmarks.base import BenchmarkDataMissing
+from milo_ray.benchmarks.base import BenchmarkDataMissing, SplitTasks
 from milo_ray.benchmarks.harbor_task import HarborTaskSpec, parse_task_dir, resolve_env
 from milo_ray.benchmarks.splits import resolve_splits
 from milo_ray.benchmarks.task_format import SETUP_ALLOWANCE_S, Verdict
@@ -240,7 +240,7 @@ def _task_dirs(root: Path) -> list[Path]:
                   if d.is_dir() and not d.name.startswith((".", "_")) and any((d / m).exists() for m in markers))
 
 
-class HarborBenchmark:
+class HarborBenchmark(SplitTasks):
     """A suite of Harbor task directories.
 
     path: the suite directory (default: the bundled suite ``milo_ray/data/harbor_tasks``),
@@ -286,20 +286,6 @@ class HarborBenchmark:
         return Task(task_id=spec.task_id, split=split, instruction=spec.instruction,
                     time_cap_s=spec.agent_timeout_s, token_cap=self.token_cap, metadata=spec.metadata(),
                     grading_cap_s=spec.verifier_timeout_s + SETUP_ALLOWANCE_S)
-
-    def splits(self) -> dict[str, list[Task]]:
-        return {k: list(v) for k, v in self._splits.items()}
-
-    def tasks(self, split: str) -> list[Task]:
-        if split not in self._splits:
-            raise ValueError(f"split {split!r}: {self.name} has {list(self._splits)}")
-        return list(self._splits[split])
-
-    def task(self, task_id: str) -> Task:
-        try:
-            return self._by_id[task_id]
-        except KeyError:
-            raise ValueError(f"task_id {task_id!r}: not in any split of {self.name}") from None
 
     def seed_harnesses(self) -> list[Harness]:
         from milo_ray.harness.seeds import load_seeds

@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from milo_ray.benchmarks.base import SplitTasks
 from milo_ray.benchmarks import surrogate_quality as Q
 from milo_ray.benchmarks.surrogate_calibration import (base_logits, calibrated_tasks, check_calibrate_to, quality,
                                                        task_arrays)
@@ -34,7 +35,7 @@ from milo_ray.harness.model import Harness
 __all__ = ["PRESETS", "SurrogateBenchmark", "base_logits", "calibrated_tasks", "task_arrays"]
 
 
-class SurrogateBenchmark:
+class SurrogateBenchmark(SplitTasks):
     """Benchmark + GroundTruth over a simulated task pool (see module docstring).
 
     preset: one of ``PRESETS`` (surrogate_swepro, surrogate_deepswe, surrogate_tb21).
@@ -63,20 +64,6 @@ class SurrogateBenchmark:
         self._arrays: dict[str, Q.TaskArrays] = {}
 
     # ---------------------------------------------------------------- Benchmark
-    def splits(self) -> dict[str, list[Task]]:
-        return {k: list(v) for k, v in self._splits.items()}
-
-    def tasks(self, split: str) -> list[Task]:
-        if split not in self._splits:
-            raise ValueError(f"split {split!r}: {self.name} has {list(self._splits)}")
-        return list(self._splits[split])
-
-    def task(self, task_id: str) -> Task:
-        try:
-            return self._by_id[task_id]
-        except KeyError:
-            raise ValueError(f"task_id {task_id!r}: not in {self.name} (seed {self.seed})") from None
-
     def executor_config(self, model: Any = None) -> dict[str, Any]:
         """The ``executor`` spec ``conf/executor/surrogate.yaml`` composes for this benchmark
         (``model``: a model mapping; None: the offline model), for code that builds a

@@ -29,7 +29,7 @@ import time
 from pathlib import Path
 from typing import Any, Mapping
 
-from milo_ray.benchmarks.base import BenchmarkDataMissing
+from milo_ray.benchmarks.base import BenchmarkDataMissing, SplitTasks
 from milo_ray.benchmarks.harbor import OUTPUT_CAP, diagnose, seed_names, tail, unsupported_tasks
 from milo_ray.benchmarks.splits import resolve_splits
 from milo_ray.benchmarks.task_format import SETUP_ALLOWANCE_S, Verdict
@@ -219,7 +219,7 @@ def _ctrf_status(s: str) -> str:
 SWE = SweFormat()
 
 
-class SweBenchmark:
+class SweBenchmark(SplitTasks):
     """A JSONL file of SWE-style rows.
 
     path: the JSONL file. splits / split_seed / split_file: see
@@ -286,20 +286,6 @@ class SweBenchmark:
         return Task(task_id=meta["instance_id"], split=split, instruction=instruction, time_cap_s=self.time_cap_s,
                     token_cap=self.token_cap, metadata=meta,
                     grading_cap_s=float(meta["verifier_timeout_s"]) + SETUP_ALLOWANCE_S)
-
-    def splits(self) -> dict[str, list[Task]]:
-        return {k: list(v) for k, v in self._splits.items()}
-
-    def tasks(self, split: str) -> list[Task]:
-        if split not in self._splits:
-            raise ValueError(f"split {split!r}: {self.name} has {list(self._splits)}")
-        return list(self._splits[split])
-
-    def task(self, task_id: str) -> Task:
-        try:
-            return self._by_id[task_id]
-        except KeyError:
-            raise ValueError(f"task_id {task_id!r}: not in any split of {self.name}") from None
 
     def seed_harnesses(self) -> list[Harness]:
         from milo_ray.harness.seeds import load_seeds
