@@ -25,6 +25,15 @@ TESTS_DIR = "/tests"
 SOLUTION_DIR = "/solution"
 
 
+def resolve_timeout(timeout: int | float | None, default_s: float | None) -> float | None:
+    """The timeout of one ``execute(command, timeout=...)`` in seconds. None and 0 both
+    mean the factory's default: deepagents lets a backend read 0 as "no timeout", but an
+    agent's command must never be unbounded here, whatever the agent asks for."""
+    if timeout is not None and timeout < 0:
+        raise ValueError(f"execute timeout must be >= 0 seconds (0 or None: the sandbox default), got {timeout}")
+    return float(timeout) if timeout else default_s
+
+
 @dataclass(frozen=True)
 class SandboxSpec:
     """The environment one task asks for (built by the task's format from its files).

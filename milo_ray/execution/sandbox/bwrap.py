@@ -44,7 +44,7 @@ from typing import Sequence
 
 from deepagents.backends.protocol import ExecuteResponse, FileDownloadResponse, FileUploadResponse
 
-from milo_ray.execution.sandbox.base import Sandbox, SandboxSpec
+from milo_ray.execution.sandbox.base import Sandbox, SandboxSpec, resolve_timeout
 from milo_ray.execution.sandbox.cgroups import CgroupSupport, SandboxCgroup, probe_cgroups
 from milo_ray.execution.sandbox.hostdirs import HostDirs
 from milo_ray.execution.sandbox.process import CappedProcess, CappedRun, run_capped, start_capped
@@ -70,16 +70,6 @@ class Limits:
     memory: str | None
     cpu: str | None
     file_size: str | None
-
-
-def resolve_timeout(timeout: int | float | None, default_s: float | None) -> float | None:
-    """deepagents' ``execute(timeout=...)``: None -> the backend default, 0 -> no timeout
-    (protocol.py: "a value of 0 may disable timeouts on backends that support it")."""
-    if timeout is None:
-        return default_s
-    if timeout < 0:
-        raise ValueError(f"execute timeout must be >= 0 seconds (0 = none), got {timeout}")
-    return None if timeout == 0 else float(timeout)
 
 
 def to_response(run: CappedRun, timeout_s: float | None) -> ExecuteResponse:

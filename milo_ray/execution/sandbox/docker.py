@@ -49,7 +49,7 @@ from deepagents.backends.protocol import (
     FileUploadResponse,
 )
 
-from milo_ray.execution.sandbox.base import LOGS_DIR, SOLUTION_DIR, TESTS_DIR, Sandbox, SandboxSpec
+from milo_ray.execution.sandbox.base import LOGS_DIR, SOLUTION_DIR, TESTS_DIR, Sandbox, SandboxSpec, resolve_timeout
 from milo_ray.execution.sandbox.process import run_capped
 
 log = logging.getLogger(__name__)
@@ -160,9 +160,7 @@ class DockerSandbox(Sandbox):
         the command's processes inside the container are killed (found by their exec
         marker) and the exit code is 124."""
         self._check_open()
-        if timeout is not None and timeout < 0:
-            raise ValueError(f"timeout must be >= 0 seconds, got {timeout}")
-        limit = float(timeout) if timeout else self._command_timeout_s
+        limit = resolve_timeout(timeout, self._command_timeout_s)
         marker = f"{EXEC_MARKER}={uuid.uuid4().hex}"
         run = run_capped([*self._docker, "exec", "-e", marker, "-w", self._workdir, self._container,
                           "bash", "-c", command], timeout_s=limit, output_cap_bytes=self._output_cap)

@@ -33,7 +33,8 @@ from deepagents.backends.protocol import (
 )
 
 from milo_ray.execution.sandbox.base import Sandbox, SandboxSpec
-from milo_ray.execution.sandbox.bwrap import resolve_timeout, to_response
+from milo_ray.execution.sandbox.base import resolve_timeout
+from milo_ray.execution.sandbox.bwrap import to_response
 from milo_ray.execution.sandbox.hostdirs import HostDirs
 from milo_ray.execution.sandbox.process import CappedProcess, start_capped
 
