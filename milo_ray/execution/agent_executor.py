@@ -20,8 +20,9 @@ Failures: a harness that does not import, whose ``build_agent`` raises, or whose
 crashes is a harness failure (``error_kind="harness"``; a crashed agent's workspace is
 still graded); a verifier that produces no reward is a task failure (``"task"``). A model
 endpoint that keeps failing after the model's own retries (429, 5xx, connection errors,
-timeouts) raises out of :meth:`aexecute`: an infrastructure failure, which the scheduler
-retries and finally records as ``"infra"``.
+timeouts) raises :class:`~milo_ray.execution.types.InfraFailure` out of :meth:`aexecute`
+with the calls the attempt made: an infrastructure failure, which the scheduler retries
+and finally records as ``"infra"``.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from milo_ray.execution.types import RolloutResult, Task
+from milo_ray.execution.types import InfraFailure, RolloutResult, Task
 
 log = logging.getLogger(__name__)
 
@@ -217,7 +218,9 @@ async def _run_agent(agent: Any, task: Task, sandbox: Any, recursion_limit: int,
         status = "step_cap"
     except Exception as exc:
         if is_endpoint_error(exc):
-            raise  # the model endpoint failed past its retries: infrastructure, retried by the scheduler
+            # The model endpoint failed past its retries: infrastructure, retried by the
+            # scheduler, which also records the calls this attempt made.
+            raise InfraFailure(f"model endpoint: {type(exc).__name__}: {exc}", calls.as_dicts()) from exc
         status, error_kind = "harness_error", "harness"
         error = f"the agent raised {type(exc).__name__}: {exc}"
     seconds = time.time() - started

@@ -439,6 +439,7 @@ class RolloutScheduler:
             self._dispatch.done(job.request.group)
             infra_error = attempt_error(o)
             if infra_error is not None:
+                self._failed_attempt_calls(job, o.model_calls)
                 result = self._infra_failure(job, infra_error, node)
                 if result is None:
                     continue
@@ -448,6 +449,18 @@ class RolloutScheduler:
                 result = o.result
             finished.append(self._fill(job, result, node, o.started_at, o.finished_at))
         self._record(finished)
+
+    def _failed_attempt_calls(self, job: _Job, calls: list[dict[str, Any]]) -> None:
+        """The model calls of an attempt that failed: paid for, but no stored result will
+        carry them. They are charged to the run's budget and recorded (role solver)."""
+        if not calls:
+            return
+        if job.ledger is self.budget:
+            tokens = sum(int(c.get("input_tokens") or 0) + int(c.get("output_tokens") or 0) for c in calls)
+            self.budget.charge(tokens=tokens, cost_usd=sum(c.get("cost_usd") or 0.0 for c in calls))
+        if self.agent_calls is not None:
+            r = job.request
+            self.agent_calls.record_solver_calls(calls, cache_key=job.key, harness_id=r.harness_id, round=r.round)
 
     def _infra_failure(self, job: _Job, error: str, node: WorkerNode) -> RolloutResult | None:
         """Schedule a retry (None) or, past the limit, build the final infra result."""

@@ -139,6 +139,18 @@ class RolloutResult:
         return d
 
 
+class InfraFailure(Exception):
+    """An executor raises this for an infrastructure failure (e.g. a model endpoint that
+    kept failing past its retries) after the attempt already made model calls: the
+    scheduler retries the rollout as for any raise, and records and charges
+    ``model_calls`` (the failed attempt's calls, as ``trace["trajectory"]["calls"]``
+    rows), which no stored result will carry."""
+
+    def __init__(self, message: str, model_calls: list[dict[str, Any]] | None = None) -> None:
+        super().__init__(message)
+        self.model_calls = list(model_calls or [])
+
+
 @runtime_checkable
 class Executor(Protocol):
     """Runs one harness on one task.

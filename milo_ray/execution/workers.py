@@ -71,6 +71,8 @@ class Outcome:
     capped: bool
     started_at: float
     finished_at: float
+    # Model calls a failed attempt made (an executor's InfraFailure carries them).
+    model_calls: list[dict[str, Any]] = field(default_factory=list)
 
 
 def build_executor(executor_config: Any) -> Any:
@@ -177,6 +179,7 @@ class WorkerCore:
             started = time.time()
             result: RolloutResult | None = None
             infra_error: str | None = None
+            model_calls: list[dict[str, Any]] = []
             capped = False
             try:
                 harness = await self._resolve(self.harnesses, "harness", harness_id)
@@ -226,8 +229,9 @@ class WorkerCore:
                 raise
             except Exception as exc:  # the executor raising = infrastructure failure
                 infra_error = f"{type(exc).__name__}: {exc}"
+                model_calls = list(getattr(exc, "model_calls", None) or [])
             finished = time.time()
-        self._done.append(Outcome(item_id, result, infra_error, capped, started, finished))
+        self._done.append(Outcome(item_id, result, infra_error, capped, started, finished, model_calls))
         self._wake.set()
 
     async def poll(self, max_wait_s: float) -> list[Outcome]:

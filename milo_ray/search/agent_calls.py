@@ -135,16 +135,21 @@ class AgentCallLog:
 
     def record_rollout_calls(self, result: Any) -> None:
         """Record the model calls of one real rollout (role ``solver``) from its inline
-        trace (``trace["trajectory"]["calls"]``; simulated rollouts have none). Each call's
-        id is the rollout's cache key plus the call's start time and index: a rollout run
-        again after a crash made new calls, which are recorded too."""
+        trace (``trace["trajectory"]["calls"]``; simulated rollouts have none)."""
         trace = getattr(result, "trace", None) or {}
         calls = (trace.get("trajectory") or {}).get("calls") or []
+        self.record_solver_calls(calls, cache_key=result.cache_key, harness_id=result.harness_id, round=result.round)
+
+    def record_solver_calls(self, calls: list[dict[str, Any]], *, cache_key: str, harness_id: str,
+                            round: int | None = None) -> None:
+        """Record model calls of one rollout attempt (role ``solver``). Each call's id is the
+        rollout's cache key plus the call's start time and index: an attempt run again
+        (after an infrastructure failure, or a crash) made new calls, recorded too."""
         for i, c in enumerate(calls):
             usage = AgentUsage(int(c.get("input_tokens") or 0), int(c.get("output_tokens") or 0), c.get("cost_usd"),
                                float(c.get("seconds") or 0.0), int(c.get("retries") or 0), c.get("error"))
-            self.record("solver", usage, call_id=f"{result.cache_key}:{float(c.get('started_at') or 0):.6f}:{i}",
-                        agent=result.harness_id, model=c.get("model"), round=result.round)
+            self.record("solver", usage, call_id=f"{cache_key}:{float(c.get('started_at') or 0):.6f}:{i}",
+                        agent=harness_id, model=c.get("model"), round=round)
 
     def _charge(self, role: str, usage: AgentUsage) -> None:
         # Solver calls happen inside rollouts, whose tokens and cost the scheduler

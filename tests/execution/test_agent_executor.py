@@ -164,3 +164,7 @@ def test_scheduler_records_tokens_in_rollouts_and_agent_calls_and_survives_a_dea
     assert rollouts["answer"]["output_tokens"] == sum(c["output_tokens"] for c in calls) \
         == sum(r.completion_tokens for r in served)
     assert {c["agent"] for c in calls} == {h.harness_id}
+    # The broken task's two attempts (one scheduler retry) each made one failed call: no
+    # stored result carries them, but they are in the ledger.
+    failed = [c for c in calls if c["error"]]
+    assert len(failed) == 2 and {c["call_id"].split(":")[0] for c in failed} == {by_task["answer-broken"].cache_key}
