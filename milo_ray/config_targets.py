@@ -201,8 +201,10 @@ def check_tasks_runnable(executor_spec: Mapping[str, Any], executor_node: Any, t
 
 def worker_env(model: ModelConfig) -> dict[str, str]:
     """The environment the rollout workers need from the driver's: the model's API key
-    variable (named by ``model.api_key_env``), when the driver has it."""
+    variable (``model.api_key_env``, else the provider's own), when the driver has it."""
     import os
 
-    name = model.api_key_env
+    from milo_ray.agents.llm import key_env
+
+    name = key_env(model) if model.solver else None
     return {name: os.environ[name]} if name and os.environ.get(name) else {}

@@ -24,32 +24,43 @@ from milo_ray.agents.usage import AgentUsage
 # litellm must read its bundled price map, never fetch one: the value must be the word True.
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
-# Providers litellm refuses to call without some key, even for a local server.
-_KEYED_PROVIDERS = ("openai/", "hosted_vllm/", "anthropic/", "azure/", "groq/", "mistral/", "together_ai/",
-                    "openrouter/", "deepseek/", "gemini/")
+# Providers litellm refuses to call without some key, even for a local server, and the
+# environment variable litellm itself reads for each when none is named.
+_PROVIDER_KEY_ENV = {"openai": "OPENAI_API_KEY", "hosted_vllm": "HOSTED_VLLM_API_KEY",
+                     "anthropic": "ANTHROPIC_API_KEY", "azure": "AZURE_API_KEY", "groq": "GROQ_API_KEY",
+                     "mistral": "MISTRAL_API_KEY", "together_ai": "TOGETHERAI_API_KEY",
+                     "openrouter": "OPENROUTER_API_KEY", "deepseek": "DEEPSEEK_API_KEY", "gemini": "GEMINI_API_KEY"}
 
 
 def _field(cfg: Any, name: str, default: Any = None) -> Any:
     return cfg.get(name, default) if isinstance(cfg, Mapping) else getattr(cfg, name, default)
 
 
-def api_key(cfg: Any, env: Mapping[str, str] | None = None) -> str | None:
-    """The key for ``cfg`` (a ModelConfig or its dict) from the environment variable
-    named by ``api_key_env``; ``ValueError`` names the variable when it is unset and the
-    provider needs one. Providers that authenticate otherwise (``bedrock/`` through
-    AWS credentials) need no ``api_key_env``."""
-    env = os.environ if env is None else env
-    name, solver = _field(cfg, "api_key_env"), str(_field(cfg, "solver") or "")
+def key_env(cfg: Any) -> str | None:
+    """The environment variable holding ``cfg``'s key: ``api_key_env`` when given, else the
+    variable litellm reads for the solver's provider (``OPENAI_API_KEY`` for ``openai/``...),
+    else None (a provider that authenticates otherwise, e.g. ``bedrock/`` through AWS
+    credentials)."""
+    name = _field(cfg, "api_key_env")
     if name:
-        value = env.get(name)
-        if not value:
-            raise ValueError(f"model.api_key_env={name}: the environment variable {name} is not set; "
-                             f"export it before the run (any non-empty value for a local server)")
-        return value
-    if solver.startswith(_KEYED_PROVIDERS):
-        raise ValueError(f"model.api_key_env: {solver.split('/')[0]}/ models need an API key, even on a local "
-                         "server; export one (e.g. OPENAI_API_KEY=local) and set model.api_key_env to its name")
-    return None
+        return str(name)
+    return _PROVIDER_KEY_ENV.get(str(_field(cfg, "solver") or "").split("/", 1)[0])
+
+
+def api_key(cfg: Any, env: Mapping[str, str] | None = None) -> str | None:
+    """The key for ``cfg`` (a ModelConfig or its dict) from the variable :func:`key_env`
+    names; ``ValueError`` names the variable when it is unset."""
+    env = os.environ if env is None else env
+    name = key_env(cfg)
+    if name is None:
+        return None
+    value = env.get(name)
+    if not value:
+        field = f"model.api_key_env={name}" if _field(cfg, "api_key_env") else \
+            f"model.api_key_env (unset: {str(_field(cfg, 'solver')).split('/')[0]}/ models read {name})"
+        raise ValueError(f"{field}: the environment variable {name} is not set; export it before the run "
+                         "(any non-empty value for a local server)")
+    return value
 
 
 def check_credentials(cfg: Any, env: Mapping[str, str] | None = None) -> None:

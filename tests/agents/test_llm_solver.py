@@ -156,8 +156,12 @@ def test_missing_credentials_name_the_variable_and_never_the_value(monkeypatch):
     monkeypatch.delenv(KEY, raising=False)
     with pytest.raises(ValueError, match=f"model.api_key_env={KEY}: the environment variable {KEY} is not set"):
         check_credentials(ModelConfig(solver="openai/x", api_key_env=KEY))
-    with pytest.raises(ValueError, match="model.api_key_env: openai/ models need an API key"):
+    # No api_key_env: the provider's own variable, named in the error.
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    with pytest.raises(ValueError, match=r"model.api_key_env \(unset: openai/ models read OPENAI_API_KEY\)"):
         check_credentials(ModelConfig(solver="openai/x"))
+    monkeypatch.setenv("OPENAI_API_KEY", "from-the-provider-variable")
+    assert api_key(ModelConfig(solver="openai/x")) == "from-the-provider-variable"
     check_credentials(ModelConfig(solver="bedrock/anthropic.claude-3"))  # AWS credentials, not a key
     check_credentials(ModelConfig())  # offline: no solver, nothing to check
     monkeypatch.setenv(KEY, "sk-very-secret")

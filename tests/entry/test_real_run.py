@@ -54,9 +54,9 @@ def test_eval_on_harbor_tasks_against_a_local_endpoint_and_no_secret_reaches_the
     env = {**os.environ, **SECRETS, "LITELLM_LOCAL_MODEL_COST_MAP": "True", "HF_HUB_OFFLINE": "1"}
     run_dir = tmp_path / "run"
     with ScriptedOpenAIServer(solving_policy) as srv:
+        # No model.api_key_env: openai/ models read OPENAI_API_KEY, as litellm does.
         proc = _cli(tmp_path, "method=eval", "method.k=1", "method.names=[minimal,stock]", "model=litellm",
-                    "model.solver=openai/scripted", f"model.api_base={srv.url}", "model.api_key_env=OPENAI_API_KEY",
-                    "benchmark=harbor", f"benchmark.path={tasks}", "benchmark.splits={test: 1.0}",
+                    "model.solver=openai/scripted", f"model.api_base={srv.url}", "benchmark=harbor", f"benchmark.path={tasks}", "benchmark.splits={test: 1.0}",
                     f"run.dir={run_dir}", "run.progress=false", "execution.num_cpus=2", env=env)
         served = len(srv.answered)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -71,6 +71,20 @@ def test_eval_on_harbor_tasks_against_a_local_endpoint_and_no_secret_reaches_the
              if value in text]
     assert not leaks, f"secret values found in the run directory: {leaks}"
     assert not [name for name, value in SECRETS.items() if value in proc.stdout + proc.stderr]
+
+
+def test_eval_of_a_seed_on_the_bundled_suite_against_a_local_endpoint(tmp_path):
+    env = {**os.environ, "OPENAI_API_KEY": "local", "LITELLM_LOCAL_MODEL_COST_MAP": "True", "HF_HUB_OFFLINE": "1"}
+    with ScriptedOpenAIServer(solving_policy) as srv:
+        proc = _cli(tmp_path, "method=eval", "model=litellm", "model.solver=openai/scripted",
+                    f"model.api_base={srv.url}", "benchmark=harbor", "method.k=1", "method.names=[minimal]",
+                    f"run.dir={tmp_path / 'run'}", "run.progress=false", "execution.num_cpus=2", env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = [r for f in sorted((tmp_path / "run" / "rollouts").glob("*.parquet")) for r in pq.read_table(f).to_pylist()]
+    from milo_ray.benchmarks.harbor import HarborBenchmark
+
+    assert sorted(r["task_id"] for r in rows) == sorted(t.task_id for t in HarborBenchmark().tasks("test"))
+    assert all(r["error_kind"] is None and r["input_tokens"] > 0 for r in rows)
 
 
 def test_a_task_the_sandbox_cannot_run_is_refused_by_name_before_the_run(tmp_path):
