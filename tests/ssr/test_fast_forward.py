@@ -216,7 +216,8 @@ def test_resume_fast_forwards_to_the_uninterrupted_run(point, tmp_path, bench, m
     if point in NOTHING_IN_FLIGHT:
         assert not repeated
     # The ledger holds exactly the uninterrupted run's calls, each once.
-    assert Counter(r["call_id"] for r in after["agent_calls"]) == Counter(r["call_id"] for r in ref["agent_calls"])
+    assert Counter(r["call_id"] for r in after["agent_calls"]) == Counter(r["call_id"] for r in ref["agent_calls"]), \
+        [(r["call_id"], r["error"]) for r in ref["agent_calls"] + after["agent_calls"] if r["error"]]
     assert Counter(r["role"] for r in after["agent_calls"]) == Counter(r["role"] for r in ref["agent_calls"])
 
     # Same history, same choice.
@@ -261,7 +262,8 @@ def test_agent_calls_hold_every_judge_and_optimizer_call_with_its_usage(referenc
     rows = ref["agent_calls"]
     for role, usage in (("judge", JUDGE_USAGE), ("optimizer", AgentUsage(**OPTIMIZER_USAGE))):
         mine = [r for r in rows if r["role"] == role]
-        assert len(mine) == made[role] > 0
+        # On a mismatch, say which calls ended without an answer (their error column).
+        assert len(mine) == made[role] > 0, [(r["call_id"], r["error"]) for r in mine if r["error"]]
         assert sum(r["input_tokens"] for r in mine) == usage.input_tokens * made[role]
         assert sum(r["output_tokens"] for r in mine) == usage.output_tokens * made[role]
         assert sum(r["cost_usd"] for r in mine) == pytest.approx(usage.cost_usd * made[role])
