@@ -11,6 +11,7 @@ Nothing here imports or runs the harness.
 from __future__ import annotations
 
 import ast
+import threading
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -71,11 +72,25 @@ def _names_in(node: ast.AST) -> set[str]:
     return {n.id for n in ast.walk(node) if isinstance(n, ast.Name)}
 
 
+# CPython 3.11 keeps the recursion depth of its AST object constructor in
+# per-interpreter state: two threads inside ast.parse at once (a garbage-collector
+# finalizer can switch threads in the middle of one) may fail with "SystemError: AST
+# constructor recursion depth mismatch". Candidates and children are written in
+# threads, so every parse of harness source here takes this lock.
+_AST_LOCK = threading.Lock()
+
+
+def parse_source(source: str, mode: str = "exec") -> ast.AST:
+    """``ast.parse`` serialized across threads (see ``_AST_LOCK``)."""
+    with _AST_LOCK:
+        return ast.parse(source, mode=mode)
+
+
 def parse_harness(source: str) -> HarnessAst | None:
     """Parse and locate build_agent, its constructor call and assembly lists; None if
     the source does not parse or has no top-level build_agent."""
     try:
-        tree = ast.parse(source)
+        tree = parse_source(source)
     except (SyntaxError, ValueError):
         return None
     defs = _top_level_defs(tree)

@@ -21,6 +21,7 @@ from milo_ray.harness.mechanisms.analysis import (
     detect_in,
     find_element,
     parse_harness,
+    parse_source,
 )
 from milo_ray.harness.mechanisms.catalog import MECHANISMS, MechanismSpec, spec as get_spec
 
@@ -140,7 +141,7 @@ def _ensure_slot(source: str, slot: str) -> str:
         if slot == "prompt_blocks":
             old = next((k.value for k in call.keywords if k.arg == "system_prompt"), None)
             old_txt = _segment(source, old) if old is not None else "None"
-            value = ast.parse(f'"\\n\\n".join(p for p in [{old_txt}, *prompt_blocks] if p) or None', mode="eval").body
+            value = parse_source(f'"\\n\\n".join(p for p in [{old_txt}, *prompt_blocks] if p) or None', mode="eval").body
             kws.append(ast.keyword(arg="system_prompt", value=value))
         elif slot == "tools" and call.args[1:2]:
             call.args = call.args[:1]
