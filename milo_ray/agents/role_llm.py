@@ -1,0 +1,133 @@
+"""The model behind one search role (mutator, orchestrator, judge, optimizer), through
+the same litellm client, retries, shared rate limit and pricing as the solver.
+
+Owns :class:`RoleLLM` (one role's model settings, checked with errors that name the
+field), :func:`chat_model` (its LangChain chat model, built by
+:func:`milo_ray.agents.llm.build_chat_model`), :func:`ask` (one chat call and what it
+cost) and :func:`total_usage` (the spend of many calls as one ``agent_calls`` row).
+
+``backend=litellm`` gives every role the same model (``backend.model``,
+``backend.api_base``, ``backend.api_key_env``...); a role's spec may override any field
+under its own ``llm`` (e.g. ``backend.agents.judge.llm.model=openai/NAME``).
+
+Offline agents never import this module's litellm side: :func:`chat_model` imports it
+on first use.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass, fields
+from typing import Any, Mapping, Sequence
+
+from milo_ray.agents.usage import AgentUsage
+
+
+@dataclass(frozen=True)
+class RoleLLM:
+    """One search role's model. Fields mean what they mean for the solver
+    (``conf/model/litellm.yaml``); ``model`` is the litellm model string.
+    ``context_tokens``: how many tokens the model reads in one call (a judge condenses a
+    longer trajectory to fit)."""
+
+    model: str
+    api_base: str | None = None
+    api_key_env: str | None = None
+    temperature: float | None = 0.0
+    max_output_tokens: int | None = None
+    request_timeout_s: float | None = 600.0
+    max_retries: int = 3
+    retry_base_s: float = 1.0
+    retry_max_s: float = 60.0
+    rpm: int | None = None
+    tpm: int | None = None
+    usd_per_mtok_input: float | None = None
+    usd_per_mtok_output: float | None = None
+    context_tokens: int = 128_000
+
+    @classmethod
+    def of(cls, spec: "RoleLLM | Mapping[str, Any] | None", *, where: str) -> "RoleLLM":
+        """A checked RoleLLM from a spec mapping; ``where`` names the config node in
+        errors (e.g. ``backend.agents.judge.llm``)."""
+        if isinstance(spec, RoleLLM):
+            return spec
+        if spec is None or not isinstance(spec, Mapping):
+            raise ValueError(f"{where}: expected a mapping with at least `model` (a litellm model string such as "
+                             f"openai/NAME), got {type(spec).__name__}; set backend.model=... with backend=litellm")
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(spec) - known)
+        if unknown:
+            raise ValueError(f"{where}: unknown key(s) {unknown}; allowed: {sorted(known)}")
+        if not spec.get("model"):
+            raise ValueError(f"{where}.model: not set; give a litellm model string such as openai/NAME "
+                             "(backend.model=... sets it for every role)")
+        llm = cls(**{k: v for k, v in spec.items()})
+        for name in ("max_retries",):
+            if int(getattr(llm, name)) < 0:
+                raise ValueError(f"{where}.{name}={getattr(llm, name)}: must be >= 0")
+        if llm.context_tokens < 1000:
+            raise ValueError(f"{where}.context_tokens={llm.context_tokens}: must be >= 1000")
+        if (llm.usd_per_mtok_input is None) != (llm.usd_per_mtok_output is None):
+            raise ValueError(f"{where}: give both usd_per_mtok_input and usd_per_mtok_output, or neither")
+        return llm
+
+    def model_config(self) -> dict[str, Any]:
+        """The mapping :mod:`milo_ray.agents.llm` reads (it names the model ``solver``)."""
+        d = asdict(self)
+        d.pop("context_tokens")
+        d["solver"] = d["id"] = d.pop("model")
+        return d
+
+
+def chat_model(llm: RoleLLM, *, callbacks: list[Any] | None = None) -> Any:
+    """The role's LangChain chat model: config retries with full-jitter backoff, the
+    shared per-model rate limit, the key from the environment variable the config names."""
+    from milo_ray.agents.llm import build_chat_model
+
+    return build_chat_model(llm.model_config(), callbacks=callbacks)
+
+
+def recorder(llm: RoleLLM) -> Any:
+    """A callback recorder of the role's calls (tokens, USD, retries, errors per call)."""
+    from milo_ray.agents.solver_calls import SolverCallRecorder
+
+    return SolverCallRecorder(llm.model_config())
+
+
+def total_usage(calls: Sequence[Any], *, seconds: float, error: str | None = None) -> AgentUsage:
+    """The spend of several chat calls (``SolverCall`` s) as one usage: tokens and retries
+    summed, USD summed (None as soon as one call is unpriced), the caller's wall clock."""
+    tin = sum(c.usage.input_tokens for c in calls)
+    tout = sum(c.usage.output_tokens for c in calls)
+    costs = [c.usage.cost_usd for c in calls]
+    cost = None if any(c is None for c in costs) else float(sum(costs))
+    return AgentUsage(tin, tout, cost, seconds=float(seconds), retries=sum(c.usage.retries for c in calls),
+                      error=error)
+
+
+def ask(llm: RoleLLM, messages: Sequence[Any], *, model: Any = None) -> tuple[str | None, AgentUsage]:
+    """One chat call: the answer's text (None when the call failed) and its usage; a
+    failed call (after the config's retries) is an usage with ``error``, never an
+    exception. ``messages``: LangChain messages or (role, text) pairs. ``model``: a chat
+    model already built for ``llm`` (agents keep theirs between calls)."""
+    rec = recorder(llm)
+    model = model if model is not None else chat_model(llm)
+    t0 = time.monotonic()
+    try:
+        answer = model.invoke(list(messages), config={"callbacks": [rec]})
+    except Exception as e:
+        why = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:500]
+        return None, total_usage(rec.calls(), seconds=time.monotonic() - t0, error=why)
+    text = answer.content if isinstance(answer.content, str) else _text_of(answer.content)
+    return text, total_usage(rec.calls(), seconds=time.monotonic() - t0)
+
+
+def _text_of(content: Any) -> str:
+    """The text of a multi-part message content."""
+    parts = []
+    for p in content or []:
+        if isinstance(p, str):
+            parts.append(p)
+        elif isinstance(p, Mapping) and p.get("type") == "text":
+            parts.append(str(p.get("text", "")))
+    return "".join(parts)
