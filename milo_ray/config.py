@@ -253,9 +253,31 @@ class AgentsConfig:
 
 @dataclass
 class BackendConfig:
-    """``backend``: which agents run the search (offline stand-ins or LLM agents)."""
+    """``backend``: which agents run the search (offline stand-ins or LLM agents).
+
+    The other fields are the default model of every LLM search role (``backend=litellm``
+    hands them to each agent spec's ``llm``; a spec may override any of them, e.g.
+    ``backend.agents.judge.llm.model=...``). They mean what the solver's fields mean
+    (``ModelConfig``); ``model`` is the litellm model string, ``context_tokens`` how much
+    one call may read (the judge condenses longer trajectories). Setting ``model`` with a
+    backend whose agents use no LLM is refused, never ignored.
+    """
 
     agents: AgentsConfig = field(default_factory=AgentsConfig)
+    model: Optional[str] = None
+    api_base: Optional[str] = None
+    api_key_env: Optional[str] = None
+    temperature: float = 0.0
+    max_output_tokens: Optional[int] = None
+    request_timeout_s: Optional[float] = 600.0
+    max_retries: int = 3
+    retry_base_s: float = 1.0
+    retry_max_s: float = 60.0
+    rpm: Optional[int] = None
+    tpm: Optional[int] = None
+    usd_per_mtok_input: Optional[float] = None
+    usd_per_mtok_output: Optional[float] = None
+    context_tokens: int = 128000
 
 
 @dataclass

@@ -176,7 +176,56 @@ def check_composition(cfg: Any) -> Composition:
     roles = tuple(roles_for(method_spec) if callable(roles_for) else getattr(method_cls, "agent_roles", ()) or ())
     agents = OmegaConf.to_container(cfg.backend.agents, resolve=True)
     check_agents(agents, roles, str(getattr(method_cls, "name", None) or method_spec["_target_"]))
+    check_agent_models(agents, roles, backend_model=cfg.backend.get("model"))
     return Composition(model=model, executor=executor, agents=agents)
+
+
+def _llm_specs(agents: Mapping[str, Any]) -> list[tuple[str, str, Any]]:
+    """(role, config path, llm block) of every agent spec that talks to a model."""
+    out = [("mutators", f"backend.agents.mutators[{i}].llm", s["llm"])
+           for i, s in enumerate(agents.get("mutators") or []) if isinstance(s, Mapping) and "llm" in s]
+    for role in AGENT_ROLES[1:]:
+        spec = agents.get(role)
+        if isinstance(spec, Mapping) and "llm" in spec:
+            out.append((role, f"backend.agents.{role}.llm", spec["llm"]))
+    return out
+
+
+def check_agent_models(agents: Mapping[str, Any], roles: Sequence[str], *, backend_model: Any = None,
+                       env: Mapping[str, str] | None = None) -> None:
+    """Every LLM agent's model settings are valid, and the roles the method uses have
+    their credentials (the key variable is set) before anything runs; a ``backend.model``
+    that no agent reads is refused. ``CompositionError`` naming the key."""
+    from milo_ray.agents.llm import api_key
+    from milo_ray.agents.role_llm import RoleLLM
+
+    specs = _llm_specs(agents)
+    if backend_model and not specs:
+        raise CompositionError(f"backend.model={backend_model}: no agent of this backend talks to a model (the offline "
+                               "backend's agents are rule-based); use backend=litellm")
+    for role, where, block in specs:
+        try:
+            llm = RoleLLM.of(block, where=where)
+            if role in roles:
+                api_key(llm.model_config(), env)
+        except ValueError as exc:
+            raise CompositionError(_first_line(str(exc).replace("model.api_key_env", f"{where}.api_key_env"))) from None
+
+
+def agent_env(agents: Mapping[str, Any]) -> dict[str, str]:
+    """The driver's values of the key variables the LLM agents read (for workers
+    elsewhere on a cluster); empty for offline agents."""
+    import os
+
+    from milo_ray.agents.llm import key_env
+    from milo_ray.agents.role_llm import RoleLLM
+
+    names = set()
+    for _, where, block in _llm_specs(agents):
+        name = key_env(RoleLLM.of(block, where=where).model_config())
+        if name:
+            names.add(name)
+    return {n: os.environ[n] for n in sorted(names) if os.environ.get(n)}
 
 
 def check_tasks_runnable(executor_spec: Mapping[str, Any], executor_node: Any, tasks: Sequence[Any]) -> None:

@@ -26,7 +26,9 @@ class RunContext:
     agents built for it are never reused by another run or session. ``model``: the solver's
     :class:`~milo_ray.config.ModelConfig` (checked; ``model.id == model_id``, the cache
     identity; a context built without one gets the model named by ``model_id``).
-    ``budget``: the run's budget ledger (the scheduler's)."""
+    ``budget``: the run's budget ledger (the scheduler's). ``agent_env``: the driver's
+    values of the key variables the LLM agents read, handed to their Ray tasks (never
+    stored)."""
 
     run_id: str
     run_dir: Path
@@ -42,6 +44,7 @@ class RunContext:
     agent_calls: Any = None
     session: str = field(default_factory=lambda: uuid.uuid4().hex)
     model: ModelConfig | None = None
+    agent_env: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.model = model_config(self.model if self.model is not None else {"id": self.model_id})

@@ -154,7 +154,7 @@ def run_job(cfg: DictConfig) -> dict[str, Any]:
     from milo_ray.execution.budget import BudgetLedger
     from milo_ray.execution.cluster import connect
     from milo_ray.execution.scheduler import RolloutScheduler
-    from milo_ray.config_targets import worker_env
+    from milo_ray.config_targets import agent_env, worker_env
     from milo_ray.search.agent_calls import AgentCallLog, role_caps
     from milo_ray.store.parquet import ParquetRunStore
 
@@ -219,6 +219,7 @@ def run_job(cfg: DictConfig) -> dict[str, Any]:
         resumed=resumed,
         elapsed_before_s=elapsed,
         agents=agents,
+        agent_env=agent_env(agents),
         agent_calls=AgentCallLog(store, budget=scheduler.budget, resumed=resumed,
                                  caps=role_caps(OmegaConf.to_container(cfg.run.budget.roles, resolve=True))),
     )

@@ -92,7 +92,7 @@ class MiloRun:
         # driver's disk) for mutation tasks that may run elsewhere.
         self.pool = MutatorPoolActor.options(scheduling_strategy=driver_node()).remote(
             specs, cfg.mutation_time_cap_s, cfg.mutator_concurrency, cfg.mutation_num_cpus, self.validation,
-            ctx.session)
+            ctx.session, ctx.agent_env)
         self.orch_spec = agents.get("orchestrator")
         self._orchestrator: Any = None
         self.state = MiloState(eps=cfg.eps, temperature=cfg.temperature)

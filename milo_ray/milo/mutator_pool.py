@@ -90,12 +90,14 @@ class MutatorPoolActor:
     under the spec's concurrency limit."""
 
     def __init__(self, specs: list, time_cap_s: float, max_concurrent: Any, task_num_cpus: float,
-                 validation: ValidationOptions | None = None, scope: str | None = None) -> None:
+                 validation: ValidationOptions | None = None, scope: str | None = None,
+                 env: dict | None = None) -> None:
         self._pool = MutatorPool(specs, time_cap_s=time_cap_s, max_concurrent=max_concurrent)
         self._sems = {n: asyncio.Semaphore(l) for n, l in self._pool.limits.items()}
         self._num_cpus = float(task_num_cpus)
         self._validation = validation
         self._scope = scope  # the run session whose agents the mutation tasks reuse
+        self._env = dict(env or {})  # the agents' key variables, for mutation tasks on any node
 
     def names(self) -> list:
         return list(self._pool.names)
@@ -114,4 +116,4 @@ class MutatorPoolActor:
         async with self._sems[name]:
             return await run_mutation_async(spec, request, time_cap_s=self._pool.time_cap_s,
                                             validation=self._validation, num_cpus=self._num_cpus,
-                                            scope=self._scope)
+                                            scope=self._scope, env=self._env)

@@ -51,7 +51,7 @@ from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
 from milo_ray.agents.protocols import MutationRequest, MutationResult
 from milo_ray.agents.usage import AgentUsage
@@ -381,14 +381,20 @@ def _streaming_body(spec: Any, request: MutationRequest, validation: ValidationO
 _remote_body: Any = None
 
 
-def _remote() -> Any:
+def _remote(num_cpus: float, env: Mapping[str, str] | None) -> Any:
+    """The body as a Ray task with these options. ``env``: variables the agent needs from
+    the driver (its model's key), given to the worker through Ray's runtime_env so they
+    reach workers on other nodes too; never part of any stored config."""
     global _remote_body
     if _remote_body is None:
         import ray
 
         # No retries: a mutation is a paid agent call; a lost worker is a rejected child.
         _remote_body = ray.remote(max_retries=0)(_streaming_body)
-    return _remote_body
+    options: dict[str, Any] = {"num_cpus": num_cpus}
+    if env:
+        options["runtime_env"] = {"env_vars": dict(env)}
+    return _remote_body.options(**options)
 
 
 class _Flight:
@@ -440,12 +446,12 @@ def _lost(e: BaseException, flight: _Flight) -> MutationOutcome:
 async def run_mutation_async(spec: Any, request: MutationRequest, *, time_cap_s: float,
                              validation: ValidationOptions | None = None, call: str = "mutate",
                              num_cpus: float = 1.0, shipped: ShippedFiles | None = None,
-                             scope: str | None = None) -> MutationOutcome:
+                             scope: str | None = None, env: Mapping[str, str] | None = None) -> MutationOutcome:
     """One mutation as a Ray task, awaited under the cap (see the module docstring).
-    Cancelling the awaiting coroutine cancels the task too."""
+    Cancelling the awaiting coroutine cancels the task too. ``env``: see :func:`_remote`."""
     if shipped is None:
         shipped = await asyncio.to_thread(ship_files, request)
-    flight = _Flight(_remote().options(num_cpus=num_cpus).remote(spec, request, validation, call, shipped, scope),
+    flight = _Flight(_remote(num_cpus, env).remote(spec, request, validation, call, shipped, scope),
                      time_cap_s, validation)
     try:
         while True:
@@ -472,10 +478,12 @@ async def run_mutation_async(spec: Any, request: MutationRequest, *, time_cap_s:
 def run_mutations(spec: Any, requests: Sequence[MutationRequest], *, time_cap_s: float,
                   validation: ValidationOptions | None = None, max_concurrent: int = 4, num_cpus: float = 1.0,
                   use_ray: bool | None = None, scope: str | None = None,
-                  on_done: Callable[[int, MutationOutcome], None] | None = None) -> list[MutationOutcome]:
+                  on_done: Callable[[int, MutationOutcome], None] | None = None,
+                  env: Mapping[str, str] | None = None) -> list[MutationOutcome]:
     """Several mutations in parallel (Ray tasks when connected to Ray, else threads;
     ``use_ray`` forces the choice), each under the cap; outcomes in ``requests``
-    order. ``on_done(i, outcome)`` is called on the caller's thread as each finishes."""
+    order. ``on_done(i, outcome)`` is called on the caller's thread as each finishes.
+    ``env``: see :func:`_remote` (threads share the driver's environment already)."""
     if not requests:
         return []
     import ray
@@ -483,7 +491,7 @@ def run_mutations(spec: Any, requests: Sequence[MutationRequest], *, time_cap_s:
     if not (ray.is_initialized() if use_ray is None else use_ray):
         return _run_in_threads(spec, requests, time_cap_s=time_cap_s, validation=validation,
                                max_concurrent=max_concurrent, on_done=on_done, scope=scope)
-    body = _remote().options(num_cpus=num_cpus)
+    body = _remote(num_cpus, env)
     spec_ref = ray.put(spec)
     results: dict[int, MutationOutcome] = {}
     flights: dict[int, _Flight] = {}

@@ -114,7 +114,8 @@ class _SSRRun:
         self.children = ChildMaker(cfg=cfg, seed=ctx.seed, optimizer_spec=optimizer_spec, optimizer_name=optimizer_name,
                                    forbidden=forbidden_fragments_for(self.tasks.values()), tasks=self.tasks,
                                    store=self.store, calls=self.calls, emit=self.emit,
-                                   work=Path(ctx.run_dir) / "workspace" / "ssr", scope=ctx.session)
+                                   work=Path(ctx.run_dir) / "workspace" / "ssr", scope=ctx.session,
+                                   env=ctx.agent_env)
         self.harnesses: dict[str, Harness] = {}
         self.generated = 0
 

@@ -66,6 +66,7 @@ class ScriptedOpenAIServer:
         self.request_times: list[float] = []
         self._next = 0
         self.answered: list[Reply] = []  # replies served with HTTP 200 (their usage is what a client was billed)
+        self.answered_models: list[str | None] = []  # the requested model of each answered reply
         self._lock = threading.Lock()
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
         self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
@@ -92,9 +93,20 @@ class ScriptedOpenAIServer:
                 return self.responder(body)
             return self.script[min(self._next - 1, len(self.script) - 1)]
 
-    def _answer(self, r: Reply) -> dict[str, Any]:
+    def billed_by_model(self) -> dict[str | None, tuple[int, int]]:
+        """(prompt, completion) tokens answered per requested model name (the model string
+        without its provider prefix, as litellm sends it)."""
+        out: dict[str | None, tuple[int, int]] = {}
+        with self._lock:
+            for m, r in zip(self.answered_models, self.answered):
+                p, c = out.get(m, (0, 0))
+                out[m] = (p + r.prompt_tokens, c + r.completion_tokens)
+        return out
+
+    def _answer(self, r: Reply, body: dict[str, Any]) -> dict[str, Any]:
         with self._lock:
             self.answered.append(r)
+            self.answered_models.append(body.get("model"))
         message: dict[str, Any] = {"role": "assistant", "content": r.content}
         if r.tool_calls:
             message["tool_calls"] = r.tool_calls
@@ -125,7 +137,7 @@ class ScriptedOpenAIServer:
                     self._send(r.status, {"error": {"message": f"scripted HTTP {r.status}", "type": "server_error",
                                                     "code": r.status}})
                     return
-                self._send(200, server._answer(r))
+                self._send(200, server._answer(r, body))
 
             def _send(self, status: int, payload: dict[str, Any]) -> None:
                 data = json.dumps(payload).encode()
