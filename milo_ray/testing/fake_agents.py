@@ -110,3 +110,20 @@ class EvidenceReadingMutator:
         seen.append(Path(request.context["memory_path"]).read_text())
         note = "".join(f"# read: {line}\n" for text in seen[1:] for line in text.splitlines())
         return MutationResult(Harness({ENTRY_FILE: seen[0] + note}), report="read the evidence")
+
+
+class EnvReportingMutator:
+    """Writes a child and reports the value of environment variable ``name`` in the
+    process that ran it (``<unset>`` when absent): what reaches a mutation's worker."""
+
+    name = "env-reporting"
+
+    def __init__(self, variable: str) -> None:
+        self.variable = variable
+
+    def mutate(self, request: MutationRequest) -> MutationResult:
+        import os
+
+        value = os.environ.get(self.variable, "<unset>")
+        child = Harness.from_source(request.parent.source + f"# env {value}\n", name="child")
+        return MutationResult(child, report=value)
