@@ -258,3 +258,25 @@ def test_output_formats_are_read_as_the_clis_print_them():
     assert got.format == "codex_jsonl" and got.error == "stream ended" and not got.tokens_reported
     plain = parse_output("I changed the harness.\n", "auto")
     assert plain.format == "none" and plain.cost_usd is None and plain.input_tokens == plain.output_tokens == 0
+
+
+def test_a_prompt_past_the_argument_limit_is_rejected_pointing_at_prompt_file(tmp_path, bin_dir):
+    agent = CliMutator(command=["claude", "-p", "{prompt}"])
+    agent.argv[2] = "{prompt}" + "y" * 300_000  # an argument longer than Linux's 128 KiB per-argument limit
+    out = agent.mutate(request(tmp_path))
+    assert out.child is None and "{prompt_file}" in out.error
+
+
+def test_any_cli_given_the_prompt_as_a_file_works_and_its_unreported_spend_is_unknown(tmp_path, bin_dir):
+    script = bin_dir / "filecli"
+    script.write_text(FAKE_HEAD.replace(
+        'prompt = next(', 'prompt = open(sys.argv[sys.argv.index("--message-file") + 1]).read() or next(')
+        + 'open(out, "w").write(child)\nprint("Changed the step limit.")\n')
+    script.chmod(0o755)
+    req = request(tmp_path)
+    out = run_mutation(spec(command="filecli --message-file {prompt_file}", name="filecli"), req, time_cap_s=60,
+                       validation=NO_VALIDATION)
+    assert out.ok, out.reason
+    assert out.report == "Changed the step limit."
+    assert out.usage.tokens == 0 and out.usage.cost_usd is None
+    assert "Write the complete child harness" in (req.workdir.parent / "round-1.cli-prompt.md").read_text()

@@ -48,6 +48,7 @@ worker) is only ended by its own exit, so the mutator's cap must come first.
 from __future__ import annotations
 
 import collections
+import errno
 import json
 import os
 import re
@@ -224,8 +225,8 @@ class CliMutator:
             why = f"executable {self.argv[0]!r} not found on PATH"
             return MutationResult(None, error=why, usage=AgentUsage(cost_usd=0.0, seconds=time.monotonic() - t0,
                                                                     error=why))
-        ws = prepare(request, paths["workspace"])
         try:
+            ws = prepare(request, paths["workspace"])
             from milo_ray.agents.prompts import render_from
 
             prompt = render_from(template_for(request), ws.values())
@@ -267,7 +268,7 @@ class CliMutator:
             return MutationResult(child, report=report, usage=usage)
         finally:
             if not self.keep_workspace:
-                shutil.rmtree(ws.root, ignore_errors=True)
+                shutil.rmtree(paths["workspace"], ignore_errors=True)
 
     def _environment(self) -> dict[str, str]:
         env = {k: os.environ[k] for k in ("PATH", "HOME", "LANG") if k in os.environ}
@@ -325,10 +326,12 @@ def _run(argv: list[str], *, cwd: Path, env: dict[str, str], stdout: Path, stder
     try:
         proc = subprocess.Popen(argv, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, start_new_session=True)
-    except OSError as e:  # E2BIG: a prompt past the OS's argument limit wants {prompt_file}
+    except OSError as e:
         stdout.write_bytes(b"")
         stderr.write_bytes(b"")
-        return CliRun(None, launch_error=f"{type(e).__name__}: {e}")
+        hint = ("; the prompt is past the OS's limit for one argument: pass it as {prompt_file}"
+                if e.errno == errno.E2BIG else "")
+        return CliRun(None, launch_error=f"{type(e).__name__}: {e}{hint}")
     readers = [_Drain(proc.stdout, stdout), _Drain(proc.stderr, stderr)]
     timed_out = False
     try:
@@ -342,8 +345,9 @@ def _run(argv: list[str], *, cwd: Path, env: dict[str, str], stdout: Path, stder
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+        deadline = time.monotonic() + READER_JOIN_S  # one wait for both pipes
         for r in readers:
-            r.finish()
+            r.finish(max(0.0, deadline - time.monotonic()))
     return CliRun(proc.returncode, timed_out=timed_out)
 
 
@@ -399,8 +403,8 @@ class _Drain:
                     self.dropped += len(self.tail[0])
                     self.tail_bytes -= len(self.tail.popleft())
 
-    def finish(self) -> None:
-        self.thread.join(READER_JOIN_S)
+    def finish(self, timeout_s: float) -> None:
+        self.thread.join(timeout_s)
         if not self.thread.is_alive():
             if self.tail:
                 if self.dropped:
