@@ -1,0 +1,511 @@
+"""A mutator (and SSR optimizer) that runs an installed coding-agent CLI: Claude Code
+(``claude -p``), Codex (``codex exec``) or any command given as an argv template.
+
+The CLI works in the same workspace (:mod:`milo_ray.agents.mutators.workspace`) and
+reads the same instructions (:mod:`milo_ray.agents.prompts`) as every other coding
+agent of the search; the child is read back from the workspace's ``out/`` and checked
+the same way (nothing written, or written elsewhere, is a rejected child with the
+reason).
+
+Files, all beside ``request.workdir`` (never inside it: the runner reads every file
+there as part of the child harness), named after it (``<workdir>`` below):
+
+    <workdir>.cli-workspace/   the workspace (removed afterwards unless keep_workspace)
+    <workdir>.cli-prompt.md    the rendered instructions (``{prompt_file}``), kept
+    <workdir>.cli-stdout.txt   the CLI's stdout: its transcript (JSON / JSONL for the presets)
+    <workdir>.cli-stderr.txt   the CLI's stderr
+
+The CLI runs with the workspace as its working directory, in its own session (so the
+whole process group it starts can be killed at the cap), stdin closed, and a small
+environment: PATH, HOME, LANG, the variables named in ``pass_env`` (an API key is
+passed by its name, never stored in config) and ``env``.
+
+Usage, as the CLIs report it (checked against their documentation, late 2025):
+
+* Claude Code, ``--output-format json``: one object ``{"type": "result", "result",
+  "is_error", "num_turns", "total_cost_usd", "usage": {input_tokens, output_tokens,
+  cache_creation_input_tokens, cache_read_input_tokens}}``. ``--output-format
+  stream-json`` (and ``json`` with ``--verbose``, an array) end with that same object.
+  Input tokens are counted as all three input fields: cache reads and writes are
+  tokens the model processed (Anthropic's ``input_tokens`` excludes them).
+* Codex, ``exec --json``: JSON lines; ``{"type": "turn.completed", "usage":
+  {input_tokens, cached_input_tokens, output_tokens}}`` per turn (summed here;
+  ``cached_input_tokens`` is a part of ``input_tokens``, not added), the final answer
+  in ``{"type": "item.completed", "item": {"type": "agent_message", "text"}}`` (older
+  releases: ``item_type: assistant_message``). Codex reports no USD.
+
+USD: the CLI's own figure when it gives one; else tokens priced by
+``usd_per_mtok_input/output`` or by ``model`` (litellm's prices, through
+:func:`milo_ray.agents.llm.price`); else None (unknown is never free). A run killed at
+the cap has unknown spend (None) whatever it printed so far.
+
+Limits: the cap here is this mutator's own; keep ``time_cap_s`` at or below the
+runner's cap. On Ray the runner ends a hung worker with a forced cancel, which this
+process cannot answer: a CLI still running then (its session detached from the
+worker) is only ended by its own exit, so the mutator's cap must come first.
+"""
+
+from __future__ import annotations
+
+import collections
+import errno
+import json
+import os
+import re
+import shlex
+import shutil
+import signal
+import string
+import subprocess
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Sequence
+
+from milo_ray.agents.mutators.workspace import collect, prepare, template_for
+from milo_ray.agents.protocols import MutationRequest, MutationResult
+from milo_ray.agents.usage import AgentUsage
+
+PLACEHOLDERS = ("prompt", "prompt_file", "workspace", "output_path", "model")
+USAGE_FORMATS = ("auto", "claude_json", "codex_jsonl", "none")
+
+# Presets: argv templates of the two CLIs the search is used with. ``--permission-mode
+# acceptEdits`` lets Claude Code write files without asking (``-p`` cannot ask);
+# Codex's default sandbox for ``exec`` is read-only, ``workspace-write`` lets it write
+# under its working directory (the workspace) and read everywhere.
+PRESETS: dict[str, dict[str, Any]] = {
+    "claude": {
+        "command": ["claude", "-p", "{prompt}", "--output-format", "json", "--permission-mode", "acceptEdits"],
+        "model_args": ["--model", "{model}"],
+        "read_dir_flag": "--add-dir",
+        "usage_format": "claude_json",
+    },
+    "codex": {
+        "command": ["codex", "exec", "--json", "--skip-git-repo-check", "--sandbox", "workspace-write", "{prompt}"],
+        "model_args": ["-m", "{model}"],
+        "read_dir_flag": None,
+        "usage_format": "codex_jsonl",
+    },
+}
+
+# Each output stream keeps its first MAX_STREAM_BYTES and its last TAIL_BYTES: a CLI
+# that prints without end must not fill the disk, and the usage summary comes last.
+MAX_STREAM_BYTES = 16 * 1024 * 1024
+TAIL_BYTES = 1024 * 1024
+# After SIGTERM to the group, how long the CLI gets to exit before SIGKILL.
+KILL_GRACE_S = 3.0
+# Reader threads normally end with the pipes; a process that escaped the group (its
+# own setsid) may hold a pipe open: stop waiting for it.
+READER_JOIN_S = 5.0
+REPORT_CHARS = 4000
+# Environment names that hold credentials: their values belong in the environment the
+# run starts with (passed by name, ``pass_env``), never in a config file.
+_SECRET_NAME = re.compile(r"(KEY|TOKEN|SECRET|PASSWORD)$", re.IGNORECASE)
+
+
+@dataclass(frozen=True)
+class CliUsage:
+    """What one CLI run reported: its usage (tokens; ``cost_usd`` None when it gave no
+    USD), its final message, an error it reported, and which format it was read as."""
+
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cost_usd: float | None = None
+    tokens_reported: bool = False
+    final_message: str = ""
+    error: str | None = None
+    format: str = "none"
+
+
+class CliMutator:
+    """Runs a coding-agent CLI as MILO's mutator or SSR's optimizer.
+
+    command: argv template (a list, or one string split like a shell would) with the
+        placeholders ``{prompt}`` (the instructions), ``{prompt_file}`` (a file holding
+        them), ``{workspace}``, ``{output_path}``, ``{model}``; ``{{`` is a literal brace.
+    preset: ``claude`` or ``codex`` instead of ``command``: the CLI's argv, its usage
+        format, ``--model`` when ``model`` is set, and (Claude Code) ``--add-dir`` for
+        every directory outside the workspace the snapshot names (other lineage nodes'
+        files), which Claude Code would otherwise not let the agent read.
+    usage_format: how stdout is read for usage and the final message: ``claude_json``,
+        ``codex_jsonl``, ``none`` (usage unknown) or ``auto`` (recognised from the output).
+    model: the CLI's model (``{model}``), and the name prices are looked up by.
+    time_cap_s: the CLI's process group is killed after this many seconds.
+    env: extra environment variables (no credentials: see ``pass_env``).
+    pass_env: names of variables copied from this process's environment (API keys).
+    keep_workspace: keep ``<workdir>.cli-workspace`` after the call (for inspection).
+    usd_per_mtok_input / usd_per_mtok_output: prices when the CLI reports tokens only.
+    """
+
+    def __init__(self, command: Sequence[str] | str | None = None, *, preset: str | None = None,
+                 name: str | None = None, usage_format: str | None = None, model: str | None = None,
+                 time_cap_s: float = 2700.0, env: dict[str, str] | None = None, pass_env: Sequence[str] = (),
+                 keep_workspace: bool = False, usd_per_mtok_input: float | None = None,
+                 usd_per_mtok_output: float | None = None) -> None:
+        if (command is None) == (preset is None):
+            raise ValueError("CliMutator: give exactly one of `command` (an argv template) or `preset` "
+                             f"({'|'.join(PRESETS)})")
+        read_dir_flag = None
+        if preset is not None:
+            if preset not in PRESETS:
+                raise ValueError(f"CliMutator: preset={preset!r}; expected one of {sorted(PRESETS)}")
+            p = PRESETS[preset]
+            argv = list(p["command"]) + (list(p["model_args"]) if model else [])
+            read_dir_flag = p["read_dir_flag"]
+            usage_format = usage_format or p["usage_format"]
+        else:
+            argv = shlex.split(command) if isinstance(command, str) else [str(a) for a in command]
+        if not argv or not argv[0].strip():
+            raise ValueError("CliMutator: `command` is empty; expected an argv like ['claude', '-p', '{prompt}']")
+        for arg in argv:
+            for field_name in _fields(arg):
+                if field_name not in PLACEHOLDERS:
+                    raise ValueError(f"CliMutator: `command` names an unknown placeholder {{{field_name}}} in "
+                                     f"{arg!r}; placeholders: {', '.join('{' + p + '}' for p in PLACEHOLDERS)}")
+        if "{" in argv[0]:
+            raise ValueError(f"CliMutator: `command`'s executable {argv[0]!r} must not be a placeholder")
+        if any("model" in _fields(a) for a in argv) and not model:
+            raise ValueError("CliMutator: `command` uses {model} but `model` is not set")
+        usage_format = usage_format or "auto"
+        if usage_format not in USAGE_FORMATS:
+            raise ValueError(f"CliMutator: usage_format={usage_format!r}; expected one of {list(USAGE_FORMATS)}")
+        if not float(time_cap_s) > 0:
+            raise ValueError(f"CliMutator: time_cap_s={time_cap_s} must be > 0")
+        env = dict(env or {})
+        for k, v in env.items():
+            if not isinstance(k, str) or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", k) or not isinstance(v, str):
+                raise ValueError(f"CliMutator: env entry {k!r}={v!r}: names must be identifiers, values strings")
+            if _SECRET_NAME.search(k):
+                raise ValueError(f"CliMutator: env sets {k}, which looks like a credential; put its name in "
+                                 "`pass_env` and set it in the environment the run starts with")
+        pass_env = [str(n) for n in pass_env]
+        for n in pass_env:
+            if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", n):
+                raise ValueError(f"CliMutator: pass_env entry {n!r} is not a variable name")
+        if (usd_per_mtok_input is None) != (usd_per_mtok_output is None):
+            raise ValueError("CliMutator: set both usd_per_mtok_input and usd_per_mtok_output, or neither")
+        for field_name, price in (("usd_per_mtok_input", usd_per_mtok_input),
+                                  ("usd_per_mtok_output", usd_per_mtok_output)):
+            if price is not None and float(price) < 0:
+                raise ValueError(f"CliMutator: {field_name}={price} must be >= 0")
+        self.argv = argv
+        self.preset = preset
+        self.name = name or f"cli:{preset or Path(argv[0]).name}"
+        self.usage_format = usage_format
+        self.model = model
+        self.time_cap_s = float(time_cap_s)
+        self.env = env
+        self.pass_env = pass_env
+        self.keep_workspace = bool(keep_workspace)
+        self.read_dir_flag = read_dir_flag
+        self.prices = (None if usd_per_mtok_input is None
+                       else (float(usd_per_mtok_input), float(usd_per_mtok_output)))  # type: ignore[arg-type]
+
+    # ------------------------------------------------------------------ the call
+
+    def mutate(self, request: MutationRequest) -> MutationResult:
+        """Run the CLI on ``request``'s workspace; the child is copied to
+        ``request.workdir``. Never raises: a failure is ``MutationResult.error``."""
+        t0 = time.monotonic()
+        try:
+            return self._mutate(request, t0)
+        except Exception as e:  # a broken workspace or an OS error is a rejected child
+            why = f"cli mutator failed: {type(e).__name__}: {e}"[:2000]
+            return MutationResult(None, error=why,
+                                  usage=AgentUsage(cost_usd=None, seconds=time.monotonic() - t0, error=why))
+
+    def _mutate(self, request: MutationRequest, t0: float) -> MutationResult:
+        workdir = Path(request.workdir)
+        base = workdir.parent / workdir.name
+        paths = {k: Path(f"{base}.cli-{k}") for k in ("workspace", "prompt.md", "stdout.txt", "stderr.txt")}
+        env = self._environment()
+        exe = shutil.which(self.argv[0], path=env["PATH"])
+        if exe is None:
+            why = f"executable {self.argv[0]!r} not found on PATH"
+            return MutationResult(None, error=why, usage=AgentUsage(cost_usd=0.0, seconds=time.monotonic() - t0,
+                                                                    error=why))
+        try:
+            ws = prepare(request, paths["workspace"])
+            from milo_ray.agents.prompts import render_from
+
+            prompt = render_from(template_for(request), ws.values())
+            paths["prompt.md"].write_text(prompt, encoding="utf-8")
+            values = {"prompt": prompt, "prompt_file": str(paths["prompt.md"]), "workspace": ws.agent_root,
+                      "output_path": ws.seen(ws.output_path), "model": self.model or ""}
+            argv = [exe] + [a.format(**values) for a in self.argv[1:]]
+            if self.read_dir_flag:
+                for d in ws.external_dirs():
+                    argv += [self.read_dir_flag, d]
+            run = _run(argv, cwd=ws.root, env=env, stdout=paths["stdout.txt"], stderr=paths["stderr.txt"],
+                       time_cap_s=self.time_cap_s)
+            seconds = time.monotonic() - t0
+            stdout = _read(paths["stdout.txt"])
+            parsed = parse_output(stdout, self.usage_format)
+            report = (parsed.final_message or _tail(stdout, REPORT_CHARS)).strip()[:REPORT_CHARS]
+            if run.launch_error is not None:
+                why = f"could not start {self.argv[0]!r}: {run.launch_error}"
+                return MutationResult(None, error=why, usage=AgentUsage(cost_usd=0.0, seconds=seconds, error=why))
+            if run.timed_out:
+                why = f"timed out after {self.time_cap_s:g}s"
+                usage = AgentUsage(parsed.input_tokens, parsed.output_tokens, cost_usd=None, seconds=seconds, error=why)
+                return MutationResult(None, report=report, error=why, usage=usage)
+            usage = AgentUsage(parsed.input_tokens, parsed.output_tokens, cost_usd=self._cost(parsed),
+                               seconds=seconds)
+            child, reason = ws.child()
+            if child is None:
+                if run.returncode != 0:
+                    reason = (f"{self.argv[0]} exited with code {run.returncode}"
+                              + (f" ({parsed.error})" if parsed.error else "")
+                              + f"; stderr: {_last_lines(_read(paths['stderr.txt']))}"
+                              + self._missing_env_note() + f"; {reason}")
+                elif parsed.error:
+                    reason = f"{reason}; the CLI reported: {parsed.error}"
+                return MutationResult(None, report=report, error=reason[:2000], usage=usage.with_error(reason[:2000]))
+            collect(ws, workdir)
+            if run.returncode != 0:  # the child is still judged on its own merits
+                report = f"[{self.argv[0]} exited with code {run.returncode}]\n{report}"
+            return MutationResult(child, report=report, usage=usage)
+        finally:
+            if not self.keep_workspace:
+                shutil.rmtree(paths["workspace"], ignore_errors=True)
+
+    def _environment(self) -> dict[str, str]:
+        env = {k: os.environ[k] for k in ("PATH", "HOME", "LANG") if k in os.environ}
+        env.setdefault("PATH", os.defpath)
+        env.update({k: os.environ[k] for k in self.pass_env if k in os.environ})
+        env.update(self.env)
+        return env
+
+    def _missing_env_note(self) -> str:
+        missing = [n for n in self.pass_env if n not in os.environ]
+        return f"; pass_env names not set here: {', '.join(missing)}" if missing else ""
+
+    def _cost(self, parsed: CliUsage) -> float | None:
+        if parsed.cost_usd is not None:
+            return parsed.cost_usd
+        if not parsed.tokens_reported:
+            return None
+        if self.prices is not None:
+            return (parsed.input_tokens * self.prices[0] + parsed.output_tokens * self.prices[1]) / 1e6
+        if self.model:
+            from milo_ray.agents.llm import price
+
+            return price({"solver": self.model}, parsed.input_tokens, parsed.output_tokens)
+        return None
+
+
+def _fields(arg: str) -> list[str]:
+    """Placeholder names in one argv element (``{{`` is a literal brace). A field with
+    an attribute, index, conversion or format spec is returned whole, so it is refused
+    as unknown."""
+    try:
+        parsed = list(string.Formatter().parse(arg))
+    except ValueError as e:
+        raise ValueError(f"CliMutator: `command` element {arg!r} is not a valid template: {e}") from None
+    out = []
+    for _, field_name, spec, conv in parsed:
+        if field_name is None:
+            continue
+        out.append(field_name + (f"!{conv}" if conv else "") + (f":{spec}" if spec else ""))
+    return out
+
+
+# --------------------------------------------------------------------------- running
+
+@dataclass(frozen=True)
+class CliRun:
+    returncode: int | None
+    timed_out: bool = False
+    launch_error: str | None = None
+
+
+def _run(argv: list[str], *, cwd: Path, env: dict[str, str], stdout: Path, stderr: Path,
+         time_cap_s: float) -> CliRun:
+    """Run ``argv`` in its own session; past the cap, end its whole process group."""
+    try:
+        proc = subprocess.Popen(argv, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, start_new_session=True)
+    except OSError as e:
+        stdout.write_bytes(b"")
+        stderr.write_bytes(b"")
+        hint = ("; the prompt is past the OS's limit for one argument: pass it as {prompt_file}"
+                if e.errno == errno.E2BIG else "")
+        return CliRun(None, launch_error=f"{type(e).__name__}: {e}{hint}")
+    readers = [_Drain(proc.stdout, stdout), _Drain(proc.stderr, stderr)]
+    timed_out = False
+    try:
+        proc.wait(timeout=time_cap_s)
+    except subprocess.TimeoutExpired:
+        timed_out = True
+        _kill_group(proc)
+    finally:
+        # Whatever the CLI left running in its group (servers, shells) ends with it.
+        _signal_group(proc.pid, signal.SIGKILL)
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        deadline = time.monotonic() + READER_JOIN_S  # one wait for both pipes
+        for r in readers:
+            r.finish(max(0.0, deadline - time.monotonic()))
+    return CliRun(proc.returncode, timed_out=timed_out)
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    """SIGTERM to the group (the CLI may save its session), SIGKILL after a grace."""
+    _signal_group(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(timeout=KILL_GRACE_S)
+    except subprocess.TimeoutExpired:
+        pass
+    _signal_group(proc.pid, signal.SIGKILL)
+    proc.wait()
+
+
+def _signal_group(pgid: int, sig: int) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass  # the group is already gone
+
+
+class _Drain:
+    """Copies one pipe to a file in a thread: the first MAX_STREAM_BYTES, then the last
+    TAIL_BYTES (kept in memory, appended at the end after a note of what was dropped)."""
+
+    def __init__(self, pipe: Any, path: Path) -> None:
+        self.pipe, self.path = pipe, path
+        self.tail: collections.deque[bytes] = collections.deque()
+        self.tail_bytes = 0
+        self.dropped = 0
+        self.file = open(path, "wb")
+        self.thread = threading.Thread(target=self._loop, name=f"cli-drain-{path.name}", daemon=True)
+        self.thread.start()
+
+    def _loop(self) -> None:
+        try:
+            self._copy()
+        except (OSError, ValueError):  # the pipe or file was closed under us: finish() gave up waiting
+            pass
+
+    def _copy(self) -> None:
+        written = 0
+        for chunk in iter(lambda: self.pipe.read1(65536), b""):
+            if written < MAX_STREAM_BYTES:
+                head = chunk[:MAX_STREAM_BYTES - written]
+                self.file.write(head)
+                written += len(head)
+                chunk = chunk[len(head):]
+            if chunk:
+                self.tail.append(chunk)
+                self.tail_bytes += len(chunk)
+                while self.tail_bytes - len(self.tail[0]) >= TAIL_BYTES:
+                    self.dropped += len(self.tail[0])
+                    self.tail_bytes -= len(self.tail.popleft())
+
+    def finish(self, timeout_s: float) -> None:
+        self.thread.join(timeout_s)
+        if not self.thread.is_alive():
+            if self.tail:
+                if self.dropped:
+                    self.file.write(f"\n[... {self.dropped} bytes dropped ...]\n".encode())
+                self.file.write(b"".join(self.tail))
+            self.pipe.close()
+        self.file.close()
+
+
+def _read(path: Path) -> str:
+    return path.read_text(encoding="utf-8", errors="replace") if path.is_file() else ""
+
+
+def _tail(text: str, n: int) -> str:
+    return text[-n:]
+
+
+def _last_lines(text: str, n: int = 10) -> str:
+    lines = [ln for ln in text.strip().splitlines() if ln.strip()]
+    return " | ".join(lines[-n:])[-1500:] or "(empty)"
+
+
+# --------------------------------------------------------------------------- usage
+
+def parse_output(stdout: str, usage_format: str) -> CliUsage:
+    """Usage and final message from a CLI's stdout (see the module docstring for the
+    formats). ``auto`` tries Claude Code's result object, then Codex's events."""
+    if usage_format not in USAGE_FORMATS:
+        raise ValueError(f"usage_format={usage_format!r}; expected one of {list(USAGE_FORMATS)}")
+    if usage_format == "claude_json":
+        return _claude(stdout) or CliUsage(format="claude_json", error="no result object in the output")
+    if usage_format == "codex_jsonl":
+        return _codex(stdout) or CliUsage(format="codex_jsonl", error="no Codex events in the output")
+    if usage_format == "auto":
+        return _claude(stdout) or _codex(stdout) or CliUsage()
+    return CliUsage()
+
+
+def _json_lines(stdout: str) -> list[Any]:
+    out = []
+    for line in stdout.splitlines():
+        line = line.strip()
+        if line.startswith(("{", "[")):
+            try:
+                out.append(json.loads(line))
+            except ValueError:
+                continue
+    return out
+
+
+def _claude(stdout: str) -> CliUsage | None:
+    """Claude Code's last ``{"type": "result"}`` object: the whole output (``json``),
+    the last element of an array (``json --verbose``) or the last line (``stream-json``)."""
+    try:
+        whole: Any = json.loads(stdout)
+        items = whole if isinstance(whole, list) else [whole]
+    except ValueError:
+        items = _json_lines(stdout)
+    results = [o for o in items if isinstance(o, dict) and o.get("type") == "result"]
+    if not results:
+        return None
+    r = results[-1]
+    u = r.get("usage") if isinstance(r.get("usage"), dict) else {}
+    tin = sum(_int(u.get(k)) for k in ("input_tokens", "cache_creation_input_tokens", "cache_read_input_tokens"))
+    cost = r.get("total_cost_usd", r.get("cost_usd"))  # cost_usd: releases before total_cost_usd
+    text = r.get("result") if isinstance(r.get("result"), str) else ""
+    error = None
+    if r.get("is_error") or (r.get("subtype") not in (None, "success")):
+        error = f"{r.get('subtype') or 'error'}: {text}".strip()[:500]
+    return CliUsage(tin, _int(u.get("output_tokens")),
+                    cost_usd=float(cost) if isinstance(cost, (int, float)) and cost >= 0 else None,
+                    tokens_reported=bool(u), final_message=text, error=error, format="claude_json")
+
+
+def _codex(stdout: str) -> CliUsage | None:
+    """Codex ``exec --json`` events: usage of every ``turn.completed``, the last agent
+    message, the last ``turn.failed`` / ``error`` message."""
+    events = [e for e in _json_lines(stdout) if isinstance(e, dict) and isinstance(e.get("type"), str)]
+    known = ("thread.", "turn.", "item.")
+    if not any(e["type"].startswith(known) for e in events):
+        return None
+    tin = tout = 0
+    turns = 0
+    message, error = "", None
+    for e in events:
+        if e["type"] == "turn.completed" and isinstance(e.get("usage"), dict):
+            turns += 1
+            tin += _int(e["usage"].get("input_tokens"))
+            tout += _int(e["usage"].get("output_tokens"))
+        elif e["type"] == "item.completed" and isinstance(e.get("item"), dict):
+            item = e["item"]
+            if item.get("type", item.get("item_type")) in ("agent_message", "assistant_message"):
+                message = str(item.get("text") or "")
+        elif e["type"] == "turn.failed":
+            err = e.get("error")
+            error = str(err.get("message") if isinstance(err, dict) else err)[:500]
+        elif e["type"] == "error":
+            error = str(e.get("message"))[:500]
+    return CliUsage(tin, tout, cost_usd=None, tokens_reported=turns > 0, final_message=message, error=error,
+                    format="codex_jsonl")
+
+
+def _int(x: Any) -> int:
+    return int(x) if isinstance(x, (int, float)) and x > 0 else 0
