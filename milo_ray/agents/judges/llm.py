@@ -115,7 +115,7 @@ class LLMJudge:
                              f"the model's context_tokens={ctx} (room is needed for the instructions and the answer)")
         self.max_trajectory_tokens = int(max_trajectory_tokens)
         self.instructions = render_prompt("judge", keys=", ".join(VERDICT_SCHEMA["properties"]),
-                                          schema=json.dumps(VERDICT_SCHEMA, indent=2))
+                                          schema=json.dumps(VERDICT_SCHEMA))
         self._model: Any = None
         self._lock = threading.Lock()
 
