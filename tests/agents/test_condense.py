@@ -58,6 +58,9 @@ def test_first_and_last_units_are_kept_whole():
     marker = [s for s in out["steps"] if "omitted" in s]
     assert len(marker) == 1 and f"[... {info.steps_omitted} steps omitted ...]" == marker[0]["omitted"]
     assert (marker[0]["from_step"], marker[0]["to_step"]) == info.omitted_range
+    # the oldest middle steps go first: the omitted run starts right after the opening
+    assert info.omitted_range[0] == len(kept_head)
+    assert out["steps"][out["steps"].index(marker[0]) + 1]["step"] == info.omitted_range[1] + 1
     assert "calls" not in out and out["calls_omitted"] == 60
 
 
