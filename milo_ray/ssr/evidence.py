@@ -22,6 +22,7 @@ evidence the candidate optimizer sees:
 
 from __future__ import annotations
 
+import json
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from typing import Any, Callable, Collection, Sequence
@@ -103,20 +104,28 @@ class JudgeItem:
 
 
 def judge_one(judge: Any, item: JudgeItem, *, round: int, harness_id: str, retries: int) -> ExperienceRecord:
-    """Ask, validate, re-ask up to ``retries`` times; never clip, never raise for a bad answer."""
+    """Ask, validate, re-ask up to ``retries`` times; never clip, never raise for a bad answer.
+
+    A re-ask passes ``feedback['reask'] = {"error": why the last answer was rejected,
+    "previous": that answer as text ("" when the call gave none)}``, so an LLM judge can
+    correct its answer; judges that do not read it are asked the same question again."""
     rec = ExperienceRecord(item.task_id, round, harness_id, item.score, item.resolved, trace_ref=item.trace_ref)
-    last = ""
+    last, previous = "", ""
     for attempt in range(retries + 1):
         rec.attempts = attempt + 1
+        feedback = item.feedback if attempt == 0 else {**item.feedback, "reask": {"error": last, "previous": previous}}
+        raw = None
         try:
-            raw, usage = reply_parts(judge.judge(item.trajectory, item.feedback, item.task_id))
+            raw, usage = reply_parts(judge.judge(item.trajectory, feedback, item.task_id))
             rec.usage.append(usage)
+            if raw is None and usage.error:
+                raise JudgeOutputError(f"judge call failed: {usage.error}")
             v = parse_verdict(raw)
         except JudgeOutputError as e:
-            last = str(e)
+            last, previous = str(e), _as_text(raw)
             continue
         except Exception as e:  # a crashing judge call is a judge failure too, and is re-asked
-            last = f"{type(e).__name__}: {e}"
+            last, previous = f"{type(e).__name__}: {e}", _as_text(raw)
             continue
         tags = verdict_tags(raw)
         rec.w, rec.a, rec.u = v.w, v.a, v.u
@@ -125,6 +134,18 @@ def judge_one(judge: Any, item: JudgeItem, *, round: int, harness_id: str, retri
         return rec
     rec.judge_error = f"after {retries + 1} attempts: {last}"[:2000]
     return rec
+
+
+def _as_text(raw: Any) -> str:
+    """A rejected answer as the judge would read it back."""
+    if raw is None:
+        return ""
+    if isinstance(raw, str):
+        return raw
+    try:
+        return json.dumps(raw, ensure_ascii=False, default=str)
+    except (TypeError, ValueError):
+        return repr(raw)
 
 
 def judge_records(judge: Any, items: Sequence[JudgeItem], *, round: int, harness_id: str, retries: int = 2,
@@ -274,6 +295,7 @@ def judge_items(results: Sequence[Any], store: Any, *, skip: Collection[str] = (
         feedback = {
             "score": r.score, "resolved": r.score >= 1.0, "timed_out": r.timed_out,
             "error_kind": r.error_kind, "error": r.error, "ctrf": trace.get("ctrf", {}), "pool": pool,
+            "verifier": trace.get("verifier") or {},
         }
         items.append(JudgeItem(r.task_id, trace.get("trajectory", {}), feedback, r.score, r.score >= 1.0, r.trace_ref))
     return items

@@ -1,1 +1,2 @@
-"""SSR experience judges: the verdict schema and the judges that fill it (offline; LLM later)."""
+"""SSR experience judges: the verdict schema and the judges that fill it (``offline``, and
+``llm`` with its trajectory condensation in ``condense``)."""
