@@ -133,8 +133,10 @@ async def _ask(run: PopulationView, orch: Any, md: str, state: dict[str, Any], s
     except Exception as e:  # a failing orchestrator call skips this intervention, never the run
         raw = {"error": f"{type(e).__name__}: {e}"}
         usage = AgentUsage(cost_usd=None, error=raw["error"])
+    # An LLM orchestrator names its model (``RoleLLM.model``); rule-based ones have none.
+    model = getattr(getattr(orch, "llm", None), "model", None)
     run.ctx.agent_calls.record("orchestrator", usage.with_seconds(time.monotonic() - t0), call_id=call_id,
-                               agent=_agent_name(orch), island=island, round=round)
+                               agent=_agent_name(orch), model=model, island=island, round=round)
     return raw, usage.error
 
 

@@ -142,3 +142,23 @@ def test_bad_settings_and_a_state_without_its_keys_are_refused_by_name():
     md, state = population()
     with pytest.raises(ValueError, match=r"state lacks \['pool'\]"):
         LLMOrchestrator({"model": "openai/x"}).messages(md, {k: v for k, v in state.items() if k != "pool"})
+
+
+def test_concurrent_decisions_share_one_chat_model_and_keep_their_own_answers(key_env):
+    """Each call's answer comes from its own conversation (the server answers by the
+    stalled island it reads), and the chat model is built once."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    md, state = population()
+
+    def answer(body):
+        j = int(re.search(r"Island (\d+) has stalled", body["messages"][0]["content"]).group(1))
+        return reply(json.dumps({**VALID, "diagnosis": f"island {j}"}))
+
+    with ScriptedOpenAIServer(answer) as srv:
+        orch = orchestrator(srv.url)
+        with ThreadPoolExecutor(4) as pool:
+            outs = list(pool.map(lambda j: orch.decide(md, {**state, "trigger": j}, seed=j), [0, 1, 0, 1]))
+        model = orch._chat_model()
+    assert [o.output["diagnosis"] for o in outs] == ["island 0", "island 1", "island 0", "island 1"]
+    assert len(srv.requests) == 4 and orch._chat_model() is model

@@ -118,7 +118,7 @@ def test_an_invalid_answer_is_reasked_once_and_the_corrected_decision_is_applied
     calls = view.calls()
     assert [(c["role"], c["call_id"]) for c in calls] == [("orchestrator", f"decide:{DID}"),
                                                            ("orchestrator", f"decide:{DID}:reask")]
-    assert all(c["output_tokens"] == 20 and c["agent"] == "replying" for c in calls)
+    assert all(c["output_tokens"] == 20 and c["agent"] == "replying" and c["model"] is None for c in calls)
     odir = tmp_path / "orchestrator" / DID
     assert json.loads((odir / "decision.json").read_text()) == UNKNOWN_ISLAND
     assert json.loads((odir / "decision.reask.json").read_text()) == VALID
@@ -195,5 +195,5 @@ def test_the_llm_orchestrator_is_reasked_through_the_loop(tmp_path, monkeypatch)
     assert (again[2]["role"], again[2]["content"]) == ("assistant", "Reassign island 1 to bold.")
     assert "must be a JSON object" in again[3]["content"]
     assert view.state.assignment[TRIGGER] == "bold"
-    assert [(c["call_id"], c["input_tokens"], c["output_tokens"]) for c in view.calls()] == [
-        (f"decide:{DID}", 900, 9), (f"decide:{DID}:reask", 950, 40)]
+    assert [(c["call_id"], c["model"], c["input_tokens"], c["output_tokens"]) for c in view.calls()] == [
+        (f"decide:{DID}", "openai/scripted", 900, 9), (f"decide:{DID}:reask", "openai/scripted", 950, 40)]
