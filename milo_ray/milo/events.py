@@ -246,7 +246,10 @@ class Decision(MiloEvent):
 
 @dataclass(frozen=True)
 class DecisionInvalid(MiloEvent):
-    """An orchestrator answer the schema refused (or a failed call): the intervention is skipped."""
+    """An orchestrator answer the loop could not execute, after its one re-ask (or a
+    failed call): the intervention is skipped. ``error``/``raw``: the last answer and why
+    it was refused; ``first_error``/``first_raw``: the first answer when the orchestrator
+    was re-asked (None otherwise, and in events stored before re-asks existed)."""
 
     kind: ClassVar[str] = "milo.decision_invalid"
     decision_id: str
@@ -254,15 +257,19 @@ class DecisionInvalid(MiloEvent):
     round: int
     error: str
     raw: Any = None
+    first_error: str | None = None
+    first_raw: Any = None
 
     def to_payload(self) -> dict[str, Any]:
         return {"decision_id": self.decision_id, "trigger": self.trigger, "round": self.round, "error": self.error,
-                "raw": copy.deepcopy(self.raw)}
+                "raw": copy.deepcopy(self.raw), "first_error": self.first_error,
+                "first_raw": copy.deepcopy(self.first_raw)}
 
     @classmethod
     def from_payload(cls, p: Mapping[str, Any]) -> "DecisionInvalid":
+        first = p.get("first_error")
         return cls(str(p["decision_id"]), int(p["trigger"]), int(p["round"]), str(p["error"]),
-                   copy.deepcopy(p.get("raw")))
+                   copy.deepcopy(p.get("raw")), None if first is None else str(first), copy.deepcopy(p.get("first_raw")))
 
 
 @dataclass(frozen=True)

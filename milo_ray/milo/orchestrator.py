@@ -1,5 +1,6 @@
 """Driving MILO's orchestrator (papers/000 §4.1.3, Eq. 5–6): build what it sees,
-ask it for a decision, validate it, and carry the moves out.
+ask it for a decision, validate it (re-asking once with the reason when it cannot be
+executed), and carry the moves out.
 
 Owns :func:`intervene` (one stall -> diagnosis -> ≤ ``max_moves`` moves) and
 :func:`apply_decision`. The orchestrator agent (offline rules or an LLM, behind the
@@ -7,7 +8,7 @@ Owns :func:`intervene` (one stall -> diagnosis -> ≤ ``max_moves`` moves) and
 decision mechanically, except Graft, whose child faces normal admission. Each
 diagnosis, move and completion is an ``events`` row, so an intervention interrupted
 by a crash is completed on resume from its stored decision. Every orchestrator call
-(decide, graft) is recorded in the run's agent ledger as role ``orchestrator``.
+(decide, its re-ask, graft) is recorded in the run's agent ledger as role ``orchestrator``.
 """
 
 from __future__ import annotations
@@ -79,7 +80,12 @@ def build_inputs(run: PopulationView, trigger: int | None) -> tuple[str, dict[st
 
 
 async def intervene(run: PopulationView, j: int) -> None:
-    """Island j stalled (stall_j >= P): diagnose and apply at most ``max_moves`` moves."""
+    """Island j stalled (stall_j >= P): diagnose and apply at most ``max_moves`` moves.
+
+    An answer the loop cannot execute is re-asked exactly once (call ``decide:<id>:reask``,
+    answer in ``decision.reask.json``); a second refusal is a ``DecisionInvalid`` carrying
+    both errors, and the intervention is skipped. Resume re-runs an intervention only
+    when neither a ``Decision`` nor a ``DecisionInvalid`` was stored for it."""
     r = run.state.rounds_done(j)
     did = f"d{j}-{r}"
     md, state = build_inputs(run, j)
@@ -88,6 +94,38 @@ async def intervene(run: PopulationView, j: int) -> None:
     (odir / "snapshot.md").write_text(md)
     seed = derive_seed(run.ctx.seed, "orchestrate", j, r)
     orch = run.orchestrator()
+    owners = {s["island"]: [n["node_id"] for n in s["nodes"]] + [n["harness_id"] for n in s["nodes"]]
+              for s in state["islands"]}
+    raw, error = await _ask(run, orch, md, state, seed, call_id=f"decide:{did}", island=j, round=r)
+    (odir / "decision.json").write_text(dumps(raw))
+    d = _validated(run, raw, error, owners)
+    if isinstance(d, str):
+        # One re-ask (App. C.2: an under-specified move is skipped, but a model often
+        # fixes a named mistake at once): the same inputs plus its answer and the reason
+        # it cannot be executed. A failed call left no answer to correct: it is simply
+        # asked again. A spent orchestrator budget allows no second call.
+        first_raw, first_error = raw, d
+        refused = run.role_refused("orchestrator")
+        if refused is not None:
+            run.emit(DecisionInvalid(did, j, r, f"{d} (not re-asked: orchestrator budget: {refused})", raw),
+                     island=j, round=r)
+            return
+        reask = state if error is not None else {**state, "reask": {"error": first_error, "previous": first_raw}}
+        raw, error = await _ask(run, orch, md, reask, seed, call_id=f"decide:{did}:reask", island=j, round=r)
+        (odir / "decision.reask.json").write_text(dumps(raw))
+        d = _validated(run, raw, error, owners)
+        if isinstance(d, str):
+            run.emit(DecisionInvalid(did, j, r, d, raw, first_error=first_error, first_raw=first_raw),
+                     island=j, round=r)
+            return
+    run.emit(Decision(did, j, r, d), island=j, round=r)
+    await apply_decision(run, did)
+
+
+async def _ask(run: PopulationView, orch: Any, md: str, state: dict[str, Any], seed: int, *, call_id: str,
+               island: int, round: int) -> tuple[Any, str | None]:
+    """One decide call, recorded in the agent ledger: its raw answer and, when the call
+    itself failed, why."""
     t0 = time.monotonic()
     try:
         reply = await asyncio.wait_for(asyncio.to_thread(orch.decide, md, state, seed), timeout=run.cfg.mutation_time_cap_s)
@@ -95,20 +133,23 @@ async def intervene(run: PopulationView, j: int) -> None:
     except Exception as e:  # a failing orchestrator call skips this intervention, never the run
         raw = {"error": f"{type(e).__name__}: {e}"}
         usage = AgentUsage(cost_usd=None, error=raw["error"])
-    run.ctx.agent_calls.record("orchestrator", usage.with_seconds(time.monotonic() - t0), call_id=f"decide:{did}",
-                               agent=_agent_name(orch), island=j, round=r)
-    (odir / "decision.json").write_text(dumps(raw))
-    owners = {s["island"]: [n["node_id"] for n in s["nodes"]] + [n["harness_id"] for n in s["nodes"]]
-              for s in state["islands"]}
+    # An LLM orchestrator names its model (``RoleLLM.model``); rule-based ones have none.
+    model = getattr(getattr(orch, "llm", None), "model", None)
+    run.ctx.agent_calls.record("orchestrator", usage.with_seconds(time.monotonic() - t0), call_id=call_id,
+                               agent=_agent_name(orch), model=model, island=island, round=round)
+    return raw, usage.error
+
+
+def _validated(run: PopulationView, raw: Any, call_error: str | None,
+               owners: dict[int, list[str]]) -> dict[str, Any] | str:
+    """The normalized decision, or why it cannot be executed (a failed call's own error
+    says more than the schema's complaint about ``{"error": ...}``)."""
     try:
-        d = validate_decision(raw, islands=run.state.islands.keys(), mutators=run.pool_names,
-                              max_moves=run.cfg.max_moves, harnesses=owners, tasks=run.state.task_pool,
-                              assignment=run.state.assignment)
+        return validate_decision(raw, islands=run.state.islands.keys(), mutators=run.pool_names,
+                                 max_moves=run.cfg.max_moves, harnesses=owners, tasks=run.state.task_pool,
+                                 assignment=run.state.assignment)
     except DecisionError as e:
-        run.emit(DecisionInvalid(did, j, r, str(e), raw), island=j, round=r)
-        return
-    run.emit(Decision(did, j, r, d), island=j, round=r)
-    await apply_decision(run, did)
+        return str(e) if call_error is None else f"the orchestrator call failed: {call_error}"
 
 
 def moves_of(d: dict[str, Any]) -> list[tuple[str, Any]]:
