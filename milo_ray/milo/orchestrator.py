@@ -268,7 +268,7 @@ async def _graft_child(run: PopulationView, did: str, i: int, m: dict[str, Any],
     )
     return await run_mutation_async(run.orchestrator_spec(), req, time_cap_s=run.cfg.mutation_time_cap_s,
                                     validation=run.validation, call="graft", num_cpus=run.cfg.mutation_num_cpus,
-                                    scope=run.ctx.session)
+                                    scope=run.ctx.session, env=run.ctx.agent_env)
 
 
 async def curriculum(run: PopulationView, did: str, tasks: list[str], r: int) -> None:
