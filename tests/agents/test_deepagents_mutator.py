@@ -38,14 +38,15 @@ def spec(srv: ScriptedOpenAIServer, **kw: Any) -> dict[str, Any]:
                                         "max_retries": 0}, "time_cap_s": 60.0, **kw}
 
 
-def make_request(root: Path, *, memory: str = "", context: dict[str, Any] | None = None) -> MutationRequest:
+def make_request(root: Path, *, memory: str = "", context: dict[str, Any] | None = None,
+                 task: str = "t1") -> MutationRequest:
     """A parent (the minimal seed) with a small evidence directory of one failed task."""
     parent = load_seeds(["minimal"])[0]
     pdir = parent.write_to(root / "nodes" / "parent")
     ev = root / "evidence"
-    (ev / "traces" / "t1").mkdir(parents=True)
-    (ev / "report.md").write_text("# Evidence\n\n| task | passed |\n|---|---|\n| t1 | no |\n")
-    (ev / "traces" / "t1" / "trajectory.json").write_text(json.dumps({"steps": [{"role": "user", "content": "go"}]}))
+    (ev / "traces" / task).mkdir(parents=True)
+    (ev / "report.md").write_text(f"# Evidence\n\n| task | passed |\n|---|---|\n| {task} | no |\n")
+    (ev / "traces" / task / "trajectory.json").write_text(json.dumps({"steps": [{"role": "user", "content": "go"}]}))
     return MutationRequest(parent=parent, parent_dir=pdir, evidence_dir=ev, memory_markdown=memory,
                            workdir=root / "work", seed=11, context=context or {})
 
@@ -192,3 +193,32 @@ def test_the_constructor_checks_its_fields_without_calling_the_model():
         DeepAgentsMutator(llm, time_cap_s=0)
     with pytest.raises(ValueError, match="llm.model"):
         DeepAgentsMutator({"api_base": "http://127.0.0.1:9"})
+
+
+def test_one_instance_serves_concurrent_mutations_each_with_its_own_usage(tmp_path):
+    from milo_ray.search.mutation import run_mutations
+
+    reqs = [make_request(tmp_path / f"r{i}", task=f"t{i}") for i in range(2)]
+    with ScriptedOpenAIServer(sa.mutator_policy) as srv:
+        outs = run_mutations(spec(srv), reqs, time_cap_s=120, validation=NO_VALIDATION, max_concurrent=2,
+                             use_ray=False)
+    assert all(o.ok for o in outs), [o.reason for o in outs]
+    assert [(o.usage.input_tokens, o.usage.output_tokens) for o in outs] == [(2300, 480)] * 2
+    # Each call answered its own conversation (the evidence listing differs).
+    assert outs[0].child.harness_id != outs[1].child.harness_id
+
+
+def test_a_failing_endpoint_is_an_error_with_usage_never_an_exception(tmp_path):
+    req = make_request(tmp_path)
+    with ScriptedOpenAIServer([Reply(status=500)]) as srv:
+        out = DeepAgentsMutator(spec(srv)["llm"]).mutate(req)
+    assert out.child is None and out.error.startswith("model call failed: "), out.error
+    assert out.usage.error == out.error and len(srv.requests) == 1  # max_retries=0
+
+
+def test_the_step_limit_stops_the_agent_with_an_error_naming_it(tmp_path):
+    req = make_request(tmp_path)
+    with ScriptedOpenAIServer(sa.mutator_policy) as srv:
+        out = DeepAgentsMutator(spec(srv)["llm"], recursion_limit=3).mutate(req)
+    assert out.child is None and out.error == "stopped at the step limit (recursion_limit=3 graph steps)"
+    assert out.usage.input_tokens == sa.READ_TOKENS[0]
