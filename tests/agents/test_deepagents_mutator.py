@@ -168,16 +168,24 @@ def test_lineage_nodes_named_by_the_snapshot_are_readable_at_their_host_paths(tm
     node = tmp_path / "run" / "nodes" / "n1"
     node.mkdir(parents=True)
     (node / "harness.py").write_text("# node n1: the sibling that passed t1\n")
-    req = make_request(tmp_path, memory=f"- n1 (admitted, pass 0.5): {node}/harness.py\n")
+    # A trajectory may quote any host path; only lineage node directories are mounted.
+    other = tmp_path / "elsewhere"
+    other.mkdir()
+    (other / "notes.txt").write_text("not for the agent\n")
+    reads = [str(node / "harness.py"), str(other / "notes.txt")]
+    req = make_request(tmp_path, memory=f"- n1 (admitted, pass 0.5): {reads[0]}\n- it ran cat {reads[1]}\n")
 
     def policy(body: dict[str, Any]) -> Reply:
-        if not sa.tool_results(body):
-            return tool_call("read_file", {"file_path": str(node / "harness.py")}, call_id="call_node")
-        return reply("read it")
+        done = len(sa.tool_results(body))
+        if done < len(reads):
+            return tool_call("read_file", {"file_path": reads[done]}, call_id=f"call_{done}")
+        return reply("read them")
 
     with ScriptedOpenAIServer(policy) as srv:
         out = DeepAgentsMutator(spec(srv)["llm"]).mutate(req)
-    assert "the sibling that passed t1" in tool_texts(srv)[0]
+    node_read, other_read = tool_texts(srv)
+    assert "the sibling that passed t1" in node_read
+    assert "not for the agent" not in other_read and "file_not_found" in other_read
     assert out.error == f"no child: nothing was written to {OUTPUT}"
 
 
