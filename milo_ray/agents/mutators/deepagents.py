@@ -54,11 +54,10 @@ from deepagents.backends.protocol import (
 from deepagents.backends.sandbox import BaseSandbox
 from langchain_core.callbacks import BaseCallbackHandler
 
-from milo_ray.agents.mutators.workspace import OUT, Workspace, collect, prepare, template_for
+from milo_ray.agents.mutators.workspace import OUT, collect, prepare, template_for
 from milo_ray.agents.protocols import MutationRequest, MutationResult
 from milo_ray.agents.role_llm import RoleLLM, chat_model, recorder, total_usage
 from milo_ray.execution.sandbox.bwrap import BwrapSandbox, BwrapSandboxFactory
-from milo_ray.harness.model import ENTRY_FILE
 
 log = logging.getLogger(__name__)
 
@@ -68,8 +67,6 @@ TRANSCRIPT_SUFFIX = ".transcript.json"
 # Per-command limit of the agent's shell: a mutation's commands are reads, greps and an
 # import check, never long jobs; the mutator's own cap bounds the whole run anyway.
 DEFAULT_SANDBOX = {"command_timeout_s": 300.0}
-# Files whose directory makes a path a lineage node worth mounting (see _readable_dirs).
-_NODE_FILES = (ENTRY_FILE, "diff.patch")
 
 
 class DeepAgentsMutator:
@@ -144,7 +141,7 @@ class DeepAgentsMutator:
             try:
                 ws = prepare(request, scratch / "workspace", agent_root=AGENT_ROOT)
                 prompt = render_from(template, ws.values())
-                factory = _LineageSandboxFactory(_readable_dirs(ws), **self.sandbox_kwargs)
+                factory = _LineageSandboxFactory(ws.external_dirs(), **self.sandbox_kwargs)
                 spec = SandboxSpec(task_id=f"mutation-{request.seed}", workdir=AGENT_ROOT, allow_internet=False)
                 sandbox = factory.open(spec, scratch)
                 agent = self._agent(sandbox)
@@ -297,33 +294,6 @@ class _LineageSandbox(BwrapSandbox):
         at = argv.index("--remount-ro")
         extra = [a for d in self._factory.readable for a in ("--ro-bind", d, d)]
         return argv[:at] + extra + argv[at:]
-
-
-def _readable_dirs(ws: Workspace) -> list[str]:
-    """The snapshot's host directories the agent may read: lineage nodes only (a
-    directory holding a ``harness.py`` or ``diff.patch``, or one above such nodes). A
-    snapshot can quote any path a trajectory mentioned (``/root/.ssh`` ...); those are
-    not mounted."""
-    out = []
-    for d in ws.external_dirs():
-        p = Path(d)
-        if d == "/" or not any((p / f).is_file() for f in _NODE_FILES) and not _holds_nodes(p):
-            log.info("mutator: not mounting %s for the agent (not a lineage node directory)", d)
-            continue
-        out.append(d)
-    return out
-
-
-def _holds_nodes(p: Path, depth: int = 3) -> bool:
-    """Whether lineage node files lie at most ``depth`` levels below ``p``."""
-    try:
-        for f in _NODE_FILES:
-            for level in range(1, depth + 1):
-                if any(p.glob("/".join(["*"] * level) + "/" + f)):
-                    return True
-    except OSError:
-        return False
-    return False
 
 
 # --------------------------------------------------------------------------- helpers

@@ -35,6 +35,8 @@ from milo_ray.agents.protocols import MutationRequest
 from milo_ray.harness.model import ENTRY_FILE, Harness
 
 OUT = "out"
+# The files of a lineage node a snapshot points the agent to.
+NODE_FILES = (ENTRY_FILE, "diff.patch")
 # Absolute paths in a snapshot: a slash-led run of path characters.
 _ABS_PATH = re.compile(r"(?<![\w./-])(/[\w.+-]+(?:/[\w.+-]+)+)")
 # How many evidence files the instructions list by name (the rest: "and N more").
@@ -74,17 +76,19 @@ class Workspace:
         return str(Path(self.agent_root) / rel) if str(rel) != "." else self.agent_root
 
     def external_dirs(self) -> list[str]:
-        """Host directories the snapshot names outside the workspace (other lineage
-        nodes' files), which a sandboxed agent must be able to read: the directory of
-        every existing path, outermost first, nested ones dropped."""
+        """Host directories of the lineage nodes the snapshot names outside the
+        workspace, which a sandboxed agent must be able to read: the directory of every
+        existing ``harness.py`` / ``diff.patch`` it names, outermost first, nested ones
+        dropped. Other paths are never exposed: a snapshot may quote any host path a
+        trajectory mentioned (``/root/.ssh``...)."""
         text = (self.root / "memory.md").read_text(encoding="utf-8") if (self.root / "memory.md").exists() else ""
         dirs: set[str] = set()
-        root = str(self.root.resolve())
+        root = str(self.root.resolve()) + os.sep
         for m in _ABS_PATH.finditer(text):
             p = Path(m.group(1))
-            if not p.exists() or str(p.resolve()).startswith(root):
+            if p.name not in NODE_FILES or not p.is_file() or str(p.resolve()).startswith(root):
                 continue
-            dirs.add(str((p if p.is_dir() else p.parent).resolve()))
+            dirs.add(str(p.resolve().parent))
         kept: list[str] = []
         for d in sorted(dirs, key=len):
             if not any(d == k or d.startswith(k + os.sep) for k in kept):
