@@ -37,6 +37,7 @@ from milo_ray.milo.lineage import LineageNode
 from milo_ray.milo.mutator_pool import MutatorPool, MutatorPoolActor
 from milo_ray.milo.records import build_node, record_node, write_missing_rows
 from milo_ray.milo.state import MiloState
+from milo_ray.search.agent_calls import spec_model
 from milo_ray.search.mutation import MutationOutcome, ValidationOptions
 from milo_ray.search.seeds import derive_seed
 
@@ -85,6 +86,7 @@ class MiloRun:
         specs = list(agents.get("mutators") or [])[: cfg.pool_size]
         self.pool_plain = MutatorPool(specs, time_cap_s=cfg.mutation_time_cap_s, max_concurrent=cfg.mutator_concurrency)
         self.pool_names: list[str] = list(self.pool_plain.names)
+        self.mutator_models = {n: spec_model(self.pool_plain.spec(n)) for n in self.pool_names}
         tasks_all = [t for split in self.bench.splits().values() for t in split]
         self.forbidden = tuple(sorted({t.task_id for t in tasks_all} | {t.instruction for t in tasks_all if t.instruction}))
         self.validation = ValidationOptions(self.forbidden, float(cfg.validate_timeout_s))
@@ -261,7 +263,8 @@ class MiloRun:
         t0 = time.monotonic()
         res: MutationOutcome = await self.pool.mutate.remote(mutator, req)
         self.ctx.agent_calls.record("mutator", res.usage.with_seconds(time.monotonic() - t0),
-                                    call_id=f"mutate:i{j}:r{r}", agent=mutator, island=j, round=r)
+                                    call_id=f"mutate:i{j}:r{r}", agent=mutator, model=self.mutator_models.get(mutator),
+                                    island=j, round=r)
         return await admit_child(self, j, r, node_id=node_id, parent=parent, res=res, origin="mutation",
                                  mutator=mutator)
 

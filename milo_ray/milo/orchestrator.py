@@ -31,6 +31,7 @@ from milo_ray.milo.events import (CurriculumChanged, Decision, DecisionInvalid, 
 from milo_ray.milo.lineage import LineageNode
 from milo_ray.milo.render import render_population
 from milo_ray.milo.view import PopulationView
+from milo_ray.search.agent_calls import spec_model
 from milo_ray.search.mutation import MutationOutcome, run_mutation_async
 from milo_ray.search.seeds import derive_seed
 
@@ -239,8 +240,8 @@ async def graft(run: PopulationView, did: str, i: int, m: dict[str, Any]) -> Non
         t0 = time.monotonic()
         res = await _graft_child(run, did, i, m, a, b)
         run.ctx.agent_calls.record("orchestrator", res.usage.with_seconds(time.monotonic() - t0),
-                                   call_id=f"graft:{did}:{i}", agent=_agent_name(run.orchestrator()), island=dst,
-                                   round=r)
+                                   call_id=f"graft:{did}:{i}", agent=_agent_name(run.orchestrator()),
+                                   model=spec_model(run.orchestrator_spec()), island=dst, round=r)
         child = await admit_child(run, dst, r, node_id=node_id, parent=a, res=res, origin="graft",
                                   mutator="orchestrator", co_parent=b.node_id,
                                   co_parent_label={"accuracy": b.accuracy, "costs": dict(b.costs or {}),

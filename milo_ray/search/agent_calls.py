@@ -190,3 +190,13 @@ class AgentCallLog:
         """Spend per role (roles with at least one call), for summaries and manifests."""
         with self._lock:
             return {r: self._spend[r].as_dict() for r in ROLES if self._spend.get(r) and self._spend[r].calls}
+
+
+def spec_model(spec: Any) -> str | None:
+    """The model an agent spec talks to, for its ``agent_calls`` rows: its ``llm.model``
+    (LLM agents), else its ``model`` (a CLI agent's), else None (offline agents)."""
+    if not isinstance(spec, Mapping):
+        return None
+    llm = spec.get("llm")
+    model = llm.get("model") if isinstance(llm, Mapping) else spec.get("model")
+    return None if model is None else str(model)

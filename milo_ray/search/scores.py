@@ -24,9 +24,9 @@ class HarnessScore:
     k: int
     pass_at_k: float
     pr_at_k: float
-    pr_ci: tuple[float, float]
+    pr_ci: tuple[float, float] | None  # None: fewer than 2 tasks, no interval
     rr_at_k: float
-    rr_ci: tuple[float, float]
+    rr_ci: tuple[float, float] | None
     mean_output_tokens: float
     mean_seconds: float
     timeouts: int
@@ -52,8 +52,10 @@ def summarize(name: str, harness: Harness, results: Sequence[RolloutResult], tas
               *, true_score: float | None = None) -> HarnessScore:
     S = score_matrix(results, task_ids, k)
     resolved = (S >= 1.0).astype(float)
-    _, pr_lo, pr_hi = clustered_ci(S)
-    _, rr_lo, rr_hi = clustered_ci(resolved)
+    # One task has no spread to estimate an interval from: no interval, not a crash at
+    # the end of a run that evaluated a one-task split.
+    pr_ci = _interval(S)
+    rr_ci = _interval(resolved)
     n = max(len(results), 1)
     return HarnessScore(
         name=name,
@@ -62,15 +64,26 @@ def summarize(name: str, harness: Harness, results: Sequence[RolloutResult], tas
         k=k,
         pass_at_k=float(pass_at_k(S)),
         pr_at_k=float(pr_at_k(S)),
-        pr_ci=(float(pr_lo), float(pr_hi)),
+        pr_ci=pr_ci,
         rr_at_k=float(rr_at_k(S)),
-        rr_ci=(float(rr_lo), float(rr_hi)),
+        rr_ci=rr_ci,
         mean_output_tokens=sum(r.output_tokens for r in results) / n,
         mean_seconds=sum(r.latency_s for r in results) / n,
         timeouts=sum(r.timed_out for r in results),
         errors=sum(r.error_kind is not None for r in results),
         true_score=true_score,
     )
+
+
+def _interval(S: np.ndarray) -> tuple[float, float] | None:
+    if S.shape[0] < 2:
+        return None
+    _, lo, hi = clustered_ci(S)
+    return float(lo), float(hi)
+
+
+def _with_ci(value: float, ci: tuple[float, float] | None) -> str:
+    return f"{value:.3f} [{ci[0]:.3f}, {ci[1]:.3f}]" if ci is not None else f"{value:.3f} (1 task: no CI)"
 
 
 def print_scores(title: str, rows: Sequence[HarnessScore]) -> None:
@@ -85,8 +98,7 @@ def print_scores(title: str, rows: Sequence[HarnessScore]) -> None:
     for r in rows:
         table.add_row(
             r.name, r.harness_id[:10], f"{r.pass_at_k:.3f}",
-            f"{r.pr_at_k:.3f} [{r.pr_ci[0]:.3f}, {r.pr_ci[1]:.3f}]",
-            f"{r.rr_at_k:.3f} [{r.rr_ci[0]:.3f}, {r.rr_ci[1]:.3f}]",
+            _with_ci(r.pr_at_k, r.pr_ci), _with_ci(r.rr_at_k, r.rr_ci),
             f"{r.mean_output_tokens:,.0f}", f"{r.mean_seconds:,.1f}", str(r.timeouts), str(r.errors),
             "-" if r.true_score is None else f"{r.true_score:.3f}",
         )

@@ -20,6 +20,7 @@ import numpy as np
 
 from milo_ray.agents.protocols import MutationRequest
 from milo_ray.harness.model import Harness
+from milo_ray.search.agent_calls import spec_model
 from milo_ray.search.seeds import derive_seed
 from milo_ray.ssr import evidence as ev
 from milo_ray.ssr.candidates import CandidateJob, generate_candidates
@@ -115,7 +116,8 @@ class ChildMaker:
                                            env=self.env)
             for (i, d), o in zip(missing, outcomes):
                 self.calls.record("optimizer", o.usage, call_id=optimize_call_id(rnd, i, d),
-                                  agent=self.optimizer_name, candidate=i, round=rnd)
+                                  agent=self.optimizer_name, model=spec_model(self.optimizer_spec), candidate=i,
+                                  round=rnd)
                 child = o.child
                 self.emit(CandidateDrawn(
                     rnd, parent.harness_id, o.index, d, o.scale, o.seed,

@@ -52,11 +52,12 @@ def judge_round(*, judge: Any, embedder: Any, results: Sequence[Any], recorded: 
     ``recorded`` is the round's record so far, ``emit`` stores (and projects) an event."""
     done = {t: from_event(j) for t, j in recorded.judged.items()}
     judge_label = agent_name(judge)
+    judge_model = getattr(getattr(judge, "llm", None), "model", None)  # an LLM judge's model; offline: None
 
     def keep(rec: ev.ExperienceRecord) -> None:
         for k, usage in enumerate(rec.usage):
             calls.record("judge", usage, call_id=judge_call_id(rnd, parent_id, rec.task_id, k), agent=judge_label,
-                         round=rnd)
+                         model=judge_model, round=rnd)
         emit(to_event(rec))
 
     items = ev.judge_items(results, store, skip=done)

@@ -94,9 +94,11 @@ class _SSRRun:
         self.judge = build_agent(agents["judge"])
         self.embedder = build_agent(agents["embedder"])
         optimizer_spec = agents["optimizer"]
+        # Its spec's ``name`` when given (as mutators are named), else its class.
         self.optimizer_name = optimizer_name = str(
             getattr(optimizer_spec, "name", None)
-            or (optimizer_spec.get("_target_", "") if isinstance(optimizer_spec, dict) else "")).rsplit(".", 1)[-1]
+            or (optimizer_spec.get("name") or optimizer_spec.get("_target_", "") if isinstance(optimizer_spec, dict)
+                else "")).rsplit(".", 1)[-1]
         self.train = self.bench.tasks(cfg.train_split)
         self.val = self.bench.tasks(cfg.val_split)
         if not self.train:

@@ -78,10 +78,12 @@ def _assert_spend_reconciles(run_dir: Path, srv: ScriptedOpenAIServer, roles: li
     for role in roles:
         assert billed.get(MODELS[role]), f"the server never answered the {role}"
         assert spent.get(role) == billed[MODELS[role]], (role, spent.get(role), billed[MODELS[role]])
-    # Every priced role's USD is its tokens at the configured price.
+    # Every search role's row names its model, and its USD is its tokens at the configured price.
     for c in _rows(run_dir, "agent_calls"):
-        if c["role"] in ("mutator", "orchestrator", "judge", "optimizer") and c["error"] is None:
-            assert c["cost_usd"] == pytest.approx((c["input_tokens"] + c["output_tokens"]) * PRICE / 1e6)
+        if c["role"] in ("mutator", "orchestrator", "judge", "optimizer"):
+            assert c["model"] == f"openai/{MODELS[c['role']]}", c
+            if c["error"] is None:
+                assert c["cost_usd"] == pytest.approx((c["input_tokens"] + c["output_tokens"]) * PRICE / 1e6)
 
 
 def test_milo_runs_with_every_role_real_and_a_usd_cap_stops_the_mutators(tmp_path):

@@ -94,3 +94,15 @@ def test_recorder_writes_each_key_once_and_remembers_across_resume():
 def test_final_test_refuses_zero_rollouts_per_task():
     with pytest.raises(ValueError, match="k=0"):
         FinalTest(Sched(), Bench(), split="test", k=0, seed=0, method="m")
+
+
+def test_a_one_task_split_is_scored_without_an_interval_not_a_crash(capsys):
+    from milo_ray.search.scores import print_scores, summarize
+
+    one = summarize("a", A, [RolloutResult(A.harness_id, "t0", i, s) for i, s in enumerate((1.0, 0.5))], ["t0"], 2)
+    assert (one.pr_at_k, one.pr_ci, one.rr_ci) == (0.75, None, None)
+    two = summarize("a", A, [RolloutResult(A.harness_id, t, 0, s) for t, s in (("t0", 1.0), ("t1", 0.0))],
+                    ["t0", "t1"], 1)
+    assert two.pr_ci is not None and two.pr_ci[0] <= 0.5 <= two.pr_ci[1]
+    print_scores("test", [one, two])
+    assert "1 task: no CI" in capsys.readouterr().out

@@ -213,5 +213,5 @@ def _fitness_line(ctx: dict[str, Any]) -> str:
     if acc is None and not costs:
         return "(not given)"
     parts = [] if acc is None else [f"pass rate {float(acc):.3f}"]
-    parts += [f"{k} {v}" for k, v in sorted(dict(costs).items())]
+    parts += [f"{k} {float(v):.4g}" if isinstance(v, (int, float)) else f"{k} {v}" for k, v in sorted(dict(costs).items())]
     return ", ".join(parts)
