@@ -158,6 +158,26 @@ MUTATIONS: tuple[Mutation, ...] = (
         ("tests/ssr/test_fast_forward.py",),
         "a resumed SSR run asks its optimizer again for candidates already recorded",
     ),
+    Mutation(
+        "mutator-write-guard-off", "milo_ray/agents/mutators/deepagents.py",
+        "        if p.startswith(self.writable + \"/\"):", "        if True:",
+        ("tests/agents/test_deepagents_mutator.py::test_the_file_tools_refuse_writes_outside_the_output",),
+        "a coding agent's file tools may write anywhere in its workspace, not only the output",
+    ),
+    Mutation(
+        "orchestrator-reask-off", "milo_ray/milo/orchestrator.py",
+        "        raw, error = await _ask(run, orch, md, reask, seed, call_id=f\"decide:{did}:reask\", island=j, round=r)",
+        "        pass",
+        ("tests/milo/test_orchestrator_reask.py::test_an_invalid_answer_is_reasked_once_and_the_corrected_decision_is_applied",),
+        "an orchestrator decision that fails validation is dropped without the one re-ask",
+    ),
+    Mutation(
+        "judge-reask-blind", "milo_ray/ssr/evidence.py",
+        "        feedback = item.feedback if attempt == 0 else {**item.feedback, \"reask\": {\"error\": last, \"previous\": previous}}",
+        "        feedback = item.feedback",
+        ("tests/agents/test_llm_judge.py::test_an_out_of_range_answer_is_reasked_with_the_error_and_the_previous_answer",),
+        "a judge is re-asked without being told what was wrong with its answer",
+    ),
 )
 
 

@@ -36,6 +36,16 @@ BAD = {
     "bad agent field": (["+backend.agents.mutators.0.temperatur=0.5"], "backend.agents.mutators[0].temperatur:",
                         "OfflineMutator"),
     "bad executor field": (["+executor.sandbox=bwrap"], "executor.sandbox:", "SurrogateExecutor"),
+    "search agents without a model": (["backend=litellm"], "backend.agents.mutators[0].llm.model: not set",
+                                      "backend.model="),
+    "search agents without their key": (["backend=litellm", "backend.model=openai/gpt-4o",
+                                         "backend.api_key_env=MILO_RAY_UNSET_KEY_FOR_TESTS"],
+                                        "backend.agents.mutators[0].llm.api_key_env=MILO_RAY_UNSET_KEY_FOR_TESTS",
+                                        "is not set"),
+    "a search model nobody uses": (["backend.model=openai/gpt-4o"], "backend.model=openai/gpt-4o", "backend=litellm"),
+    "bad role model field": (["backend=litellm", "backend.model=openai/gpt-4o", "backend.api_key_env=HOME",
+                              "+backend.agents.judge.llm.temprature=1"], "backend.agents.judge.llm: unknown key",
+                             "temprature"),
 }
 
 

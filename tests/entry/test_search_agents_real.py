@@ -44,13 +44,15 @@ SCRIPT = by_model({"solver": solving_policy, "mutator": mutator_policy, "orchest
                    "judge": judge_policy, "optimizer": mutator_policy})
 
 
-def _run(tmp_path: Path, srv: ScriptedOpenAIServer, *args: str) -> tuple[subprocess.CompletedProcess, Path]:
+def _run(tmp_path: Path, srv: ScriptedOpenAIServer, *args: str, backend: str = "litellm",
+         path_prefix: str = "") -> tuple[subprocess.CompletedProcess, Path]:
     run_dir = tmp_path / "run"
-    env = {**os.environ, "SCRIPTED_KEY": "local", "LITELLM_LOCAL_MODEL_COST_MAP": "True", "HF_HUB_OFFLINE": "1"}
+    env = {**os.environ, "SCRIPTED_KEY": "local", "LITELLM_LOCAL_MODEL_COST_MAP": "True", "HF_HUB_OFFLINE": "1",
+           "PATH": path_prefix + os.environ.get("PATH", "")}
     argv = [sys.executable, "-m", "milo_ray.run", *args,
             "model=litellm", f"model.solver=openai/{MODELS['solver']}", f"model.api_base={srv.url}",
             "model.api_key_env=SCRIPTED_KEY",
-            "backend=litellm", f"backend.model=openai/{MODELS['mutator']}", f"backend.api_base={srv.url}",
+            f"backend={backend}", f"backend.model=openai/{MODELS['mutator']}", f"backend.api_base={srv.url}",
             "backend.api_key_env=SCRIPTED_KEY", f"backend.usd_per_mtok_input={PRICE}",
             f"backend.usd_per_mtok_output={PRICE}", "backend.retry_base_s=0.05",
             f"backend.agents.orchestrator.llm.model=openai/{MODELS['orchestrator']}",
@@ -130,3 +132,42 @@ def test_ssr_runs_with_every_role_real(tmp_path):
     assert any(h["origin"] == "ssr_candidate" and h["validation_error"] is None for h in harnesses), \
         [(h["origin"], h["validation_error"]) for h in harnesses]
     _assert_spend_reconciles(run_dir, srv, ["solver", "judge", "optimizer"])
+
+
+# A stand-in for Claude Code: like the real CLI it gets only the prompt, finds the paths
+# in it, writes the child and prints its JSON result with usage and cost.
+FAKE_CLAUDE = f"""#!{sys.executable}
+import hashlib, json, re, sys
+prompt = sys.argv[sys.argv.index("-p") + 1]
+out = re.search(r"Write the complete child harness to `([^`]+)`", prompt).group(1)
+parent = re.search(r"The parent harness: `([^`]+)`", prompt).group(1)
+tag = hashlib.sha256(prompt.encode()).hexdigest()[:12]
+open(out, "w").write(open(parent).read() + f"\\n# claude's edit {{tag}}\\n")
+print(json.dumps({{"type": "result", "subtype": "success", "is_error": False, "num_turns": 3,
+                  "result": "Added a check before finishing", "total_cost_usd": 0.0421,
+                  "usage": {{"input_tokens": 1200, "cache_creation_input_tokens": 300,
+                            "cache_read_input_tokens": 500, "output_tokens": 250}}}}))
+"""
+
+
+def test_milo_with_a_cli_mutator_records_the_usage_the_cli_reports(tmp_path):
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "claude").write_text(FAKE_CLAUDE)
+    (bin_dir / "claude").chmod(0o755)
+    with ScriptedOpenAIServer(SCRIPT) as srv:
+        proc, run_dir = _run(
+            tmp_path, srv, "method=milo_quick", "method.seeds=[minimal]", "method.num_islands=1", "method.pool_size=1",
+            "method.orchestrator=false", "method.search_size=2", "method.val_size=1", "method.k_search=1",
+            "method.k_val=1", "method.k_test=1", "method.max_rounds=2", "method.round_sync=true",
+            "benchmark.splits={search: 2, val: 1, test: 1}", backend="litellm_mixed", path_prefix=f"{bin_dir}:")
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    mutations = [c for c in _rows(run_dir, "agent_calls") if c["role"] == "mutator"]
+    assert len(mutations) == 2
+    for c in mutations:
+        assert (c["agent"], c["input_tokens"], c["output_tokens"], c["error"]) == ("claude-code", 2000, 250, None)
+        assert c["cost_usd"] == pytest.approx(0.0421)
+    children = [h for h in _rows(run_dir, "harnesses") if h["origin"] == "mutation"]
+    assert len(children) == 2 and all(h["mutator"] == "claude-code" and h["validation_error"] is None
+                                      for h in children)
+    assert "mutator" not in srv.billed_by_model()  # the CLI, not the server, did the mutating
