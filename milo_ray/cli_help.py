@@ -13,7 +13,8 @@ GROUPS = {
     "method": "the search method",
     "benchmark": "tasks, splits, grading data, seed harnesses",
     "executor": "how one harness runs on one task; receives the model (surrogate: simulated, model=offline only)",
-    "backend": "the agents of the search: mutators, orchestrator, judge, optimizer, embedder",
+    "backend": "the agents of the search: mutators, orchestrator, judge, optimizer, embedder "
+               "(litellm: LLM agents on backend.model, each role's llm block overridable)",
     "model": "the solver: id (part of every rollout cache key), litellm string, endpoint, key variable name, prices",
     "execution": "where Ray runs",
 }

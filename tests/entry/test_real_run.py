@@ -1,7 +1,8 @@
 """`python -m milo_ray.run` against a real model endpoint and real tasks, as a user runs
 it: a local OpenAI-compatible server stands in for the provider, Harbor task directories
 for the task set, bubblewrap for the sandbox. Also: no secret from the environment ever
-lands in the run directory."""
+lands in the run directory. (MILO and SSR on real tasks, every search role real too:
+test_search_agents_real.py.)"""
 
 from __future__ import annotations
 
@@ -105,29 +106,3 @@ def test_harness_executor_without_a_model_endpoint_is_refused_in_one_line(tmp_pa
     assert proc.returncode == 2
     assert "model.solver" in proc.stderr and "model=litellm" in proc.stderr
     assert not (tmp_path / "run").exists()
-
-
-@pytest.mark.parametrize("method_args", [
-    ["method=milo_quick", "method.seeds=[minimal,stock,plan_and_solve]", "method.search_size=4", "method.val_size=2",
-     "method.k_search=1", "method.k_val=1", "method.k_test=1", "method.max_rounds=1"],
-    ["+experiment=ssr_swepro", "method.scales=[0.5,1.0]", "method.b_v=[1,1]", "method.b_s=1", "method.b_f=1",
-     "method.rollouts=1", "method.test_rollouts=1", "run.budget.executions=30",
-     "benchmark.splits={train: 4, val: 2, test: 2}"],
-], ids=["milo", "ssr"])
-def test_milo_and_ssr_search_real_tasks_against_a_local_endpoint(tmp_path, method_args):
-    tasks = tmp_path / "tasks"
-    for i in range(8):
-        make_task(tasks, f"answer-{i}")
-    env = {**os.environ, "OPENAI_API_KEY": "local", "LITELLM_LOCAL_MODEL_COST_MAP": "True", "HF_HUB_OFFLINE": "1"}
-    run_dir = tmp_path / "run"
-    with ScriptedOpenAIServer(solving_policy) as srv:
-        proc = _cli(tmp_path, *method_args, "model=litellm", "model.solver=openai/scripted",
-                    f"model.api_base={srv.url}", "model.api_key_env=OPENAI_API_KEY", "benchmark=harbor",
-                    f"benchmark.path={tasks}", f"run.dir={run_dir}", "run.progress=false", "execution.num_cpus=2",
-                    env=env)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert json.loads((run_dir / "manifest.json").read_text())["status"] == "finished"
-    rows = [r for f in sorted((run_dir / "rollouts").glob("*.parquet")) for r in pq.read_table(f).to_pylist()]
-    assert rows and all(r["error_kind"] is None for r in rows)
-    calls = [r for f in sorted((run_dir / "agent_calls").glob("*.parquet")) for r in pq.read_table(f).to_pylist()]
-    assert sum(c["role"] == "solver" for c in calls) >= len(rows)

@@ -114,7 +114,7 @@ def test_milo_runs_with_every_role_real_and_a_usd_cap_stops_the_mutators(tmp_pat
     assert any("budget" in k for k in kinds), sorted(set(kinds))
     rollouts = _rows(run_dir, "rollouts")
     assert any(r["split"] == "test" for r in rollouts)
-    assert all(r["error_kind"] != "infra" for r in rollouts)
+    assert all(r["error_kind"] is None for r in rollouts)
     _assert_spend_reconciles(run_dir, srv, ["solver", "mutator", "orchestrator"])
 
 
@@ -131,6 +131,7 @@ def test_ssr_runs_with_every_role_real(tmp_path):
     harnesses = _rows(run_dir, "harnesses")
     assert any(h["origin"] == "ssr_candidate" and h["validation_error"] is None for h in harnesses), \
         [(h["origin"], h["validation_error"]) for h in harnesses]
+    assert all(r["error_kind"] is None for r in _rows(run_dir, "rollouts"))
     _assert_spend_reconciles(run_dir, srv, ["solver", "judge", "optimizer"])
 
 
