@@ -77,7 +77,9 @@ def mutation_request(run: PopulationView, j: int, r: int, parent: LineageNode, m
         memory_markdown=memory_md, workdir=workdir, seed=derive_seed(run.ctx.seed, "mutate", j, r),
         context={"mode": cfg.mutator_mode, "memory": cfg.memory, "island": j, "round": r,
                  "parent_node": parent.node_id, "parent_accuracy": parent.accuracy, "parent_costs": parent.costs,
-                 "memory_path": str(memory_path)},
+                 "memory_path": str(memory_path),
+                 # What the artifact is: an agent harness (build_agent) or an optimizer program (optimize).
+                 "artifact_entry": getattr(run.ctx.benchmark, "artifact_entry", "build_agent")},
     )
     write_request_record(workdir.parent / f"round-{r}.request.json", req, mutator)
     return req

@@ -63,7 +63,7 @@ def _records() -> list[ev.ExperienceRecord]:
                                 suggestions=["Run the tests before finishing."], insights="Verify first.")]
 
 
-@pytest.mark.parametrize("kind", ["mutate", "graft", "ssr_optimize"])
+@pytest.mark.parametrize("kind", ["mutate", "mutate_optimizer", "graft", "ssr_optimize"])
 def test_coding_agent_instructions_render_from_a_real_snapshot_with_every_placeholder_filled(tmp_path, kind):
     parent = Harness.from_dir(SEED, name="minimal")
     if kind == "ssr_optimize":
@@ -73,6 +73,8 @@ def test_coding_agent_instructions_render_from_a_real_snapshot_with_every_placeh
     else:
         snapshot = _island_snapshot(tmp_path / "run", parent)
         ctx = {"parent_accuracy": 0.5, "parent_costs": {"output_tokens": 1e5}}
+        if kind == "mutate_optimizer":
+            ctx["artifact_entry"] = "optimize"
         if kind == "graft":
             donor = Harness.from_source(parent.source + "# donor\n", name="donor")
             ctx.update(mode="graft", co_parent_source=donor.source,
@@ -95,7 +97,7 @@ def test_coding_agent_instructions_render_from_a_real_snapshot_with_every_placeh
 
 
 def test_every_template_is_known_and_a_hole_or_a_typo_is_refused():
-    assert {"mutate", "graft", "ssr_optimize", "orchestrator", "judge"} <= set(names())
+    assert {"mutate", "mutate_optimizer", "graft", "ssr_optimize", "orchestrator", "judge"} <= set(names())
     need = sorted(placeholders("mutate"))
     values = {k: "x" for k in need}
     assert "${" not in render("mutate", **values)

@@ -62,7 +62,7 @@ from milo_ray.execution.sandbox.bwrap import BwrapSandbox, BwrapSandboxFactory
 log = logging.getLogger(__name__)
 
 AGENT_ROOT = "/workspace"
-TEMPLATES = ("mutate", "graft", "ssr_optimize")
+TEMPLATES = ("mutate", "mutate_optimizer", "graft", "ssr_optimize")
 TRANSCRIPT_SUFFIX = ".transcript.json"
 # Per-command limit of the agent's shell: a mutation's commands are reads, greps and an
 # import check, never long jobs; the mutator's own cap bounds the whole run anyway.
