@@ -252,17 +252,17 @@ class EinsteinBenchmark(SplitTasks):
         origin: dict[str, str] = {}
         for problem in self.problems:
             if starts is None:
-                entries = [(f"default start {i} of {problem}", s, None) for i, s in enumerate(default_starts(problem))]
+                entries = [(f"default start {i} of {problem}", s) for i, s in enumerate(default_starts(problem))]
             else:
                 entries = []
                 for i, raw in enumerate(starts):
                     spec, only = normalize_spec(raw, f"benchmark.starts[{i}]")
                     if only is None or only == problem:
-                        entries.append((f"benchmark.starts[{i}]", spec, only))
+                        entries.append((f"benchmark.starts[{i}]", spec))
             if not entries:
                 raise ValueError(f"benchmark.starts: no start for problem {problem} (add one without a problem field "
                                  f"or with problem: {problem})")
-            for field, spec, _ in entries:
+            for field, spec in entries:
                 spec = dict(spec)
                 n0 = len(published(problem))
                 if spec["base"] == "alphaevolve":
