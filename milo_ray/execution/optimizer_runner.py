@@ -1,0 +1,206 @@
+"""Runs one optimizer program inside the sandbox (``executor=optimizer``).
+
+This file is copied into the sandbox's workspace and run by the sandbox's interpreter as
+``python optimizer_runner.py harness.py start.npy PROBLEM SEED BUDGET_S GRACE_S``. It
+imports numpy and the standard library only (milo_ray is not visible in the sandbox).
+
+What it does:
+
+* loads ``harness.py`` as a module, replaces its ``publish`` with the runner's and sets
+  ``PROBLEM``, then calls ``optimize(start, seed=SEED, deadline=T0 + BUDGET_S)`` where T0
+  is this process's ``time.monotonic()`` at startup (the program's imports count against
+  its budget);
+* a call to ``publish(values)`` only copies the point and timestamps it (a few tens of
+  microseconds at 65,536 points), so a program may publish on every improvement. A writer
+  thread saves the newest point to ``best.npy`` (atomically: tmp + rename) and appends
+  ``[t, score, publishes]`` to ``trajectory.jsonl``, at most every ``FLUSH_S`` seconds and
+  never spending more than ~1/``_WRITE_BUDGET_FACTOR`` of the time doing so: bounded work
+  however often the program publishes. ``score`` is the FFT score computed here (NaN for
+  an infeasible point); the executor re-scores the final point with the project's kernels;
+* the value ``optimize`` returns is published last (None: keep the last published point);
+* a watchdog thread ends the process at ``deadline + GRACE_S`` after saving the newest
+  point: a program that ignores its deadline still leaves its last published point. (The
+  watchdog, not a SIGTERM handler, does this: a Python signal handler runs only in the
+  main thread between bytecodes, which is exactly what a stuck program does not give it;
+  the watchdog thread needs only the GIL, and the executor's hard kill covers a program
+  that never releases even that.)
+
+``status.json`` says how the run ended: ``returned``, ``timeout`` (the watchdog) or
+``crashed`` (with the error); missing when the process was killed from outside.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import sys
+import threading
+import time
+import traceback
+
+T0 = time.monotonic()
+
+import numpy as np  # noqa: E402  (T0 first: the runner's own imports count as startup)
+
+BEST_FILE = "best.npy"
+TRAJECTORY_FILE = "trajectory.jsonl"
+STATUS_FILE = "status.json"
+# Newest point saved at least this often while the program publishes.
+FLUSH_S = 0.2
+# A flush (score + save) may use at most 1/this of the wall time: at 65,536 points a
+# flush costs a few ms, so the interval stays FLUSH_S; at millions of points it grows.
+_WRITE_BUDGET_FACTOR = 50.0
+# Exit code of a run the watchdog ended (the executor reads status.json, this is for logs).
+WATCHDOG_EXIT = 3
+# Erdős tolerances, as milo_ray.kernels.autocorr enforces them.
+_TOL_BOX = 1e-12
+_TOL_SUM_REL = 1e-9
+
+
+def _conv(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    size = a.shape[0] + b.shape[0] - 1
+    nfft = 1 << (size - 1).bit_length()
+    return np.fft.irfft(np.fft.rfft(a, nfft) * np.fft.rfft(b, nfft), nfft)[:size]
+
+
+def fft_score(problem: str, h: np.ndarray) -> float:
+    """The problem's score by FFT (the formulas of milo_ray.kernels.autocorr), NaN when
+    ``h`` is not a feasible construction."""
+    try:
+        h = np.asarray(h, dtype=np.float64)
+    except (TypeError, ValueError):
+        return float("nan")
+    if h.ndim != 1 or h.size < 2 or not np.all(np.isfinite(h)):
+        return float("nan")
+    n = h.shape[0]
+    if problem == "erdos_minimum_overlap":
+        if h.min() < -_TOL_BOX or h.max() > 1 + _TOL_BOX or abs(float(h.sum()) - n / 2) > _TOL_SUM_REL * n:
+            return float("nan")
+        return float(2 * _conv(h, (1.0 - h)[::-1]).max() / n)
+    if problem == "first_autocorrelation" and h.min() < 0:
+        return float("nan")
+    s = float(h.sum())
+    if s == 0.0:
+        return float("nan")
+    return float(2 * n * abs(_conv(h, h).max()) / (s * s))
+
+
+class Publisher:
+    """Keeps the newest published point; :meth:`flush` saves it (bounded work, see the
+    module docstring). ``publish`` is what the program calls."""
+
+    def __init__(self, problem: str) -> None:
+        self.problem = problem
+        self._lock = threading.Lock()  # guards _latest/_count (publish vs. flush)
+        self._flush_lock = threading.Lock()  # one flush at a time (writer, watchdog, main)
+        self._latest: tuple[float, np.ndarray] | None = None
+        self._count = 0
+        self._written = 0
+        self.interval = FLUSH_S
+
+    def publish(self, values) -> None:
+        """Record an improved point (copied: the program may keep mutating its array)."""
+        h = np.array(values, dtype=np.float64)
+        t = time.monotonic() - T0
+        with self._lock:
+            self._latest = (t, h)
+            self._count += 1
+
+    def flush(self) -> None:
+        with self._flush_lock:
+            with self._lock:
+                latest, count = self._latest, self._count
+            if latest is None or count == self._written:
+                return
+            began = time.monotonic()
+            t, h = latest
+            with open(BEST_FILE + ".tmp", "wb") as fh:
+                np.save(fh, h, allow_pickle=False)
+            os.replace(BEST_FILE + ".tmp", BEST_FILE)
+            with open(TRAJECTORY_FILE, "a") as fh:
+                fh.write(json.dumps([round(t, 6), fft_score(self.problem, h), count]) + "\n")
+            self._written = count
+            self.interval = max(FLUSH_S, _WRITE_BUDGET_FACTOR * (time.monotonic() - began))
+
+    def writer(self, stop: threading.Event) -> None:
+        while not stop.wait(self.interval):
+            self.flush()
+
+
+def _write_status(status: str, error: str | None = None) -> None:
+    with open(STATUS_FILE + ".tmp", "w") as fh:
+        json.dump({"status": status, "error": error, "seconds": round(time.monotonic() - T0, 6)}, fh)
+    os.replace(STATUS_FILE + ".tmp", STATUS_FILE)
+
+
+# Held by whoever ends the run (main after optimize, or the watchdog), so the two never
+# both write status.json.
+_ending = threading.Lock()
+
+
+def _watchdog(publisher: Publisher, at: float, grace_s: float) -> None:
+    delay = at - time.monotonic()
+    if delay > 0:
+        time.sleep(delay)
+    if not _ending.acquire(blocking=False):
+        return  # main is already saving the result
+    publisher.flush()
+    _write_status("timeout", f"still running {grace_s:g} s after its deadline; stopped")
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except Exception:
+            pass
+    os._exit(WATCHDOG_EXIT)
+
+
+def _load(path: str):
+    # The program's sibling files import as from a package directory.
+    sys.path.insert(0, os.path.dirname(os.path.abspath(path)))
+    spec = importlib.util.spec_from_file_location("optimizer_program", path)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"{path} cannot be imported")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def main(argv: list[str]) -> int:
+    program, start_file, problem, seed, budget_s, grace_s = argv
+    budget_s, grace_s = float(budget_s), float(grace_s)
+    deadline = T0 + budget_s
+    publisher = Publisher(problem)
+    threading.Thread(target=_watchdog, args=(publisher, deadline + grace_s, grace_s), daemon=True).start()
+    stop = threading.Event()
+    writer = threading.Thread(target=publisher.writer, args=(stop,), daemon=True)
+    writer.start()
+    start = np.load(start_file, allow_pickle=False)
+    status, error = "returned", None
+    try:
+        try:
+            module = _load(program)
+        except BaseException as exc:  # SyntaxError, ImportError, SystemExit at import...
+            raise RuntimeError(f"importing {os.path.basename(program)} failed: {type(exc).__name__}: {exc}") from exc
+        if not callable(getattr(module, "optimize", None)):
+            raise RuntimeError(f"{os.path.basename(program)} defines no optimize(values, *, seed, deadline)")
+        module.publish = publisher.publish
+        module.PROBLEM = problem
+        result = module.optimize(start, seed=int(seed), deadline=deadline)
+        if result is not None:
+            try:
+                publisher.publish(result)
+            except (TypeError, ValueError) as exc:
+                raise RuntimeError(f"optimize returned {type(result).__name__}, not a vector of numbers: {exc}") from None
+    except BaseException as exc:  # SystemExit and KeyboardInterrupt from the program too
+        traceback.print_exc()
+        status, error = "crashed", f"{type(exc).__name__}: {exc}"
+    _ending.acquire()  # blocks forever if the watchdog is ending the run: it exits the process
+    stop.set()
+    publisher.flush()
+    _write_status(status, error[:2000] if error else None)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
