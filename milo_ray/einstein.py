@@ -13,10 +13,11 @@ whose FFT score ties the best (relative 1e-9, where FFT rounding could reorder t
 is verified too, so the record is the lowest *exact* score. Identical constructions
 are verified once.
 
-Cost: the direct convolution is O(n^2). Measured on this project's 2-core machine,
-n = 8,192 takes 0.04 s and n = 65,536 about 15 s (``np.convolve``, float64), so one
-record per problem at the published sizes costs seconds, not minutes: no faster
-exact method is needed.
+Cost: the direct convolution is O(n^2) (``np.convolve``, float64). Measured on this
+project's shared 2-core machine: n = 16,384 takes 0.6-1.3 s, n = 65,536 takes 2-20 s
+depending on load (15-19 s for the autocorrelation problems under load). One record
+per problem at the published sizes therefore costs under a minute: no faster exact
+method is needed.
 
 Prints per problem the exact best score, where it came from (run, harness, task,
 rollout) and the published anchors (``ANCHORS``) with the margin ``best - anchor``
