@@ -3,14 +3,13 @@ score trajectories in the evidence and by the rejected edits in the lineage."""
 
 from __future__ import annotations
 
-import ast
 import time
 import types
 
 import numpy as np
 import pytest
 
-from milo_ray.agents.mutators.program import OfflineProgramMutator, key_class, parse_program, rejected_atoms
+from milo_ray.agents.mutators.program import OfflineProgramMutator, key_class, parse_program, perturb, rejected_atoms
 from milo_ray.agents.protocols import MutationRequest
 from milo_ray.execution.types import RolloutResult, Task
 from milo_ray.harness.evidence import write_evidence_dir
@@ -231,3 +230,21 @@ def test_rejected_edit_in_the_lineage_is_not_repeated(tmp_path):
     for seed in range(8):
         res = OfflineProgramMutator("tuner").mutate(_request(tmp_path, PARENT_H, ev, seed, memory=memory_all))
         assert not any(d > 0 and k in SCHEDULE_UP for k, d in _moved(PARENT, res.child.source).items())
+
+
+def test_moves_stay_within_sane_bounds():
+    rng = np.random.default_rng(0)
+    for _ in range(300):
+        d = int(rng.choice([-1, 1]))
+        assert 0 < perturb("beta2", 0.999, d, 0.6, rng) < 1  # fraction-like: stays a fraction
+        assert 0 < perturb("jitter_shrink", 0.7, d, 0.6, rng) < 1
+        assert perturb("jitter_grow", 1.5, d, 0.6, rng) > 1  # growth-like: stays a growth
+        i = perturb("restarts", 1, 1, 0.6, rng)
+        assert isinstance(i, int) and i >= 2
+        x = perturb("t_hot", 0.01, d, 0.6, rng)
+        assert 0.01 / 4 <= x <= 0.01 * 4 and x != 0.01 and (x > 0.01) == (d > 0)
+
+
+def test_key_classes_read_words_not_substrings():
+    assert [key_class(k) for k in ("beta1", "n_steps", "step", "t_hot", "restart_t_hot", "lbfgs_maxiter", "max_points")] \
+        == ["other", "length", "step", "temperature", "restarts", "length", "resolution"]

@@ -9,8 +9,9 @@ offline. What it edits is the layout every seed optimizer follows (einstein note
 * ``CONFIG = {...}``: a module-level dict literal of numeric tunables. A value is moved
   by a log-normal multiplicative factor ``exp(dir * max(|z|, 0.05))``, ``z ~ N(0, sigma)``,
   clipped to [1/4, 4]; ints stay ints (>= 1, and always change), floats keep their sign,
-  fraction-like keys stay in (0, 1). Booleans and zeros are not tunables here (a
-  multiplicative step cannot move a zero).
+  a fraction-like value in (0, 1) (decay, shrink, beta, ...) moves in odds space and
+  stays in (0, 1), a growth-like value > 1 moves by its excess over 1 and stays > 1.
+  Booleans and zeros are not tunables here (a multiplicative step cannot move a zero).
 * ``STAGES = [...]``: a list literal of stage names, each with a ``def stage_<name>``
   in the same file. Edits: ``swap`` two neighbours, ``repeat`` a stage, ``drop`` one
   (never the last), ``add`` a defined but unused stage. A name without a function is
@@ -34,7 +35,8 @@ when k > 1) and ``traces/<task>/result.json`` holds per rollout ``seconds``,
   (step-size and temperature keys down).
 
 The most frequent class wins (ties: constraint, stall, slow); with no signal any
-tunable moves either way. Key classes come from the key's name (``_KEY_CLASSES``).
+tunable moves either way. Key classes come from the words of the key's name
+(``_KEY_CLASSES``: ``t_hot`` is a temperature, ``lbfgs_maxiter`` a length, ``beta1`` none).
 
 History: ``request.memory_markdown`` (the lineage snapshot, parsed by
 ``diagnosis.parse_memory``) gives the labels of rejected children anywhere in the tree;
@@ -81,16 +83,23 @@ PERSONALITIES: dict[str, Personality] = {
     "bold": Personality((3, 3), 0.6, 0.5),
 }
 
-# Key name -> class; the first matching pattern wins (step sizes before lengths, so
-# "step_size" is a step and "n_steps" a length).
-_KEY_CLASSES: tuple[tuple[str, re.Pattern[str]], ...] = (
-    ("step", re.compile(r"lr|learning|step_?size|sigma|noise|eta|jitter|perturb|radius|scale|mutation", re.I)),
-    ("temperature", re.compile(r"temp|heat|^t0$|^t_", re.I)),
-    ("restarts", re.compile(r"restart|population|pop|trials|starts|tries", re.I)),
-    ("length", re.compile(r"iter|steps|rounds|epochs|sweeps|patience|len|passes|evals|time|budget|duration", re.I)),
-    ("resolution", re.compile(r"upsampl|factor|refine|resolution|grid", re.I)),
+# Key name -> class, by the name's words (split at "_" and digits, so "beta1" is not an
+# "eta" and "n_steps" is not a "step"); the first class with a matching word wins.
+# "t" as a first word is a temperature (t_hot, t_cold): the seeds' naming.
+_KEY_CLASSES: tuple[tuple[str, frozenset[str]], ...] = (
+    ("restarts", frozenset({"restart", "restarts", "population", "pop", "trials", "starts", "tries"})),
+    ("step", frozenset({"lr", "learning", "step", "stepsize", "sigma", "noise", "eta", "jitter", "perturb",
+                        "radius", "scale", "mutation"})),
+    ("temperature", frozenset({"t", "temp", "temperature", "heat", "hot", "cold", "t0"})),
+    ("length", frozenset({"iter", "iters", "maxiter", "steps", "rounds", "rungs", "epochs", "sweeps", "patience",
+                          "len", "length", "passes", "evals", "time", "budget", "duration"})),
+    ("resolution", frozenset({"upsample", "factor", "refine", "resolution", "grid", "points"})),
 )
-_FRACTION = re.compile(r"frac|prob|ratio|decay|momentum|beta|rate|share", re.I)
+# Floats whose meaning lives on one side of 1: a fraction-like value in (0, 1) moves in
+# odds space (stays in (0, 1); 0.999 can still move), a growth-like value > 1 moves by
+# its excess over 1 (stays > 1), so a "shrink" never becomes a growth or vice versa.
+_FRACTION = re.compile(r"frac|prob|ratio|decay|momentum|beta|shrink|share|keep|accept", re.I)
+_GROWTH = re.compile(r"grow|expand|mult|factor|ratio", re.I)
 
 # Evidence class -> {key class: direction}; and the stage ops it favours.
 _TARGETS: dict[str, dict[str, int]] = {
@@ -112,7 +121,10 @@ _MIN_Z, _MAX_FACTOR = 0.05, 4.0
 
 
 def key_class(key: str) -> str:
-    return next((c for c, p in _KEY_CLASSES if p.search(key)), "other")
+    words = [w for w in re.split(r"[_\d]+", key.lower()) if w]
+    if words[:1] == ["t"]:
+        return "temperature"
+    return next((c for c, ws in _KEY_CLASSES if ws & set(words)), "other")
 
 
 # ------------------------------------------------------------------ parsing
@@ -296,10 +308,18 @@ def perturb(key: str, value: int | float, direction: int, sigma: float, rng: np.
         if new == value:  # small ints: the step must still move the value
             new = max(1, value + direction)
         return new
-    new_f = float(f"{value * factor:.6g}")
-    if _FRACTION.search(key) and 0 < value < 1:
-        new_f = min(max(new_f, 1e-6), 0.999)
-    return new_f
+    fraction = 0 < value < 1 and _FRACTION.search(key)
+    if fraction:
+        odds = value / (1 - value) * factor
+        new_f = odds / (1 + odds)
+    elif value > 1 and _GROWTH.search(key):
+        new_f = 1 + (value - 1) * factor
+    else:
+        new_f = value * factor
+    short = float(f"{new_f:.6g}")  # readable literals, unless rounding would undo the move or reach 0/1
+    if short == value or (fraction and not 0 < short < 1) or (value > 1 and short <= 1 < new_f):
+        return new_f
+    return short
 
 
 def stage_edits(stages: list[str], funcs: list[str]) -> list[tuple[str, str, list[str]]]:
