@@ -58,6 +58,25 @@ def _tests_passed(trace: dict[str, Any] | None) -> tuple[int, int] | None:
         return None
 
 
+# What an optimizer run's trace says about its grading (the rest of it, the values, is
+# the construction itself: large, and no help in a diagnosis).
+_RUN_FIELDS = ("problem", "n", "start_score", "score", "reason", "status", "publishes")
+
+
+def _grading(trace: dict[str, Any] | None, task: Task | None) -> dict[str, Any]:
+    """How a rollout was graded, for ``result.json``: a real task's ``verifier`` (its
+    reward values, error and output tail), or an optimizer run's ``run`` (start and final
+    score, why a point was rejected, the run's budget)."""
+    trace = trace or {}
+    if trace.get("verifier"):
+        return {"verifier": trace["verifier"]}
+    if trace.get("problem"):
+        run = {k: trace.get(k) for k in _RUN_FIELDS if k in trace}
+        budget = (getattr(task, "metadata", None) or {}).get("budget_s")
+        return {"run": {**run, **({"budget_s": budget} if budget is not None else {})}}
+    return {}
+
+
 def write_evidence_dir(path: str | Path, harness: Any, results: Iterable[RolloutResult],
                        tasks: Mapping[str, Task] | Iterable[Task], store: Any = None) -> Path:
     """Write the evidence directory of ``harness`` from its rollout ``results``; returns ``path``."""
@@ -96,9 +115,7 @@ def write_evidence_dir(path: str | Path, harness: Any, results: Iterable[Rollout
                 "rollouts": [{"rollout_idx": r.rollout_idx, "reward": r.score, "resolved": r.resolved,
                               "timed_out": r.timed_out, "error_kind": r.error_kind, "error": r.error,
                               "output_tokens": r.output_tokens, "seconds": r.latency_s,
-                              # A real task's verifier: its reward values, error and output tail.
-                              **({"verifier": traces[r.rollout_idx]["verifier"]}
-                                 if (traces[r.rollout_idx] or {}).get("verifier") else {})} for r in rs]})
+                              **_grading(traces[r.rollout_idx], task_map.get(tid))} for r in rs]})
         tp = _tests_passed(wt)
         mean = sum(r.score for r in rs) / len(rs)
         tok = sum(r.output_tokens for r in rs) / len(rs)

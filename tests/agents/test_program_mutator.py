@@ -248,3 +248,24 @@ def test_moves_stay_within_sane_bounds():
 def test_key_classes_read_words_not_substrings():
     assert [key_class(k) for k in ("beta1", "n_steps", "step", "t_hot", "restart_t_hot", "lbfgs_maxiter", "max_points")] \
         == ["other", "length", "step", "temperature", "restarts", "length", "resolution"]
+
+
+def test_the_evidence_carries_each_runs_grading_and_budget_and_an_early_return_is_a_stall(tmp_path):
+    import json
+
+    from milo_ray.agents.mutators.program import classify_run
+
+    parent = Harness.from_source(PARENT, name="parent")
+    tasks = [Task("first-0", "train", "minimize", 30.0, 0,
+                  {"format": "einstein", "problem": "first_autocorrelation", "budget_s": 25.0})]
+    # Returned after 2 s of a 25 s budget, still improving at its end: it gave up early.
+    trace = {"problem": "first_autocorrelation", "n": 8, "start_score": 1.6, "score": 1.5, "reason": None,
+             "trajectory": [[0.5, 1.58], [1.9, 1.5]], "values": [1.0] * 8, "stdout_tail": "", "stderr_tail": ""}
+    ev = write_evidence_dir(tmp_path / "ev", parent, [RolloutResult(parent.harness_id, "first-0", 0, 0.3,
+                                                                    latency_s=2.0, trace=trace)], tasks)
+    (roll,) = json.loads((ev / "traces" / "first-0" / "result.json").read_text())["rollouts"]
+    assert roll["run"] == {"problem": "first_autocorrelation", "n": 8, "start_score": 1.6, "score": 1.5,
+                           "reason": None, "budget_s": 25.0}
+    points = [(0.5, 1.58), (1.9, 1.5)]
+    assert classify_run(points, roll) == "stall"
+    assert classify_run(points, {k: v for k, v in roll.items() if k != "run"}) == "slow"  # by wall time alone

@@ -250,7 +250,10 @@ def classify_run(points: list[tuple[float, float]] | None, rollout: dict[str, An
         return "slow" if timed_out else "stall"
     # The log holds each strictly better point, so its last entry is the last improvement.
     last = points[-1][0]
-    duration = max(float(rollout.get("seconds") or 0.0), last)
+    # The run's budget when the evidence gives it (a program that returns early did
+    # stall); else the rollout's wall time.
+    budget = (rollout.get("run") or {}).get("budget_s")
+    duration = max(float(budget if budget else rollout.get("seconds") or 0.0), last)
     if timed_out or (duration > 0 and last >= SLOW_FRAC * duration):
         return "slow"
     if duration > 0 and last <= STALL_FRAC * duration:
