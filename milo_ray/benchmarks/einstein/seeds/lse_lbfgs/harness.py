@@ -16,13 +16,15 @@ from scipy import fft as sfft
 from scipy.optimize import Bounds, minimize
 
 CONFIG = {
-    "t_hot": 3e-3,          # hottest rung's temperature, relative to the current score
-    "t_cold": 1e-6,         # coldest rung's temperature, relative to the current score
-    "rungs": 6,             # temperatures of the ladder
-    "t_polish": 3e-7,       # polishing temperature, relative to the current score
+    "t_hot": 1e-2,          # hottest rung's temperature, relative to the current score
+    "t_cold": 1e-5,         # coldest rung's temperature, relative to the current score
+    "rungs": 5,             # temperatures of the ladder
+    "t_polish": 1e-6,       # first polishing temperature, relative to the current score
+    "polish_cool": 0.3,     # polishing temperature factor after a run that did not improve
+    "polish_floor": 1e-9,   # polishing stops below this relative temperature
     "polish_maxiter": 400,  # L-BFGS iterations per polishing run
     "lbfgs_maxiter": 2000,  # L-BFGS iterations per ladder rung
-    "lbfgs_memory": 20,     # L-BFGS correction pairs
+    "lbfgs_memory": 10,     # L-BFGS correction pairs
     "margin_s": 0.05,       # return this long before the deadline at least ...
     "margin_frac": 0.02,    # ... or this fraction of the budget
 }
@@ -272,12 +274,11 @@ def stage_ladder(h, rng, deadline, problem):
 
 
 def stage_polish(h, rng, deadline, problem):
-    """Cold L-BFGS restarted from the best point: a restart drops curvature pairs
-    gathered far from the current point."""
-    h = best()
-    while time.monotonic() < deadline:
-        out = lbfgs_smooth(h, CONFIG["t_polish"] * _BEST["score"], problem, deadline, CONFIG["polish_maxiter"])
+    """Cold L-BFGS restarted from the best point (a restart drops curvature pairs
+    gathered far from it); after a run that did not improve, colder."""
+    t_rel = CONFIG["t_polish"]
+    while time.monotonic() < deadline and t_rel >= CONFIG["polish_floor"]:
+        out = lbfgs_smooth(best(), t_rel * _BEST["score"], problem, deadline, CONFIG["polish_maxiter"])
         if not offer(out, problem):
-            break
-        h = best()
+            t_rel *= CONFIG["polish_cool"]
     return best()

@@ -18,15 +18,17 @@ from scipy import fft as sfft
 from scipy.optimize import Bounds, minimize
 
 CONFIG = {
-    "upsample_factor": 2,     # integer refinement of the start (1: keep the grid)
-    "max_points": 2400,       # no refinement beyond this many grid points
+    "upsample_factor": 4,     # integer refinement of the start (1: keep the grid)
+    "max_points": 4800,       # no refinement beyond this many grid points
     "t_hot": 1e-3,            # hottest ladder temperature, relative to the current score
     "t_cold": 1e-6,           # coldest ladder temperature, relative to the current score
     "rungs": 5,               # temperatures of the ladder
-    "t_polish": 3e-7,         # polishing temperature, relative to the current score
+    "t_polish": 3e-7,         # first polishing temperature, relative to the current score
+    "polish_cool": 0.3,       # polishing temperature factor after a run that did not improve
+    "polish_floor": 1e-9,     # polishing stops below this relative temperature
     "polish_maxiter": 400,    # L-BFGS iterations per polishing run
     "lbfgs_maxiter": 1500,    # L-BFGS iterations per ladder rung
-    "lbfgs_memory": 20,       # L-BFGS correction pairs
+    "lbfgs_memory": 10,       # L-BFGS correction pairs
     "restart_t_hot": 1e-4,    # a restart's ladder starts at this temperature
     "restart_rungs": 3,       # temperatures of a restart's ladder
     "restart_seconds": 4.0,   # time of one restart (capped by the stage's time)
@@ -299,11 +301,13 @@ def stage_ladder(h, rng, deadline, problem):
 
 
 def _polish(deadline, problem):
-    """Cold L-BFGS restarted from the best point while it keeps improving."""
-    while time.monotonic() < deadline:
-        out = lbfgs_smooth(best(), CONFIG["t_polish"] * _BEST["score"], problem, deadline, CONFIG["polish_maxiter"])
+    """Cold L-BFGS restarted from the best point (a restart drops curvature pairs
+    gathered far from it); after a run that did not improve, colder."""
+    t_rel = CONFIG["t_polish"]
+    while time.monotonic() < deadline and t_rel >= CONFIG["polish_floor"]:
+        out = lbfgs_smooth(best(), t_rel * _BEST["score"], problem, deadline, CONFIG["polish_maxiter"])
         if not offer(out, problem):
-            break
+            t_rel *= CONFIG["polish_cool"]
 
 
 def stage_polish(h, rng, deadline, problem):
