@@ -25,6 +25,7 @@ CONFIG = {
     "polish_maxiter": 400,  # L-BFGS iterations per polishing run
     "lbfgs_maxiter": 2000,  # L-BFGS iterations per ladder rung
     "lbfgs_memory": 10,     # L-BFGS correction pairs
+    "erdos_sum_weight": 100.0,  # Erdős: penalty on (sum h - n/2)^2 / n inside L-BFGS
     "margin_s": 0.05,       # return this long before the deadline at least ...
     "margin_frac": 0.02,    # ... or this fraction of the budget
 }
@@ -214,22 +215,26 @@ def _normalize(h, problem):
 
 def lbfgs_smooth(h, temperature, problem, deadline, maxiter):
     """Minimize the smoothed max at ``temperature`` with L-BFGS-B from ``h``; returns
-    the point of lowest smoothed value seen (feasible after ``project``). Bounds:
-    h >= 0 (first), [0, 1] (Erdős); Erdős's sum n/2 by reparametrization: the
-    optimizer's x maps to h = x + (n/2 - sum x)/n, whose gradient is g - mean(g)."""
+    the point of lowest objective seen (feasible after ``project``). Bounds: h >= 0
+    (first), [0, 1] (Erdős). Erdős's sum n/2 is a quadratic penalty, not a
+    reparametrization: a shift that restores the sum inside the optimizer would let
+    heights leave [0, 1], where the smoothed value is lower than any feasible one,
+    and the final projection would undo the gain. A uniform shift barely changes
+    the Erdős score, so the projection after a penalized run costs little."""
     h = _normalize(np.asarray(h, dtype=np.float64), problem)
     n = h.shape[0]
     seen = {"h": h.copy(), "f": math.inf}
+    weight = CONFIG["erdos_sum_weight"] / n
 
     def fun(x):
         if time.monotonic() >= deadline:
             raise _OutOfTime
-        y = x + (n / 2.0 - float(x.sum())) / n if problem == ERDOS else x
-        f, g = smooth_value_grad(y, temperature, problem)
+        f, g = smooth_value_grad(x, temperature, problem)
         if problem == ERDOS:
-            g = g - g.mean()
+            d = float(x.sum()) - n / 2.0
+            f, g = f + 0.5 * weight * d * d, g + weight * d
         if f < seen["f"]:
-            seen["h"], seen["f"] = y.copy(), f
+            seen["h"], seen["f"] = x.copy(), f
         return f, g
 
     if problem == FIRST:
