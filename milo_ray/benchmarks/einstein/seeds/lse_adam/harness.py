@@ -3,7 +3,8 @@
 The temperature follows a geometric schedule from hot to cold over the stage's
 time (relative to the current score: T is in score units), the learning rate
 follows it down; every step is projected back to the feasible set. Stages:
-``anneal`` (hot -> cold) and ``cold`` (a short cold run from the best point).
+``anneal`` (hot -> cold), ``cold`` (a cold run from the best point) and ``fine``
+(a colder run with tiny steps, which is what moves a near-optimal start).
 Only strictly better, feasible, exactly (FFT) scored points are published.
 """
 
@@ -18,6 +19,8 @@ CONFIG = {
     "t_cold": 1e-5,         # anneal: last temperature; cold: its temperature
     "lr_hot": 1e-2,         # anneal: first learning rate, relative to the mean |height|
     "lr_cold": 1e-4,        # anneal: last learning rate; cold: its learning rate
+    "t_fine": 1e-6,         # fine: temperature (polishing a near-optimal point)
+    "lr_fine": 1e-6,        # fine: learning rate
     "beta1": 0.9,           # Adam first-moment decay
     "beta2": 0.999,         # Adam second-moment decay
     "offer_every": 10,      # iterations between two offers to the ratchet
@@ -25,7 +28,7 @@ CONFIG = {
     "margin_frac": 0.02,    # ... or this fraction of the budget
 }
 
-STAGES = ["anneal", "cold"]
+STAGES = ["anneal", "cold", "fine"]
 
 PROBLEM = None  # set by the runner: first_autocorrelation | third_autocorrelation | erdos_minimum_overlap
 
@@ -232,3 +235,7 @@ def stage_anneal(h, rng, deadline, problem):
 
 def stage_cold(h, rng, deadline, problem):
     return _adam(best(), deadline, problem, CONFIG["t_cold"], CONFIG["t_cold"], CONFIG["lr_cold"], CONFIG["lr_cold"])
+
+
+def stage_fine(h, rng, deadline, problem):
+    return _adam(best(), deadline, problem, CONFIG["t_fine"], CONFIG["t_fine"], CONFIG["lr_fine"], CONFIG["lr_fine"])
