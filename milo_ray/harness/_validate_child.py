@@ -3,11 +3,13 @@ milo_ray.harness._validate_child <workdir>``).
 
 Owns the checks that must execute harness code, or that resolve imports against
 the installed environment: compile every ``.py`` file, resolve every import
-statically, import ``harness.py``, inspect ``build_agent``. It runs in a fresh
+statically, import ``harness.py``, inspect its entry function (``build_agent`` for
+an agent harness, ``optimize`` for an optimizer program). It runs in a fresh
 interpreter started by :mod:`milo_ray.harness.validate`, never inside the
 caller's process, so a harness that loops, allocates without bound, calls
 ``sys.exit`` or ``os._exit`` at import cannot touch the caller.
 
+Invocation: ``python -P -m milo_ray.harness._validate_child <workdir> <entry>``.
 Layout of ``<workdir>``: ``src/`` holds the harness files, ``cwd/`` is the empty
 working directory. The result is exactly one JSON line on the original stdout:
 ``{"ok": bool, "check": str | null, "reason": str | null, "imports": [...]}``.
@@ -28,6 +30,11 @@ from pathlib import Path
 
 ENTRY_FILE = "harness.py"
 ENTRY_FUNCTION = "build_agent"
+# The entry functions a harness may be validated for, with the call they must accept.
+ENTRIES = {
+    "build_agent": "build_agent(model, backend)",
+    "optimize": "optimize(values, *, seed, deadline)",
+}
 # Exceptions whose handler makes an import optional: the harness survives its absence.
 _GUARD_EXCEPTIONS = {"ImportError", "ModuleNotFoundError", "Exception", "BaseException"}
 
@@ -225,31 +232,44 @@ def import_entry(src: Path):
     return module
 
 
-def check_entry(module) -> None:
-    fn = getattr(module, ENTRY_FUNCTION, None)
+def check_entry(module, entry: str = ENTRY_FUNCTION) -> None:
+    """The entry function exists and accepts the call the runner makes (``ENTRIES``)."""
+    fn = getattr(module, entry, None)
     if fn is None:
-        raise CheckFailed("entry", f"{ENTRY_FILE} defines no {ENTRY_FUNCTION}(model, backend)")
+        raise CheckFailed("entry", f"{ENTRY_FILE} defines no {ENTRIES[entry]}")
     if not callable(fn):
-        raise CheckFailed("entry", f"{ENTRY_FUNCTION} is not callable (it is a {type(fn).__name__})")
+        raise CheckFailed("entry", f"{entry} is not callable (it is a {type(fn).__name__})")
     try:
         sig = inspect.signature(fn)
     except (TypeError, ValueError) as e:
-        raise CheckFailed("signature", f"cannot read the signature of {ENTRY_FUNCTION}: {e}") from None
+        raise CheckFailed("signature", f"cannot read the signature of {entry}: {e}") from None
     positional = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
     variadic = (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
     required = [p for p in sig.parameters.values() if p.kind not in variadic and p.default is p.empty]
-    if len(required) != 2 or any(p.kind not in positional for p in required):
+    if entry == "build_agent":
+        if len(required) != 2 or any(p.kind not in positional for p in required):
+            raise CheckFailed(
+                "signature",
+                f"{entry}{sig} must take exactly two required positional parameters "
+                f"(model, backend); any other parameter needs a default",
+            )
+        return
+    # optimize: the runner calls optimize(values, seed=..., deadline=...).
+    req_pos = [p for p in required if p.kind in positional]
+    keyword_only = {p.name for p in sig.parameters.values() if p.kind == inspect.Parameter.KEYWORD_ONLY}
+    other_required = [p.name for p in required if p.kind not in positional and p.name not in ("seed", "deadline")]
+    if len(req_pos) != 1 or not {"seed", "deadline"} <= keyword_only or other_required:
         raise CheckFailed(
             "signature",
-            f"{ENTRY_FUNCTION}{sig} must take exactly two required positional parameters "
-            f"(model, backend); any other parameter needs a default",
+            f"{entry}{sig} must take exactly one required positional parameter (values) and the "
+            f"keyword-only parameters seed and deadline; any other parameter needs a default",
         )
 
 
 # --------------------------------------------------------------------------- main
 
 
-def run_checks(workdir: Path) -> dict:
+def run_checks(workdir: Path, entry: str = ENTRY_FUNCTION) -> dict:
     src = (workdir / "src").resolve()
     imports: list[dict] = []
     try:
@@ -257,21 +277,21 @@ def run_checks(workdir: Path) -> dict:
             raise CheckFailed("entry", f"missing {ENTRY_FILE}")
         trees = compile_all(src)
         imports = resolve_imports(src, trees)
-        check_entry(import_entry(src))
+        check_entry(import_entry(src), entry)
     except CheckFailed as e:
         return {"ok": False, "check": e.check, "reason": e.reason, "imports": imports}
     return {"ok": True, "check": None, "reason": None, "imports": imports}
 
 
 def main(argv: list[str]) -> None:
-    if len(argv) != 2:
-        sys.stderr.write("usage: python -m milo_ray.harness._validate_child <workdir>\n")
+    if len(argv) != 3 or argv[2] not in ENTRIES:
+        sys.stderr.write(f"usage: python -m milo_ray.harness._validate_child <workdir> <{'|'.join(ENTRIES)}>\n")
         os._exit(2)
     # Keep the result channel private: harness prints land on stderr instead.
     result_fd = os.dup(1)
     os.dup2(2, 1)
     try:
-        result = run_checks(Path(argv[1]))
+        result = run_checks(Path(argv[1]), argv[2])
     except BaseException as e:  # our own failure (e.g. memory exhausted while checking)
         result = {"ok": False, "check": "crash", "reason": f"validator failed: {type(e).__name__}: {e}{_limit_note()}"}
     try:

@@ -11,8 +11,10 @@ generality check. Checks, in order:
    address-space limit, a CPU-time limit and a wall-clock timeout: every ``.py``
    compiles (a SyntaxError names file:line), every import resolves to the standard
    library, an installed distribution or a module inside the harness directory,
-   ``harness.py`` imports, and ``build_agent`` takes exactly two required positional
-   parameters (model, backend).
+   ``harness.py`` imports, and its entry function accepts the runner's call:
+   ``build_agent(model, backend)`` for an agent harness (``entry="build_agent"``),
+   ``optimize(values, *, seed, deadline)`` for an optimizer program
+   (``entry="optimize"``).
 
 Harness code never runs in the caller's process. The subprocess isolates the
 caller, not the filesystem: sandboxing rollouts is the executor's job. Validation
@@ -40,6 +42,7 @@ from pathlib import Path, PurePosixPath
 import numpy as np
 
 import milo_ray
+from milo_ray.harness._validate_child import ENTRIES
 from milo_ray.harness.model import Harness
 
 CHILD_MODULE = "milo_ray.harness._validate_child"
@@ -229,7 +232,7 @@ class _Job:
     deadline: float
 
 
-def _start(index: int, harness: Harness, timeout_s: float, memory_mb: int | None, started: float) -> _Job:
+def _start(index: int, harness: Harness, entry: str, timeout_s: float, memory_mb: int | None, started: float) -> _Job:
     workdir = Path(tempfile.mkdtemp(prefix="milo_ray_validate_"))
     try:
         harness.write_to(workdir / "src")
@@ -238,7 +241,7 @@ def _start(index: int, harness: Harness, timeout_s: float, memory_mb: int | None
         (workdir / "boot" / "milo_ray").symlink_to(Path(milo_ray.__file__).resolve().parent)
         with open(workdir / "stdout", "wb") as out, open(workdir / "stderr", "wb") as err:
             proc = subprocess.Popen(
-                [sys.executable, "-P", "-m", CHILD_MODULE, str(workdir)],
+                [sys.executable, "-P", "-m", CHILD_MODULE, str(workdir), entry],
                 cwd=workdir / "cwd",
                 stdin=subprocess.DEVNULL,
                 stdout=out,
@@ -305,7 +308,9 @@ def _collect(job: _Job, memory_mb: int | None, timeout_s: float, timed_out: bool
         shutil.rmtree(job.workdir, ignore_errors=True)
 
 
-def _check_options(timeout_s: float, memory_mb: int | None, max_workers: int) -> None:
+def _check_options(timeout_s: float, memory_mb: int | None, max_workers: int, entry: str) -> None:
+    if entry not in ENTRIES:
+        raise ValueError(f"entry must be one of {sorted(ENTRIES)}, got {entry!r}")
     if not (isinstance(timeout_s, (int, float)) and timeout_s > 0):
         raise ValueError(f"timeout_s must be a positive number of seconds, got {timeout_s!r}")
     if memory_mb is not None and not (isinstance(memory_mb, int) and memory_mb > 0):
@@ -322,17 +327,20 @@ def validate_many(
     memory_mb: int | None = 2048,
     min_fragment_chars: int = 40,
     max_workers: int = 2,
+    entry: str = "build_agent",
 ) -> list[ValidationResult]:
     """Validate several harnesses, at most ``max_workers`` subprocesses at a time.
 
     ``forbidden_fragments`` may be a prebuilt :class:`ForbiddenIndex` (its own
-    ``min_chars`` then applies). Results are in input order. The subprocesses are driven from the calling thread
+    ``min_chars`` then applies). ``entry``: the entry function the harnesses must
+    define (``build_agent`` or ``optimize``; see the module docstring). Results
+    are in input order. The subprocesses are driven from the calling thread
     (no thread pool), so the preexec_fn that sets the resource limits never forks
     from a thread this module started. Callers that validate from worker threads
     (``asyncio.to_thread``) are still safe in practice: the preexec_fn only makes
     setrlimit system calls, and it runs after the new session is created, so even a
     child stuck before exec is killed with its group at the timeout."""
-    _check_options(timeout_s, memory_mb, max_workers)
+    _check_options(timeout_s, memory_mb, max_workers, entry)
     index = (
         forbidden_fragments
         if isinstance(forbidden_fragments, ForbiddenIndex)
@@ -358,7 +366,7 @@ def validate_many(
                 i = pending.pop()
                 t0 = time.monotonic()
                 try:
-                    running.append(_start(i, harnesses[i], timeout_s, memory_mb, t0))
+                    running.append(_start(i, harnesses[i], entry, timeout_s, memory_mb, t0))
                 except OSError as e:
                     results[i] = ValidationResult(False, f"could not start validation: {e}", time.monotonic() - t0, "crash")
             for job in list(running):
@@ -385,6 +393,7 @@ def validate(
     timeout_s: float = 60,
     memory_mb: int | None = 2048,
     min_fragment_chars: int = 40,
+    entry: str = "build_agent",
 ) -> ValidationResult:
     """Validate one harness in a fresh subprocess (see the module docstring)."""
     return validate_many(
@@ -394,4 +403,5 @@ def validate(
         memory_mb=memory_mb,
         min_fragment_chars=min_fragment_chars,
         max_workers=1,
+        entry=entry,
     )[0]

@@ -66,11 +66,14 @@ GRACE_S = 10.0
 @dataclass(frozen=True)
 class ValidationOptions:
     """How children are validated: forbidden fragments (task ids and instruction
-    texts; see ``harness.validate``) and the subprocess's wall-clock limit."""
+    texts; see ``harness.validate``), the subprocess's wall-clock limit, and the
+    entry function children must define (``build_agent`` for agent harnesses,
+    ``optimize`` for optimizer programs)."""
 
     forbidden: tuple[str, ...] = ()
     timeout_s: float = 60.0
     enabled: bool = True
+    entry: str = "build_agent"
 
 
 @dataclass(frozen=True)
@@ -346,7 +349,7 @@ def _read_child(res: MutationResult, request: MutationRequest) -> tuple[Harness 
 # subprocess start costs seconds; agents often re-propose an identical child, so
 # definite verdicts are remembered per process (a timeout or a crash of the
 # validator may be load, not the child: those are not remembered).
-_VERDICTS: dict[tuple[str, tuple[str, ...], float], str | None] = {}
+_VERDICTS: dict[tuple[str, tuple[str, ...], float, str], str | None] = {}
 _VERDICTS_LOCK = threading.Lock()
 _TRANSIENT_CHECKS = ("timeout", "crash")
 
@@ -356,13 +359,13 @@ def _validate(child: Harness, parent: Harness, options: ValidationOptions) -> st
         return "duplicate: identical to the parent"
     if not options.enabled:
         return None
-    key = (child.harness_id, tuple(options.forbidden), float(options.timeout_s))
+    key = (child.harness_id, tuple(options.forbidden), float(options.timeout_s), options.entry)
     with _VERDICTS_LOCK:
         if key in _VERDICTS:
             return _VERDICTS[key]
     from milo_ray.harness.validate import validate
 
-    v = validate(child, forbidden_fragments=options.forbidden, timeout_s=options.timeout_s)
+    v = validate(child, forbidden_fragments=options.forbidden, timeout_s=options.timeout_s, entry=options.entry)
     verdict = None if v.ok else v.reason
     if v.check not in _TRANSIENT_CHECKS:
         with _VERDICTS_LOCK:

@@ -1,0 +1,107 @@
+"""Invariants of the seed optimizer programs of the instance-level track: each one,
+loaded from its file the way the runner loads it (PROBLEM and publish set as module
+attributes), improves a random start of every problem within a short budget,
+returns a feasible point before the deadline, publishes only strictly improving
+points, and keeps the CONFIG/STAGES layout the program mutator edits."""
+
+from __future__ import annotations
+
+import ast
+import importlib.util
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from milo_ray.benchmarks.einstein.problems import PROBLEMS, check, score
+from milo_ray.benchmarks.einstein.starts import start_values
+
+SEEDS_DIR = Path(__file__).resolve().parents[2] / "milo_ray" / "benchmarks" / "einstein" / "seeds"
+SEEDS = sorted(p.parent.name for p in SEEDS_DIR.glob("*/harness.py"))
+BUDGET_S = 1.5
+N = 120
+
+
+def load(name: str, problem: str, published: list):
+    spec = importlib.util.spec_from_file_location(f"einstein_seed_{name}_{problem}", SEEDS_DIR / name / "harness.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    module.PROBLEM = problem
+    module.publish = lambda values: published.append(np.array(values, dtype=np.float64))
+    return module
+
+
+def test_the_four_named_seeds_exist():
+    assert {"subgradient", "lse_adam", "lse_lbfgs", "ratchet_upsample"} <= set(SEEDS)
+
+
+@pytest.mark.parametrize("problem", PROBLEMS)
+@pytest.mark.parametrize("name", SEEDS)
+def test_seed_improves_a_random_start_feasibly_in_time_publishing_only_improvements(name, problem):
+    h0 = start_values({"base": "random", "n": N, "seed": 3}, problem)
+    s0 = score(problem, h0)
+    published: list = []
+    module = load(name, problem, published)
+    t0 = time.monotonic()
+    out = module.optimize(h0.copy(), seed=0, deadline=t0 + BUDGET_S)
+    elapsed = time.monotonic() - t0
+    assert elapsed <= BUDGET_S + 1.0
+    out = np.asarray(out, dtype=np.float64)
+    assert out.ndim == 1 and out.size % N == 0
+    assert check(problem, out) is None
+    end = score(problem, out)
+    assert end < s0 * (1 - 1e-3)  # a random start leaves tens of percent; any real optimizer gains 0.1%
+    assert published, "no improvement was published"
+    scores = [s0]
+    for p in published:
+        assert check(problem, p) is None
+        assert p.size % N == 0
+        scores.append(score(problem, p))
+    worse = [(i, a, b) for i, (a, b) in enumerate(zip(scores, scores[1:])) if not b < a]
+    assert not worse, f"{len(worse)} published points not strictly better than the previous best, first: {worse[0]}"
+    assert end == pytest.approx(scores[-1], rel=0, abs=1e-12)
+
+
+@pytest.mark.parametrize("name", SEEDS)
+def test_seed_without_problem_raises_a_clear_error(name):
+    module = load(name, "first_autocorrelation", [])
+    module.PROBLEM = None
+    with pytest.raises(RuntimeError, match="PROBLEM"):
+        module.optimize(np.ones(8), seed=0, deadline=time.monotonic() + 1)
+
+
+def _top_level_literal(tree: ast.Module, name: str):
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and [getattr(t, "id", None) for t in node.targets] == [name]:
+            return ast.literal_eval(node.value)
+    raise AssertionError(f"no module-level {name} = <literal>")
+
+
+@pytest.mark.parametrize("name", SEEDS)
+def test_seed_keeps_the_config_and_stages_layout(name):
+    text = (SEEDS_DIR / name / "harness.py").read_text()
+    tree = ast.parse(text)
+    config = _top_level_literal(tree, "CONFIG")
+    stages = _top_level_literal(tree, "STAGES")
+    assert isinstance(config, dict) and config
+    assert all(isinstance(k, str) and isinstance(v, (int, float)) and not isinstance(v, bool)
+               for k, v in config.items())
+    assert isinstance(stages, list) and stages and all(isinstance(s, str) for s in stages)
+    functions = {node.name: node for node in tree.body if isinstance(node, ast.FunctionDef)}
+    for stage in stages:
+        fn = functions.get(f"stage_{stage}")
+        assert fn is not None, f"STAGES names {stage!r} but no stage_{stage} is defined"
+        assert [a.arg for a in fn.args.args] == ["h", "rng", "deadline", "problem"]
+    assert _top_level_literal(tree, "PROBLEM") is None
+    assert "publish" in functions and "optimize" in functions
+    # Self-contained: the program runs where only numpy, scipy and the standard library exist.
+    imported = {alias.name.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.Import)
+                for alias in node.names}
+    imported |= {node.module.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
+    assert imported <= {"math", "time", "numpy", "scipy"}, imported
+    # Every tunable is read through CONFIG[...] and every CONFIG key is read: no dead knobs.
+    read = {node.slice.value for node in ast.walk(tree)
+            if isinstance(node, ast.Subscript) and getattr(node.value, "id", None) == "CONFIG"
+            and isinstance(node.slice, ast.Constant)}
+    assert read == set(config), f"unread: {set(config) - read}, undefined: {read - set(config)}"
