@@ -89,7 +89,10 @@ class MiloRun:
         self.mutator_models = {n: spec_model(self.pool_plain.spec(n)) for n in self.pool_names}
         tasks_all = [t for split in self.bench.splits().values() for t in split]
         self.forbidden = tuple(sorted({t.task_id for t in tasks_all} | {t.instruction for t in tasks_all if t.instruction}))
-        self.validation = ValidationOptions(self.forbidden, float(cfg.validate_timeout_s))
+        # Children are checked against what the benchmark's artifact is: an agent harness
+        # (build_agent) or an optimizer program (optimize).
+        self.validation = ValidationOptions(self.forbidden, float(cfg.validate_timeout_s),
+                                            entry=getattr(self.bench, "artifact_entry", "build_agent"))
         # On the driver's node: the actor packs each request's files (read from the
         # driver's disk) for mutation tasks that may run elsewhere.
         self.pool = MutatorPoolActor.options(scheduling_strategy=driver_node()).remote(

@@ -137,7 +137,9 @@ class AgentCallLog:
         """Record the model calls of one real rollout (role ``solver``) from its inline
         trace (``trace["trajectory"]["calls"]``; simulated rollouts have none)."""
         trace = getattr(result, "trace", None) or {}
-        calls = (trace.get("trajectory") or {}).get("calls") or []
+        trajectory = trace.get("trajectory")
+        # An agent's trajectory is a dict with its calls; an optimizer run's is its score log.
+        calls = (trajectory.get("calls") or []) if isinstance(trajectory, dict) else []
         self.record_solver_calls(calls, cache_key=result.cache_key, harness_id=result.harness_id, round=result.round)
 
     def record_solver_calls(self, calls: list[dict[str, Any]], *, cache_key: str, harness_id: str,

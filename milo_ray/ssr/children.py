@@ -67,12 +67,13 @@ def optimize_call_id(rnd: int, index: int, draw: int) -> str:
 class ChildMaker:
     """Draws a round's children; ``emit`` stores (and projects) an event, ``calls`` is
     the run's ``AgentCallLog``; ``scope`` the run session whose optimizer agents are reused;
-    ``env`` the optimizer's key variables for its Ray tasks."""
+    ``env`` the optimizer's key variables for its Ray tasks; ``entry`` the artifact's entry
+    function children are validated against."""
 
     def __init__(self, *, cfg: Any, seed: int, optimizer_spec: Any, optimizer_name: str, forbidden: Sequence[str],
                  tasks: dict[str, Any], store: Any, calls: Any, emit: Callable[[SSREvent], None], work: Path,
-                 scope: str | None = None, env: dict[str, str] | None = None) -> None:
-        self.cfg, self.seed, self.scope, self.env = cfg, seed, scope, dict(env or {})
+                 scope: str | None = None, env: dict[str, str] | None = None, entry: str = "build_agent") -> None:
+        self.cfg, self.seed, self.scope, self.env, self.entry = cfg, seed, scope, dict(env or {}), entry
         self.optimizer_spec, self.optimizer_name, self.forbidden = optimizer_spec, optimizer_name, forbidden
         self.tasks, self.store, self.calls, self.emit, self.work = tasks, store, calls, emit, work
 
@@ -113,7 +114,7 @@ class ChildMaker:
                                            timeout_s=self.cfg.validate_timeout_s,
                                            max_concurrent=self.cfg.max_concurrent_candidates,
                                            time_cap_s=self.cfg.optimizer_time_cap_s, scope=self.scope,
-                                           env=self.env)
+                                           env=self.env, entry=self.entry)
             for (i, d), o in zip(missing, outcomes):
                 self.calls.record("optimizer", o.usage, call_id=optimize_call_id(rnd, i, d),
                                   agent=self.optimizer_name, model=spec_model(self.optimizer_spec), candidate=i,

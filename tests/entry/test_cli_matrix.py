@@ -38,6 +38,15 @@ SSR_TINY = ["method.scales=[0.5,1.0]", "method.b_v=[2,2]", "method.b_s=1", "meth
             "method.patience=1", "method.test_rollouts=1"]
 
 
+# The instance-level experiments on one problem with 1-second optimizer runs.
+EINSTEIN_COMMON = ["benchmark.problem=first_autocorrelation", "benchmark.budget_s=1", "benchmark.grace_s=1",
+                   "run.time_limit_s=null"]
+EINSTEIN_TINY = {
+    "milo_einstein": [*EINSTEIN_COMMON, "method.search_size=2", "method.val_size=1", "method.max_rounds=1"],
+    "ssr_einstein": [*EINSTEIN_COMMON, "method.b_v=[1,1]", "method.patience=1", "run.budget.executions=20"],
+}
+
+
 def _tiny(method: str, benchmark: str) -> list[str]:
     if method == "eval":
         return ["method.k=1", "method.names=[minimal,stock]"]
@@ -58,7 +67,10 @@ def _jobs(root: Path) -> dict[str, list[str]]:
                           f"run.dir={root / name}"]
     for exp in EXPERIMENTS:
         cfg_benchmark = {"ssr_swepro": "surrogate_swepro", "ssr_deepswe": "surrogate_deepswe"}.get(exp)
-        tiny = _tiny("ssr", cfg_benchmark) if exp.startswith("ssr") else list(MILO_TINY)
+        if exp in EINSTEIN_TINY:
+            tiny = EINSTEIN_TINY[exp]
+        else:
+            tiny = _tiny("ssr", cfg_benchmark) if exp.startswith("ssr") else list(MILO_TINY)
         jobs[f"exp-{exp}"] = [f"+experiment={exp}", *tiny, *common, f"run.dir={root / ('exp-' + exp)}"]
     return jobs
 
@@ -166,3 +178,14 @@ def test_each_ablation_rung_gives_its_mutator_what_the_rung_says(matrix, rung):
     assert len(init["islands"]) == islands
     decisions = _events(run_dir, "milo.decision")
     assert bool(decisions) == orchestrates, f"{len(decisions)} orchestrator decisions"
+
+
+@pytest.mark.slow
+def test_the_records_command_reads_an_instance_level_run(matrix):
+    run_dir, _ = _job(matrix, "exp-milo_einstein")
+    proc = subprocess.run([sys.executable, "-m", "milo_ray.einstein", "best", str(run_dir), "--out",
+                           str(run_dir / "records")], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    record = json.loads((run_dir / "records" / "first_autocorrelation.json").read_text())
+    assert record["problem"] == "first_autocorrelation" and len(record["values"]) >= 600
+    assert "alphaevolve" in proc.stdout and f"{record['score']:.10f}" in proc.stdout

@@ -41,6 +41,9 @@ def _key(monkeypatch):
 def suite(tmp_path):
     make_task(tmp_path / "tasks", "answer")
     make_task(tmp_path / "tasks", "answer-quick", agent_timeout_s=3)
+    # A seed whose own checking loop would spend the whole default minute with the
+    # scripted model is graded at this cap instead (its answer is written first).
+    make_task(tmp_path / "tasks", "answer-15s", agent_timeout_s=15)
     make_task(tmp_path / "tasks", "answer-broken", instruction=f"BROKEN: write {ANSWER} into /app/answer.txt.\n")
     return HarborBenchmark(path=str(tmp_path / "tasks"), splits={"test": 1.0})
 
@@ -123,7 +126,7 @@ def test_harness_that_does_not_import_is_a_harness_failure(suite):
 def test_every_seed_harness_runs_a_task_against_the_scripted_model(suite, seed):
     harness = load_seeds([seed])[0]
     with ScriptedOpenAIServer(solving_policy) as srv:
-        res = _run(AgentExecutor(model=model_cfg(srv.url), sandbox=SANDBOX), harness, suite.task("answer"))
+        res = _run(AgentExecutor(model=model_cfg(srv.url), sandbox=SANDBOX), harness, suite.task("answer-15s"))
     assert res.error_kind is None, res.error
     assert res.score == 1.0
     assert res.input_tokens > 0
