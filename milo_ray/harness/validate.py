@@ -93,7 +93,9 @@ class ForbiddenIndex:
     whole token (not inside a longer identifier), case-insensitively. A fragment
     with whitespace is *text* (an instruction): forbidden is any verbatim piece of
     at least ``min_chars`` characters, compared case-insensitively after collapsing
-    whitespace; text shorter than ``min_chars`` is too short to prove copying.
+    whitespace; text shorter than ``min_chars`` is too short to prove copying, and a
+    piece that every one of several instructions contains is shared boilerplate, not
+    any task's (allowed).
 
     Building hashes every ``min_chars`` window of every text once (200 texts of
     2 KB: ~0.4 M windows, a few MB); checking a source is one vectorized pass plus
@@ -152,6 +154,11 @@ class ForbiddenIndex:
             owner = int(self._owners[pos_c[i]])
             # Equal hashes are confirmed by an exact comparison (collisions are possible).
             if window in self.texts[owner] or any(window in t for t in self.texts):
+                # Text that every instruction shares is the benchmark's boilerplate (an
+                # answer format, a program contract), not any task's: copying it
+                # memorizes nothing. With one instruction nothing can be told shared.
+                if len(self.texts) > 1 and all(window in t for t in self.texts):
+                    continue
                 shown = window if len(window) <= 60 else window[:57] + "..."
                 return f"a verbatim fragment of a task instruction ({self.min_chars}+ chars): {shown!r}"
         return None

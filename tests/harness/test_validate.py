@@ -169,6 +169,20 @@ def test_short_common_phrase_from_an_instruction_is_not_rejected():
     assert r.ok, r.reason
 
 
+def test_boilerplate_every_instruction_shares_may_be_copied_but_a_tasks_own_text_may_not():
+    contract = "Write the complete program to out/program.py and define optimize(values, *, seed, deadline)."
+    tasks = [f"Task {i}: start from construction number {i} of the bank, step size {i}e-3. {contract}"
+             for i in range(3)]
+    shared = src(PLAIN + f'\nHINT = """{contract}"""\n')
+    assert validate(shared, forbidden_fragments=tasks).ok
+    own = src(PLAIN + f'\nHINT = """{tasks[1][:60]}"""\n')
+    r = validate(own, forbidden_fragments=tasks)
+    assert not r.ok and "verbatim fragment" in r.reason
+    # With a single instruction nothing can be told shared: its text stays forbidden.
+    alone = validate(shared, forbidden_fragments=tasks[:1])
+    assert not alone.ok and "verbatim fragment" in alone.reason
+
+
 def test_generality_scales_to_two_hundred_long_instructions():
     rng = np.random.default_rng(0)
     vocab = [f"w{i}" for i in range(5000)]
