@@ -306,7 +306,14 @@ class EvalConfig:
 
 
 def register_configs() -> None:
-    """Register the top-level schema and every method schema (idempotent)."""
+    """Register the top-level schema and every method schema, and the config resolvers
+    (idempotent). ``${cpu_count:}``: this machine's CPUs (CPU-bound executors run one
+    rollout per core, e.g. the instance-level experiments)."""
+    import os
+
+    from omegaconf import OmegaConf
+
+    OmegaConf.register_new_resolver("cpu_count", lambda: os.cpu_count() or 1, replace=True)
     cs = ConfigStore.instance()
     cs.store(name="config_schema", node=Config)
     cs.store(group="execution", name="execution_schema", node=ExecutionConfig)
