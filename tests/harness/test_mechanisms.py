@@ -93,3 +93,31 @@ def test_bad_names_and_values_raise_value_error_naming_the_problem():
     with pytest.raises(ValueError, match="not present"):
         set_param(SEEDS["stock"], "plan_gate", "max_gates", 2)
     assert detect_mechanisms("def build_agent(:") == {}
+
+
+def test_a_parse_raced_by_another_threads_ast_construction_is_retried(monkeypatch):
+    # CPython 3.11 keeps the AST constructor's depth count per interpreter: a parse in a
+    # thread outside our lock (a library's) can make ours fail once; it is retried.
+    import ast as real_ast
+
+    from milo_ray.harness.mechanisms import analysis
+
+    calls = {"n": 0}
+    parse = real_ast.parse
+
+    def racy(source, mode="exec"):
+        calls["n"] += 1
+        if calls["n"] == 1:
+            raise SystemError("AST constructor recursion depth mismatch (before=141, after=34)")
+        return parse(source, mode=mode)
+
+    monkeypatch.setattr(analysis.ast, "parse", racy)
+    tree = analysis.parse_source("x = 1\n")
+    assert isinstance(tree, real_ast.Module) and calls["n"] == 2
+    monkeypatch.setattr(analysis.ast, "parse", lambda *a, **k: (_ for _ in ()).throw(SystemError("other")))
+    try:
+        analysis.parse_source("x = 1\n")
+    except SystemError as e:
+        assert "other" in str(e)
+    else:
+        raise AssertionError("an unrelated SystemError must propagate")

@@ -67,6 +67,7 @@ from milo_ray.agents.mutators.diagnosis import parse_memory
 from milo_ray.agents.protocols import MutationRequest, MutationResult
 from milo_ray.agents.usage import AgentUsage
 from milo_ray.harness.model import ENTRY_FILE, Harness
+from milo_ray.harness.mechanisms.analysis import parse_source
 from milo_ray.search.seeds import derive_seed
 
 
@@ -141,7 +142,7 @@ class Program:
 
 def parse_program(source: str) -> Program:
     """The program's CONFIG/STAGES literals; ValueError naming what is missing."""
-    tree = ast.parse(source)
+    tree = parse_source(source)
     config_node = stages_node = None
     funcs: list[str] = []
     for node in tree.body:

@@ -46,7 +46,7 @@ from deepagents.backends.protocol import ExecuteResponse, FileDownloadResponse, 
 
 from milo_ray.execution.sandbox.base import Sandbox, SandboxSpec, resolve_timeout
 from milo_ray.execution.sandbox.cgroups import CgroupSupport, SandboxCgroup, probe_cgroups
-from milo_ray.execution.sandbox.hostdirs import HostDirs
+from milo_ray.execution.sandbox.hostdirs import HostDirs, _under
 from milo_ray.execution.sandbox.process import CappedProcess, CappedRun, run_capped, start_capped
 
 logger = logging.getLogger(__name__)
@@ -245,11 +245,16 @@ class BwrapSandbox(Sandbox):
         if self.spec.allow_internet:
             argv.append("--share-net")
         argv += ["--die-with-parent", "--new-session", "--cap-drop", "ALL", "--hostname", "sandbox"]
-        argv += _readonly_args(self._factory.host_readonly)
+        # A read-only host path under one of the sandbox's own writable directories (an
+        # interpreter in a venv under /tmp, a directory under the home) is bound after
+        # that directory, or the private mount would hide it.
+        late = [p for p in self._factory.host_readonly if any(_under(p, inside) for inside in self.dirs.mounts)]
+        argv += _readonly_args([p for p in self._factory.host_readonly if p not in late])
         argv += ["--proc", "/proc", "--dev", "/dev"]
         # Parents before children, so a nested mount is not hidden by its parent's.
         for inside, host in sorted(self.dirs.mounts.items(), key=lambda kv: len(kv[0])):
             argv += ["--bind", str(host), inside]
+        argv += _readonly_args(late)
         # The command's shell joins the sandbox's cgroups before it runs anything (see
         # _command), through these files alone: writing a pid there can only move a process
         # of this sandbox (the only ones it can name) into this sandbox's cgroup. Joining

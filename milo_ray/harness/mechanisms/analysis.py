@@ -76,14 +76,25 @@ def _names_in(node: ast.AST) -> set[str]:
 # per-interpreter state: two threads inside ast.parse at once (a garbage-collector
 # finalizer can switch threads in the middle of one) may fail with "SystemError: AST
 # constructor recursion depth mismatch". Candidates and children are written in
-# threads, so every parse of harness source here takes this lock.
+# threads, so every parse of harness source here takes this lock. Code outside this
+# module (a library's thread still running after an agent's cap) can race the lock
+# too; a parse is pure, so that failure is retried.
 _AST_LOCK = threading.Lock()
+_AST_RACE = "AST constructor recursion depth mismatch"
+_AST_ATTEMPTS = 5
 
 
 def parse_source(source: str, mode: str = "exec") -> ast.AST:
-    """``ast.parse`` serialized across threads (see ``_AST_LOCK``)."""
-    with _AST_LOCK:
-        return ast.parse(source, mode=mode)
+    """``ast.parse`` serialized across threads (see ``_AST_LOCK``), retried when another
+    thread's parse outside the lock corrupted the constructor's depth count."""
+    for attempt in range(_AST_ATTEMPTS):
+        try:
+            with _AST_LOCK:
+                return ast.parse(source, mode=mode)
+        except SystemError as e:
+            if _AST_RACE not in str(e) or attempt == _AST_ATTEMPTS - 1:
+                raise
+    raise AssertionError("unreachable")
 
 
 def parse_harness(source: str) -> HarnessAst | None:
