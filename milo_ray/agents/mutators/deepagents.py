@@ -41,7 +41,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 from deepagents.backends.protocol import (
     DeleteResult,
@@ -57,7 +57,7 @@ from langchain_core.callbacks import BaseCallbackHandler
 from milo_ray.agents.mutators.workspace import OUT, collect, prepare, template_for
 from milo_ray.agents.protocols import MutationRequest, MutationResult
 from milo_ray.agents.role_llm import RoleLLM, chat_model, recorder, total_usage
-from milo_ray.execution.sandbox.bwrap import BwrapSandbox, BwrapSandboxFactory
+from milo_ray.execution.sandbox.bwrap import DEFAULT_HOST_READONLY, BwrapSandboxFactory
 
 log = logging.getLogger(__name__)
 
@@ -98,7 +98,7 @@ class DeepAgentsMutator:
             raise ValueError("mutator.sandbox.host_readonly: not settable here; the mutator mounts the host system "
                              "and the lineage directories the snapshot names itself")
         try:
-            _LineageSandboxFactory((), **self.sandbox_kwargs)  # a bad key or value fails now, not per call
+            _factory((), self.sandbox_kwargs)  # a bad key or value fails now, not per call
         except TypeError as e:
             raise ValueError(f"mutator.sandbox: {e} (keys of BwrapSandboxFactory)") from e
         self.name = name or f"deepagents:{self.llm.model}"
@@ -141,7 +141,7 @@ class DeepAgentsMutator:
             try:
                 ws = prepare(request, scratch / "workspace", agent_root=AGENT_ROOT)
                 prompt = render_from(template, ws.values())
-                factory = _LineageSandboxFactory(ws.external_dirs(), **self.sandbox_kwargs)
+                factory = _factory(ws.external_dirs(), self.sandbox_kwargs)
                 spec = SandboxSpec(task_id=f"mutation-{request.seed}", workdir=AGENT_ROOT, allow_internet=False)
                 sandbox = factory.open(spec, scratch)
                 agent = self._agent(sandbox)
@@ -271,29 +271,11 @@ class OutOnlyBackend(BaseSandbox):
 
 # --------------------------------------------------------------------------- the sandbox
 
-class _LineageSandboxFactory(BwrapSandboxFactory):
-    """A bwrap factory whose sandboxes also see ``readable`` host directories, read-only at
-    their own paths. They are mounted after the sandbox's own writable directories: a
-    lineage node under the host's ``/tmp`` would otherwise be hidden by the sandbox's
-    private ``/tmp``."""
-
-    def __init__(self, readable: tuple[str, ...] | list[str], **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        self.readable = tuple(readable)
-
-    def open(self, spec: Any, scratch: Path) -> BwrapSandbox:
-        why = self.unsupported(spec)
-        if why:
-            raise RuntimeError(why)
-        return _LineageSandbox(self, spec, Path(scratch), self._probe()[1])
-
-
-class _LineageSandbox(BwrapSandbox):
-    def _build_bwrap_argv(self) -> list[str]:
-        argv = super()._build_bwrap_argv()
-        at = argv.index("--remount-ro")
-        extra = [a for d in self._factory.readable for a in ("--ro-bind", d, d)]
-        return argv[:at] + extra + argv[at:]
+def _factory(readable: Sequence[str], kwargs: Mapping[str, Any]) -> BwrapSandboxFactory:
+    """A bwrap factory whose sandboxes also see ``readable`` host directories (the
+    lineage nodes), read-only at their own paths; bwrap binds those under the sandbox's
+    private ``/tmp`` or home after that mount, so they stay visible."""
+    return BwrapSandboxFactory(host_readonly=(*DEFAULT_HOST_READONLY, *readable), **kwargs)
 
 
 # --------------------------------------------------------------------------- helpers
