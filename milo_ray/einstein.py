@@ -104,6 +104,10 @@ def load_candidates(store: Any, problem: str | None = None) -> tuple[list[Candid
             trace = store.get_blob(row["trace_ref"])
         except Exception:  # a missing blob: that rollout has nothing to offer
             continue
+        if isinstance(trace, dict) and "problem" not in trace:
+            # An agent's rollout (benchmark=einstein_agent): the graded program's run is
+            # in the verifier's details.
+            trace = (trace.get("verifier") or {}).get("details")
         if not isinstance(trace, dict) or trace.get("problem") not in PROBLEMS:
             continue
         name = trace["problem"]

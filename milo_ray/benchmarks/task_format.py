@@ -27,6 +27,7 @@ SETUP_ALLOWANCE_S = 300.0
 FORMATS: dict[str, str] = {
     "harbor": "milo_ray.benchmarks.harbor:HARBOR",
     "swe": "milo_ray.benchmarks.swe:SWE",
+    "einstein_agent": "milo_ray.benchmarks.einstein.agent_tasks:EINSTEIN_AGENT",
 }
 
 
@@ -36,7 +37,9 @@ class Verdict:
     rollout recorded with ``error_kind="task"``) when the verifier could not produce a
     reward -- e.g. a test script that needs the network -- in which case ``score`` is 0.
     ``reward``: the verifier's reward values (reward.json's dict, or {"reward": x});
-    ``ctrf``: the verifier's CTRF report when it wrote one; ``output``: its (capped) output."""
+    ``ctrf``: the verifier's CTRF report when it wrote one; ``output``: its (capped) output;
+    ``details``: what else the format's grading found, kept in the rollout's trace (an
+    einstein program's final point and score trajectory)."""
 
     score: float
     error: str | None = None
@@ -44,6 +47,7 @@ class Verdict:
     ctrf: dict[str, Any] | None = None
     output: str = ""
     seconds: float = 0.0
+    details: dict[str, Any] | None = None
 
 
 class TaskFormat(Protocol):

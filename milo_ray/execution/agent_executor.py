@@ -69,7 +69,7 @@ class AgentExecutor:
         self.agent = agent
         self.preflight(self.model, None, {"agent": agent})
         self.model_id = ORACLE_MODEL_ID if agent == "oracle" else self.model.id
-        self.sandbox = _build_factory(sandbox)
+        self.sandbox = build_factory(sandbox)
         self.recursion_limit = int(recursion_limit)
         self.scratch_dir = scratch_dir
         self.keep_scratch = bool(keep_scratch)
@@ -180,7 +180,8 @@ class _AgentRun:
                           error=self.error)
         trace = {"trajectory": traj, "ctrf": verdict.ctrf,
                  "verifier": {"score": verdict.score, "reward": verdict.reward, "error": verdict.error,
-                              "seconds": round(verdict.seconds, 3), "output": verdict.output}}
+                              "seconds": round(verdict.seconds, 3), "output": verdict.output,
+                              "details": verdict.details}}
         return RolloutResult(harness_id, task.task_id, rollout_idx, score=float(verdict.score),
                              input_tokens=traj["final"]["input_tokens"], output_tokens=traj["final"]["output_tokens"],
                              cost_usd=cost, latency_s=float(self.seconds), timed_out=self.status == "timeout",
@@ -248,7 +249,7 @@ def is_endpoint_error(exc: BaseException) -> bool:
     return False
 
 
-def _build_factory(sandbox: Any) -> Any:
+def build_factory(sandbox: Any) -> Any:
     if sandbox is None:
         raise ValueError("executor.sandbox: missing; choose a sandbox (sandbox=bwrap, sandbox=docker or sandbox=local)")
     if isinstance(sandbox, Mapping) or type(sandbox).__name__ == "DictConfig":

@@ -30,25 +30,25 @@ blocking ``execute`` on its own thread pool sized to its slots.
 
 from __future__ import annotations
 
-import copy
 import io
 import json
 import math
 import shlex
 import shutil
-import site
 import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 import numpy as np
 
 from milo_ray.execution import optimizer_runner as runner
 from milo_ray.execution.sandbox.hostdirs import SANDBOX_HOME
+from milo_ray.execution.sandbox.interpreter import with_interpreter
 from milo_ray.execution.types import RolloutResult, Task
+from milo_ray.harness.model import ENTRY_FILE
 
 # The cache identity of this executor's rollouts: no model is involved (as the agent
 # executor's oracle), so a run's results do not depend on the model group.
@@ -72,8 +72,8 @@ _TAIL_MARK = "=====milo-optimizer-stderr====="
 
 
 @dataclass
-class _Run:
-    """What the sandboxed run left behind."""
+class ProgramRun:
+    """What one sandboxed run of an optimizer program left behind (see :func:`run_program`)."""
 
     status: str  # returned | timeout | crashed | killed (no status.json: ended from outside)
     error: str | None
@@ -102,13 +102,13 @@ class OptimizerExecutor:
 
     def __init__(self, sandbox: Any = None, memory_mb: int = 2048, grace_s: float = 2.0,
                  scratch_dir: str | None = None, keep_scratch: bool = False) -> None:
-        from milo_ray.execution.agent_executor import _build_factory
+        from milo_ray.execution.agent_executor import build_factory
 
         if not isinstance(memory_mb, int) or isinstance(memory_mb, bool) or memory_mb < 256:
             raise ValueError(f"executor.memory_mb={memory_mb!r}: give an integer >= 256 (numpy and scipy need ~200 MB)")
         if not isinstance(grace_s, (int, float)) or isinstance(grace_s, bool) or not 0 < grace_s < math.inf:
             raise ValueError(f"executor.grace_s={grace_s!r}: give a positive number of seconds")
-        self.sandbox = _with_interpreter(_build_factory(sandbox))
+        self.sandbox = with_interpreter(build_factory(sandbox))
         self.memory_mb = int(memory_mb)
         self.grace_s = float(grace_s)
         self.scratch_dir = scratch_dir
@@ -149,60 +149,83 @@ class OptimizerExecutor:
         try:
             sandbox = self.sandbox.open(self._spec(task), scratch / "sandbox")
             try:
-                run = self._run(sandbox, harness, start, problem, seed, budget_s)
+                run = run_program(sandbox, WORKDIR, harness.files, start, problem, seed, budget_s, self.grace_s)
             finally:
                 sandbox.close()
         finally:
             if not self.keep_scratch:
                 shutil.rmtree(scratch, ignore_errors=True)
-        return _grade(harness.harness_id, task, rollout_idx, problem, start, start_score, run,
-                      time.monotonic() - began, self.grace_s)
+        graded = grade_program(problem, start, start_score, run, self.grace_s)
+        return RolloutResult(harness.harness_id, task.task_id, rollout_idx, score=graded.reward,
+                             latency_s=time.monotonic() - began, timed_out=graded.timed_out,
+                             error_kind="harness" if graded.reason else None, error=graded.reason,
+                             trace=graded.trace)
 
-    def _run(self, sandbox: Any, harness: Any, start: np.ndarray, problem: str, seed: int, budget_s: float) -> _Run:
-        buf = io.BytesIO()
-        np.save(buf, start, allow_pickle=False)
-        files = [(f"{WORKDIR}/{rel}", text.encode()) for rel, text in harness.files.items()]
-        files += [(f"{WORKDIR}/{START_FILE}", buf.getvalue()),
-                  (f"{WORKDIR}/{RUNNER_FILE}", Path(runner.__file__).read_bytes())]
-        _check_transfers("upload", sandbox.upload_files(files))
-        argv = [sys.executable, RUNNER_FILE, "harness.py", START_FILE, problem, str(int(seed)), repr(budget_s),
-                repr(self.grace_s)]
-        command = " ".join(shlex.quote(a) for a in argv) + " >stdout.log 2>stderr.log"
-        timeout = budget_s + self.grace_s + _KILL_MARGIN_S
-        ran = time.monotonic()
-        response = sandbox.execute(command, timeout=timeout)
-        # 124 is also what a program's own os._exit(124) reads: only past the timeout is it the kill.
-        hard_killed = response.exit_code == 124 and time.monotonic() - ran >= timeout - 0.5
-        tails = sandbox.execute(f"tail -c {_TAIL_BYTES} stdout.log; printf '\\n%s\\n' {_TAIL_MARK}; "
-                                f"tail -c {_TAIL_BYTES} stderr.log", timeout=30)
-        stdout_tail, _, stderr_tail = tails.output.partition(f"\n{_TAIL_MARK}\n")
-        names = (runner.STATUS_FILE, runner.BEST_FILE, runner.TRAJECTORY_FILE)
-        got = {Path(r.path).name: r for r in sandbox.download_files([f"{WORKDIR}/{n}" for n in names])}
-        status = _json_file(got[runner.STATUS_FILE])
-        run = _Run(status=str(status.get("status", "killed")) if isinstance(status, dict) else "killed",
-                   error=status.get("error") if isinstance(status, dict) else None,
-                   exit_code=response.exit_code, hard_killed=hard_killed,
-                   stdout_tail=stdout_tail, stderr_tail=stderr_tail)
-        best = got[runner.BEST_FILE]
-        if best.content is not None:
+
+def run_program(sandbox: Any, workdir: str, files: Mapping[str, str | bytes], start: np.ndarray, problem: str,
+                seed: int, budget_s: float, grace_s: float, *, entry: str = ENTRY_FILE,
+                python: str = sys.executable) -> ProgramRun:
+    """Run the optimizer program ``files`` (relative path -> text or bytes; ``entry`` defines
+    ``optimize``) on ``start`` in ``workdir`` of an open ``sandbox``, through the runner,
+    with ``python`` as the interpreter; read back how it ended, its last saved point and
+    its score trajectory. Only the sandbox failing raises."""
+    buf = io.BytesIO()
+    np.save(buf, start, allow_pickle=False)
+    uploads = [(f"{workdir}/{rel}", text.encode() if isinstance(text, str) else text) for rel, text in files.items()]
+    uploads += [(f"{workdir}/{START_FILE}", buf.getvalue()),
+                (f"{workdir}/{RUNNER_FILE}", Path(runner.__file__).read_bytes())]
+    _check_transfers("upload", sandbox.upload_files(uploads))
+    argv = [python, RUNNER_FILE, entry, START_FILE, problem, str(int(seed)), repr(float(budget_s)), repr(grace_s)]
+    here = f"cd {shlex.quote(workdir)} && "
+    command = here + " ".join(shlex.quote(a) for a in argv) + " >stdout.log 2>stderr.log"
+    timeout = budget_s + grace_s + _KILL_MARGIN_S
+    ran = time.monotonic()
+    response = sandbox.execute(command, timeout=timeout)
+    # 124 is also what a program's own os._exit(124) reads: only past the timeout is it the kill.
+    hard_killed = response.exit_code == 124 and time.monotonic() - ran >= timeout - 0.5
+    tails = sandbox.execute(here + f"tail -c {_TAIL_BYTES} stdout.log; printf '\\n%s\\n' {_TAIL_MARK}; "
+                            f"tail -c {_TAIL_BYTES} stderr.log", timeout=30)
+    stdout_tail, _, stderr_tail = tails.output.partition(f"\n{_TAIL_MARK}\n")
+    names = (runner.STATUS_FILE, runner.BEST_FILE, runner.TRAJECTORY_FILE)
+    got = {Path(r.path).name: r for r in sandbox.download_files([f"{workdir}/{n}" for n in names])}
+    status = _json_file(got[runner.STATUS_FILE])
+    run = ProgramRun(status=str(status.get("status", "killed")) if isinstance(status, dict) else "killed",
+                     error=status.get("error") if isinstance(status, dict) else None,
+                     exit_code=response.exit_code, hard_killed=hard_killed,
+                     stdout_tail=stdout_tail, stderr_tail=stderr_tail)
+    best = got[runner.BEST_FILE]
+    if best.content is not None:
+        try:
+            run.values = np.load(io.BytesIO(best.content), allow_pickle=False)
+        except Exception as exc:
+            run.values_error = f"the saved point is unreadable: {type(exc).__name__}: {exc}"[:300]
+    traj = got[runner.TRAJECTORY_FILE]
+    if traj.content is not None:
+        for line in traj.content.decode("utf-8", "replace").splitlines():
             try:
-                run.values = np.load(io.BytesIO(best.content), allow_pickle=False)
-            except Exception as exc:
-                run.values_error = f"the saved point is unreadable: {type(exc).__name__}: {exc}"[:300]
-        traj = got[runner.TRAJECTORY_FILE]
-        if traj.content is not None:
-            for line in traj.content.decode("utf-8", "replace").splitlines():
-                try:
-                    t, s, count = json.loads(line)
-                except (ValueError, TypeError):
-                    continue  # a line cut by the kill
-                run.trajectory.append([float(t), float(s) if math.isfinite(s) else None])
-                run.publishes = int(count)
-        return run
+                t, s, count = json.loads(line)
+            except (ValueError, TypeError):
+                continue  # a line cut by the kill
+            run.trajectory.append([float(t), float(s) if math.isfinite(s) else None])
+            run.publishes = int(count)
+    return run
 
 
-def _grade(harness_id: str, task: Task, rollout_idx: int, problem: str, start: np.ndarray, start_score: float,
-           run: _Run, latency_s: float, grace_s: float) -> RolloutResult:
+@dataclass
+class ProgramGrade:
+    """A program run graded: ``reward`` (0 when ``reason`` says why it earns nothing),
+    whether it was stopped past its deadline, and the trace (problem, start and final
+    scores, trajectory, the final point)."""
+
+    reward: float
+    reason: str | None
+    timed_out: bool
+    trace: dict[str, Any]
+
+
+def grade_program(problem: str, start: np.ndarray, start_score: float, run: ProgramRun,
+                  grace_s: float) -> ProgramGrade:
+    """Check and score the final point of ``run`` with the project's kernels."""
     from milo_ray.benchmarks.einstein import check, reward, score
 
     timed_out = run.status == "timeout" or (run.status == "killed" and run.hard_killed)
@@ -228,9 +251,8 @@ def _grade(harness_id: str, task: Task, rollout_idx: int, problem: str, start: n
     if timed_out:
         trace["stopped"] = (f"still running {grace_s:g} s past its deadline: stopped, its last published point "
                             "graded")
-    return RolloutResult(harness_id, task.task_id, rollout_idx,
-                         score=0.0 if reason else reward(start_score, final), latency_s=latency_s,
-                         timed_out=timed_out, error_kind="harness" if reason else None, error=reason, trace=trace)
+    return ProgramGrade(reward=0.0 if reason else reward(start_score, final), reason=reason, timed_out=timed_out,
+                        trace=trace)
 
 
 def _task_problem(task: Task) -> str | None:
@@ -251,33 +273,6 @@ def _task_problem(task: Task) -> str | None:
     except (ValueError, KeyError, TypeError) as exc:
         return f"task {task.task_id}: metadata.start: {exc}"
     return None
-
-
-def _interpreter_paths() -> list[str]:
-    """Host directories the sandbox needs to run this interpreter with its packages."""
-    paths = sorted({str(Path(p)) for p in (sys.prefix, sys.base_prefix, sys.exec_prefix, *site.getsitepackages())
-                    if p and Path(p).is_dir()})
-    return [p for p in paths if not _under_any(p, [q for q in paths if q != p])]
-
-
-def _under_any(path: str, roots: Any) -> bool:
-    return any(path == r or path.startswith(r.rstrip("/") + "/") for r in roots)
-
-
-def _with_interpreter(factory: Any) -> Any:
-    """A copy of ``factory`` whose sandboxes see this interpreter read-only: bwrap's
-    ``host_readonly``, Docker's ``host_mounts`` (a factory with neither, e.g. the local
-    one, runs commands on the host, which sees it already)."""
-    for attr in ("host_readonly", "host_mounts"):
-        have = getattr(factory, attr, None)
-        if have is None:
-            continue
-        have = tuple(have)
-        missing = tuple(p for p in _interpreter_paths() if not _under_any(p, have))
-        if missing:
-            factory = copy.copy(factory)
-            setattr(factory, attr, have + missing)
-    return factory
 
 
 def _check_transfers(what: str, responses: list[Any]) -> None:

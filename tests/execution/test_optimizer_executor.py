@@ -236,7 +236,7 @@ def test_the_config_builds_the_executor_without_a_model():
     from hydra.utils import instantiate
     from omegaconf import OmegaConf
 
-    from milo_ray.execution.optimizer_executor import _interpreter_paths, _under_any
+    from milo_ray.execution.sandbox.interpreter import interpreter_paths, under_any
 
     conf = Path(__file__).resolve().parents[2] / "conf"
     cfg = OmegaConf.create({"sandbox": OmegaConf.load(conf / "sandbox" / "bwrap.yaml"),
@@ -244,4 +244,4 @@ def test_the_config_builds_the_executor_without_a_model():
                             "executor": OmegaConf.load(conf / "executor" / "optimizer.yaml")})
     ex = instantiate(cfg.executor)
     assert isinstance(ex, OptimizerExecutor) and ex.model_id == "optimizer"
-    assert all(_under_any(p, ex.sandbox.host_readonly) for p in _interpreter_paths())
+    assert all(under_any(p, ex.sandbox.host_readonly) for p in interpreter_paths())

@@ -146,8 +146,8 @@ def normalize_spec(raw: Any, field: str) -> tuple[dict[str, Any], str | None]:
     return {"base": base, "n": n, "perturb": float(perturb), "seed": int(seed) if effective else 0}, problem
 
 
-def instruction(problem: str, spec: Mapping[str, Any], start_score: float, budget_s: float) -> str:
-    """The self-contained text an agent writing an optimizer program reads."""
+def describe_start(problem: str, spec: Mapping[str, Any]) -> str:
+    """The start of ``spec`` in words (``n = 2400 grid points, AlphaEvolve's ...``)."""
     what = {"alphaevolve": "AlphaEvolve's published construction"
                            + (f" ({len(published(problem))} points) refined to {spec['n']} points by repeating each "
                               "height (the same step function, the same score)"
@@ -157,9 +157,14 @@ def instruction(problem: str, spec: Mapping[str, Any], start_score: float, budge
     if spec["perturb"]:
         what += (f", each height multiplied by (1 + {spec['perturb']:g} * standard normal noise, seed {spec['seed']}) "
                  "and projected back onto the constraints")
+    return f"n = {spec['n']} grid points, {what}."
+
+
+def instruction(problem: str, spec: Mapping[str, Any], start_score: float, budget_s: float) -> str:
+    """The self-contained text an agent writing an optimizer program reads."""
     return "\n\n".join([
         f"Problem: {problem}.\n{DEFINITIONS[problem]}",
-        f"Start: n = {spec['n']} grid points, {what}. Its score is {start_score:.10g}.",
+        f"Start: {describe_start(problem, spec)} Its score is {start_score:.10g}.",
         "Task: improve the start as much as possible (a lower score). The reward is the relative gain over the "
         "start's score on a log scale; an infeasible point or one no better than the start earns 0.",
         CONTRACT.format(problem=problem),
@@ -238,11 +243,17 @@ class EinsteinBenchmark(SplitTasks):
         self.seed_names = list(seeds) if seeds else None
         self.seeds_dir = Path(seeds_dir).expanduser() if seeds_dir else SEEDS_DIR
         self._built = self._build(starts)
+        # Splits are drawn over starts: the tasks sharing one start (meta["start_id"]; a
+        # variant may pose one start several ways) always land in the same split.
+        units: dict[str, list[str]] = {}
         groups: dict[str, list[str]] = {}
         for tid, (meta, _) in self._built.items():
-            groups.setdefault(meta["problem"], []).append(tid)
+            unit = meta.get("start_id", tid)
+            if unit not in units:
+                groups.setdefault(meta["problem"], []).append(unit)
+            units.setdefault(unit, []).append(tid)
         assignment = stratified_splits(groups, dict(splits.items()) if splits else DEFAULT_SPLITS, seed=split_seed)
-        self._splits = {name: [self._task(t, name) for t in ids] for name, ids in assignment.items()}
+        self._splits = {name: [self._task(t, name) for u in ids for t in units[u]] for name, ids in assignment.items()}
         self._by_id = {t.task_id: t for ts in self._splits.values() for t in ts}
 
     def _build(self, starts: list[dict] | None) -> dict[str, tuple[dict[str, Any], str]]:

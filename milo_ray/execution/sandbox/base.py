@@ -44,6 +44,9 @@ class SandboxSpec:
     ``docker_image``: a prebuilt image to use instead. ``needs_docker``: why the host
     cannot stand in for the task's image (e.g. the Dockerfile has RUN steps), or None.
     ``env``: environment variables the task sets for its commands.
+    ``host_readonly``: absolute host paths the task's commands need to see read-only, on
+    top of what the sandbox shows anyway (e.g. the interpreter whose packages a task's
+    programs import); bwrap binds them, Docker mounts them, the local sandbox sees the host.
     """
 
     task_id: str
@@ -57,6 +60,7 @@ class SandboxSpec:
     build_context: str | None = None
     docker_image: str | None = None
     needs_docker: str | None = None
+    host_readonly: tuple[str, ...] = ()
 
 
 class Sandbox(BaseSandbox):

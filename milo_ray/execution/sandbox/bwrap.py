@@ -248,8 +248,10 @@ class BwrapSandbox(Sandbox):
         # A read-only host path under one of the sandbox's own writable directories (an
         # interpreter in a venv under /tmp, a directory under the home) is bound after
         # that directory, or the private mount would hide it.
-        late = [p for p in self._factory.host_readonly if any(_under(p, inside) for inside in self.dirs.mounts)]
-        argv += _readonly_args([p for p in self._factory.host_readonly if p not in late])
+        readonly = [*self._factory.host_readonly,
+                    *(p for p in self.spec.host_readonly if p not in self._factory.host_readonly)]
+        late = [p for p in readonly if any(_under(p, inside) for inside in self.dirs.mounts)]
+        argv += _readonly_args([p for p in readonly if p not in late])
         argv += ["--proc", "/proc", "--dev", "/dev"]
         # Parents before children, so a nested mount is not hidden by its parent's.
         for inside, host in sorted(self.dirs.mounts.items(), key=lambda kv: len(kv[0])):

@@ -422,7 +422,7 @@ class DockerSandboxFactory:
             if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", key):
                 raise ValueError(f"task {spec.task_id}: spec.env key {key!r} is not a variable name")
             argv += ["-e", f"{key}={value}"]
-        for mount in self.host_mounts:
+        for mount in (*self.host_mounts, *(m for m in spec.host_readonly if m not in self.host_mounts)):
             argv += ["-v", f"{mount}:{mount}:ro"]
         argv += [image, *_MAIN[1:]]
         started = run_capped(argv, timeout_s=_CONTROL_TIMEOUT_S, output_cap_bytes=_CONTROL_OUTPUT_CAP)
