@@ -27,12 +27,24 @@ from milo_ray.search.seeds import derive_seed
 DEFAULT_SPLITS: dict[str, float] = {"search": 0.5, "val": 0.25, "test": 0.25}
 
 
+# The order splits are drawn in, whatever order a config lists them in: a run resumed
+# from its manifest (whose keys are stored sorted) must draw exactly the splits it drew.
+_SPLIT_RANK = {"train": 0, "search": 1, "val": 2, "test": 3}
+
+
+def canonical_order(names: Any) -> list[str]:
+    """Split names in drawing order: train, search, val, test, then any others by name."""
+    return sorted(names, key=lambda k: (_SPLIT_RANK.get(k, len(_SPLIT_RANK)), k))
+
+
 def split_sizes(n: int, sizes: Mapping[str, Any], *, field: str = "splits") -> dict[str, int]:
-    """How many of ``n`` tasks each split gets. Floats are fractions (largest-remainder
-    rounding, so fractions summing to 1 place every task); ints are counts. Mixing the
-    two is refused: ``1`` would be ambiguous between "one task" and "all of them"."""
+    """How many of ``n`` tasks each split gets, in :func:`canonical_order` (the order the
+    callers draw them in). Floats are fractions (largest-remainder rounding, so fractions
+    summing to 1 place every task); ints are counts. Mixing the two is refused: ``1``
+    would be ambiguous between "one task" and "all of them"."""
     if not sizes:
         raise ValueError(f"{field}: no splits given (e.g. {field}: {{search: 0.5, val: 0.25, test: 0.25}})")
+    sizes = {k: sizes[k] for k in canonical_order(sizes)}
     problems: list[str] = []
     kinds = set()
     for name, v in sizes.items():
@@ -57,7 +69,7 @@ def split_sizes(n: int, sizes: Mapping[str, Any], *, field: str = "splits") -> d
     exact = {k: float(v) * n for k, v in sizes.items()}
     out = {k: int(math.floor(x + 1e-9)) for k, x in exact.items()}
     target = min(n, int(round(total_f * n)))
-    # Largest remainder first; ties go to the split listed first (stable sort).
+    # Largest remainder first; ties go to the split drawn first (stable sort).
     order = sorted(exact, key=lambda k: -(exact[k] - out[k]))
     for k in order[: max(0, target - sum(out.values()))]:
         out[k] += 1

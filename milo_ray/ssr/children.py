@@ -77,6 +77,13 @@ class ChildMaker:
         self.optimizer_spec, self.optimizer_name, self.forbidden = optimizer_spec, optimizer_name, forbidden
         self.tasks, self.store, self.calls, self.emit, self.work = tasks, store, calls, emit, work
 
+    def request_context(self, recs: Sequence[Any], rnd: int, i: int) -> dict[str, Any]:
+        """What candidate ``i`` of round ``rnd`` is told beside its workspace: its records
+        (``scale`` of them) and the artifact's entry, which picks the optimizer's
+        instructions (a harness or an optimizer program)."""
+        return {"records": [r.as_dict() for r in recs], "scale": len(recs), "round": rnd, "candidate_index": i,
+                "method": METHOD, "artifact_entry": self.entry}
+
     def evidence_sets(self, order: list[str], m: int, rnd: int) -> list[tuple[str, ...]]:
         rng = np.random.default_rng(derive_seed(self.seed, "evidence", rnd))
         return ev.evidence_sets(order, self.cfg.scales, self.cfg.evidence, rng)[:m]
@@ -181,6 +188,5 @@ class _Requests:
         req = MutationRequest(parent=self.parent, parent_dir=self._parent_dir, evidence_dir=Path(edir),
                               memory_markdown=memory, workdir=cdir / "work",
                               seed=derive_seed(self.maker.seed, "candidate", self.rnd, i),
-                              context={"records": [r.as_dict() for r in recs], "scale": len(tasks),
-                                       "round": self.rnd, "candidate_index": i, "method": METHOD})
+                              context=self.maker.request_context(recs, self.rnd, i))
         return CandidateJob(i, len(tasks), req)

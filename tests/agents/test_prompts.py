@@ -63,13 +63,14 @@ def _records() -> list[ev.ExperienceRecord]:
                                 suggestions=["Run the tests before finishing."], insights="Verify first.")]
 
 
-@pytest.mark.parametrize("kind", ["mutate", "mutate_optimizer", "graft", "ssr_optimize"])
+@pytest.mark.parametrize("kind", ["mutate", "mutate_optimizer", "graft", "ssr_optimize", "ssr_optimize_optimizer"])
 def test_coding_agent_instructions_render_from_a_real_snapshot_with_every_placeholder_filled(tmp_path, kind):
     parent = Harness.from_dir(SEED, name="minimal")
-    if kind == "ssr_optimize":
+    if kind.startswith("ssr_optimize"):
         recs = _records()
+        extra = {"artifact_entry": "optimize"} if kind == "ssr_optimize_optimizer" else {}
         req = _request(tmp_path, ev.render_memory(recs, k=1, n=1, evidence_dir=str(tmp_path / "run" / "evidence")),
-                       records=[r.as_dict() for r in recs], scale=1)
+                       records=[r.as_dict() for r in recs], scale=1, **extra)
     else:
         snapshot = _island_snapshot(tmp_path / "run", parent)
         ctx = {"parent_accuracy": 0.5, "parent_costs": {"output_tokens": 1e5}}
@@ -86,9 +87,12 @@ def test_coding_agent_instructions_render_from_a_real_snapshot_with_every_placeh
     text = render_from(kind, ws.values())
     assert "${" not in text and "/workspace/out/harness.py" in text and "/workspace/parent/harness.py" in text
     assert str(tmp_path / "run" / "parent") not in text  # the agent sees its copies, not the run's files
+    # An optimizer program's instructions speak of optimize(), a harness's of build_agent().
+    assert ("def optimize(values, *, seed, deadline)" in text) == kind.endswith("_optimizer")
+    assert ("build_agent(model, backend)" in text) == (not kind.endswith("_optimizer"))
     if kind == "graft":
         assert "/workspace/co_parent/harness.py" in text and "Island 0 is stuck." in text
-    if kind == "ssr_optimize":
+    if kind.startswith("ssr_optimize"):
         assert "It stopped before testing." in text and "/workspace/evidence/traces/<task_id>/trajectory.json" in text
     else:
         memory = (ws.root / "memory.md").read_text()
@@ -97,7 +101,8 @@ def test_coding_agent_instructions_render_from_a_real_snapshot_with_every_placeh
 
 
 def test_every_template_is_known_and_a_hole_or_a_typo_is_refused():
-    assert {"mutate", "mutate_optimizer", "graft", "ssr_optimize", "orchestrator", "judge"} <= set(names())
+    assert {"mutate", "mutate_optimizer", "graft", "ssr_optimize", "ssr_optimize_optimizer", "orchestrator",
+            "judge"} <= set(names())
     need = sorted(placeholders("mutate"))
     values = {k: "x" for k in need}
     assert "${" not in render("mutate", **values)

@@ -55,3 +55,19 @@ def test_split_file_is_used_as_written_and_unknown_or_repeated_ids_are_refused(t
     assert "split 'val' is empty" in msg and str(bad) in msg
     with pytest.raises(ValueError, match="no such file"):
         load_split_file(tmp_path / "missing.json", IDS)
+
+
+def test_the_draw_does_not_depend_on_the_order_splits_are_listed_in():
+    # A resumed run rebuilds its benchmark from the manifest, whose keys are stored
+    # sorted: {search, test, val} must draw what {search, val, test} drew.
+    from milo_ray.benchmarks.einstein.benchmark import EinsteinBenchmark
+
+    ids = [f"t{i:02d}" for i in range(20)]
+    listed = assign_splits(ids, {"search": 10, "val": 5, "test": 5}, seed=3)
+    assert assign_splits(ids, {"test": 5, "search": 10, "val": 5}, seed=3) == listed
+    assert assign_splits(ids, {"val": 0.25, "test": 0.25, "search": 0.5}, seed=3) == listed
+    starts = [{"base": "alphaevolve", "perturb": 0.001, "seed": s} for s in range(4)]
+    a = EinsteinBenchmark(problem="first_autocorrelation", starts=starts, splits={"search": 2, "val": 1, "test": 1})
+    b = EinsteinBenchmark(problem="first_autocorrelation", starts=starts, splits={"search": 2, "test": 1, "val": 1})
+    assert {k: [t.task_id for t in v] for k, v in a._splits.items()} == \
+        {k: [t.task_id for t in v] for k, v in b._splits.items()}

@@ -62,7 +62,7 @@ from milo_ray.execution.sandbox.bwrap import DEFAULT_HOST_READONLY, BwrapSandbox
 log = logging.getLogger(__name__)
 
 AGENT_ROOT = "/workspace"
-TEMPLATES = ("mutate", "mutate_optimizer", "graft", "ssr_optimize")
+TEMPLATES = ("mutate", "mutate_optimizer", "graft", "ssr_optimize", "ssr_optimize_optimizer")
 TRANSCRIPT_SUFFIX = ".transcript.json"
 # Per-command limit of the agent's shell: a mutation's commands are reads, greps and an
 # import check, never long jobs; the mutator's own cap bounds the whole run anyway.
@@ -74,7 +74,7 @@ class DeepAgentsMutator:
 
     llm: the role's model (a :class:`RoleLLM` mapping; checked here, the model itself is
         built on the first call). name: display name (default ``deepagents:<model>``).
-    instructions: ``mutate``, ``graft`` or ``ssr_optimize``; None picks per request.
+    instructions: one of :data:`TEMPLATES`; None picks per request.
     time_cap_s: wall-clock cap of one agent run. recursion_limit: its graph-step cap.
     sandbox: keyword arguments of :class:`BwrapSandboxFactory` (e.g. ``command_timeout_s``,
         ``pids_limit``). keep_workspace: keep the host workspace after the call (its path

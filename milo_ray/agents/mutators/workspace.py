@@ -45,17 +45,16 @@ LISTED_FILES = 40
 
 def template_for(request: MutationRequest) -> str:
     """Which instructions a request calls for: ``graft`` (MILO's recombination),
-    ``ssr_optimize`` (an SSR candidate from ranked records), ``mutate_optimizer`` (a
-    mutation of an optimizer program: the context's ``artifact_entry`` is ``optimize``)
-    or ``mutate``."""
+    ``ssr_optimize`` (an SSR candidate from ranked records), ``mutate`` (a mutation), the
+    last two as ``ssr_optimize_optimizer`` / ``mutate_optimizer`` when the artifact is an
+    optimizer program (the context's ``artifact_entry`` is ``optimize``)."""
     ctx = request.context or {}
     if ctx.get("mode") == "graft":
         return "graft"
+    program = ctx.get("artifact_entry") == "optimize"
     if "records" in ctx:
-        return "ssr_optimize"
-    if ctx.get("artifact_entry") == "optimize":
-        return "mutate_optimizer"
-    return "mutate"
+        return "ssr_optimize_optimizer" if program else "ssr_optimize"
+    return "mutate_optimizer" if program else "mutate"
 
 
 @dataclass(frozen=True)
