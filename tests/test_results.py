@@ -3,7 +3,8 @@ the Parquet files read independently (DuckDB, pyarrow, scipy) and, for the final
 against what the run itself reported in manifest["summary"].
 
 One module fixture runs, in one process (tests/entry/cli_jobs.py), a two-job MILO sweep
-(ablation rungs A and B), an SSR run and an instance-level (einstein) MILO run, each tiny.
+(ablation rungs A and B), an SSR run, an instance-level (einstein) MILO run and an eval
+run, each tiny.
 """
 
 from __future__ import annotations
@@ -48,6 +49,7 @@ def runs(tmp_path_factory) -> Path:
         "sweep": ["-m", "method=milo_A,milo_B", *MILO_TINY, *COMMON, f"run.dir={root / 'sweep'}"],
         "ssr": [*SSR_TINY, *COMMON, f"run.dir={root / 'ssr'}"],
         "einstein": [*EINSTEIN_TINY, *COMMON, f"run.dir={root / 'einstein'}"],
+        "eval": ["method=eval", "method.k=2", "method.names=[minimal,stock]", *COMMON, f"run.dir={root / 'eval'}"],
     }
     (root / "jobs.json").write_text(json.dumps(jobs))
     proc = subprocess.run([sys.executable, str(RUNNER), str(root / "jobs.json"), str(root / "out.json")], cwd=root,
@@ -158,10 +160,10 @@ def test_harness_metrics_equal_an_independent_computation(runs):
     assert R.harness_metrics(res, split="no-such-split").empty
 
 
-@pytest.mark.parametrize("name", ["sweep/0", "sweep/1", "ssr"])
+@pytest.mark.parametrize("name", ["sweep/0", "sweep/1", "ssr", "eval"])
 def test_final_test_matches_what_the_run_reported(runs, name):
     res = R.load_run(runs / name)
-    reported = res.summary["final_test"]
+    reported = res.summary["harnesses" if name == "eval" else "final_test"]
     test = R.final_test(res)
     assert len(test) == len(reported) >= 1
     if name == "ssr":
@@ -169,6 +171,7 @@ def test_final_test_matches_what_the_run_reported(runs, name):
     for row, rep in zip(test.to_dict("records"), reported):
         assert (row["harness_id"], row["label"], row["n_tasks"], row["k"]) == \
             (rep["harness_id"], rep["name"], rep["n_tasks"], rep["k"])
+        assert row["n_rollouts"] == row["n_tasks"] * row["k"]
         for key in (*METRICS, "mean_output_tokens", "mean_seconds", "timeouts", "errors", "true_score"):
             assert _close(row[key], rep[key]), key
         for m, ci in (("pr_at_k", "pr_ci"), ("rr_at_k", "rr_ci")):
