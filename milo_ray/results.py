@@ -92,8 +92,8 @@ def _read_manifest(path: Path) -> dict[str, Any]:
     try:
         manifest = json.loads(text)
     except ValueError as e:
-        raise RunDirError(f"{file}: corrupt manifest, not valid JSON ({e}); restore it (a run resumed with "
-                          f"run.resume={path} rewrites it only if it can be read) or move the run aside") from None
+        raise RunDirError(f"{file}: corrupt manifest, not valid JSON ({e}); restore the file from a backup or "
+                          "move the run directory aside (its tables are not affected)") from None
     if not isinstance(manifest, dict):
         raise RunDirError(f"{file}: corrupt manifest, a JSON {type(manifest).__name__} instead of an object; "
                           "restore it or move the run aside")
