@@ -281,6 +281,17 @@ class BackendConfig:
 
 
 @dataclass
+class MlflowTrackingConfig:
+    """``tracking=mlflow``: also log the run to MLflow (params, per-round metrics, final
+    test metrics, manifest and report). uri: the tracking store (None: a local file store
+    ``<run dir>/mlruns``); experiment: the MLflow experiment's name."""
+
+    _target_: str = "milo_ray.tracking.mlflow.MlflowTracking"
+    uri: Optional[str] = None
+    experiment: str = "milo_ray"
+
+
+@dataclass
 class Config:
     run: RunConfig = field(default_factory=RunConfig)
     execution: ExecutionConfig = field(default_factory=ExecutionConfig)
@@ -291,6 +302,8 @@ class Config:
     # The sandbox real executors run agents in (conf/sandbox/); the surrogate ignores it.
     sandbox: Any = None
     method: Any = MISSING
+    # Experiment tracking (conf/tracking/: none, mlflow); None in runs stored before it existed.
+    tracking: Any = None
 
 
 @dataclass
@@ -320,6 +333,7 @@ def register_configs() -> None:
     cs.store(group="model", name="model_schema", node=ModelConfig)
     cs.store(group="backend", name="backend_schema", node=BackendConfig)
     cs.store(group="method", name="eval_schema", node=EvalConfig)
+    cs.store(group="tracking", name="mlflow_schema", node=MlflowTrackingConfig)
     for group_name, module, cls in _METHOD_SCHEMAS:
         mod = __import__(module, fromlist=[cls])
         cs.store(group="method", name=group_name, node=getattr(mod, cls))
