@@ -41,7 +41,8 @@ class Tracker(Protocol):
     def start(self, *, run_id: str, run_dir: Path, params: dict[str, str], resumed: bool) -> None:
         ...
 
-    def log_metrics(self, metrics: Mapping[str, float], step: int | None) -> None:
+    def log_metrics(self, metrics: Mapping[str, float], step: int | None, at: float | None = None) -> None:
+        """``at``: when the values were measured (wall-clock seconds; None: now)."""
         ...
 
     def finish(self, *, status: str, run_dir: Path) -> None:
@@ -155,7 +156,7 @@ class TrackingSession:
         with self._lock:
             batch, self._queue = self._queue, []
         for m in batch:
-            if not self._call("log_metrics", self.tracker.log_metrics, m.metrics, m.step):
+            if not self._call("log_metrics", self.tracker.log_metrics, m.metrics, m.step, m.time):
                 return
 
     def _run(self) -> None:

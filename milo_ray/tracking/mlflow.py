@@ -100,11 +100,11 @@ class MlflowTracking:
         for i in range(0, len(rows), PARAMS_PER_BATCH):
             client.log_batch(self.run_id, params=rows[i: i + PARAMS_PER_BATCH])
 
-    def log_metrics(self, metrics: Mapping[str, float], step: int | None) -> None:
+    def log_metrics(self, metrics: Mapping[str, float], step: int | None, at: float | None = None) -> None:
         from mlflow.entities import Metric
 
-        now = int(time.time() * 1000)
-        rows = [Metric(clean_key(k), float(v), now, int(step or 0)) for k, v in metrics.items()]
+        stamp = int((time.time() if at is None else at) * 1000)
+        rows = [Metric(clean_key(k), float(v), stamp, int(step or 0)) for k, v in metrics.items()]
         for i in range(0, len(rows), METRICS_PER_BATCH):
             self.client.log_batch(self.run_id, metrics=rows[i: i + METRICS_PER_BATCH])
 

@@ -67,11 +67,14 @@ class Spend:
 
 @dataclass
 class RoundMetrics:
-    """A closed round's numbers (``step`` is the round), as a tracker logs them."""
+    """A closed round's numbers as a tracker logs them: ``step`` is the round (MILO's
+    run-wide numbers use the count of rounds closed on any island, so their history is
+    ordered), ``time`` the closing event's wall-clock time."""
 
     method: str
     step: int
     metrics: dict[str, float] = field(default_factory=dict)
+    time: float | None = None
 
 
 def _payload(row: dict[str, Any]) -> dict[str, Any]:
@@ -111,6 +114,7 @@ class RunStatus:
         self._subscribers: list[Callable[[RoundMetrics], None]] = []
         self.method: str | None = None
         self._milo: Any = None  # a MiloState, built on the first milo.* event
+        self._closes = 0  # MILO: rounds closed on any island (milo.progress events)
         self._race: RaceStatus | None = None
         self._spend = Spend()
         self._exec0 = self._executions_used()  # executions used when this session started
@@ -142,9 +146,7 @@ class RunStatus:
             with self._lock:
                 if table == "events":
                     for row in rows:
-                        m = self._event(row)
-                        if m is not None:
-                            out.append(m)
+                        out.extend(self._event(row))
                 elif table in ("rollouts", "agent_calls"):
                     self._count(table, rows)
                 else:
@@ -170,15 +172,16 @@ class RunStatus:
             else:
                 s.cost_usd += float(r["cost_usd"])
 
-    def _event(self, row: dict[str, Any]) -> RoundMetrics | None:
+    def _event(self, row: dict[str, Any]) -> list[RoundMetrics]:
         kind = str(row.get("kind") or "")
         if kind.startswith("milo."):
             return self._milo_event(kind, row)
         if kind.startswith("ssr."):
-            return self._ssr_event(kind, row)
-        return None
+            m = self._ssr_event(kind, row)
+            return [] if m is None else [m]
+        return []
 
-    def _milo_event(self, kind: str, row: dict[str, Any]) -> RoundMetrics | None:
+    def _milo_event(self, kind: str, row: dict[str, Any]) -> list[RoundMetrics]:
         from milo_ray.milo.events import Progress, decode
         from milo_ray.milo.state import MiloState
 
@@ -187,7 +190,8 @@ class RunStatus:
         ev = decode(kind, _payload(row))
         self._milo.apply(ev)
         if not isinstance(ev, Progress):
-            return None
+            return []
+        self._closes += 1
         isl = self._island(ev.island)
         metrics = {f"island{isl.island}/stall": float(isl.stall), f"island{isl.island}/round": float(isl.round)}
         if isl.best_search is not None:
@@ -195,10 +199,11 @@ class RunStatus:
         if isl.best_heldout is not None:
             metrics[f"island{isl.island}/heldout_accuracy"] = isl.best_heldout
         best = self._milo_best()
-        for key in ("best_search_accuracy", "best_heldout_accuracy"):
-            if best[key] is not None:
-                metrics[key] = best[key]
-        return RoundMetrics("milo", ev.rounds_done, {**metrics, **self._spend_metrics()})
+        run = {k: best[k] for k in ("best_search_accuracy", "best_heldout_accuracy") if best[k] is not None}
+        t = row.get("time")
+        return [RoundMetrics("milo", ev.rounds_done, metrics, t),
+                RoundMetrics("milo", self._closes, {**run, "rounds_closed": float(self._closes),
+                                                    **self._spend_metrics()}, t)]
 
     def _ssr_event(self, kind: str, row: dict[str, Any]) -> RoundMetrics | None:
         from milo_ray.ssr.events import (CandidatesChosen, RoundStarted, Selection, StageResult, StageStarted,
@@ -227,7 +232,7 @@ class RunStatus:
                                ("incumbent_score", race.incumbent_score)):
                 if value is not None:
                     metrics[key] = float(value)
-            return RoundMetrics("ssr", ev.round, {**metrics, **self._spend_metrics()})
+            return RoundMetrics("ssr", ev.round, {**metrics, **self._spend_metrics()}, row.get("time"))
         elif isinstance(ev, Stopped):
             race.stopped = ev.reason
         return None
