@@ -70,8 +70,9 @@ class RunConfig:
         work starts, in-flight work settles, then the final evaluation and summary run.
         A resumed run keeps its stored limit (unless given again) and counts the time
         its earlier sessions ran.
-    progress: live progress display: True shows it on a terminal, False never, None
-        (default) also only on a terminal. A pipe or a log file never gets one.
+    progress: live progress display (rollouts, one line per MILO island or SSR race, the
+        run's best, spend and ETA): None (default) shows it on a terminal only, True also
+        as plain ``[progress]`` lines on stderr when there is none, False never.
     """
 
     dir: Optional[str] = None
