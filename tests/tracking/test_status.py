@@ -85,3 +85,18 @@ def test_eta_is_the_nearest_of_time_limit_budget_and_round_limit():
     _emit(store, Progress(1, 2, 0), island=1, round=2)  # 2 of 4 rounds in 50 s: 50 s more
     assert status.eta_s() == 50.0
     assert status.lines()[-1].endswith("executions 25/100  eta 00:50")
+
+
+def test_a_failing_store_listener_never_fails_the_write():
+    store = MemoryRunStore()
+    seen = []
+
+    def broken(table, rows):
+        raise RuntimeError("listener bug")
+
+    store.add_listener(broken)
+    store.add_listener(lambda table, rows: seen.append((table, [r["seq"] for r in rows])))
+    store.event("x.one", {"a": 1})
+    store.append("events", [{"kind": "x.two"}, {"kind": "x.three"}])
+    assert [r["kind"] for r in store.read("events").to_pylist()] == ["x.one", "x.two", "x.three"]
+    assert seen == [("events", [0]), ("events", [1, 2])]
