@@ -28,7 +28,7 @@ from milo_ray.tracking.status import RoundMetrics, RunStatus
 log = logging.getLogger(__name__)
 
 TRACKING_FAILED = "tracking.failed"
-__all__ = ["NoTracking", "RunStatus", "Tracker", "TrackingSession", "final_metrics", "flatten_config",
+__all__ = ["NoTracking", "RunStatus", "Tracker", "TrackingSession", "final_metrics", "flatten_config", "start_tracking",
            "TRACKING_FAILED"]
 
 
