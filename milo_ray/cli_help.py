@@ -17,6 +17,7 @@ GROUPS = {
                "(litellm: LLM agents on backend.model, each role's llm block overridable)",
     "model": "the solver: id (part of every rollout cache key), litellm string, endpoint, key variable name, prices",
     "execution": "where Ray runs",
+    "tracking": "experiment tracking: none, or mlflow (config, per-round metrics, final test, manifest, report)",
 }
 
 
@@ -36,7 +37,7 @@ RUN_KEYS = {
     "run.budget.cost_usd": "USD cap on rollouts and agent calls; needs model prices (null: unlimited)",
     "run.budget.roles.ROLE.tokens": "token cap of one agent role (solver, mutator, orchestrator, judge, optimizer, embedder)",
     "run.budget.roles.ROLE.cost_usd": "USD cap of one agent role",
-    "run.progress": "live progress line on a terminal (true/false; null: when a terminal)",
+    "run.progress": "live progress (rollouts, islands/races, best, spend, ETA; true/false; null: when a terminal)",
 }
 
 

@@ -70,8 +70,9 @@ class RunConfig:
         work starts, in-flight work settles, then the final evaluation and summary run.
         A resumed run keeps its stored limit (unless given again) and counts the time
         its earlier sessions ran.
-    progress: live progress display: True shows it on a terminal, False never, None
-        (default) also only on a terminal. A pipe or a log file never gets one.
+    progress: live progress display (rollouts, one line per MILO island or SSR race, the
+        run's best, spend and ETA): None (default) shows it on a terminal only, True also
+        as plain ``[progress]`` lines on stderr when there is none, False never.
     """
 
     dir: Optional[str] = None
@@ -281,6 +282,17 @@ class BackendConfig:
 
 
 @dataclass
+class MlflowTrackingConfig:
+    """``tracking=mlflow``: also log the run to MLflow (params, per-round metrics, final
+    test metrics, manifest and report). uri: the tracking store (None: a local file store
+    ``<run dir>/mlruns``); experiment: the MLflow experiment's name."""
+
+    _target_: str = "milo_ray.tracking.mlflow.MlflowTracking"
+    uri: Optional[str] = None
+    experiment: str = "milo_ray"
+
+
+@dataclass
 class Config:
     run: RunConfig = field(default_factory=RunConfig)
     execution: ExecutionConfig = field(default_factory=ExecutionConfig)
@@ -291,6 +303,8 @@ class Config:
     # The sandbox real executors run agents in (conf/sandbox/); the surrogate ignores it.
     sandbox: Any = None
     method: Any = MISSING
+    # Experiment tracking (conf/tracking/: none, mlflow); None in runs stored before it existed.
+    tracking: Any = None
 
 
 @dataclass
@@ -320,6 +334,7 @@ def register_configs() -> None:
     cs.store(group="model", name="model_schema", node=ModelConfig)
     cs.store(group="backend", name="backend_schema", node=BackendConfig)
     cs.store(group="method", name="eval_schema", node=EvalConfig)
+    cs.store(group="tracking", name="mlflow_schema", node=MlflowTrackingConfig)
     for group_name, module, cls in _METHOD_SCHEMAS:
         mod = __import__(module, fromlist=[cls])
         cs.store(group="method", name=group_name, node=getattr(mod, cls))

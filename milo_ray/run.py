@@ -168,6 +168,7 @@ def run_job(cfg: DictConfig) -> dict[str, Any]:
     plan = check_composition(cfg)  # model, executor, benchmark, method and agents, nothing built yet
     benchmark = _build("benchmark", cfg.benchmark)
     method = _build("method", cfg.method)
+    tracker = _build("tracking", cfg.tracking) if cfg.get("tracking") is not None else None
     agents = plan.agents
     preflight = getattr(method, "preflight", None)
     if preflight is not None:
@@ -224,6 +225,8 @@ def run_job(cfg: DictConfig) -> dict[str, Any]:
                                  caps=role_caps(OmegaConf.to_container(cfg.run.budget.roles, resolve=True))),
     )
     scheduler.agent_calls = ctx.agent_calls  # real rollouts' model calls land there (role solver)
+    tracking = _live_views(cfg, store, scheduler, tracker, run_dir=run_dir, manifest=manifest, resumed=resumed,
+                           deadline=deadline)
     status = "failed"
     summary: dict[str, Any] = {}
     try:
@@ -243,11 +246,33 @@ def run_job(cfg: DictConfig) -> dict[str, Any]:
         store.flush()
         store.write_manifest(finish_manifest(manifest, status=status, summary=summary, budget=scheduler.budget,
                                              embedder_loads=_embedder_loads(store)))
+        if tracking is not None:
+            tracking.finish(status=status, summary=summary, run_dir=run_dir)
         store.close()
         logging.getLogger().removeHandler(log_file)
         log_file.close()
         print(f"run directory: {run_dir}  (status: {status}; resume with run.resume={run_dir})")
     return summary
+
+
+def _live_views(cfg: DictConfig, store: Any, scheduler: Any, tracker: Any, *, run_dir: Path,
+                manifest: dict[str, Any], resumed: bool, deadline: float | None) -> Any:
+    """Feed the progress display's run status and the tracker from the store's writes;
+    returns the tracking session (None: nothing tracked). Without a display or a
+    tracker nothing listens, so a quiet run pays nothing."""
+    from milo_ray.tracking import NoTracking, RunStatus, start_tracking
+
+    tracked = tracker is not None and not isinstance(tracker, NoTracking)
+    if not (scheduler.progress.enabled or scheduler.progress.plain or tracked):
+        return None
+    live = RunStatus(budget=scheduler.budget, deadline=deadline,
+                     max_rounds=OmegaConf.select(cfg, "method.max_rounds", default=None))
+    if resumed:
+        live.replay(store)
+    store.add_listener(live.observe)
+    scheduler.progress.attach(live)
+    return start_tracking(tracker, store=store, status=live, run_id=manifest["run_id"], run_dir=run_dir,
+                          config=manifest["config"], resumed=resumed)
 
 
 def _attach_run_log(run_dir: Path) -> logging.Handler:

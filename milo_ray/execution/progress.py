@@ -1,21 +1,29 @@
 """Live rollout progress for people watching a run in a terminal.
 
 One status line (rich) with done/total, running, failures, tokens, cost and an ETA
-from the observed completion rate. ``None`` (the default) shows it only on a
-terminal, so logs and CI output stay clean; ``True`` also reports when stdout is not a
-terminal, as a plain line on stderr every ``interval_s`` (no control codes, so a log
-file of a cluster job stays readable); ``False`` shows nothing. The scheduler only
-calls the counting methods; rendering happens on a background thread.
+from the observed completion rate, followed by the lines of an attached run status
+(:meth:`RolloutProgress.attach`: any object with ``lines() -> list[str]`` and a
+``version`` counter, e.g. :class:`milo_ray.tracking.status.RunStatus` with one line per
+MILO island or SSR race and a run line with best-so-far, spend and ETA). ``None`` (the
+default) shows it only on a terminal, so logs and CI output stay clean; ``True`` also
+reports when stdout is not a terminal, as plain ``[progress]`` lines on stderr (no
+control codes, so a log file of a cluster job stays readable): when the status changed,
+at most every ``min_interval_s``, and otherwise every ``interval_s``; ``False`` shows
+nothing. The scheduler only calls the counting methods; rendering happens on a
+background thread.
 """
 
 from __future__ import annotations
 
+import logging
 import sys
 import threading
 import time
 from typing import Any
 
 from milo_ray.execution.types import RolloutResult
+
+log = logging.getLogger(__name__)
 
 
 def _fmt_eta(seconds: float | None) -> str:
@@ -38,12 +46,15 @@ class RolloutProgress:
     """
 
     def __init__(self, enabled: bool | None = None, *, console: Any = None, stream: Any = None,
-                 interval_s: float = 30.0) -> None:
+                 interval_s: float = 30.0, min_interval_s: float = 5.0) -> None:
         # Never draw control codes into a pipe or a log file, even when asked to.
         self.enabled = enabled is not False and (console is not None or sys.stdout.isatty())
         self.plain = enabled is True and not self.enabled
         self._stream = stream if stream is not None else sys.stderr
         self._interval_s = float(interval_s)
+        self._min_interval_s = min(float(min_interval_s), self._interval_s)
+        self._status: Any = None
+        self._written_version: Any = None
         self._stop = threading.Event()
         self._ticker: threading.Thread | None = None
         self._console = console
@@ -111,7 +122,29 @@ class RolloutProgress:
             }
 
     # --- display --------------------------------------------------------------------
+    def attach(self, status: Any) -> None:
+        """Show ``status.lines()`` below the rollout line."""
+        self._status = status
+
+    def status_lines(self) -> list[str]:
+        if self._status is None:
+            return []
+        try:
+            return list(self._status.lines())
+        except Exception:  # a display must never take the run (or its own thread) down
+            log.exception("run status lines failed; showing rollout progress only from here on")
+            self._status = None
+            return []
+
     def render(self) -> Any:
+        from rich.console import Group
+        from rich.text import Text
+
+        lines = self.status_lines()
+        line = self._rollout_line()
+        return Group(line, *(Text(x) for x in lines)) if lines else line
+
+    def _rollout_line(self) -> Any:
         from rich.text import Text
 
         s = self.summary()
@@ -139,11 +172,18 @@ class RolloutProgress:
         self._live.start()
 
     def _write_plain(self) -> None:
-        print(f"[progress] {self.render().plain}", file=self._stream, flush=True)
+        self._written_version = getattr(self._status, "version", None)
+        text = "\n".join(f"[progress] {x}" for x in [self._rollout_line().plain, *self.status_lines()])
+        print(text, file=self._stream, flush=True)
 
     def _tick(self) -> None:
-        while not self._stop.wait(self._interval_s):
-            self._write_plain()
+        # Wake every min_interval_s; write when the status changed, or every interval_s anyway.
+        last = time.monotonic()
+        while not self._stop.wait(self._min_interval_s):
+            changed = getattr(self._status, "version", None) != self._written_version
+            if changed or time.monotonic() - last >= self._interval_s - 1e-3:
+                self._write_plain()
+                last = time.monotonic()
 
     def close(self) -> None:
         if self._ticker is not None:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import abc
 
 import json
+import logging
 import threading
 import time
 import uuid
@@ -47,6 +48,7 @@ class StoreCore(abc.ABC):
         self._completed: set[str] = set()
         self._next_seq = 0
         self._closed = False
+        self._listeners: list[Any] = []
 
     # ---- persistence hooks ------------------------------------------------------------
     @abc.abstractmethod
@@ -114,6 +116,21 @@ class StoreCore(abc.ABC):
                     self._next_seq += len(rows)
                 elif table == "rollouts":
                     self._note_rollouts(data)
+            self._notify(table, rows)
+
+    def add_listener(self, fn: Any) -> None:
+        """Call ``fn(table, rows)`` after every accepted append (events carry their
+        ``seq``), in write order: the one feed of live views of a run (progress, tracking).
+        A listener's exception is logged and never fails the write."""
+        with self._lock:
+            self._listeners.append(fn)
+
+    def _notify(self, table: str, rows: list[Any]) -> None:
+        for fn in self._listeners:
+            try:
+                fn(table, rows)
+            except Exception:
+                logging.getLogger(__name__).exception("store listener %r failed on a %s append", fn, table)
 
     def _note_rollouts(self, data: pa.Table) -> None:
         for key, kind in zip(data["cache_key"].to_pylist(), data["error_kind"].to_pylist()):

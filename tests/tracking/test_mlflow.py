@@ -1,0 +1,213 @@
+"""tracking=mlflow against a real local MLflow file store, read back with MlflowClient;
+tracking=none composes by default; a failing tracking backend never fails the run."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import duckdb
+import pytest
+from hydra import compose, initialize_config_dir
+from hydra.core.global_hydra import GlobalHydra
+
+from milo_ray.config_errors import UserError
+from milo_ray.run import CONF_DIR, _build
+from milo_ray.store.memory import MemoryRunStore
+from milo_ray.tracking import TRACKING_FAILED, NoTracking, RunStatus, TrackingSession, final_metrics, flatten_config
+from milo_ray.tracking.mlflow import MAX_PARAM_CHARS, MlflowTracking
+
+HERE = Path(__file__).parent
+
+
+def _matrix_module():
+    path = HERE.parent / "entry" / "test_cli_matrix.py"
+    spec = importlib.util.spec_from_file_location("_cli_matrix_constants", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory) -> Path:
+    """Three tiny offline runs in one process: MILO and SSR logged to MLflow, and MILO
+    with a tracking backend that fails."""
+    m = _matrix_module()
+    root = tmp_path_factory.mktemp("tracking")
+    common = ["run.progress=false", "execution.num_cpus=2"]
+    jobs = {
+        "milo": [*m.MILO_TINY, *common, "tracking=mlflow", "tracking.experiment=tiny", f"run.dir={root / 'milo'}"],
+        "ssr": ["method=ssr", *m.SSR_TINY, f"run.budget.executions={m.TRAIN_SIZE['surrogate_tb21'] + 20}", *common,
+                "tracking=mlflow", f"run.dir={root / 'ssr'}"],
+        "failing": [*m.MILO_TINY, *common, "tracking._target_=failing_tracker.FailingTracker",
+                    f"run.dir={root / 'failing'}"],
+    }
+    (root / "jobs.json").write_text(json.dumps(jobs))
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "LITELLM_LOCAL_MODEL_COST_MAP": "True",
+           "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.run([sys.executable, str(m.RUNNER), str(root / "jobs.json"), str(root / "out.json")], cwd=root,
+                          capture_output=True, text=True, timeout=900, env=env)
+    out = json.loads((root / "out.json").read_text()) if (root / "out.json").exists() else {}
+    assert all(out.get(j, {}).get("code") == 0 for j in jobs), (out, proc.stderr[-4000:])
+    return root
+
+
+@pytest.fixture(autouse=True)
+def _file_store(monkeypatch):
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")  # MLflow 3.x's opt-in for its file store
+
+
+def _client_run(run_dir: Path, experiment: str):
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=(run_dir / "mlruns").as_uri())
+    exp = client.get_experiment_by_name(experiment)
+    assert exp is not None, f"no MLflow experiment {experiment!r} under {run_dir / 'mlruns'}"
+    (run,) = client.search_runs([exp.experiment_id])
+    return client, run
+
+
+def _last(client, run, key: str) -> float:
+    history = client.get_metric_history(run.info.run_id, key)
+    assert history, f"metric {key} was never logged"
+    return max(history, key=lambda m: (m.step, m.timestamp)).value
+
+
+def _events(run_dir: Path, kind: str) -> list[dict]:
+    rows = duckdb.sql(f"select payload from '{run_dir}/events/*.parquet' where kind = '{kind}' order by seq").fetchall()
+    return [json.loads(p) for (p,) in rows]
+
+
+def test_a_milo_run_is_read_back_from_the_local_mlflow_store(runs):
+    run_dir = runs / "milo"
+    manifest = json.loads((run_dir / "manifest.json").read_text())
+    summary = manifest["summary"]
+    client, run = _client_run(run_dir, "tiny")
+    assert run.info.status == "FINISHED" and run.data.tags["milo_ray_run_id"] == manifest["run_id"]
+    params = run.data.params
+    flat = flatten_config(manifest["config"])
+    assert set(params) == set(flat) and params["method.max_rounds"] == "1" and params["run.dir"] == str(run_dir)
+    assert params["tracking.experiment"] == "tiny" and params["tracking.uri"] == "null"
+    for j, isl in summary["islands"].items():
+        assert _last(client, run, f"island{j}/heldout_accuracy") == pytest.approx(isl["heldout_accuracy"])
+        assert _last(client, run, f"island{j}/stall") == isl["stall"]
+        assert _last(client, run, f"island{j}/round") == isl["rounds"]
+        steps = sorted(m.step for m in client.get_metric_history(run.info.run_id, f"island{j}/stall"))
+        assert steps[-1] == isl["rounds"]
+    nodes = [e["node"] for e in _events(run_dir, "milo.node")]
+    best_search = max(n["accuracy"] for n in nodes if n["admitted"] and n["accuracy"] is not None)
+    assert _last(client, run, "best_search_accuracy") == pytest.approx(best_search)
+    assert _last(client, run, "best_heldout_accuracy") == pytest.approx(summary["best"]["heldout_accuracy"])
+    assert _last(client, run, "executions_used") == manifest["budget"]["executions_used"]
+    top = summary["final_test"][0]
+    assert run.data.metrics["test/pr_at_k"] == pytest.approx(top["pr_at_k"])
+    assert run.data.metrics[f"test/{top['name']}/rr_at_k"] == pytest.approx(top["rr_at_k"])
+    artifacts = {a.path for a in client.list_artifacts(run.info.run_id)}
+    assert "manifest.json" in artifacts
+    local = client.download_artifacts(run.info.run_id, "manifest.json", str(run_dir.parent / "dl"))
+    assert json.loads(Path(local).read_text()) == manifest
+    log = (run_dir / "run.log").read_text()
+    if importlib.util.find_spec("milo_ray.report") is None:
+        assert "no report artifact (milo_ray.report is not importable" in log
+    else:
+        assert "report" in artifacts, log[-2000:]
+
+
+def test_an_ssr_run_logs_parent_and_child_scores_per_round(runs):
+    run_dir = runs / "ssr"
+    client, run = _client_run(run_dir, "milo_ray")
+    selections = duckdb.sql(f"select round, payload from '{run_dir}/events/*.parquet' where kind = 'ssr.selection' "
+                            "order by seq").fetchall()
+    assert selections
+    history = {m.step: m.value for m in client.get_metric_history(run.info.run_id, "parent_score")}
+    assert history == pytest.approx({r: json.loads(p)["parent_score"] for r, p in selections})
+    children = {m.step: m.value for m in client.get_metric_history(run.info.run_id, "best_child_score")}
+    assert children == pytest.approx({r: json.loads(p)["best_child_score"] for r, p in selections
+                                      if json.loads(p)["best_child_score"] is not None})
+    manifest = json.loads((run_dir / "manifest.json").read_text())
+    assert run.data.metrics["test/pr_at_k"] == pytest.approx(manifest["summary"]["final_test"][0]["pr_at_k"])
+    assert run.info.status == "FINISHED"
+
+
+def test_a_failing_tracking_backend_is_logged_once_recorded_and_the_run_finishes(runs):
+    run_dir = runs / "failing"
+    manifest = json.loads((run_dir / "manifest.json").read_text())
+    assert manifest["status"] == "finished" and manifest["summary"]["final_test"]
+    (failed,) = _events(run_dir, TRACKING_FAILED)
+    assert failed == {"backend": "failing", "stage": "log_metrics",
+                      "error": "ConnectionError: tracking server unreachable"}
+    log = (run_dir / "run.log").read_text()
+    assert log.count("tracking (failing) failed at log_metrics") == 1
+
+
+def test_long_params_are_truncated_bad_key_characters_replaced_and_a_resumed_run_continues(tmp_path):
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    t = MlflowTracking()
+    t.start(run_id="r1", run_dir=run_dir, params={"long": "x" * (MAX_PARAM_CHARS + 50), "odd+key": "1"}, resumed=False)
+    t.log_metrics({"island0/stall": 2}, step=3)
+    t.finish(status="interrupted", run_dir=run_dir)
+    again = MlflowTracking()
+    again.start(run_id="r1", run_dir=run_dir, params={"long": "changed", "new": "2"}, resumed=True)
+    again.finish(status="finished", run_dir=run_dir)
+    assert again.run_id == t.run_id
+    client, run = _client_run(run_dir, "milo_ray")
+    assert run.data.params == {"long": "x" * (MAX_PARAM_CHARS - 3) + "...", "odd_key": "1", "new": "2"}
+    assert run.data.metrics == {"island0/stall": 2.0} and run.info.status == "FINISHED"
+
+
+def test_a_tracker_that_fails_to_start_is_recorded_once_and_never_called_again():
+    calls = []
+
+    class Down:
+        name = "down"
+
+        def start(self, **kw):
+            calls.append("start")
+            raise OSError("no route to host")
+
+        def log_metrics(self, *a):
+            calls.append("log")
+
+        def finish(self, **kw):
+            calls.append("finish")
+
+    store = MemoryRunStore()
+    status = RunStatus()
+    session = TrackingSession(Down(), store)
+    session.start(run_id="r", run_dir=Path("/nonexistent"), config={"a": 1}, resumed=False, status=status)
+    store.event("milo.progress", {"island": 0, "rounds_done": 1, "stall": 0})
+    session.finish(status="finished", summary={"final_test": [{"name": "x", "pr_at_k": 0.5}]}, run_dir=Path("."))
+    assert calls == ["start"] and session.failed == "start: OSError: no route to host"
+    rows = [r for r in store.read("events").to_pylist() if r["kind"] == TRACKING_FAILED]
+    assert len(rows) == 1 and json.loads(rows[0]["payload"])["stage"] == "start"
+
+
+def test_final_metrics_and_flattened_params():
+    rows = [{"name": "ssr final", "pr_at_k": 0.5, "pr_ci": [0.4, 0.6], "harness_id": "h", "k": 1},
+            {"name": "ssr initial", "pr_at_k": 0.25, "pr_ci": [None, None]}]
+    assert final_metrics({"final_test": rows}) == {
+        "test/ssr final/pr_at_k": 0.5, "test/ssr final/pr_ci_lo": 0.4, "test/ssr final/pr_ci_hi": 0.6,
+        "test/ssr final/k": 1.0, "test/pr_at_k": 0.5, "test/pr_ci_lo": 0.4, "test/pr_ci_hi": 0.6, "test/k": 1.0,
+        "test/ssr initial/pr_at_k": 0.25}
+    assert flatten_config({"a": {"b": 1, "c": [1, 2], "d": None, "e": {}}, "f": "x"}) == {
+        "a.b": "1", "a.c": "[1, 2]", "a.d": "null", "a.e": "{}", "f": "x"}
+
+
+def _compose(overrides: list[str]):
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+        return compose("config", overrides=overrides)
+
+
+def test_tracking_is_none_by_default_and_mlflow_settings_are_checked_before_the_run():
+    assert isinstance(_build("tracking", _compose([]).tracking), NoTracking)
+    cfg = _compose(["tracking=mlflow"])
+    assert cfg.tracking.uri is None and cfg.tracking.experiment == "milo_ray"
+    assert isinstance(_build("tracking", cfg.tracking), MlflowTracking)
+    with pytest.raises(UserError, match=r"^tracking: tracking.experiment='': give the MLflow experiment's name"):
+        _build("tracking", _compose(["tracking=mlflow", "tracking.experiment=''"]).tracking)
