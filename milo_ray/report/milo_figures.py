@@ -166,7 +166,7 @@ def _trajectories(rp: MiloReplay) -> Figure:
         top.plot(xs, [np.nan if p.heldout is None else p.heldout for p in pts], drawstyle="steps-post",
                  color=c, lw=1.4, ls="--", marker="s", ms=3, alpha=0.85, gid=f"heldout:{j}")
     top.set_ylabel("accuracy")
-    top.yaxis.set_major_formatter(PercentFormatter(1.0, decimals=0))
+    top.yaxis.set_major_formatter(PercentFormatter(1.0))
     top.grid(alpha=0.3)
     handles = [Line2D([], [], color=island_color(j), lw=2, label=f"island {j}") for j in islands]
     handles += [Line2D([], [], color="k", lw=2, marker="o", ms=3.5, label="best search accuracy (admitted)"),
@@ -188,7 +188,7 @@ def _trajectories(rp: MiloReplay) -> Figure:
         evs = [ev for ev in rp.lane_events if ev.kind == kind]
         if not evs:
             continue
-        bottom.scatter([ev.round + dx for ev in evs], [lane_y[ev.island] for ev in evs], marker=marker, s=55,
+        bottom.scatter([ev.round + dx for ev in evs], [lane_y[ev.island] for ev in evs], marker=marker, s=130 if marker == "*" else 55,
                        color=color, edgecolor="white" if marker != "x" else None, lw=0.6, zorder=3, label=label,
                        gid=f"lane:{kind}")
         if kind in ("speciate", "graft", "curriculum"):
@@ -215,7 +215,7 @@ def _trajectories(rp: MiloReplay) -> Figure:
 
 
 # --------------------------------------------------------------------------- lineage trees
-ROW_IN, DEPTH_IN = 0.44, 2.7  # inches per tree row and per generation
+ROW_IN, DEPTH_IN, MAX_WIDTH_IN = 0.44, 2.7, 20.0  # inches per tree row, per generation; widest tree
 
 
 def _layout(nodes: list[LineageNode]) -> tuple[dict[str, tuple[float, float]], int]:
@@ -255,7 +255,10 @@ def _lineage(rp: MiloReplay, j: int, acc_range: tuple[float, float]) -> Figure:
     nodes = lin.nodes()
     pos, rows = _layout(nodes)
     depth = int(max((p[0] for p in pos.values()), default=0))
-    fig = MplFigure(figsize=(DEPTH_IN * (depth + 1) + 2.6, ROW_IN * max(rows, 3) + 1.5), layout="constrained")
+    # Deep trees get narrower generations (and shorter edge labels) so the figure stays readable on a page.
+    gen_in = min(DEPTH_IN, MAX_WIDTH_IN / (depth + 1))
+    label_chars = int(gen_in * 0.66 / 0.048)
+    fig = MplFigure(figsize=(gen_in * (depth + 1) + 2.6, ROW_IN * max(rows, 3) + 1.9), layout="constrained")
     ax = fig.subplots()
     best = rp.state.islands[j].best()
     cmap, norm = mpl.colormaps["viridis"], mpl.colors.Normalize(*acc_range)
@@ -269,12 +272,13 @@ def _lineage(rp: MiloReplay, j: int, acc_range: tuple[float, float]) -> Figure:
                 lw=1.6 if n.admitted else 1.0, ls="-" if n.admitted else (0, (3, 2)), zorder=1,
                 gid=f"edge:{e.parent}->{n.node_id}")
         if n.mutation:
-            ax.text(mid + 0.03, cy, _short(n.mutation, 34), fontsize=6.5, color="#555555", va="bottom", ha="left",
-                    style="italic")
+            ax.annotate(_short(n.mutation, label_chars), (mid, cy), xytext=(3, 1.5), textcoords="offset points", fontsize=6.5,
+                        color="#555555", va="bottom", ha="left", style="italic")
         delta = [] if e.delta_acc is None else [f"Δacc {100 * e.delta_acc:+.1f} pp"]
         delta.append(f"+{e.diff_added}/−{e.diff_deleted} lines")
         dcolor = "#555555" if e.delta_acc is None else "#1a7f37" if e.delta_acc > 0 else "#c62828"
-        ax.text(mid + 0.03, cy - 0.06, "  ".join(delta), fontsize=6.5, color=dcolor, va="top", ha="left")
+        ax.annotate("  ".join(delta), (mid, cy), xytext=(3, -2), textcoords="offset points", fontsize=6.5,
+                    color=dcolor, va="top", ha="left")
     groups = {"admitted": [n for n in nodes if n.admitted and n.evaluated],
               "rejected": [n for n in nodes if not n.admitted and n.evaluated],
               "failed": [n for n in nodes if not n.evaluated]}
@@ -312,7 +316,7 @@ def _lineage(rp: MiloReplay, j: int, acc_range: tuple[float, float]) -> Figure:
     for side in ("left", "right", "top"):
         ax.spines[side].set_visible(False)
     sm = mpl.cm.ScalarMappable(norm=norm, cmap=cmap)
-    cb = fig.colorbar(sm, ax=ax, shrink=min(1.0, 4.0 / max(ROW_IN * rows, 1.0)), pad=0.01, aspect=25)
+    cb = fig.colorbar(sm, ax=ax, shrink=min(0.8, 3.0 / max(ROW_IN * rows, 1.0)), pad=0.01, aspect=20)
     cb.set_label("search accuracy", fontsize=8)
     cb.ax.yaxis.set_major_formatter(PercentFormatter(1.0, decimals=0))
     handles = [Line2D([], [], ls="", marker="o", mfc=cmap(0.7), mec="black", ms=8, label="admitted"),
@@ -321,7 +325,7 @@ def _lineage(rp: MiloReplay, j: int, acc_range: tuple[float, float]) -> Figure:
                Line2D([], [], ls="", marker="o", mfc="none", mec="#e6a700", mew=2, ms=13, label="incumbent"),
                Line2D([], [], color="#2ca02c", lw=1.6, label="edge to admitted child"),
                Line2D([], [], color="#b0b0b0", lw=1.0, ls=(0, (3, 2)), label="edge to rejected child")]
-    ax.legend(handles=handles, loc="lower right", fontsize=7, ncols=3, frameon=True, framealpha=0.9)
+    fig.legend(handles=handles, loc="outside lower center", fontsize=7, ncols=6, frameon=False)
     mut = rp.state.assignment.get(j)
     ax.set_title(f"Island {j} lineage ({len(nodes)} nodes, {len(groups['admitted'])} admitted"
                  + (f"; mutator now {mut}" if mut else "") + ")", fontsize=11)
@@ -397,7 +401,7 @@ def _pareto(rp: MiloReplay, pts: list[ParetoPoint]) -> Figure:
         ax.set_xlabel(label + (" (log)" if ax.get_xscale() == "log" else ""))
         ax.grid(alpha=0.3)
     axes[0].set_ylabel("search accuracy")
-    axes[0].yaxis.set_major_formatter(PercentFormatter(1.0, decimals=0))
+    axes[0].yaxis.set_major_formatter(PercentFormatter(1.0))
     islands = sorted({p.island for p in pts if p.admitted and p.island is not None})
     handles = [Line2D([], [], ls="", marker="o", mfc=island_color(j), mec="black", ms=7, label=f"admitted, island {j}")
                for j in islands]
@@ -482,9 +486,9 @@ def _true_quality(rp: MiloReplay, tq: dict[str, float]) -> Figure:
     left.set_ylabel("true quality (exact expected test score)")
     left.set_title("Every evaluated harness", fontsize=10)
     for ax in (left, right):
-        ax.yaxis.set_major_formatter(PercentFormatter(1.0, decimals=0))
+        ax.yaxis.set_major_formatter(PercentFormatter(1.0))
         ax.grid(alpha=0.3)
-    left.xaxis.set_major_formatter(PercentFormatter(1.0, decimals=0))
+    left.xaxis.set_major_formatter(PercentFormatter(1.0))
     by_node = {n.node_id: n for n, _ in nodes}
     for j, pts in rp.series.items():
         ps = [p for p in pts if p.incumbent in by_node]
