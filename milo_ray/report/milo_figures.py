@@ -372,10 +372,18 @@ def front(costs: np.ndarray, accs: np.ndarray) -> np.ndarray:
     return np.array(keep, dtype=int)
 
 
+COST_LABELS = {"output_tokens": "mean output tokens per task", "seconds": "mean agent seconds per task"}
+
+
+def pareto_axes(pts: list[ParetoPoint]) -> list[str]:
+    """The cost axes some harness spent anything on (an optimizer run spends no tokens)."""
+    return [a for a in COST_LABELS if any(getattr(p, a) > 0 for p in pts)]
+
+
 def _pareto(rp: MiloReplay, pts: list[ParetoPoint]) -> Figure:
-    fig = MplFigure(figsize=(12, 5), layout="constrained")
-    axes = fig.subplots(1, 2, sharey=True)
-    axis_info = (("output_tokens", "mean output tokens per task"), ("seconds", "mean agent seconds per task"))
+    axis_info = [(a, COST_LABELS[a]) for a in pareto_axes(pts)]
+    fig = MplFigure(figsize=(6 * len(axis_info), 5), layout="constrained")
+    axes = np.atleast_1d(fig.subplots(1, len(axis_info), sharey=True, squeeze=False)[0])
     for ax, (axis, label) in zip(axes, axis_info):
         cost = np.array([getattr(p, axis) for p in pts])
         acc = np.array([p.accuracy for p in pts])
@@ -409,7 +417,7 @@ def _pareto(rp: MiloReplay, pts: list[ParetoPoint]) -> Figure:
                 Line2D([], [], color="black", lw=1.2, alpha=0.7, label="front of the admitted")]
     if any(p.node_id is None for p in pts):
         handles.append(Line2D([], [], ls="", marker="v", color="#8c8c8c", ms=6, label="seed without island"))
-    axes[1].legend(handles=handles, loc="upper left", bbox_to_anchor=(1.02, 1.0), fontsize=8, frameon=False)
+    axes[-1].legend(handles=handles, loc="upper left", bbox_to_anchor=(1.02, 1.0), fontsize=8, frameon=False)
     fig.suptitle("Accuracy vs cost of every evaluated harness", fontsize=11)
     n_adm = sum(p.admitted for p in pts)
     caption = (f"{len(pts)} evaluated harnesses ({n_adm} admitted). Costs are the search-split means MILO ranked "
@@ -527,7 +535,7 @@ def figures(res: Any) -> list[Figure]:
     accs = [p.accuracy for p in pts] or [0.0, 1.0]
     rng = (min(accs), max(accs) if max(accs) > min(accs) else min(accs) + 1e-6)
     out += [_lineage(rp, j, rng) for j in sorted(rp.state.islands) if len(rp.state.islands[j].nodes())]
-    if pts:
+    if pareto_axes(pts):
         out.append(_pareto(rp, pts))
     tq = true_qualities(res, rp)
     if tq:
