@@ -43,10 +43,11 @@ from milo_ray.report.figure import Figure
 COLORS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#17becf", "#bcbd22",
           "#7f7f7f")
 MUTATOR_COLORS = ("#c6dbef", "#fdd0a2", "#c7e9c0", "#dadaeb", "#fcbba1", "#d9d9d9", "#fde0ef", "#ccebc5")
-# Swimlane markers and the x offset (rounds) that keeps two moves of one decision apart.
-MOVES = {"reassign": ("^", "#333333", -0.18, "Reassign"), "speciate": ("*", "#d62728", 0.0, "Speciate"),
-         "graft": ("D", "#2ca02c", 0.18, "Graft"), "curriculum": ("P", "#9467bd", 0.0, "Curriculum"),
-         "invalid": ("x", "#999999", 0.3, "refused decision")}
+# Swimlane markers, and the x offset (rounds) that keeps the moves of one decision apart:
+# a move happens when its island's round closes, so the first sits on the round itself.
+MOVES = {"reassign": ("^", "#333333", 0.0, "Reassign"), "speciate": ("*", "#d62728", 0.16, "Speciate"),
+         "graft": ("D", "#2ca02c", 0.32, "Graft"), "curriculum": ("P", "#9467bd", 0.0, "Curriculum"),
+         "invalid": ("x", "#999999", -0.16, "refused decision")}
 
 
 def island_color(j: int) -> str:
@@ -440,7 +441,11 @@ def _ground_truth(res: Any) -> Any | None:
         return None
     if not callable(getattr(cls, "true_quality", None)):
         return None
-    return cls(**cfg)
+    try:
+        return cls(**cfg)
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"{res.run_dir}/manifest.json config.benchmark: cannot rebuild {target} to compute true "
+                         f"quality ({e}); the run was written by an incompatible version") from e
 
 
 def true_qualities(res: Any, rp: MiloReplay) -> dict[str, float]:
