@@ -49,46 +49,26 @@ def write_report(run_dir: str | Path, out_dir: str | Path | None = None) -> Path
     out.mkdir(parents=True, exist_ok=True)
     spend = results.spend_by_role(res)
 
-    sections = [page.Section("overview", "Overview", _overview(res))]
     final = results.final_test(res)
-    sections.append(page.Section(
-        "final-test", "Final test results",
-        '<p class="lead">The search\'s final harness(es) on the held-out test split, with task-clustered 95% '
-        "confidence intervals (MILO §5.2).</p>" + tables.render(final, table_id="final-test-table")))
-    split_secs = []
-    for split, title in (("search", "Search split"), ("val", "Validation split")):
-        df = results.harness_metrics(res, split=split)
-        split_secs.append(page.Section(
-            f"harnesses-{split}", title, tables.render(df, table_id=f"harnesses-{split}-table")))
-    sections.append(page.Section(
-        "harnesses", "Harnesses",
-        '<p class="lead">Every harness evaluated during the search: pass@k, PR@k and RR@k with task-clustered 95% '
-        "CIs, mean tokens and seconds per rollout, total USD.</p>", split_secs))
-    sections.append(page.Section(
-        "spend", "Spend by agent role",
-        '<p class="lead">Search agents\' calls (solver rollouts are in the harness tables). USD is "unknown" when '
-        "any call of the row could not be priced.</p>" + tables.render(spend, table_id="spend-table")))
-
-    number = 0
-    for module, title, lead in FIGURE_MODULES:
-        figs, error = _figures_of(module, res)
-        if not figs and error is None:
-            continue
-        body = f'<p class="lead">{escape(lead)}</p>'
-        if error is not None:
-            body += f'<p class="error">{escape(error)}</p>'
-        for fig in figs:
-            number += 1
-            body += page.figure_block(fig, number, out)
-        if module.endswith("ssr_figures"):
-            body += "<h3>Decisions per round</h3>" + tables.render(tables.ssr_decisions(res),
-                                                                 table_id="ssr-decisions-table")
-        sections.append(page.Section(module.rsplit(".", 1)[-1].replace("_figures", "") + "-figures", title, body))
-    if number == 0:
-        sections.append(page.Section("figures", "Figures", '<p class="nodata">no data: this run has no figures '
-                                     "(no method-specific events were recorded)</p>"))
-    sections.append(page.Section("config", "Configuration", _config(res)))
-
+    sections = [
+        page.Section("overview", "Overview", _overview(res)),
+        page.Section("final-test", "Final test results",
+                     '<p class="lead">The search\'s final harness(es) on the held-out test split, with task-clustered '
+                     "95% confidence intervals (MILO §5.2).</p>" + tables.render(final, table_id="final-test-table")),
+        *_figure_sections(res, out),
+        page.Section("spend", "Spend by agent role",
+                     '<p class="lead">Search agents\' calls (solver rollouts are in the harness tables). USD is '
+                     '"unknown" when any call of the row could not be priced.</p>'
+                     + tables.render(spend, table_id="spend-table")),
+        page.Section("harnesses", "Harnesses",
+                     '<p class="lead">Every harness evaluated during the search: pass@k, PR@k and RR@k with '
+                     "task-clustered 95% CIs, mean tokens and seconds per rollout, total USD.</p>",
+                     [page.Section(f"harnesses-{split}", title,
+                                   tables.render(results.harness_metrics(res, split=split),
+                                                 table_id=f"harnesses-{split}-table"))
+                      for split, title in (("search", "Search split"), ("val", "Validation split"))]),
+        page.Section("config", "Configuration", _config(res)),
+    ]
     doc = page.page(title=f"Run {res.manifest.get('run_id') or Path(run_dir).name}",
                     subtitle=f"{res.method} on {res.benchmark} · {Path(run_dir).resolve()}",
                     header=_header(res, spend), sections=sections, footer=_footer())
@@ -103,6 +83,32 @@ def write_comparison(paths: list[str | Path], out_dir: str | Path) -> Path:
     from milo_ray.report.compare import write_comparison as _write
 
     return _write(paths, out_dir)
+
+
+def _figure_sections(res: Any, out: Path) -> list:
+    """One section per figure module with figures for this run (PNG/SVG written to ``out``)."""
+    from milo_ray.report import html as page
+    from milo_ray.report import tables
+
+    sections, number = [], 0
+    for module, title, lead in FIGURE_MODULES:
+        figs, error = _figures_of(module, res)
+        if not figs and error is None:
+            continue
+        body = f'<p class="lead">{escape(lead)}</p>'
+        if error is not None:
+            body += f'<p class="error">{escape(error)}</p>'
+        for fig in figs:
+            number += 1
+            body += page.figure_block(fig, number, out)
+        if module.endswith("ssr_figures"):
+            body += "<h3>Decisions per round</h3>" + tables.render(tables.ssr_decisions(res),
+                                                                 table_id="ssr-decisions-table")
+        sections.append(page.Section(module.rsplit(".", 1)[-1].replace("_figures", "") + "-figures", title, body))
+    if not sections:
+        sections.append(page.Section("figures", "Figures", '<p class="nodata">no data: this run has no figures '
+                                     "(no method-specific events were recorded)</p>"))
+    return sections
 
 
 def _figures_of(module: str, res: Any) -> tuple[list[Figure], str | None]:

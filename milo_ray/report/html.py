@@ -30,6 +30,7 @@ header dl { display: grid; grid-template-columns: repeat(auto-fill, minmax(210px
             margin: 16px 0 0; }
 header dt { font-size: 11px; text-transform: uppercase; letter-spacing: .6px; color: #9fb3c8; }
 header dd { margin: 0; font-size: 14px; word-break: break-word; }
+header code { background: rgba(255,255,255,.12); color: #f0f4f8; }
 .badge { display:inline-block; padding: 1px 8px; border-radius: 10px; font-size: 12px; font-weight: 600; }
 .badge.finished { background:#c6f6d5; color:#22543d; } .badge.running { background:#fefcbf; color:#744210; }
 .badge.failed, .badge.crashed, .badge.interrupted { background:#fed7d7; color:#822727; }
@@ -64,8 +65,10 @@ figure { margin: 12px 0 22px; background: #fff; border: 1px solid var(--line); b
 figure img { max-width: 100%; height: auto; display: block; margin: 0 auto; }
 figcaption { color: #3e4c59; font-size: 13px; margin-top: 8px; }
 figcaption b { color: var(--fg); } figcaption a { color: var(--accent); font-size: 12px; }
-dl.facts { display: grid; grid-template-columns: max-content 1fr; gap: 3px 18px; margin: 6px 0; font-size: 13px; }
-dl.facts dt { color: var(--muted); } dl.facts dd { margin: 0; }
+dl.facts { display: grid; grid-template-columns: repeat(auto-fill, minmax(260px, 1fr)); gap: 2px 24px; margin: 6px 0;
+           font-size: 13px; }
+dl.facts div { display: flex; gap: 10px; border-bottom: 1px dotted var(--line); padding: 2px 0; }
+dl.facts dt { color: var(--muted); flex: 0 0 46%; } dl.facts dd { margin: 0; word-break: break-all; }
 details { margin: 8px 0; } summary { cursor: pointer; color: var(--accent); }
 pre { background: var(--panel); padding: 10px; overflow-x: auto; font-size: 12px; border-radius: 4px; }
 footer { color: var(--muted); font-size: 12px; padding: 16px 40px; }
@@ -101,7 +104,9 @@ def figure_block(fig: Figure, number: int, out_dir: Path) -> str:
 
 def facts(items: Iterable[tuple[str, str]], *, cls: str = "facts") -> str:
     """A definition list of (label, already-escaped HTML value) pairs."""
-    return f'<dl class="{cls}">' + "".join(f"<dt>{html.escape(k)}</dt><dd>{v}</dd>" for k, v in items) + "</dl>"
+    # Each pair in its own <div> (valid in a <dl>), so a grid lays out pairs, not terms.
+    return f'<dl class="{cls}">' + "".join(f"<div><dt>{html.escape(k)}</dt><dd>{v}</dd></div>"
+                                           for k, v in items) + "</dl>"
 
 
 def _toc(sections: list[Section]) -> str:

@@ -111,26 +111,33 @@ def coverage_figure(res: Any) -> Figure | None:
         curves.append((r, F, rand))
     if not curves:
         return None
-    fig = MplFigure(figsize=(8.5, 4.2), layout="constrained")
-    ax = fig.subplots()
-    palette = _palette(len(curves))
-    for (r, F, rand), color in zip(curves, palette):
+    # Small multiples, one panel per round: the scale markers of several rounds on one
+    # axis would overlap (every round draws at the same k).
+    ncols = min(3, len(curves))
+    nrows = math.ceil(len(curves) / ncols)
+    fig = MplFigure(figsize=(4.4 * ncols if ncols > 1 else 8.5, 3.6 * nrows + 0.4), layout="constrained")
+    axes = fig.subplots(nrows, ncols, squeeze=False, sharey=True).ravel()
+    color, band = "#1565c0", "#90a4ae"
+    for ax, (r, F, rand) in zip(axes, curves):
         k = np.arange(len(F))
-        label = f"round {r['round']} ({r.get('ordering', '?')}, N={len(F) - 1}, parent {_short(r['harness_id'])})"
-        ax.plot(k, F, color=color, lw=2, label=label)
         lo, hi = np.quantile(rand, [0.1, 0.9], axis=0)
-        ax.fill_between(k, lo, hi, color=color, alpha=0.12, lw=0)
-        ax.plot(k, rand.mean(axis=0), color=color, lw=1, ls="--", alpha=0.8)
-        for s in scales.get(r["round"], []):
-            if 0 < s < len(F):
-                ax.plot([s], [F[s]], "o", color=color, ms=7, mec="white", mew=1.5, zorder=5)
-                ax.annotate(f"k={s}", (s, F[s]), textcoords="offset points", xytext=(4, -12), fontsize=8, color=color)
-    ax.set_xlabel("evidence prefix size k (records, in evidence order)")
-    ax.set_ylabel(r"coverage $F(\pi_{1..k})$")
-    ax.grid(alpha=0.3)
-    ax.plot([], [], color="0.4", ls="--", lw=1, label=f"random orders (mean, 10-90% band, {RANDOM_ORDERS} draws)")
-    ax.legend(fontsize=8, loc="lower right", frameon=False)
-    _tidy(ax)
+        ax.fill_between(k, lo, hi, color=band, alpha=0.3, lw=0, label="random orders (10-90%)")
+        ax.plot(k, rand.mean(axis=0), color=band, lw=1.2, ls="--", label="random orders (mean)")
+        ax.plot(k, F, color=color, lw=2.2, label=f"{r.get('ordering', '?')} order")
+        for s_ in scales.get(r["round"], []):
+            if 0 < s_ < len(F):
+                ax.plot([s_], [F[s_]], "o", color=color, ms=7, mec="white", mew=1.5, zorder=5)
+                ax.annotate(f"k={s_}", (s_, F[s_]), textcoords="offset points", xytext=(0, -14), ha="center",
+                            fontsize=8, color=color)
+        ax.set_title(f"round {r['round']} · parent {_short(r['harness_id'])} · N={len(F) - 1}", fontsize=10)
+        ax.set_xlabel("prefix size k")
+        ax.grid(alpha=0.3)
+        _tidy(ax)
+    for ax in axes[len(curves):]:
+        ax.set_visible(False)
+    for row in range(nrows):
+        axes[row * ncols].set_ylabel(r"coverage $F(\pi_{1..k})$")
+    axes[0].legend(fontsize=8, loc="lower right", frameon=False)
     return Figure("ssr_coverage", "Evidence coverage by prefix (RER)",
                   "Coverage F(Y) = Σ_j w_j·log(1 + Σ_{i∈Y} q_i·s_ij) of each evidence prefix, in the order the round's "
                   "candidates drew from (solid), against random orders of the same records (dashed: mean; band: "
@@ -173,8 +180,9 @@ def bracket_figure(res: Any) -> Figure | None:
     heights = [len(r["generated"]) + 1.6 for r in rounds]
     fig = MplFigure(figsize=(9.5, max(2.6, 0.55 * sum(heights) + 0.6 * len(rounds))), layout="constrained")
     axes = fig.subplots(len(rounds), 1, squeeze=False, gridspec_kw={"height_ratios": heights})[:, 0]
+    n_cols = max(len(r["stages"]) for r in rounds)  # same columns in every round, so stages line up
     for ax, rnd in zip(axes, rounds):
-        _draw_bracket(ax, rnd)
+        _draw_bracket(ax, rnd, n_cols)
     return Figure("ssr_bracket", "Racing bracket per round",
                   "Each round's candidates (rows; k = evidence scale) race the protected parent on shared stage "
                   "batches. Numbers are cumulative mean scores after each stage; × marks an elimination, a hollow "
@@ -182,21 +190,27 @@ def bracket_figure(res: Any) -> Figure | None:
                   "the best surviving child replaces the parent only on a strictly higher cumulative score.", fig)
 
 
-def _draw_bracket(ax, rnd: dict[str, Any]) -> None:
+def _draw_bracket(ax, rnd: dict[str, Any], n_cols: int) -> None:
     stages = rnd["stages"]
     sel = rnd.get("selection") or {}
     parent = rnd["parent"]
     gen = sorted(rnd["generated"], key=lambda g: g.get("index", 0))
     rows = [("parent", parent, None)] + [(f"c{g.get('index')} k={g.get('scale')}", g.get("harness_id"), g) for g in gen]
     n_st = len(stages)
-    xdec = n_st + 1
+    xdec = max(n_st, n_cols) + 1
+    first_row: dict[Any, str] = {}  # harness id -> the row that drew it first
     for y, (label, hid, g) in enumerate(rows):
         y = -y
         is_parent = g is None
         color = PARENT if is_parent else "#1565c0"
-        if g is not None and (g.get("error") or hid not in rnd.get("racing", [])):
+        # A later draw of a harness already in the round races only once (under its
+        # first row), even when its event carries no duplicate error.
+        dup_of = first_row.get(hid) if hid is not None else None
+        first_row.setdefault(hid, label.split()[0])
+        if g is not None and (g.get("error") or dup_of or hid not in rnd.get("racing", [])):
             ax.plot([0], [y], "o", mfc="white", mec=KEEP, ms=8)
-            why = str(g.get("error") or "did not race").split(":")[0][:40]
+            why = str(g.get("error")).split(":")[0][:40] if g.get("error") else (
+                f"duplicate of {dup_of}" if dup_of else "did not race")
             ax.text(0.15, y, why, va="center", fontsize=8, color=KEEP, style="italic")
             continue
         xs, ys = [0], [y]
@@ -225,9 +239,11 @@ def _draw_bracket(ax, rnd: dict[str, Any]) -> None:
             ax.text(xdec + 0.12, y, "accepted" if accepted else "kept (parent)", va="center", fontsize=9,
                     color=col, weight="bold")
         elif sel and hid == sel.get("best_child") and not sel.get("replaced"):
-            ax.text(xs[-1] + 0.12, y - 0.3, "best child: not strictly better", fontsize=7.5, color=KEEP, va="top")
+            ax.text(xs[-1] + 0.12, y, "best child: not strictly better", fontsize=8, color=KEEP, va="center")
+        elif sel and not is_parent and len(xs) > 1:
+            ax.text(xs[-1] + 0.12, y, "not selected", fontsize=8, color=KEEP, va="center")
     ax.set_yticks([-i for i in range(len(rows))], [r[0] for r in rows], fontsize=9)
-    ax.set_xticks(range(n_st + 2), ["generated"] + [f"stage {s}" for s in range(1, n_st + 1)] + ["decision"],
+    ax.set_xticks(range(xdec + 1), ["generated"] + [f"stage {s}" for s in range(1, xdec)] + ["decision"],
                   fontsize=9)
     ax.set_xlim(-0.3, xdec + 1.4)
     ax.set_ylim(-len(rows) + 0.4, 0.8)

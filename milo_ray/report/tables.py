@@ -95,7 +95,10 @@ def render(df: pd.DataFrame | None, *, columns: list[str] | None = None, table_i
         return f'<p class="nodata">{html.escape(empty)}</p>'
     cis = _ci_columns(df.columns)
     hidden = {c for pair in cis.values() for c in pair}
-    cols = [c for c in (columns or list(df.columns)) if c in df.columns and c not in hidden]
+    # A column null on every row (island of an SSR run) says nothing; USD stays,
+    # where null means "could not be priced".
+    cols = [c for c in (columns or list(df.columns))
+            if c in df.columns and c not in hidden and ("usd" in c or not df[c].map(_is_null).all())]
     ident = f' id="{html.escape(table_id)}"' if table_id else ""
     head = "".join(f'<th data-col="{html.escape(c)}">{html.escape(LABELS.get(c, c))}'
                    f'{"<span class=ci> [95% CI]</span>" if c in cis else ""}</th>' for c in cols)
