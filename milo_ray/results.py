@@ -1,0 +1,571 @@
+"""Query layer over run directories (DESIGN §3): load a run, or every run of a sweep, as
+pandas DataFrames, compute the leaderboard metrics of DESIGN §4.4 from the stored
+rollouts, and open DuckDB views for SQL.
+
+* :func:`load_run` reads one run directory (finished or still running) into a
+  :class:`RunResults`: every table as a DataFrame (an absent table is an empty frame
+  with the table's columns), the manifest, and blob lookups for traces and sources.
+* :func:`find_runs` lists the run directories at or below a path (a Hydra sweep).
+* :func:`harness_metrics` / :func:`final_test` give pass@k, PR@k, RR@k with
+  task-clustered 95% intervals per harness, computed with ``milo_ray.kernels.metrics``
+  exactly as the run's own summary does (``milo_ray.search.scores``).
+* :func:`spend_by_role` and :func:`compare` summarize agent spend and whole runs.
+* :func:`connect` opens DuckDB views ``rollouts``, ``harnesses``, ``events``,
+  ``agent_calls``, ``experience`` and ``runs`` over a run or a sweep, each with a
+  ``run`` column naming the run directory relative to the path given.
+
+Rows are read through the Parquet store's reader (``milo_ray.store.open_run``), so a
+part superseded by a compaction is never counted twice and a part written by a newer
+milo_ray is refused with a message naming it. Nothing here writes into a run.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Iterable
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+
+from milo_ray.kernels.metrics import clustered_ci, pass_at_k, pr_at_k, rr_at_k
+from milo_ray.store import blobs, schema
+from milo_ray.store.parquet import MANIFEST, open_run
+
+if TYPE_CHECKING:  # duckdb is imported by connect() only
+    import duckdb
+
+__all__ = ["RunDirError", "RunResults", "load_run", "find_runs", "harness_metrics", "final_test",
+           "spend_by_role", "compare", "connect", "TABLES", "METRIC_COLUMNS"]
+
+TABLES = tuple(schema.SCHEMAS)  # rollouts, harnesses, events, experience, agent_calls
+_METRICS = ("pass_at_k", "pr_at_k", "rr_at_k")
+_STATISTIC = {"pass_at_k": "pass", "pr_at_k": "pr", "rr_at_k": "rr"}
+# The columns harness_metrics and final_test share, in order.
+METRIC_COLUMNS = ("harness_id", "name", "origin", "island", "round", "n_tasks", "k", "n_rollouts",
+                  *(c for m in _METRICS for c in (m, f"{m}_lo", f"{m}_hi")),
+                  "mean_input_tokens", "mean_output_tokens", "mean_seconds", "total_cost_usd", "timeouts", "errors")
+
+# Method and benchmark classes by the ``_target_`` the manifest records.
+_METHODS = {"MiloMethod": "milo", "SSRMethod": "ssr", "EvalMethod": "eval"}
+# The MILO ablation ladder (papers/000 App. A.5; conf/method/milo_A..E.yaml) as the method
+# settings that tell its rungs apart: (mutator_mode, memory, parent_selection, islands > 1, orchestrator).
+_RUNGS = {
+    ("one_shot", "flat", "best", False, False): "A",
+    ("agentic", "flat", "best", False, False): "B",
+    ("agentic", "lineage", "softmax", False, False): "C",
+    ("agentic", "lineage", "softmax", True, False): "D",
+    ("agentic", "lineage", "softmax", True, True): "E",
+}
+
+
+class RunDirError(ValueError):
+    """A path that cannot be read as a run (or a sweep of runs); the message names the
+    path and what to do about it."""
+
+
+# ---- loading ----------------------------------------------------------------------------
+def _frame(table: pa.Table) -> pd.DataFrame:
+    # Nullable integer and boolean dtypes: a null round or admitted stays null instead of
+    # turning the column into floats or objects.
+    mapping = {pa.int64(): pd.Int64Dtype(), pa.bool_(): pd.BooleanDtype()}
+    return table.to_pandas(types_mapper=mapping.get)
+
+
+def _read_manifest(path: Path) -> dict[str, Any]:
+    if not path.is_dir():
+        raise RunDirError(f"{path}: no such directory; pass the run.dir of a run")
+    file = path / MANIFEST
+    try:
+        text = file.read_text("utf-8")
+    except FileNotFoundError:
+        below = _run_dirs_below(path)
+        hint = (f"it holds {len(below)} run(s) below it (a sweep): use find_runs({str(path)!r}) or "
+                f"connect({str(path)!r})") if below else "pass the run.dir of a run (the directory holding manifest.json)"
+        raise RunDirError(f"{path}: not a run directory (no {MANIFEST}); {hint}") from None
+    try:
+        manifest = json.loads(text)
+    except ValueError as e:
+        raise RunDirError(f"{file}: corrupt manifest, not valid JSON ({e}); restore it (a run resumed with "
+                          f"run.resume={path} rewrites it only if it can be read) or move the run aside") from None
+    if not isinstance(manifest, dict):
+        raise RunDirError(f"{file}: corrupt manifest, a JSON {type(manifest).__name__} instead of an object; "
+                          "restore it or move the run aside")
+    return manifest
+
+
+def _method_name(manifest: dict[str, Any]) -> str:
+    target = str(manifest.get("method") or "")
+    known = _METHODS.get(target.rsplit(".", 1)[-1])
+    if known:
+        return known
+    summary = manifest.get("summary") or {}
+    return str(summary.get("method") or target.rsplit(".", 1)[-1].lower() or "unknown")
+
+
+def _rung(method: str, config: dict[str, Any]) -> str | None:
+    if method != "milo":
+        return None
+    m = config.get("method") or {}
+    key = (m.get("mutator_mode"), m.get("memory"), m.get("parent_selection"),
+           int(m.get("num_islands") or 1) > 1, bool(m.get("orchestrator")))
+    return _RUNGS.get(key, "custom")
+
+
+def _benchmark_name(manifest: dict[str, Any]) -> str:
+    cfg = (manifest.get("config") or {}).get("benchmark") or {}
+    if cfg.get("preset"):  # the surrogate benchmarks are named by their preset
+        return str(cfg["preset"])
+    target = str(cfg.get("_target_") or manifest.get("benchmark") or "")
+    cls = target.rsplit(".", 1)[-1]
+    return (cls[: -len("Benchmark")] if cls.endswith("Benchmark") else cls).lower() or "unknown"
+
+
+@dataclass
+class RunResults:
+    """One run directory read into memory. Tables are DataFrames in write order (events
+    by ``seq``); an absent table is an empty frame with the table's columns. Integer and
+    boolean columns use pandas' nullable dtypes (``Int64``, ``boolean``). ``events.data``
+    holds each payload decoded (``{}`` for none); ``payload`` stays the raw JSON text."""
+
+    run_dir: Path
+    manifest: dict
+    method: str
+    benchmark: str
+    rollouts: pd.DataFrame
+    harnesses: pd.DataFrame
+    events: pd.DataFrame
+    agent_calls: pd.DataFrame
+    experience: pd.DataFrame
+    _blobs: blobs.BlobDir = field(repr=False, compare=False, default=None)  # type: ignore[assignment]
+    _split_tasks: dict = field(repr=False, compare=False, default_factory=dict)
+
+    @property
+    def name(self) -> str:
+        return self.run_dir.name
+
+    @property
+    def status(self) -> str:
+        """The manifest's status: ``running`` for a run in progress or killed, else how it ended."""
+        return str(self.manifest.get("status", "unknown"))
+
+    @property
+    def config(self) -> dict:
+        """The run's resolved config (``manifest["config"]``)."""
+        return self.manifest.get("config") or {}
+
+    @property
+    def summary(self) -> dict:
+        """What the run reported at its end (``manifest["summary"]``; ``{}`` while running)."""
+        return self.manifest.get("summary") or {}
+
+    @property
+    def rung(self) -> str | None:
+        """The MILO ablation rung (A..E) the method settings match, ``"custom"`` when they
+        match none, None for other methods."""
+        return _rung(self.method, self.config)
+
+    def _blob(self, ref: str | None) -> Any:
+        if ref is None or (isinstance(ref, float) and math.isnan(ref)):
+            return None
+        try:
+            return blobs.decode(self._blobs.read(blobs.check_ref(ref)))
+        except KeyError:
+            return None
+
+    def trace(self, trace_ref: str | None) -> dict | None:
+        """The decoded trace blob of a rollout (``rollouts.trace_ref``), None if absent."""
+        return self._blob(trace_ref)
+
+    def source_files(self, source_ref: str | None) -> dict[str, str] | None:
+        """A harness's files (relative path -> text) from ``harnesses.source_ref``, None if absent."""
+        files = self._blob(source_ref)
+        return None if files is None else dict(files)
+
+    def source(self, source_ref: str | None) -> str | None:
+        """A harness's source as one text: the file itself for a one-file harness, else
+        every file under a ``# ---- <path> ----`` header, in path order."""
+        files = self.source_files(source_ref)
+        if files is None:
+            return None
+        if len(files) == 1:
+            return next(iter(files.values()))
+        return "\n".join(f"# ---- {p} ----\n{files[p]}" for p in sorted(files))
+
+    def split_tasks(self, split: str) -> list[str] | None:
+        """Task ids of one split of the run's benchmark, rebuilt from the resolved config
+        (benchmarks draw their splits deterministically). None, with a warning, when the
+        benchmark cannot be built here (its data is elsewhere, a class is missing)."""
+        if split not in self._split_tasks:
+            self._split_tasks[split] = _benchmark_tasks(self, split)
+        return self._split_tasks[split]
+
+    def events_of(self, kind: str) -> list[dict]:
+        """Decoded payloads of the events of one kind, in order."""
+        return list(self.events.loc[self.events["kind"] == kind, "data"])
+
+
+def _benchmark_tasks(res: RunResults, split: str) -> list[str] | None:
+    spec = res.config.get("benchmark")
+    try:
+        from hydra.utils import instantiate
+
+        if not isinstance(spec, dict) or "_target_" not in spec:
+            raise ValueError("the manifest's config has no benchmark._target_")
+        tasks = [t.task_id for t in instantiate(spec, _convert_="all").tasks(split)]
+    except Exception as e:  # any failure to rebuild it leaves the stored split labels
+        why = f"cannot rebuild the benchmark ({type(e).__name__}: {(str(e).splitlines() or [''])[0]})"
+    else:
+        # The manifest stores the config with sorted keys, so a split mapping given in
+        # another order (benchmark.splits={search: 2, val: 1, test: 1}) may draw other
+        # splits when rebuilt: a rebuilt list must hold every task stored under the split.
+        stored = set(res.rollouts.loc[res.rollouts["split"] == split, "task_id"])
+        if stored <= set(tasks):
+            return tasks
+        why = (f"the rebuilt benchmark's {split!r} split lacks tasks the run stored under it "
+               f"(e.g. {sorted(stored - set(tasks))[0]!r}), so it drew other splits than the run")
+    warnings.warn(f"{res.run_dir}: {why}; final-test metrics use the rollouts stored under split {split!r} "
+                  "only (test tasks the search ran earlier are then missing)", stacklevel=4)
+    return None
+
+
+def load_run(run_dir: str | os.PathLike) -> RunResults:
+    """Read one run directory. A running (or killed) run loads too: ``status`` says so.
+    Raises :class:`RunDirError` for a missing directory, a directory without a manifest
+    (naming the runs below it if it is a sweep), a corrupt manifest, and a table file
+    this version cannot read (newer ``schema_version``, corrupt, foreign)."""
+    path = Path(run_dir)
+    manifest = _read_manifest(path)
+    try:
+        store = open_run(path)
+        tables = {t: _frame(store.read(t)) for t in TABLES}
+    except RunDirError:
+        raise
+    except (ValueError, OSError) as e:
+        raise RunDirError(f"{path}: cannot read the run's tables: {e}") from None
+    events = tables["events"].sort_values("seq", kind="stable").reset_index(drop=True)
+    events["data"] = [{} if p is None else json.loads(p) for p in events["payload"]]
+    return RunResults(run_dir=path, manifest=manifest, method=_method_name(manifest),
+                      benchmark=_benchmark_name(manifest), rollouts=tables["rollouts"],
+                      harnesses=tables["harnesses"], events=events, agent_calls=tables["agent_calls"],
+                      experience=tables["experience"], _blobs=blobs.BlobDir(path))
+
+
+def _natural(path: Path) -> list:
+    # Sweep job directories are numbered: 2 sorts before 10.
+    return [[(0, int(s)) if s.isdigit() else (1, s) for s in re.split(r"(\d+)", part) if s] for part in path.parts]
+
+
+def _run_dirs_below(path: Path) -> list[Path]:
+    found: list[Path] = []
+    for root, dirs, files in os.walk(path):
+        if MANIFEST in files:
+            found.append(Path(root))
+            dirs[:] = []  # a run's own subdirectories (tables, workspace) hold no runs
+        else:
+            dirs[:] = [d for d in dirs if not d.startswith(".")]
+    return sorted(found, key=_natural)
+
+
+def find_runs(path: str | os.PathLike) -> list[Path]:
+    """``[path]`` when ``path`` is a run directory, else every run directory below it
+    (a sweep), in natural order (job 2 before job 10)."""
+    path = Path(path)
+    if not path.is_dir():
+        raise RunDirError(f"{path}: no such directory; pass a run directory or a sweep directory")
+    if (path / MANIFEST).is_file():
+        return [path]
+    found = _run_dirs_below(path)
+    if not found:
+        raise RunDirError(f"{path}: no run directories at or below it (none holds {MANIFEST}); "
+                          "pass the run.dir of a run or of a sweep")
+    return found
+
+
+# ---- metrics ----------------------------------------------------------------------------
+def _settled(rollouts: pd.DataFrame) -> pd.DataFrame:
+    """One row per (harness, task, rollout index): the last row that is not an infra
+    failure, else the last row (as the store's cache lookup and a resumed run see it)."""
+    if rollouts.empty:
+        return rollouts
+    ok = (rollouts["error_kind"] != "infra").fillna(True).astype(bool)
+    ordered = rollouts.assign(_ok=ok.to_numpy(), _pos=np.arange(len(rollouts))).sort_values(
+        ["_ok", "_pos"], kind="stable")
+    last = ordered.groupby(["harness_id", "task_id", "rollout_idx"], sort=False).tail(1)
+    return last.sort_values("_pos").drop(columns=["_ok", "_pos"])
+
+
+def _interval(S: np.ndarray, statistic: str) -> tuple[float, float]:
+    # One task has no spread to estimate an interval from (as milo_ray.search.scores): NaN.
+    if S.shape[0] < 2:
+        return math.nan, math.nan
+    _, lo, hi = clustered_ci(S, statistic=statistic)
+    return float(lo), float(hi)
+
+
+def _score_row(rows: pd.DataFrame, k: int, tasks: list[str] | None = None) -> dict[str, Any]:
+    """Metrics of one harness's settled rows: an (n_tasks, k) matrix over ``tasks``
+    (None: the tasks it ran), a missing attempt scoring 0 (the rule of
+    milo_ray.search.scores.score_matrix, which the run's own summary uses)."""
+    rows = rows[rows["rollout_idx"] < k]
+    if tasks is None:
+        tasks = list(dict.fromkeys(rows["task_id"]))
+    else:
+        rows = rows[rows["task_id"].isin(tasks)]
+    index = {t: i for i, t in enumerate(tasks)}
+    S = np.zeros((len(tasks), k))
+    S[[index[t] for t in rows["task_id"]], rows["rollout_idx"].to_numpy(dtype=int)] = rows["score"].to_numpy(float)
+    out: dict[str, Any] = {"n_tasks": len(tasks), "k": k, "n_rollouts": len(rows)}
+    for metric, fn in (("pass_at_k", pass_at_k), ("pr_at_k", pr_at_k), ("rr_at_k", rr_at_k)):
+        out[metric] = fn(S) if len(tasks) else math.nan
+        out[f"{metric}_lo"], out[f"{metric}_hi"] = _interval(S, _STATISTIC[metric]) if len(tasks) else (math.nan,) * 2
+    n = max(len(rows), 1)
+    out["mean_input_tokens"] = float(rows["input_tokens"].fillna(0).sum()) / n
+    out["mean_output_tokens"] = float(rows["output_tokens"].fillna(0).sum()) / n
+    out["mean_seconds"] = float(rows["latency_s"].fillna(0.0).sum()) / n
+    cost = rows["cost_usd"]
+    out["total_cost_usd"] = None if cost.isna().any() else float(cost.sum())  # unknown is never 0
+    out["timeouts"] = int(rows["timed_out"].fillna(False).sum())
+    out["errors"] = int(rows["error_kind"].notna().sum())
+    return out
+
+
+def _harness_facts(res: RunResults) -> dict[str, dict[str, Any]]:
+    # A harness recorded more than once (the same seed on several islands) is described
+    # by its first record.
+    facts: dict[str, dict[str, Any]] = {}
+    for row in res.harnesses[["harness_id", "name", "origin", "island", "round"]].itertuples(index=False):
+        if row.harness_id not in facts:
+            facts[row.harness_id] = {c: (None if pd.isna(v) else v) for c, v in row._asdict().items()}
+    return facts
+
+
+def _check_k(k: Any) -> None:
+    if k is not None and (isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1):
+        raise ValueError(f"k={k!r}: rollouts per task must be a positive integer (or None: each harness's own)")
+
+
+def _metric_frame(res: RunResults, rows: pd.DataFrame, k: int | None, harness_ids: Iterable[str] | None = None,
+                  tasks: list[str] | None = None) -> pd.DataFrame:
+    """One metrics row per harness over its settled ``rows``."""
+    rows = _settled(rows)
+    facts = _harness_facts(res)
+    wanted = list(dict.fromkeys(rows["harness_id"])) if harness_ids is None else list(harness_ids)
+    out = []
+    for hid in wanted:
+        mine = rows[rows["harness_id"] == hid]
+        kk = int(k) if k is not None else (int(mine["rollout_idx"].max()) + 1 if len(mine) else 1)
+        f = facts.get(hid, {})
+        out.append({"harness_id": hid, "name": f.get("name"), "origin": f.get("origin"), "island": f.get("island"),
+                    "round": f.get("round"), **_score_row(mine, kk, tasks)})
+    frame = pd.DataFrame(out, columns=list(METRIC_COLUMNS))
+    for c in ("island", "round"):
+        frame[c] = frame[c].astype("Int64")
+    return frame
+
+
+def harness_metrics(res: RunResults, *, split: str = "search", k: int | None = None) -> pd.DataFrame:
+    """One row per harness with rollouts on ``split`` (in order of first rollout):
+    name/origin/island/round (its first ``harnesses`` record), n_tasks (tasks it ran
+    there), k, pass@k / PR@k / RR@k with task-clustered 95% intervals (``<metric>_lo``,
+    ``<metric>_hi``; NaN with fewer than 2 tasks), mean input/output tokens and seconds
+    per rollout, total USD (None if any rollout is unpriced), timeouts and errors.
+
+    ``k``: attempts per task (rollout indices >= k are ignored, a missing one scores 0);
+    None: each harness's own largest rollout index + 1.
+
+    Rows count under the split they are stored with: a rollout is stored once, under
+    the split of the request that first ran it, and a later request for the same
+    rollout (same cache key) reuses it. :func:`final_test` follows the cache keys."""
+    _check_k(k)
+    return _metric_frame(res, res.rollouts[res.rollouts["split"] == split], k)
+
+
+def _test_setup(res: RunResults) -> tuple[str, int | None]:
+    """The final test's split and rollouts per task, from the resolved method config."""
+    m = res.config.get("method") or {}
+    if res.method == "eval":
+        return str(m.get("split", "test")), res.summary.get("k") or m.get("k")
+    k = m.get("k_test") if res.method == "milo" else m.get("test_rollouts")
+    return str(m.get("test_split") or "test"), None if k is None else int(k)
+
+
+def _final_rows(res: RunResults, harness_ids: list[str], split: str, k: int | None) -> tuple[pd.DataFrame, list | None]:
+    """The rollouts a final test of ``harness_ids`` on ``split`` used, and the split's
+    task ids. A final test request reuses any stored rollout with its cache key (a test
+    task the search also ran is stored under the search's split), so the rows are found
+    by cache key over the benchmark's task list. Without that list (the benchmark cannot
+    be built here) the rows stored under ``split`` stand in, with a warning."""
+    tasks = res.split_tasks(split)
+    if tasks is None or k is None:
+        return res.rollouts[res.rollouts["split"] == split], None
+    from milo_ray.execution.types import cache_key
+
+    model, seed = res.manifest.get("model_id"), int(res.manifest.get("seed", 0))
+    keys = {cache_key(h, t, i, model, seed) for h in harness_ids for t in tasks for i in range(k)}
+    return res.rollouts[res.rollouts["cache_key"].isin(keys)], tasks
+
+
+def final_test(res: RunResults) -> pd.DataFrame:
+    """The run's final test-split results, recomputed from its rollouts: the columns of
+    :func:`harness_metrics` plus ``label`` (the name the summary gives the row, e.g.
+    ``island-2:2-5`` or ``ssr final``) and ``true_score`` (the benchmark's ground truth
+    from the summary; None on real tasks). Rows follow the summary's ``final_test``
+    (MILO: best first; SSR: final, then initial; eval: its ``harnesses``). A run without
+    a summary yet (running, killed) gives every harness with rows on the test split.
+    ``n_tasks`` is the split's size: a task without a rollout scores 0, as in the run."""
+    split, k = _test_setup(res)
+    listed = res.summary.get("final_test") if res.method != "eval" else res.summary.get("harnesses")
+    if listed:
+        ids = [r["harness_id"] for r in listed]
+        rows, tasks = _final_rows(res, ids, split, k)
+        frame = _metric_frame(res, rows, k, ids, tasks)
+        frame.insert(1, "label", [r.get("name") for r in listed])
+        frame["true_score"] = [r.get("true_score") for r in listed]
+        if res.method == "milo":  # the island whose best it was (a seed sits on several)
+            frame["island"] = pd.array([r.get("island") for r in listed], dtype="Int64")
+        return frame
+    ids = list(dict.fromkeys(res.rollouts.loc[res.rollouts["split"] == split, "harness_id"]))
+    rows, tasks = _final_rows(res, ids, split, k)
+    frame = _metric_frame(res, rows, k, ids, tasks)
+    frame.insert(1, "label", frame["name"])
+    frame["true_score"] = None
+    return frame
+
+
+def spend_by_role(res: RunResults) -> pd.DataFrame:
+    """Agent calls grouped by role and model (roles in ``AGENT_ROLES`` order; a null
+    model is its own group): calls, input/output tokens, USD (None when any call of the
+    group is unpriced), unpriced calls, seconds, retries, errors."""
+    cols = ["role", "model", "calls", "input_tokens", "output_tokens", "cost_usd", "unpriced_calls", "seconds",
+            "retries", "errors"]
+    calls = res.agent_calls
+    out = []
+    for (role, model), g in calls.groupby(["role", "model"], dropna=False, sort=False):
+        unpriced = int(g["cost_usd"].isna().sum())
+        out.append({"role": role, "model": None if pd.isna(model) else model, "calls": len(g),
+                    "input_tokens": int(g["input_tokens"].fillna(0).sum()),
+                    "output_tokens": int(g["output_tokens"].fillna(0).sum()),
+                    "cost_usd": None if unpriced else float(g["cost_usd"].sum()), "unpriced_calls": unpriced,
+                    "seconds": float(g["latency_s"].fillna(0.0).sum()), "retries": int(g["retries"].fillna(0).sum()),
+                    "errors": int(g["error"].notna().sum())})
+    frame = pd.DataFrame(out, columns=cols)
+    order = {r: i for i, r in enumerate(schema.AGENT_ROLES)}
+    return frame.sort_values(["role", "model"], key=lambda s: s.map(order) if s.name == "role" else s.fillna(""),
+                             kind="stable").reset_index(drop=True)
+
+
+# ---- runs side by side --------------------------------------------------------------------
+def _wall_seconds(res: RunResults) -> float | None:
+    """Seconds the run's sessions ran: each ends at its ``finished_at``, a killed (or
+    still running) one at its last stored activity (``milo_ray.manifest.elapsed_before``)."""
+    from milo_ray.manifest import elapsed_before
+
+    history = res.manifest.get("history") or []
+    if not history:
+        return None
+    activity = [*res.events["time"].dropna(), *res.rollouts["finished_at"].dropna()]
+    # elapsed_before counts every session before the last; a sentinel session that starts
+    # at infinity makes it count them all.
+    return elapsed_before([*history, {"started_at": math.inf}], activity)
+
+
+def _run_names(paths: list[Path]) -> list[str]:
+    # Names relative to the runs' common directory: a sweep's jobs are "0", "1", ...
+    if len(paths) < 2:
+        return [p.name for p in paths]
+    base = Path(os.path.commonpath([str(p.resolve()) for p in paths]))
+    return [str(p.resolve().relative_to(base)) or p.name for p in paths]
+
+
+def compare(runs: Iterable[RunResults | str | os.PathLike]) -> pd.DataFrame:
+    """One row per run: run (its directory relative to the runs' common directory),
+    run_id, method, rung (MILO ablation rung), benchmark, status, stop_reason, the
+    incumbent's final-test row (``final_test``'s first row; for ``eval`` the harness with
+    the best PR@k) with intervals and true score, rollouts stored, agent spend (tokens,
+    USD: None if any call is unpriced) and wall seconds. Paths are loaded with load_run."""
+    runs = [r if isinstance(r, RunResults) else load_run(r) for r in runs]
+    names = _run_names([r.run_dir for r in runs])
+    metric_cols = ["label", "harness_id", "n_tasks", "k", *(c for m in _METRICS for c in (m, f"{m}_lo", f"{m}_hi")),
+                   "mean_output_tokens", "mean_seconds", "true_score"]
+    out = []
+    for name, res in zip(names, runs):
+        test = final_test(res)
+        if res.method == "eval" and len(test):
+            test = test.sort_values("pr_at_k", ascending=False, kind="stable")
+        best = test.iloc[0].to_dict() if len(test) else {}
+        spend = spend_by_role(res)
+        out.append({"run": name, "run_dir": str(res.run_dir), "run_id": res.manifest.get("run_id"),
+                    "method": res.method, "rung": res.rung, "benchmark": res.benchmark, "status": res.status,
+                    "stop_reason": res.summary.get("stop_reason"),
+                    **{c: best.get(c) for c in metric_cols},
+                    "rollouts": len(res.rollouts),
+                    "agent_calls": int(spend["calls"].sum()),
+                    "agent_input_tokens": int(spend["input_tokens"].sum()),
+                    "agent_output_tokens": int(spend["output_tokens"].sum()),
+                    "agent_cost_usd": None if spend["cost_usd"].isna().any() else float(spend["cost_usd"].sum()),
+                    "wall_seconds": _wall_seconds(res)})
+    return pd.DataFrame(out, columns=["run", "run_dir", "run_id", "method", "rung", "benchmark", "status",
+                                      "stop_reason", *metric_cols, "rollouts", "agent_calls", "agent_input_tokens",
+                                      "agent_output_tokens", "agent_cost_usd", "wall_seconds"])
+
+
+# ---- SQL ---------------------------------------------------------------------------------------
+def _sql_str(text: str) -> str:
+    return "'" + text.replace("'", "''") + "'"
+
+
+def connect(path: str | os.PathLike) -> "duckdb.DuckDBPyConnection":
+    """An in-memory DuckDB connection with views ``rollouts``, ``harnesses``, ``events``,
+    ``agent_calls``, ``experience`` over every run at or below ``path`` (see
+    :func:`find_runs`), each with a ``run`` column: the run directory relative to
+    ``path`` (``"."`` when ``path`` is the run). A view has every column of its table
+    even where no run stored one. The view ``runs`` holds one row per run: run, run_dir,
+    run_id, method, rung, benchmark, status, started_at, finished_at.
+
+    Every table file's footer is checked first (a newer ``schema_version`` or a corrupt
+    file raises :class:`RunDirError` naming it). The views read the table directories by
+    glob, so queries follow a run that is still being written."""
+    import duckdb
+
+    root = Path(path)
+    run_dirs = find_runs(root)
+    con = duckdb.connect()
+    meta = []
+    parts: dict[str, list[str]] = {t: [] for t in TABLES}
+    for d in run_dirs:
+        rel = os.path.relpath(d, root)
+        manifest = _read_manifest(d)
+        try:
+            store = open_run(d)
+            live = {t: store.live_parts(t) for t in TABLES}
+        except (ValueError, OSError) as e:
+            raise RunDirError(f"{d}: cannot read the run's tables: {e}") from None
+        for t in TABLES:
+            if live[t]:
+                glob = str(d / t / "*.parquet")
+                parts[t].append(f"SELECT *, {_sql_str(rel)} AS run FROM read_parquet({_sql_str(glob)}, "
+                                "union_by_name = true)")
+        method = _method_name(manifest)
+        meta.append({"run": rel, "run_dir": str(d), "run_id": manifest.get("run_id"), "method": method,
+                     "rung": _rung(method, manifest.get("config") or {}), "benchmark": _benchmark_name(manifest),
+                     "status": str(manifest.get("status", "unknown")),
+                     "started_at": manifest.get("started_at"), "finished_at": manifest.get("finished_at")})
+    for t in TABLES:
+        # The empty typed table fixes every column and its type, whatever the files hold.
+        con.register(f"_empty_{t}", schema.empty_table(t).append_column("run", pa.array([], pa.string())))
+        sql = " UNION ALL BY NAME ".join([f"SELECT * FROM _empty_{t}", *parts[t]])
+        con.execute(f"CREATE VIEW {t} AS {sql}")
+    runs = pa.Table.from_pylist(meta, schema=pa.schema([
+        ("run", pa.string()), ("run_dir", pa.string()), ("run_id", pa.string()), ("method", pa.string()),
+        ("rung", pa.string()), ("benchmark", pa.string()), ("status", pa.string()), ("started_at", pa.float64()),
+        ("finished_at", pa.float64())]))
+    con.register("_runs", runs)
+    con.execute("CREATE VIEW runs AS SELECT * FROM _runs")
+    return con
