@@ -36,6 +36,16 @@ FIGURE_MODULES = (
 )
 
 
+# Columns of the report's tables, in order (results.py's frames carry a few more).
+METRICS = ("pass_at_k", "pr_at_k", "rr_at_k")
+FINAL_COLUMNS = ["label", "harness_id", "island", "n_tasks", "k", *METRICS, "true_score", "mean_input_tokens",
+                 "mean_output_tokens", "mean_seconds", "total_cost_usd", "timeouts", "errors"]
+HARNESS_COLUMNS = ["harness_id", "name", "origin", "island", "round", "n_tasks", "k", *METRICS, "mean_input_tokens",
+                   "mean_output_tokens", "mean_seconds", "total_cost_usd"]
+SPEND_COLUMNS = ["role", "model", "calls", "input_tokens", "output_tokens", "cost_usd", "unpriced_calls", "seconds",
+                 "retries", "errors"]
+
+
 def write_report(run_dir: str | Path, out_dir: str | Path | None = None) -> Path:
     """Write ``report.html`` (plus every figure as PNG and SVG) for one run and return
     its path. ``out_dir`` defaults to ``<run_dir>/report``. Raises
@@ -48,30 +58,32 @@ def write_report(run_dir: str | Path, out_dir: str | Path | None = None) -> Path
     out = Path(out_dir) if out_dir is not None else Path(run_dir) / "report"
     out.mkdir(parents=True, exist_ok=True)
     spend = results.spend_by_role(res)
+    run_row = results.compare([res]).iloc[0]  # wall time as the comparison page shows it
 
     final = results.final_test(res)
     sections = [
         page.Section("overview", "Overview", _overview(res)),
         page.Section("final-test", "Final test results",
                      '<p class="lead">The search\'s final harness(es) on the held-out test split, with task-clustered '
-                     "95% confidence intervals (MILO §5.2).</p>" + tables.render(final, table_id="final-test-table")),
+                     "95% confidence intervals (MILO §5.2).</p>" + tables.render(final, columns=FINAL_COLUMNS,
+                                                                             table_id="final-test-table")),
         *_figure_sections(res, out),
         page.Section("spend", "Spend by agent role",
                      '<p class="lead">Search agents\' calls (solver rollouts are in the harness tables). USD is '
                      '"unknown" when any call of the row could not be priced.</p>'
-                     + tables.render(spend, table_id="spend-table")),
+                     + tables.render(spend, columns=SPEND_COLUMNS, table_id="spend-table")),
         page.Section("harnesses", "Harnesses",
                      '<p class="lead">Every harness evaluated during the search: pass@k, PR@k and RR@k with '
                      "task-clustered 95% CIs, mean tokens and seconds per rollout, total USD.</p>",
                      [page.Section(f"harnesses-{split}", title,
-                                   tables.render(results.harness_metrics(res, split=split),
+                                   tables.render(results.harness_metrics(res, split=split), columns=HARNESS_COLUMNS,
                                                  table_id=f"harnesses-{split}-table"))
                       for split, title in (("search", "Search split"), ("val", "Validation split"))]),
         page.Section("config", "Configuration", _config(res)),
     ]
     doc = page.page(title=f"Run {res.manifest.get('run_id') or Path(run_dir).name}",
                     subtitle=f"{res.method} on {res.benchmark} · {Path(run_dir).resolve()}",
-                    header=_header(res, spend), sections=sections, footer=_footer())
+                    header=_header(res, spend, run_row.get("wall_seconds")), sections=sections, footer=_footer())
     path = out / "report.html"
     path.write_text(doc, encoding="utf-8")
     return path
@@ -140,26 +152,8 @@ def _time(t: Any) -> str:
     return _dt.datetime.fromtimestamp(t, _dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
-def wall_time(manifest: dict) -> float | None:
-    """Seconds the run's sessions ran (summed over resumed sessions), or the time since
-    start for a run that is still running."""
-    sessions = [h for h in manifest.get("history") or [] if isinstance(h, dict)]
-    total = 0.0
-    for h in sessions:
-        a, b = h.get("started_at"), h.get("finished_at")
-        if isinstance(a, (int, float)) and isinstance(b, (int, float)):
-            total += b - a
-    if total > 0:
-        return total
-    a, b = manifest.get("started_at"), manifest.get("finished_at")
-    if isinstance(a, (int, float)):
-        end = b if isinstance(b, (int, float)) else _dt.datetime.now(_dt.timezone.utc).timestamp()
-        return end - a
-    return None
-
-
-def fmt_duration(s: float | None) -> str:
-    if s is None:
+def fmt_duration(s: Any) -> str:
+    if not isinstance(s, (int, float)) or s != s:
         return "—"
     s = int(round(s))
     h, rem = divmod(s, 3600)
@@ -187,14 +181,14 @@ def _models(res: Any, spend: Any) -> str:
     return "; ".join(parts) or "—"
 
 
-def _header(res: Any, spend: Any) -> list[tuple[str, str]]:
+def _header(res: Any, spend: Any, wall_seconds: Any) -> list[tuple[str, str]]:
     m = res.manifest
     return [
         ("run id", escape(str(m.get("run_id") or "—"))),
         ("method", escape(str(res.method))),
         ("benchmark", escape(str(res.benchmark))),
-        ("status", _status_badge(m.get("status"))),
-        ("wall time", fmt_duration(wall_time(m))),
+        ("status", _status_badge(res.status)),
+        ("wall time", fmt_duration(wall_seconds)),
         ("started", _time(m.get("started_at"))),
         ("models", _models(res, spend)),
         ("seed · git", f"{escape(str(m.get('seed', '—')))} · <code>{escape(str(m.get('git_sha') or '—')[:10])}</code>"),

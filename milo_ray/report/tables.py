@@ -24,7 +24,12 @@ LABELS = {
     "mean_input_tokens": "input tok/rollout", "mean_output_tokens": "output tok/rollout",
     "mean_seconds": "s/rollout", "usd": "USD", "total_usd": "USD", "cost_usd": "USD", "role": "role",
     "model": "model", "calls": "calls", "input_tokens": "input tokens", "output_tokens": "output tokens",
-    "seconds": "seconds", "true_score": "true quality", "wall_s": "wall time", "wall_time_s": "wall time",
+    "seconds": "seconds", "true_score": "true quality", "wall_seconds": "wall s", "label": "label",
+    "n_rollouts": "rollouts", "total_cost_usd": "USD", "timeouts": "timeouts", "errors": "errors",
+    "unpriced_calls": "unpriced calls", "retries": "retries", "parent_score": "parent score",
+    "best_child": "best child", "best_child_score": "best child score", "stop_reason": "race stop",
+    "agent_calls": "agent calls", "agent_input_tokens": "agent input tok", "agent_output_tokens": "agent output tok",
+    "agent_cost_usd": "agent USD", "rung": "rung", "run": "run", "run_id": "run id",
 }
 # Columns printed as a short id (full id in the title tooltip and data-v).
 IDS = {"harness_id", "parent", "selected", "best_child", "incumbent", "parent_id"}
