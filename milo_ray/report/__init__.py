@@ -22,6 +22,7 @@ from html import escape  # not `import html`: that name is this package's html s
 from typing import Any
 
 from milo_ray.report.figure import Figure
+from milo_ray.report.tables import duration, fmt
 
 __all__ = ["Figure", "write_report", "write_comparison", "FIGURE_MODULES"]
 
@@ -152,15 +153,6 @@ def _time(t: Any) -> str:
     return _dt.datetime.fromtimestamp(t, _dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
-def fmt_duration(s: Any) -> str:
-    if not isinstance(s, (int, float)) or s != s:
-        return "—"
-    s = int(round(s))
-    h, rem = divmod(s, 3600)
-    m, sec = divmod(rem, 60)
-    return f"{h}h {m:02d}m {sec:02d}s" if h else (f"{m}m {sec:02d}s" if m else f"{sec}s")
-
-
 def _models(res: Any, spend: Any) -> str:
     m = res.manifest
     models = m.get("models") or {}
@@ -188,7 +180,7 @@ def _header(res: Any, spend: Any, wall_seconds: Any) -> list[tuple[str, str]]:
         ("method", escape(str(res.method))),
         ("benchmark", escape(str(res.benchmark))),
         ("status", _status_badge(res.status)),
-        ("wall time", fmt_duration(wall_seconds)),
+        ("wall time", duration(wall_seconds)),
         ("started", _time(m.get("started_at"))),
         ("models", _models(res, spend)),
         ("seed · git", f"{escape(str(m.get('seed', '—')))} · <code>{escape(str(m.get('git_sha') or '—')[:10])}</code>"),
@@ -202,7 +194,6 @@ def _scalar(v: Any) -> bool:
 def _overview(res: Any) -> str:
     """The run summary's scalar facts (stop reason, rounds, executions, ...) as recorded."""
     from milo_ray.report import html as page
-    from milo_ray.report.tables import fmt
 
     summary = res.manifest.get("summary")
     if not isinstance(summary, dict) or not summary:

@@ -51,14 +51,14 @@ p.nodata { color: var(--muted); font-style: italic; background: var(--panel); pa
 p.warn { background:#fffbea; border-left: 3px solid #f0b429; padding: 8px 12px; }
 p.error { background:#fff5f5; border-left: 3px solid #e53e3e; padding: 8px 12px; font-family: monospace; }
 .table-wrap { overflow-x: auto; margin: 6px 0 14px; }
-table { border-collapse: collapse; font-size: 13px; min-width: 50%; }
+table { border-collapse: collapse; font-size: 12.5px; min-width: 50%; }
 caption { text-align: left; color: var(--muted); padding-bottom: 4px; caption-side: top; }
-th { text-align: left; font-weight: 600; border-bottom: 2px solid #bcccdc; padding: 6px 10px; white-space: nowrap;
+th { text-align: left; font-weight: 600; border-bottom: 2px solid #bcccdc; padding: 6px 8px; white-space: nowrap;
      background: var(--panel); }
-td { border-bottom: 1px solid var(--line); padding: 5px 10px; white-space: nowrap; }
+td { border-bottom: 1px solid var(--line); padding: 4px 8px; white-space: nowrap; }
 td.num { text-align: right; font-variant-numeric: tabular-nums; }
 tbody tr:hover { background: #f0f4f8; }
-.ci { color: var(--muted); font-size: 12px; }
+.ci { color: var(--muted); font-size: 11px; }
 code { font: 12px/1.4 SFMono-Regular, Menlo, Consolas, monospace; background: var(--panel); padding: 0 3px;
        border-radius: 3px; }
 figure { margin: 12px 0 22px; background: #fff; border: 1px solid var(--line); border-radius: 6px; padding: 12px; }

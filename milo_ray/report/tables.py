@@ -27,7 +27,7 @@ LABELS = {
     "seconds": "seconds", "true_score": "true quality", "wall_seconds": "wall s", "label": "label",
     "n_rollouts": "rollouts", "total_cost_usd": "USD", "timeouts": "timeouts", "errors": "errors",
     "unpriced_calls": "unpriced calls", "retries": "retries", "parent_score": "parent score",
-    "best_child": "best child", "best_child_score": "best child score", "stop_reason": "race stop",
+    "best_child": "best child", "best_child_score": "best child score", "stop_reason": "stop", "race_stop": "race stop", "setting": "setting",
     "agent_calls": "agent calls", "agent_input_tokens": "agent input tok", "agent_output_tokens": "agent output tok",
     "agent_cost_usd": "agent USD", "rung": "rung", "run": "run", "run_id": "run id",
 }
@@ -53,6 +53,8 @@ def fmt(col: str, v: Any) -> str:
         return "unknown" if "usd" in col else "—"
     if isinstance(v, bool):
         return "yes" if v else "no"
+    if col == "wall_seconds":
+        return duration(v)
     if col in IDS and isinstance(v, str):
         return v[:10]
     if isinstance(v, (int,)) or (hasattr(v, "dtype") and getattr(v.dtype, "kind", "") in "iu"):
@@ -75,6 +77,16 @@ def fmt(col: str, v: Any) -> str:
     return str(v)
 
 
+def duration(s: Any) -> str:
+    """Seconds as ``1h 02m 03s`` / ``4m 05s`` / ``6s``."""
+    if not isinstance(s, (int, float)) or not math.isfinite(s):
+        return "—"
+    s = int(round(s))
+    h, rem = divmod(s, 3600)
+    m, sec = divmod(rem, 60)
+    return f"{h}h {m:02d}m {sec:02d}s" if h else (f"{m}m {sec:02d}s" if m else f"{sec}s")
+
+
 def _numeric(v: Any) -> float | None:
     if _is_null(v) or isinstance(v, (bool, str)):
         return None
@@ -91,11 +103,11 @@ def _ci_columns(columns: Iterable[str]) -> dict[str, tuple[str, str]]:
 
 
 def render(df: pd.DataFrame | None, *, columns: list[str] | None = None, table_id: str = "",
-           caption: str = "", empty: str = NO_DATA) -> str:
+           caption: str = "", empty: str = NO_DATA, interval: str = "95% CI") -> str:
     """``df`` as an HTML table (``columns`` selects and orders; absent ones are skipped).
 
     An empty or missing frame renders as a "no data" note, so a run without a table
-    still gets its section."""
+    still gets its section. ``interval`` names what the ``_lo``/``_hi`` columns hold."""
     if df is None or len(df) == 0:
         return f'<p class="nodata">{html.escape(empty)}</p>'
     cis = _ci_columns(df.columns)
@@ -106,7 +118,7 @@ def render(df: pd.DataFrame | None, *, columns: list[str] | None = None, table_i
             if c in df.columns and c not in hidden and ("usd" in c or not df[c].map(_is_null).all())]
     ident = f' id="{html.escape(table_id)}"' if table_id else ""
     head = "".join(f'<th data-col="{html.escape(c)}">{html.escape(LABELS.get(c, c))}'
-                   f'{"<span class=ci> [95% CI]</span>" if c in cis else ""}</th>' for c in cols)
+                   f'{f"<span class=ci> [{html.escape(interval)}]</span>" if c in cis else ""}</th>' for c in cols)
     body = []
     for _, row in df.iterrows():
         cells = []
@@ -149,6 +161,6 @@ def ssr_decisions(res: Any) -> pd.DataFrame:
             "parent_score": sel.get("parent_score"), "best_child": sel.get("best_child"),
             "best_child_score": sel.get("best_child_score"),
             "decision": ("accepted" if sel.get("replaced") else "kept parent") if sel else "no selection",
-            "stop_reason": sel.get("stop_reason"),
+            "race_stop": sel.get("stop_reason"),
         })
     return pd.DataFrame(rows)
