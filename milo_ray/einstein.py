@@ -37,7 +37,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Iterable, Iterator, Sequence
 
 import numpy as np
 
@@ -90,6 +90,25 @@ def _harness_names(store: Any) -> dict[str, str]:
     return {r["harness_id"]: r["name"] or "" for r in rows}
 
 
+def einstein_traces(rows: Iterable[dict[str, Any]], get_blob: Callable[[str], Any],
+                    problem: str | None = None) -> Iterator[tuple[dict[str, Any], dict[str, Any]]]:
+    """(rollout row, decoded trace) of every einstein rollout among ``rows`` (optionally
+    of one problem); ``get_blob`` reads a trace ref (a missing blob: raise or return None)."""
+    for row in rows:
+        ref = row.get("trace_ref")
+        if not isinstance(ref, str) or not ref:
+            continue
+        try:
+            trace = get_blob(ref)
+        except Exception:  # a missing blob: that rollout has nothing to offer
+            continue
+        if not isinstance(trace, dict) or trace.get("problem") not in PROBLEMS:
+            continue
+        if problem is not None and trace["problem"] != problem:
+            continue
+        yield row, trace
+
+
 def load_candidates(store: Any, problem: str | None = None) -> tuple[list[Candidate], dict[str, int], int]:
     """Feasible einstein constructions in ``store`` (optionally of one problem), the count
     of einstein rollouts without one per problem, and the number of einstein rollouts."""
@@ -97,18 +116,8 @@ def load_candidates(store: Any, problem: str | None = None) -> tuple[list[Candid
     cands: list[Candidate] = []
     bad: dict[str, int] = {}
     n = 0
-    for row in store.read("rollouts").to_pylist():
-        if not row.get("trace_ref"):
-            continue
-        try:
-            trace = store.get_blob(row["trace_ref"])
-        except Exception:  # a missing blob: that rollout has nothing to offer
-            continue
-        if not isinstance(trace, dict) or trace.get("problem") not in PROBLEMS:
-            continue
+    for row, trace in einstein_traces(store.read("rollouts").to_pylist(), store.get_blob, problem):
         name = trace["problem"]
-        if problem is not None and name != problem:
-            continue
         n += 1
         values, stored = trace.get("values"), trace.get("score")
         if values is None or stored is None or check(name, values) is not None:
