@@ -28,6 +28,8 @@ ACCEPT, KEEP, ELIM, PARENT = "#2e7d32", "#616161", "#c62828", "#37474f"
 
 def figures(res: Any) -> list[Figure]:
     """The SSR figures this run has data for ([] for a run that is not SSR)."""
+    if getattr(res, "method", None) != "ssr":
+        return []
     out = []
     for build in (coverage_figure, bracket_figure, budget_figure):
         fig = build(res)
