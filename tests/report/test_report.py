@@ -199,7 +199,7 @@ def test_ssr_report_holds_every_figure_and_table(runs, tmp_path):
     assert path == tmp_path / "out" / "report.html"
     page = _check_page(path, runs / "ssr",
                        ["final-test-table", "harnesses-search-table", "spend-table", "ssr-decisions-table"])
-    assert {"ssr_coverage", "ssr_bracket", "ssr_budget"} <= set(page.figures)
+    assert {"ssr_coverage", "ssr_bracket", "ssr_budget"} == set(page.figures)
     # the decisions table is the run's own selection events
     sel = [json.loads(p) for (p,) in _sql(runs / "ssr", "events", "select payload from T where kind = 'ssr.selection'")]
     rows = page.tables["ssr-decisions-table"]
@@ -235,6 +235,7 @@ def test_milo_report_holds_every_figure_and_its_harness_numbers_equal_parquet(ru
     run = runs / "milo"
     path = write_report(run, tmp_path)
     page = _check_page(path, run, ["final-test-table", "harnesses-search-table", "harnesses-val-table"])
+    assert not [f for f in page.figures if f.startswith("ssr_")], "SSR figures on a MILO run"
     rows = page.tables["harnesses-search-table"]
     # k_search=1: PR@k of a harness on the search split is the mean of its search-split scores
     want = dict(_sql(run, "rollouts", "select harness_id, avg(score) from T where split = 'search' group by 1"))
