@@ -179,12 +179,19 @@ def bracket_figure(res: Any) -> Figure | None:
     rounds = [r for r in race_rounds(res) if r.get("generated")]
     if not rounds:
         return None
-    heights = [len(r["generated"]) + 1.6 for r in rounds]
-    fig = MplFigure(figsize=(9.5, max(2.6, 0.55 * sum(heights) + 0.6 * len(rounds))), layout="constrained")
-    axes = fig.subplots(len(rounds), 1, squeeze=False, gridspec_kw={"height_ratios": heights})[:, 0]
+    # One panel per round; a long run's rounds go into a grid (2-3 panels a row) so the
+    # figure stays readable instead of growing one tall column.
+    ncols = 1 if len(rounds) <= 2 else (2 if len(rounds) <= 6 else 3)
+    nrows = math.ceil(len(rounds) / ncols)
+    rows_per_panel = max(len(r["generated"]) for r in rounds) + 1.6
+    fig = MplFigure(figsize=(9.5 if ncols == 1 else 7.2 * ncols, max(2.6, nrows * (0.5 * rows_per_panel + 0.6))),
+                    layout="constrained")
+    axes = fig.subplots(nrows, ncols, squeeze=False).ravel()
     n_cols = max(len(r["stages"]) for r in rounds)  # same columns in every round, so stages line up
     for ax, rnd in zip(axes, rounds):
         _draw_bracket(ax, rnd, n_cols)
+    for ax in axes[len(rounds):]:
+        ax.set_visible(False)
     return Figure("ssr_bracket", "Racing bracket per round",
                   "Each round's candidates (rows; k = evidence scale) race the protected parent on shared stage "
                   "batches. Numbers are cumulative mean scores after each stage; × marks an elimination, a hollow "
@@ -287,15 +294,16 @@ def budget_figure(res: Any) -> Figure | None:
     cap = _execution_cap(res)
     if cap:
         ax.axhline(cap, color=ELIM, ls="--", lw=1.2, label=f"budget B = {cap}")
-    for r in _rows(res, "ssr.round"):
-        if r["time"] is None:
-            continue
+    starts = [r for r in _rows(res, "ssr.round") if r["time"] is not None]
+    every = max(1, math.ceil(len(starts) / 12))  # at most ~12 round labels, so they never overlap
+    for i, r in enumerate(starts):
         x = (r["time"] - t0) / scale
         for a in axes:
             a.axvline(x, color="0.6", lw=0.8, ls=":")
-        ax.text(x, ax.get_ylim()[1], f" r{r['round']}", fontsize=8, color="0.35", va="top")
+        if i % every == 0:
+            ax.text(x, ax.get_ylim()[1], f" r{r['round']}", fontsize=8, color="0.35", va="top")
     ax.set_ylabel("executions")
-    ax.legend(fontsize=8, frameon=False, loc="lower right")
+    ax.legend(fontsize=8, frameon=False, loc="upper left", bbox_to_anchor=(1.0, 1.0))
     ax.grid(alpha=0.3)
     _tidy(ax)
     if has_calls:
@@ -337,6 +345,6 @@ def _agent_spend(ax, calls: pd.DataFrame, t0: float, scale: float, t_end: float)
         ax.step(np.r_[0.0, x, max(t_end, x.max())] / scale, np.r_[0.0, y, y[-1]], where="post", color=color, lw=1.8,
                 label=role)
     ax.set_ylabel("agent tokens" if use_tokens else "agent calls")
-    ax.legend(fontsize=8, frameon=False, loc="lower right", ncol=3)
+    ax.legend(fontsize=8, frameon=False, loc="upper left", bbox_to_anchor=(1.0, 1.0))
     ax.grid(alpha=0.3)
     _tidy(ax)
