@@ -1,0 +1,219 @@
+"""The run report: one self-contained ``report.html`` per run, one comparison page per
+set of runs (``python -m milo_ray.report``).
+
+This package owns presentation only. Every number comes from
+:mod:`milo_ray.results` (``harness_metrics``, ``final_test``, ``spend_by_role``,
+``compare``) or straight from stored events; nothing is recomputed here, so the
+report, DuckDB queries and the results API always agree. Figures come from figure
+modules that each expose ``figures(res) -> list[Figure]``: SSR's
+(:mod:`milo_ray.report.ssr_figures`) and, when installed, MILO's and the
+instance-level track's (imported lazily; a module that is absent adds nothing).
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import importlib
+import json
+import sys
+import traceback
+from pathlib import Path
+from html import escape  # not `import html`: that name is this package's html submodule
+from typing import Any
+
+from milo_ray.report.figure import Figure
+from milo_ray.report.tables import duration, fmt
+
+__all__ = ["Figure", "write_report", "write_comparison", "FIGURE_MODULES"]
+
+# (module, section title, lead text). Each module's figures get their own section.
+FIGURE_MODULES = (
+    ("milo_ray.report.ssr_figures", "SSR search",
+     "Evidence coverage, racing and budget of Successive Scale Racing (SSR §4)."),
+    ("milo_ray.report.milo_figures", "MILO search",
+     "Islands, lineage, orchestrator moves and the accuracy/cost frontier (MILO §4)."),
+    ("milo_ray.report.einstein_figures", "Instance-level problems",
+     "Verified scores over wall time against the published anchors (MILO App. E)."),
+)
+
+
+# Columns of the report's tables, in order (results.py's frames carry a few more).
+METRICS = ("pass_at_k", "pr_at_k", "rr_at_k")
+FINAL_COLUMNS = ["label", "harness_id", "island", "n_tasks", "k", *METRICS, "true_score", "mean_input_tokens",
+                 "mean_output_tokens", "mean_seconds", "total_cost_usd", "timeouts", "errors"]
+HARNESS_COLUMNS = ["harness_id", "name", "origin", "island", "round", "n_tasks", "k", *METRICS, "mean_input_tokens",
+                   "mean_output_tokens", "mean_seconds", "total_cost_usd"]
+SPEND_COLUMNS = ["role", "model", "calls", "input_tokens", "output_tokens", "cost_usd", "unpriced_calls", "seconds",
+                 "retries", "errors"]
+
+
+def write_report(run_dir: str | Path, out_dir: str | Path | None = None) -> Path:
+    """Write ``report.html`` (plus every figure as PNG and SVG) for one run and return
+    its path. ``out_dir`` defaults to ``<run_dir>/report``. Raises
+    ``results.RunDirError`` for a directory that is not a readable run."""
+    from milo_ray import results
+    from milo_ray.report import html as page
+    from milo_ray.report import tables
+
+    res = results.load_run(run_dir)
+    out = Path(out_dir) if out_dir is not None else Path(run_dir) / "report"
+    out.mkdir(parents=True, exist_ok=True)
+    spend = results.spend_by_role(res)
+    run_row = results.compare([res]).iloc[0]  # wall time as the comparison page shows it
+
+    final = results.final_test(res)
+    sections = [
+        page.Section("overview", "Overview", _overview(res)),
+        page.Section("final-test", "Final test results",
+                     '<p class="lead">The search\'s final harness(es) on the held-out test split, with task-clustered '
+                     "95% confidence intervals (MILO §5.2).</p>" + tables.render(final, columns=FINAL_COLUMNS,
+                                                                             table_id="final-test-table")),
+        *_figure_sections(res, out),
+        page.Section("spend", "Spend by agent role",
+                     '<p class="lead">Search agents\' calls (solver rollouts are in the harness tables). USD is '
+                     '"unknown" when any call of the row could not be priced.</p>'
+                     + tables.render(spend, columns=SPEND_COLUMNS, table_id="spend-table")),
+        page.Section("harnesses", "Harnesses",
+                     '<p class="lead">Every harness evaluated during the search: pass@k, PR@k and RR@k with '
+                     "task-clustered 95% CIs, mean tokens and seconds per rollout, total USD.</p>",
+                     [page.Section(f"harnesses-{split}", title,
+                                   tables.render(results.harness_metrics(res, split=split), columns=HARNESS_COLUMNS,
+                                                 table_id=f"harnesses-{split}-table"))
+                      for split, title in (("search", "Search split"), ("val", "Validation split"))]),
+        page.Section("config", "Configuration", _config(res)),
+    ]
+    doc = page.page(title=f"Run {res.manifest.get('run_id') or Path(run_dir).name}",
+                    subtitle=f"{res.method} on {res.benchmark} · {Path(run_dir).resolve()}",
+                    header=_header(res, spend, run_row.get("wall_seconds")), sections=sections, footer=_footer())
+    path = out / "report.html"
+    path.write_text(doc, encoding="utf-8")
+    return path
+
+
+def write_comparison(paths: list[str | Path], out_dir: str | Path) -> Path:
+    """Write ``comparison.html`` (table + plot) comparing the runs under ``paths``
+    (run directories or sweep directories) and return its path."""
+    from milo_ray.report.compare import write_comparison as _write
+
+    return _write(paths, out_dir)
+
+
+def _figure_sections(res: Any, out: Path) -> list:
+    """One section per figure module with figures for this run (PNG/SVG written to ``out``)."""
+    from milo_ray.report import html as page
+    from milo_ray.report import tables
+
+    sections, number = [], 0
+    for module, title, lead in FIGURE_MODULES:
+        figs, error = _figures_of(module, res)
+        if not figs and error is None:
+            continue
+        body = f'<p class="lead">{escape(lead)}</p>'
+        if error is not None:
+            body += f'<p class="error">{escape(error)}</p>'
+        for fig in figs:
+            number += 1
+            body += page.figure_block(fig, number, out)
+        if module.endswith("ssr_figures"):
+            body += "<h3>Decisions per round</h3>" + tables.render(tables.ssr_decisions(res),
+                                                                 table_id="ssr-decisions-table")
+        sections.append(page.Section(module.rsplit(".", 1)[-1].replace("_figures", "") + "-figures", title, body))
+    if not sections:
+        sections.append(page.Section("figures", "Figures", '<p class="nodata">no data: this run has no figures '
+                                     "(no method-specific events were recorded)</p>"))
+    return sections
+
+
+def _figures_of(module: str, res: Any) -> tuple[list[Figure], str | None]:
+    """The module's figures, or ([], None) when the module is not installed. A module
+    that fails on this run yields its error for the page (and stderr) instead of
+    taking the whole report down: the tables are still worth reading."""
+    try:
+        mod = importlib.import_module(module)
+    except ModuleNotFoundError as e:
+        if e.name == module:
+            return [], None
+        raise
+    try:
+        return list(mod.figures(res)), None
+    except Exception as e:  # noqa: BLE001 -- reported on the page and on stderr, never swallowed
+        tb = traceback.format_exc(limit=3)
+        print(f"milo_ray.report: {module}.figures failed: {tb}", file=sys.stderr)
+        return [], f"{module}.figures failed on this run: {type(e).__name__}: {e}"
+
+
+def _status_badge(status: str) -> str:
+    s = escape(str(status or "unknown"))
+    return f'<span class="badge {s}">{s}</span>'
+
+
+def _time(t: Any) -> str:
+    if not isinstance(t, (int, float)):
+        return "—"
+    return _dt.datetime.fromtimestamp(t, _dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def _models(res: Any, spend: Any) -> str:
+    m = res.manifest
+    models = m.get("models") or {}
+    parts = []
+    solver = (models.get("solver") or {}).get("id") or m.get("model_id")
+    if solver:
+        parts.append(f"solver <code>{escape(str(solver))}</code>")
+    emb = models.get("embedder") or {}
+    if emb.get("used"):
+        parts.append("embedder " + ", ".join(f"<code>{escape(str(u))}</code>" for u in emb["used"]))
+    if spend is not None and len(spend) and "model" in spend:
+        seen = set()
+        for _, r in spend.iterrows():
+            model = r.get("model")
+            if isinstance(model, str) and model and (r["role"], model) not in seen and r["role"] != "embedder":
+                seen.add((r["role"], model))
+                parts.append(f"{escape(str(r['role']))} <code>{escape(model)}</code>")
+    return "; ".join(parts) or "—"
+
+
+def _header(res: Any, spend: Any, wall_seconds: Any) -> list[tuple[str, str]]:
+    m = res.manifest
+    return [
+        ("run id", escape(str(m.get("run_id") or "—"))),
+        ("method", escape(str(res.method))),
+        ("benchmark", escape(str(res.benchmark))),
+        ("status", _status_badge(res.status)),
+        ("wall time", duration(wall_seconds)),
+        ("started", _time(m.get("started_at"))),
+        ("models", _models(res, spend)),
+        ("seed · git", f"{escape(str(m.get('seed', '—')))} · <code>{escape(str(m.get('git_sha') or '—')[:10])}</code>"),
+    ]
+
+
+def _scalar(v: Any) -> bool:
+    return isinstance(v, (str, int, float, bool)) or v is None
+
+
+def _overview(res: Any) -> str:
+    """The run summary's scalar facts (stop reason, rounds, executions, ...) as recorded."""
+    from milo_ray.report import html as page
+
+    summary = res.manifest.get("summary")
+    if not isinstance(summary, dict) or not summary:
+        status = res.manifest.get("status")
+        return f'<p class="nodata">no data: the run has no summary yet (status: {escape(str(status))})</p>'
+    items = [(k.replace("_", " "), escape(fmt(k, v))) for k, v in summary.items() if _scalar(v)]
+    budget = res.manifest.get("budget")
+    if isinstance(budget, dict):
+        items += [(f"budget {k.replace('_', ' ')}", escape(fmt(k, v))) for k, v in budget.items() if _scalar(v)]
+    return page.facts(items)
+
+
+def _config(res: Any) -> str:
+    cfg = res.manifest.get("config")
+    if not cfg:
+        return '<p class="nodata">no data: the manifest holds no resolved config</p>'
+    text = json.dumps(cfg, indent=2, sort_keys=True, default=str)
+    return f"<details><summary>Resolved configuration</summary><pre>{escape(text)}</pre></details>"
+
+
+def _footer() -> str:
+    now = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    return f"Generated by milo_ray.report at {now}. Numbers from milo_ray.results; figures also saved as PNG and SVG."
