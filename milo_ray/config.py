@@ -63,7 +63,7 @@ class RunConfig:
         ``runs/<timestamp>``; in a multirun sweep, the sweep's directory, one
         subdirectory per job).
     resume: path of an interrupted run to continue; its stored config is used (only
-        ``run.time_limit_s``, ``run.progress``, ``run.budget.*`` and ``execution.*`` may be
+        ``run.time_limit_s``, ``run.progress``, ``run.report``, ``run.budget.*`` and ``execution.*`` may be
         given again), finished rollouts are never executed again.
     seed: the run seed; every island, candidate and rollout derives its own from it.
     time_limit_s: wall-clock limit of the run, honoured by every method; past it no new
@@ -73,6 +73,9 @@ class RunConfig:
     progress: live progress display (rollouts, one line per MILO island or SSR race, the
         run's best, spend and ETA): None (default) shows it on a terminal only, True also
         as plain ``[progress]`` lines on stderr when there is none, False never.
+    report: when the run finishes, write its report (``<run dir>/report/report.html`` with
+        its figures, as ``python -m milo_ray.report RUN_DIR`` does) and print its path;
+        False skips it (a failing report is logged and never fails the run).
     """
 
     dir: Optional[str] = None
@@ -81,6 +84,7 @@ class RunConfig:
     time_limit_s: Optional[float] = None
     budget: BudgetConfig = field(default_factory=BudgetConfig)
     progress: Optional[bool] = None
+    report: bool = True
 
 
 @dataclass

@@ -123,7 +123,7 @@ def check_tasks_runnable(executor_spec: Any, executor_node: Any, tasks: Any) -> 
 
 
 # What a resumed run may be given again; everything else is the stored config.
-RESUMABLE_KEYS = ("run.resume", "run.time_limit_s", "run.progress", "run.budget", "execution")
+RESUMABLE_KEYS = ("run.resume", "run.time_limit_s", "run.progress", "run.report", "run.budget", "execution")
 
 
 def override_key(override: str) -> str:
@@ -139,7 +139,7 @@ def check_resume_overrides(overrides: list[str]) -> None:
         if key.startswith("hydra") or any(key == k or key.startswith(k + ".") for k in RESUMABLE_KEYS):
             continue
         raise UserError(f"{key}: a resumed run continues with its stored config and cannot change it; "
-                        "only run.time_limit_s, run.progress, run.budget.* and execution.* may be given "
+                        "only run.time_limit_s, run.progress, run.report, run.budget.* and execution.* may be given "
                         "with run.resume (start a new run to change anything else)")
 
 

@@ -30,7 +30,6 @@ import dataclasses
 import logging
 import sys
 import time
-import uuid
 from pathlib import Path
 from typing import Any
 
@@ -94,7 +93,7 @@ def _resume_config(cfg: DictConfig, overrides: list[str]) -> DictConfig:
     stored.run.dir = str(path)
     stored.run.resume = str(path)
     given = {override_key(o) for o in overrides}
-    for key in ("run.time_limit_s", "run.progress", "run.budget.executions", "run.budget.tokens",
+    for key in ("run.time_limit_s", "run.progress", "run.report", "run.budget.executions", "run.budget.tokens",
                 "run.budget.cost_usd", "run.budget.roles"):
         if key in given or (key.startswith("run.budget.") and "run.budget" in given):
             OmegaConf.update(stored, key, OmegaConf.select(cfg, key), force_add=True)
@@ -246,13 +245,30 @@ def run_job(cfg: DictConfig) -> dict[str, Any]:
         store.flush()
         store.write_manifest(finish_manifest(manifest, status=status, summary=summary, budget=scheduler.budget,
                                              embedder_loads=_embedder_loads(store)))
+        report = _write_report(run_dir) if status == "finished" and OmegaConf.select(
+            cfg, "run.report", default=True) else None
         if tracking is not None:
-            tracking.finish(status=status, summary=summary, run_dir=run_dir)
+            tracking.finish(status=status, summary=summary, run_dir=run_dir, report=report)
         store.close()
         logging.getLogger().removeHandler(log_file)
         log_file.close()
         print(f"run directory: {run_dir}  (status: {status}; resume with run.resume={run_dir})")
+        if report is not None:
+            print(f"report: {report}")
     return summary
+
+
+def _write_report(run_dir: Path) -> Path | None:
+    """The finished run's report (``<run dir>/report/report.html``), or None when it could
+    not be written: the run's results stand without it, and the log says why."""
+    try:
+        from milo_ray.report import write_report
+
+        return write_report(run_dir)
+    except Exception as exc:
+        log.warning("no report written (%s: %s); write it with: python -m milo_ray.report %s",
+                    type(exc).__name__, exc, run_dir)
+        return None
 
 
 def _live_views(cfg: DictConfig, store: Any, scheduler: Any, tracker: Any, *, run_dir: Path,

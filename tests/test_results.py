@@ -29,7 +29,7 @@ from milo_ray import results as R
 from milo_ray.store import schema
 
 RUNNER = Path(__file__).parent / "entry" / "cli_jobs.py"
-COMMON = ["run.progress=false", "execution.num_cpus=2"]
+COMMON = ["run.progress=false", "run.report=false", "execution.num_cpus=2"]
 # k_test=2 > k_search=1: the final test reuses the rollouts the search already ran on
 # test tasks (surrogate_tb21's search tasks are test tasks too) and runs one more each.
 MILO_TINY = ["method.search_size=4", "method.val_size=3", "method.k_search=1", "method.k_val=1", "method.k_test=2",

@@ -45,8 +45,9 @@ class Tracker(Protocol):
         """``at``: when the values were measured (wall-clock seconds; None: now)."""
         ...
 
-    def finish(self, *, status: str, run_dir: Path) -> None:
-        """Upload the run's artifacts and close the tracked run with ``status``."""
+    def finish(self, *, status: str, run_dir: Path, report: Path | None = None) -> None:
+        """Upload the run's artifacts (``report``: the run's report.html, when written)
+        and close the tracked run with ``status``."""
         ...
 
 
@@ -163,8 +164,9 @@ class TrackingSession:
         while not self._stop.wait(self._flush_s):
             self.flush()
 
-    def finish(self, *, status: str, summary: Mapping[str, Any], run_dir: Path) -> None:
-        """Write what is queued, the final test metrics, the artifacts; close the run."""
+    def finish(self, *, status: str, summary: Mapping[str, Any], run_dir: Path, report: Path | None = None) -> None:
+        """Write what is queued, the final test metrics, the artifacts (``report``: the
+        report the run wrote, if any); close the run."""
         if self._thread is not None:
             self._stop.set()
             self._thread.join()
@@ -175,7 +177,7 @@ class TrackingSession:
         test = final_metrics(summary)
         if test:
             self._call("log_metrics", self.tracker.log_metrics, test, None)
-        self._call("finish", self.tracker.finish, status=status, run_dir=Path(run_dir))
+        self._call("finish", self.tracker.finish, status=status, run_dir=Path(run_dir), report=report)
 
 
 def start_tracking(tracker: Any, *, store: Any, status: RunStatus, run_id: str, run_dir: Path,

@@ -18,7 +18,6 @@ import importlib.util
 import logging
 import os
 import re
-import tempfile
 import time
 from pathlib import Path
 from typing import Any, Mapping
@@ -108,29 +107,13 @@ class MlflowTracking:
         for i in range(0, len(rows), METRICS_PER_BATCH):
             self.client.log_batch(self.run_id, metrics=rows[i: i + METRICS_PER_BATCH])
 
-    def finish(self, *, status: str, run_dir: Path) -> None:
+    def finish(self, *, status: str, run_dir: Path, report: Path | None = None) -> None:
         manifest = run_dir / "manifest.json"
         if manifest.is_file():
             self.client.log_artifact(self.run_id, str(manifest))
-        self._log_report(run_dir)
+        if report is not None and Path(report).is_file():
+            # The report the run wrote: its directory holds the page and its figures.
+            self.client.log_artifacts(self.run_id, str(Path(report).parent), artifact_path="report")
+        else:
+            log.info("tracking: no report artifact (the run wrote none: run.report=false, or writing it failed)")
         self.client.set_terminated(self.run_id, status=_STATUS.get(status, "FAILED"))
-
-    def _log_report(self, run_dir: Path) -> None:
-        """The run's report (``milo_ray.report.write_report``) under artifact path
-        ``report``, when that module is installed; its absence is said in the log."""
-        try:
-            from milo_ray.report import write_report
-        except ImportError as exc:
-            log.info("tracking: no report artifact (milo_ray.report is not importable: %s)", exc)
-            return
-        with tempfile.TemporaryDirectory(prefix="milo-report-") as tmp:
-            try:
-                written = write_report(run_dir, Path(tmp))
-            except Exception as exc:  # the report is a convenience; the tracked run stands without it
-                log.warning("tracking: no report artifact (write_report failed: %s: %s)", type(exc).__name__, exc)
-                return
-            path = Path(written) if written else Path(tmp)
-            if path.is_dir():
-                self.client.log_artifacts(self.run_id, str(path), artifact_path="report")
-            elif path.is_file():
-                self.client.log_artifact(self.run_id, str(path), artifact_path="report")

@@ -56,7 +56,7 @@ def _tiny(method: str, benchmark: str) -> list[str]:
 
 
 def _jobs(root: Path) -> dict[str, list[str]]:
-    common = ["run.progress=false", "execution.num_cpus=2"]
+    common = ["run.progress=false", "run.report=false", "execution.num_cpus=2"]
     jobs: dict[str, list[str]] = {}
     for method in METHODS:
         # The ladder rungs are the paper's TB2.1 ablation; the other methods run on every benchmark.

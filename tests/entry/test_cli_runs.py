@@ -34,7 +34,7 @@ def _err_lines(proc: subprocess.CompletedProcess) -> list[str]:
 @pytest.mark.slow
 def test_the_default_free_running_milo_runs_and_writes_only_its_run_directory(tmp_path):
     proc = _cli(tmp_path, "method.search_size=4", "method.val_size=3", "method.k_search=1", "method.k_val=1",
-                "method.k_test=1", "method.max_rounds=2", "run.progress=false", "execution.num_cpus=2")
+                "method.k_test=1", "method.max_rounds=2", "run.progress=false", "run.report=false", "execution.num_cpus=2")
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert [p.name for p in tmp_path.iterdir()] == ["runs"], "nothing but runs/<timestamp> in the working directory"
     (run_dir,) = list((tmp_path / "runs").iterdir())

@@ -57,7 +57,7 @@ def test_milo_evolves_optimizer_writing_agents_and_the_records_come_from_their_p
              "benchmark.parents=[lse_adam,subgradient]", "benchmark.budget_s=3", "benchmark.grace_s=1",
              "benchmark.splits={search: 1, val: 1, test: 1}", "method.seeds=[minimal]", "method.num_islands=1",
              "method.search_size=2", "method.val_size=2", "method.max_rounds=1", f"run.dir={run_dir}",
-             "run.progress=false", "execution.num_cpus=2"],
+             "run.progress=false", "run.report=false", "execution.num_cpus=2"],
             capture_output=True, text=True, timeout=900, cwd=tmp_path, env=env)
     assert proc.returncode == 0, proc.stderr[-4000:]
     manifest = json.loads((run_dir / "manifest.json").read_text())

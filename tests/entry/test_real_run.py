@@ -58,7 +58,7 @@ def test_eval_on_harbor_tasks_against_a_local_endpoint_and_no_secret_reaches_the
         # No model.api_key_env: openai/ models read OPENAI_API_KEY, as litellm does.
         proc = _cli(tmp_path, "method=eval", "method.k=1", "method.names=[minimal,stock]", "model=litellm",
                     "model.solver=openai/scripted", f"model.api_base={srv.url}", "benchmark=harbor", f"benchmark.path={tasks}", "benchmark.splits={test: 1.0}",
-                    f"run.dir={run_dir}", "run.progress=false", "execution.num_cpus=2", env=env)
+                    f"run.dir={run_dir}", "run.progress=false", "run.report=false", "execution.num_cpus=2", env=env)
         served = len(srv.answered)
     assert proc.returncode == 0, proc.stderr[-3000:]
     manifest = json.loads((run_dir / "manifest.json").read_text())
@@ -79,7 +79,7 @@ def test_eval_of_a_seed_on_the_bundled_suite_against_a_local_endpoint(tmp_path):
     with ScriptedOpenAIServer(solving_policy) as srv:
         proc = _cli(tmp_path, "method=eval", "model=litellm", "model.solver=openai/scripted",
                     f"model.api_base={srv.url}", "benchmark=harbor", "method.k=1", "method.names=[minimal]",
-                    f"run.dir={tmp_path / 'run'}", "run.progress=false", "execution.num_cpus=2", env=env)
+                    f"run.dir={tmp_path / 'run'}", "run.progress=false", "run.report=false", "execution.num_cpus=2", env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = [r for f in sorted((tmp_path / "run" / "rollouts").glob("*.parquet")) for r in pq.read_table(f).to_pylist()]
     from milo_ray.benchmarks.harbor import HarborBenchmark

@@ -16,7 +16,7 @@ import pytest
 
 ENV = {**os.environ, "LITELLM_LOCAL_MODEL_COST_MAP": "True", "HF_HUB_OFFLINE": "1"}
 EVAL_ARGS = ["method=eval", "method.k=8", "method.split=test", "benchmark=surrogate_swepro",
-             "run.progress=false", "execution.num_cpus=2"]
+             "run.progress=false", "run.report=false", "execution.num_cpus=2"]
 
 
 def _run(args: list[str], cwd: Path, timeout: float = 600) -> subprocess.CompletedProcess:
@@ -50,7 +50,7 @@ def test_sigkilled_run_resumes_without_rerunning_or_losing_rollouts(tmp_path):
     total = 5 * 100 * 8
     assert 0 < len(before) < total
 
-    resumed = _run([f"run.resume={killed}", "run.progress=false"], tmp_path)
+    resumed = _run([f"run.resume={killed}", "run.progress=false", "run.report=false"], tmp_path)
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     after = _rollouts(killed)
     keys = [row[0] for row in after]

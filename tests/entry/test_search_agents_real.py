@@ -58,7 +58,7 @@ def _run(tmp_path: Path, srv: ScriptedOpenAIServer, *args: str, backend: str = "
             f"backend.agents.orchestrator.llm.model=openai/{MODELS['orchestrator']}",
             f"backend.agents.judge.llm.model=openai/{MODELS['judge']}",
             f"backend.agents.optimizer.llm.model=openai/{MODELS['optimizer']}",
-            "benchmark=harbor", f"run.dir={run_dir}", "run.progress=false", "execution.num_cpus=2"]
+            "benchmark=harbor", f"run.dir={run_dir}", "run.progress=false", "run.report=false", "execution.num_cpus=2"]
     proc = subprocess.run(argv, capture_output=True, text=True, timeout=900, cwd=tmp_path, env=env)
     return proc, run_dir
 

@@ -25,7 +25,7 @@ RUNNER = ROOT / "tests" / "entry" / "cli_jobs.py"
 PROBLEM = "first_autocorrelation"
 EINSTEIN_SMALL = ["+experiment=milo_einstein", f"benchmark.problem={PROBLEM}", "benchmark.budget_s=1",
                   "benchmark.grace_s=1", "run.time_limit_s=null", "method.search_size=2", "method.val_size=1",
-                  "method.max_rounds=1", "method.num_islands=2", "run.progress=false", "execution.num_cpus=2"]
+                  "method.max_rounds=1", "method.num_islands=2", "run.progress=false", "run.report=false", "execution.num_cpus=2"]
 
 
 @pytest.fixture(scope="module")

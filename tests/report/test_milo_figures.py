@@ -22,7 +22,7 @@ ROOT = Path(__file__).resolve().parents[2]
 RUNNER = ROOT / "tests" / "entry" / "cli_jobs.py"
 # A few rounds with patience 1, so the orchestrator intervenes (Reassign at least).
 MILO_SMALL = ["method.search_size=4", "method.val_size=3", "method.k_search=1", "method.k_val=1", "method.k_test=1",
-              "method.max_rounds=2", "method.patience=1", "run.progress=false", "execution.num_cpus=2"]
+              "method.max_rounds=2", "method.patience=1", "run.progress=false", "run.report=false", "execution.num_cpus=2"]
 
 
 @pytest.fixture(scope="module")

@@ -45,14 +45,16 @@ ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "LITELLM_LOCAL_MODEL_COST_MAP": "Tru
 def runs(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("report")
     jobs = {
-        "ssr": [*SSR_TINY, *COMMON, f"run.dir={root / 'ssr'}"],
+        "ssr": [*SSR_TINY, *COMMON, "run.report=false", f"run.dir={root / 'ssr'}"],
+        # run.report's default: the finished run writes its own report.
         "milo": [*MILO_TINY, *COMMON, f"run.dir={root / 'milo'}"],
-        "sweep": ["-m", "method=milo_A,milo_B", *MILO_TINY, *COMMON, f"run.dir={root / 'sweep'}"],
+        "sweep": ["-m", "method=milo_A,milo_B", *MILO_TINY, *COMMON, "run.report=false", f"run.dir={root / 'sweep'}"],
     }
     (root / "jobs.json").write_text(json.dumps(jobs))
     proc = subprocess.run([sys.executable, str(RUNNER), str(root / "jobs.json"), str(root / "out.json")], cwd=root,
                           capture_output=True, text=True, timeout=600, env=ENV)
     assert (root / "out.json").exists(), proc.stderr[-4000:]
+    (root / "stdout.txt").write_text(proc.stdout)
     out = json.loads((root / "out.json").read_text())
     for name in jobs:
         assert out.get(name, {}).get("code") == 0, f"{name}: {out.get(name)}\n{proc.stderr[-4000:]}"
@@ -245,6 +247,13 @@ def test_milo_report_holds_every_figure_and_its_harness_numbers_equal_parquet(ru
         _shown(r["pr_at_k"], want[r["harness_id"]["data-v"]])
 
 
+def test_a_finished_run_writes_its_report_and_prints_the_path_unless_told_not_to(runs):
+    page = runs / "milo" / "report" / "report.html"
+    assert page.is_file() and (runs / "milo" / "report" / "milo_pareto.png").is_file()
+    assert f"report: {page}" in (runs / "stdout.txt").read_text()
+    assert not (runs / "ssr" / "report").exists()  # run.report=false
+
+
 def test_report_goes_to_the_run_directory_by_default(runs):
     run = runs / "milo_default"
     shutil.copytree(runs / "milo", run)
@@ -296,7 +305,7 @@ def test_comparison_across_methods_names_each_setting(runs, tmp_path):
 
 def test_bad_input_exits_2_with_the_reason(runs, tmp_path):
     future = tmp_path / "future"
-    shutil.copytree(runs / "milo", future)
+    shutil.copytree(runs / "milo", future, ignore=shutil.ignore_patterns("report"))  # the run wrote one
     part = sorted((future / "rollouts").glob("*.parquet"))[0]
     data = pq.read_table(part)
     meta = {**data.schema.metadata, schema.META_SCHEMA_VERSION: str(schema.SCHEMA_VERSION + 1).encode()}
