@@ -216,10 +216,12 @@ class _SSRRun:
         self.generated += len(drawn)
         racers: list[RaceCandidate] = []
         seen = {parent.harness_id}
+        errors: dict[int, str | None] = {}  # per candidate index, as the event records them
         for o, tasks in zip(drawn, sets):
             a, child, err = o.answer, o.child, o.error
             if child is not None and err is None and child.harness_id in seen:
                 err = "duplicate: identical to the parent or to an earlier candidate of this round"
+            errors[o.index] = err
             d = diff(parent, child) if child is not None else None
             if child is not None:
                 self._add(child, {
@@ -233,7 +235,7 @@ class _SSRRun:
                 seen.add(child.harness_id)
                 racers.append(RaceCandidate(child.harness_id, a.index, tuple(tasks), d.added + d.deleted))
         self.emit(CandidatesChosen(rnd, parent.harness_id, [
-            {"index": o.index, "scale": o.answer.scale, "seed": o.answer.seed, "error": o.error,
+            {"index": o.index, "scale": o.answer.scale, "seed": o.answer.seed, "error": errors[o.index],
              "harness_id": o.child.harness_id if o.child else None, "redraws": redrawn.get(o.index, 0)}
             for o in drawn], [c.harness_id for c in racers], cfg.evidence))
         return racers, len(drawn)

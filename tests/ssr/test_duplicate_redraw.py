@@ -50,6 +50,9 @@ def test_without_redraws_duplicates_are_dropped(tmp_path, ray_local):
     (event,) = _run(tmp_path, retries=0)
     assert len(event["racing"]) == 1
     assert [g["redraws"] for g in event["generated"]] == [0, 0, 0, 0]
+    # The event says why the dropped ones do not race.
+    assert [g["error"] is not None and g["error"].startswith("duplicate") for g in event["generated"]] == \
+        [False, True, True, True]
 
 
 def test_duplicates_are_found_against_the_parent_and_earlier_candidates():
