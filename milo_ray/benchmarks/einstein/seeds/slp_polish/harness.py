@@ -3,7 +3,7 @@ linear programming (SLP) on the exact max.
 
 Stages: ``upsample`` (refine the start by an integer factor: same score, more
 freedom), ``ladder`` (L-BFGS on the log-sum-exp smoothed max, hot -> cold),
-``polish`` (cold L-BFGS from the best point), ``slp`` (until the stage's time is up:
+``polish`` (cold L-BFGS from the best point), ``restarts``, ``slp`` (until the stage's time is up:
 linearize the per-shift values at the best point on the shifts within ``slp_band`` of
 the maximum, and solve the linear program "minimize t subject to every linearized
 value <= t, the heights' sum kept, the problem's bounds, |step| <= r" with HiGHS;
@@ -13,7 +13,8 @@ maximum is attained at hundreds of shifts at once, where a smoothed gradient mov
 all of them a little and none exactly; the linear program balances them exactly.
 On long grids the program's size is capped: a random subset of ``slp_max_vars``
 heights moves per step, against the ``slp_max_rows`` largest shifts.
-``restarts`` (jittered warm restarts of the ladder) is defined for STAGES too.
+``restarts`` (before ``slp``): jittered warm restarts of the ladder, the jitter
+adapting to success.
 Every hand-off goes through the ratchet: a point is kept and published only when it
 is feasible and its exact (FFT) score is strictly below the best so far.
 """
@@ -26,7 +27,7 @@ from scipy import fft as sfft
 from scipy.optimize import Bounds, linprog, minimize
 
 CONFIG = {
-    "upsample_factor": 4,     # integer refinement of the start (1: keep the grid)
+    "upsample_factor": 8,     # integer refinement of the start (1: keep the grid)
     "max_points": 4800,       # no refinement beyond this many grid points
     "t_hot": 1e-3,            # hottest ladder temperature, relative to the current score
     "t_cold": 1e-6,           # coldest ladder temperature, relative to the current score
@@ -57,7 +58,7 @@ CONFIG = {
     "margin_frac": 0.02,      # ... or this fraction of the budget
 }
 
-STAGES = ["upsample", "ladder", "polish", "slp"]
+STAGES = ["upsample", "ladder", "polish", "restarts", "slp"]
 
 PROBLEM = None  # set by the runner: first_autocorrelation | third_autocorrelation | erdos_minimum_overlap
 
