@@ -105,3 +105,25 @@ def test_seed_keeps_the_config_and_stages_layout(name):
             if isinstance(node, ast.Subscript) and getattr(node.value, "id", None) == "CONFIG"
             and isinstance(node.slice, ast.Constant)}
     assert read == set(config), f"unread: {set(config) - read}, undefined: {read - set(config)}"
+
+
+@pytest.mark.parametrize("problem", PROBLEMS)
+def test_slp_stage_alone_improves_and_publishes_only_feasible_strict_improvements(problem):
+    """The linear-programming stage of slp_polish, run by itself from a random start:
+    its steps are accepted only through the exact score, so every published point is
+    feasible and strictly better than the last, and it makes progress on its own."""
+    h0 = start_values({"base": "random", "n": 60, "seed": 5}, problem)
+    s0 = score(problem, h0)
+    published: list = []
+    module = load("slp_polish", problem, published)
+    module._reset(h0, problem)
+    out = module.stage_slp(h0.copy(), np.random.default_rng(0), time.monotonic() + 0.5, problem)
+    assert check(problem, out) is None
+    assert published, "the SLP stage published no improvement"
+    scores = [s0]
+    for p in published:
+        assert check(problem, p) is None
+        scores.append(score(problem, p))
+    assert all(b < a for a, b in zip(scores, scores[1:]))
+    assert scores[-1] < s0 * (1 - 1e-3)
+    assert score(problem, out) == pytest.approx(scores[-1], rel=0, abs=1e-12)

@@ -1,0 +1,442 @@
+"""Seed optimizer ``slp_polish``: the smoothed-max L-BFGS ladder, then sequential
+linear programming (SLP) on the exact max.
+
+Stages: ``upsample`` (refine the start by an integer factor: same score, more
+freedom), ``ladder`` (L-BFGS on the log-sum-exp smoothed max, hot -> cold),
+``polish`` (cold L-BFGS from the best point), ``restarts``, ``slp`` (until the stage's time is up:
+linearize the per-shift values at the best point on the shifts within ``slp_band`` of
+the maximum, and solve the linear program "minimize t subject to every linearized
+value <= t, the heights' sum kept, the problem's bounds, |step| <= r" with HiGHS;
+the exact score of the step decides: a better point is kept and r grows, a worse one
+shrinks r). The smoothed max trades accuracy for smoothness: near an optimum the
+maximum is attained at hundreds of shifts at once, where a smoothed gradient moves
+all of them a little and none exactly; the linear program balances them exactly.
+On long grids the program's size is capped: a random subset of ``slp_max_vars``
+heights moves per step, against the ``slp_max_rows`` largest shifts.
+``restarts`` (before ``slp``): jittered warm restarts of the ladder, the jitter
+adapting to success.
+Every hand-off goes through the ratchet: a point is kept and published only when it
+is feasible and its exact (FFT) score is strictly below the best so far.
+"""
+
+import math
+import time
+
+import numpy as np
+from scipy import fft as sfft
+from scipy.optimize import Bounds, linprog, minimize
+
+CONFIG = {
+    "upsample_factor": 8,     # integer refinement of the start (1: keep the grid)
+    "max_points": 4800,       # no refinement beyond this many grid points
+    "t_hot": 1e-3,            # hottest ladder temperature, relative to the current score
+    "t_cold": 1e-6,           # coldest ladder temperature, relative to the current score
+    "rungs": 5,               # temperatures of the ladder
+    "t_polish": 3e-7,         # first polishing temperature, relative to the current score
+    "polish_cool": 0.3,       # polishing temperature factor after a run that did not improve
+    "polish_floor": 1e-9,     # polishing stops below this relative temperature
+    "polish_maxiter": 400,    # L-BFGS iterations per polishing run
+    "lbfgs_maxiter": 1500,    # L-BFGS iterations per ladder rung
+    "lbfgs_memory": 10,       # L-BFGS correction pairs
+    "erdos_sum_weight": 100.0,  # Erdős: penalty on (sum h - n/2)^2 / n inside L-BFGS
+    "restart_t_hot": 1e-4,    # a restart's ladder starts at this temperature
+    "restart_rungs": 3,       # temperatures of a restart's ladder
+    "restart_seconds": 4.0,   # time of one restart (capped by the stage's time)
+    "jitter": 3e-3,           # initial relative jitter of a restart
+    "jitter_min": 1e-5,       # the jitter never shrinks below this
+    "jitter_shrink": 0.7,     # jitter factor after a restart that did not improve
+    "jitter_grow": 1.5,       # jitter factor after a restart that improved
+    "slp_band": 1e-4,         # SLP rows: shifts within this relative distance of the maximum ...
+    "slp_max_rows": 800,      # ... at most this many (the largest)
+    "slp_max_vars": 600,      # SLP columns: all heights up to this many, else a random subset
+    "slp_radius": 1e-3,       # first trust radius (Erdős: absolute; else relative to the mean height)
+    "slp_radius_min": 1e-7,   # below this the radius starts over from slp_radius
+    "slp_grow": 1.5,          # radius factor after an improving step
+    "slp_shrink": 0.5,        # radius factor after a step that did not improve
+    "slp_lp_seconds": 5.0,    # time limit of one linear program
+    "margin_s": 0.05,         # return this long before the deadline at least ...
+    "margin_frac": 0.02,      # ... or this fraction of the budget
+}
+
+STAGES = ["upsample", "ladder", "polish", "restarts", "slp"]
+
+PROBLEM = None  # set by the runner: first_autocorrelation | third_autocorrelation | erdos_minimum_overlap
+
+
+def publish(values):
+    """Replaced by the runner: record an improved point (the last one counts if the run is killed)."""
+
+# ---------------------------------------------------------------- problem kernel
+# Self-contained copies of the scores (the program runs where only numpy/scipy are
+# installed). Every score and gradient is O(n log n) through the real FFT.
+
+FIRST, THIRD, ERDOS = "first_autocorrelation", "third_autocorrelation", "erdos_minimum_overlap"
+_PROBLEMS = (FIRST, THIRD, ERDOS)
+_ERDOS_SUM_TOL = 1e-9  # |sum h - n/2| allowed, relative to n (the verifier's tolerance)
+
+
+def _conv(a, b):
+    """Full linear convolution of two real vectors by FFT."""
+    size = a.shape[0] + b.shape[0] - 1
+    nfft = sfft.next_fast_len(size, real=True)
+    return sfft.irfft(sfft.rfft(a, nfft) * sfft.rfft(b, nfft), nfft)[:size]
+
+
+def _xcorr_valid(p, b):
+    """out_m = sum_k p_k b_(k-m), m = 0..n-1, for len(p) = 2n - 1 and len(b) = n."""
+    n = b.shape[0]
+    return _conv(p, b[::-1])[n - 1:2 * n - 1]
+
+
+def _shift_values(h, problem):
+    """The per-shift vector whose maximum is the score (third problem: before |.|)."""
+    n = h.shape[0]
+    if problem == ERDOS:
+        return 2.0 * _conv(h, (1.0 - h)[::-1]) / n
+    s = float(np.sum(h))
+    return 2.0 * n * _conv(h, h) / (s * s)
+
+
+def score(h, problem):
+    """The exact (FFT) score of a feasible point; inf when the point is infeasible."""
+    h = np.asarray(h, dtype=np.float64)
+    if h.ndim != 1 or h.shape[0] < 2 or not np.all(np.isfinite(h)):
+        return math.inf
+    n = h.shape[0]
+    if problem == ERDOS:
+        if h.min() < 0.0 or h.max() > 1.0 or abs(float(np.sum(h)) - n / 2) > _ERDOS_SUM_TOL * n:
+            return math.inf
+        return float(2 * _conv(h, (1.0 - h)[::-1]).max() / n)
+    s = float(np.sum(h))
+    if s == 0.0 or (problem == FIRST and h.min() < 0.0):
+        return math.inf
+    m = float(_conv(h, h).max())
+    return float(2 * n * (abs(m) if problem == THIRD else m) / (s * s))
+
+
+def _weighted_grad(h, p, v, problem):
+    """Gradient of sum_k p_k v_k (v = _shift_values(h)) with respect to h."""
+    n = h.shape[0]
+    if problem == ERDOS:
+        r = (1.0 - h)[::-1]
+        # h enters corr directly and through r = reverse(1 - h).
+        return (2.0 / n) * (_xcorr_valid(p, r) - _xcorr_valid(p, h)[::-1])
+    s = float(np.sum(h))
+    return (4.0 * n / (s * s)) * _xcorr_valid(p, h) - 2.0 * float(np.dot(p, v)) / s
+
+
+def smooth_value_grad(h, temperature, problem):
+    """Log-sum-exp smoothed max over shifts, T log sum exp(v / T), and its exact
+    gradient; score <= value <= score + T log(2n - 1)."""
+    # Third problem: the autoconvolution sums to (sum h)^2 > 0, so its maximum is
+    # positive and |max| = max; no sign case is needed.
+    v = _shift_values(h, problem)
+    top = float(v.max())
+    e = np.exp((v - top) / temperature)
+    tot = float(e.sum())
+    return top + temperature * math.log(tot), _weighted_grad(h, e / tot, v, problem)
+
+
+def project(h, problem):
+    """The nearest feasible point in the simple sense each problem needs: heights >= 0
+    (first), unchanged (third), heights in [0, 1] with sum n/2 (Erdős: a shift found
+    by bisection, then clipping)."""
+    h = np.array(h, dtype=np.float64)
+    if problem == FIRST:
+        h = np.maximum(h, 0.0)
+        if h.sum() <= 0.0:
+            h[:] = 1.0
+        return h
+    if problem == THIRD:
+        if h.sum() == 0.0:
+            h = h + 1e-6
+        return h
+    n = h.shape[0]
+    target = n / 2.0
+    lo, hi = -1.0 - float(h.max()), 1.0 - float(h.min())
+    for _ in range(100):  # sum(clip(h + c, 0, 1)) is monotone in c
+        mid = 0.5 * (lo + hi)
+        if np.clip(h + mid, 0.0, 1.0).sum() < target:
+            lo = mid
+        else:
+            hi = mid
+    out = np.clip(h + 0.5 * (lo + hi), 0.0, 1.0)
+    inner = (out > 0.0) & (out < 1.0)
+    if inner.any():  # spread the bisection's last residual over the free heights
+        out[inner] += (target - out.sum()) / inner.sum()
+    return np.clip(out, 0.0, 1.0)
+
+
+# ---------------------------------------------------------------- ratchet
+# The single record of the run: a point is kept (and published) only when it is
+# feasible and its exact FFT score is strictly below the best so far.
+
+_BEST = {"h": None, "score": math.inf}
+
+
+def _reset(h, problem):
+    _BEST["h"], _BEST["score"] = np.array(h, dtype=np.float64), score(h, problem)
+
+
+def offer(h, problem):
+    """Project h, score it exactly, keep and publish it if strictly better."""
+    z = project(h, problem)
+    s = score(z, problem)
+    if s < _BEST["score"]:
+        _BEST["h"], _BEST["score"] = z, s
+        publish(z.copy())
+        return True
+    return False
+
+
+def best():
+    return _BEST["h"].copy()
+
+
+def _problem_name():
+    if PROBLEM is None:
+        raise RuntimeError("PROBLEM is not set: the runner sets the module attribute PROBLEM to one of "
+                           f"{_PROBLEMS} before calling optimize")
+    if PROBLEM not in _PROBLEMS:
+        raise ValueError(f"PROBLEM: expected one of {_PROBLEMS}, got {PROBLEM!r}")
+    return PROBLEM
+
+
+def optimize(values, *, seed, deadline):
+    """Run STAGES in order from ``values``; each stage gets an equal share of the
+    time left (a stage that ends early leaves its time to the next ones). Returns
+    the best verified point, before ``deadline`` (a time.monotonic() value)."""
+    problem = _problem_name()
+    h = project(np.asarray(values, dtype=np.float64), problem)
+    _reset(np.asarray(values, dtype=np.float64), problem)
+    if not math.isfinite(_BEST["score"]):
+        _reset(h, problem)
+    rng = np.random.default_rng(seed)
+    start = time.monotonic()
+    # Stop short of the deadline by a margin: returning and serializing take time.
+    end = deadline - max(CONFIG["margin_s"], CONFIG["margin_frac"] * max(0.0, deadline - start))
+    for i, name in enumerate(STAGES):
+        now = time.monotonic()
+        if now >= end:
+            break
+        stage_deadline = now + (end - now) / (len(STAGES) - i)
+        out = globals()["stage_" + name](h, rng, stage_deadline, problem)
+        h = project(out, problem) if out is not None else h
+    return best()
+
+
+# ---------------------------------------------------------------- L-BFGS on the smoothed max
+
+
+class _OutOfTime(Exception):
+    pass
+
+
+def _normalize(h, problem):
+    """First/third scores are scale-invariant: keep heights O(1) so step lengths and
+    the optimizer's tolerances mean the same thing at every stage."""
+    if problem == ERDOS:
+        return h
+    m = abs(float(np.mean(h)))
+    return h / m if m > 0 else h
+
+
+def lbfgs_smooth(h, temperature, problem, deadline, maxiter):
+    """Minimize the smoothed max at ``temperature`` with L-BFGS-B from ``h``; returns
+    the point of lowest objective seen (feasible after ``project``). Bounds: h >= 0
+    (first), [0, 1] (Erdős). Erdős's sum n/2 is a quadratic penalty, not a
+    reparametrization: a shift that restores the sum inside the optimizer would let
+    heights leave [0, 1], where the smoothed value is lower than any feasible one,
+    and the final projection would undo the gain. A uniform shift barely changes
+    the Erdős score, so the projection after a penalized run costs little."""
+    h = _normalize(np.asarray(h, dtype=np.float64), problem)
+    n = h.shape[0]
+    seen = {"h": h.copy(), "f": math.inf}
+    weight = CONFIG["erdos_sum_weight"] / n
+
+    def fun(x):
+        if time.monotonic() >= deadline:
+            raise _OutOfTime
+        f, g = smooth_value_grad(x, temperature, problem)
+        if problem == ERDOS:
+            d = float(x.sum()) - n / 2.0
+            f, g = f + 0.5 * weight * d * d, g + weight * d
+        if f < seen["f"]:
+            seen["h"], seen["f"] = x.copy(), f
+        return f, g
+
+    if problem == FIRST:
+        bounds = Bounds(np.zeros(n), np.full(n, np.inf))
+    elif problem == ERDOS:
+        bounds = Bounds(np.zeros(n), np.ones(n))
+    else:
+        bounds = None
+    try:
+        minimize(fun, h, jac=True, method="L-BFGS-B", bounds=bounds,
+                 options={"maxiter": int(CONFIG["lbfgs_maxiter"]) if maxiter is None else int(maxiter),
+                          "maxcor": int(CONFIG["lbfgs_memory"]), "ftol": 1e-16, "gtol": 1e-14})
+    except _OutOfTime:
+        pass
+    return seen["h"]
+
+
+def temperature_ladder(h, rng, deadline, problem, t_hot, t_cold, rungs):
+    """L-BFGS at temperatures from t_hot down to t_cold (geometric, relative to the
+    current score: T is in score units). Each rung continues from the previous
+    rung's point, so a hot rung may leave the basin; the ratchet keeps the best
+    verified point. Each rung gets an equal share of the time left."""
+    rungs = max(1, int(rungs))
+    for i in range(rungs):
+        now = time.monotonic()
+        if now >= deadline:
+            break
+        frac = i / (rungs - 1) if rungs > 1 else 1.0
+        t_rel = t_hot * (t_cold / t_hot) ** frac
+        rung_deadline = now + (deadline - now) / (rungs - i)
+        out = lbfgs_smooth(h, t_rel * _BEST["score"], problem, rung_deadline, None)
+        offer(out, problem)
+        h = project(out, problem)
+    return h
+
+
+# ---------------------------------------------------------------- stages
+
+
+def stage_upsample(h, rng, deadline, problem):
+    """Repeat each height ``upsample_factor`` times (when that stays within
+    ``max_points``). The refined point has the same score, so it replaces the
+    record without being published; later stages publish refined points."""
+    factor = int(CONFIG["upsample_factor"])
+    h = best()
+    if factor <= 1 or h.shape[0] * factor > CONFIG["max_points"]:
+        return h
+    refined = project(np.repeat(h, factor), problem)
+    s = score(refined, problem)
+    if math.isfinite(s):
+        # Keep the lower of the two (equal up to rounding): a later point must beat both.
+        _BEST["h"], _BEST["score"] = refined, min(s, _BEST["score"])
+    return refined
+
+
+def stage_ladder(h, rng, deadline, problem):
+    return temperature_ladder(h, rng, deadline, problem, CONFIG["t_hot"], CONFIG["t_cold"], CONFIG["rungs"])
+
+
+def _polish(deadline, problem):
+    """Cold L-BFGS restarted from the best point (a restart drops curvature pairs
+    gathered far from it); after a run that did not improve, colder."""
+    t_rel = CONFIG["t_polish"]
+    while time.monotonic() < deadline and t_rel >= CONFIG["polish_floor"]:
+        out = lbfgs_smooth(best(), t_rel * _BEST["score"], problem, deadline, CONFIG["polish_maxiter"])
+        if not offer(out, problem):
+            t_rel *= CONFIG["polish_cool"]
+
+
+def stage_polish(h, rng, deadline, problem):
+    _polish(deadline, problem)
+    return best()
+
+
+def _jitter(h, sigma, rng, problem):
+    """Multiplicative noise for the autocorrelation problems (keeps signs and zeros
+    of h), additive noise for Erdős (heights at 0 or 1 may move inward)."""
+    if problem == ERDOS:
+        return h + sigma * rng.standard_normal(h.shape[0])
+    return h * (1.0 + sigma * rng.standard_normal(h.shape[0]))
+
+
+def stage_restarts(h, rng, deadline, problem):
+    sigma = CONFIG["jitter"]
+    while True:
+        now = time.monotonic()
+        if now >= deadline - 0.05 * CONFIG["restart_seconds"]:
+            break
+        restart_deadline = min(deadline, now + CONFIG["restart_seconds"])
+        before = _BEST["score"]
+        start = project(_jitter(best(), sigma, rng, problem), problem)
+        ladder_end = now + 0.7 * (restart_deadline - now)
+        temperature_ladder(start, rng, ladder_end, problem, CONFIG["restart_t_hot"], CONFIG["t_cold"],
+                           CONFIG["restart_rungs"])
+        _polish(restart_deadline, problem)
+        if _BEST["score"] < before:
+            sigma = sigma * CONFIG["jitter_grow"]
+        else:
+            sigma = max(CONFIG["jitter_min"], sigma * CONFIG["jitter_shrink"])
+    return best()
+
+
+# ---------------------------------------------------------------- sequential linear programming
+
+
+def shift_jacobian(h, rows, cols, problem):
+    """d v_k / d h_j of the per-shift values for shifts ``rows`` and heights ``cols``
+    (first/third: of the raw autoconvolution sum_j h_j h_(k-j), whose sum of heights the
+    step keeps; Erdős: of 2/n corr(h, 1 - h)), a dense len(rows) x len(cols) array."""
+    n = h.shape[0]
+    lag = rows[:, None] - cols[None, :]
+    inside = (lag >= 0) & (lag < n)
+    if problem != ERDOS:
+        return 2.0 * np.where(inside, h[np.clip(lag, 0, n - 1)], 0.0)
+    # v_k = 2/n sum_j h_j g_(k-j), g = reverse(1 - h): h enters directly and through g.
+    g = (1.0 - h)[::-1]
+    jac = np.where(inside, g[np.clip(lag, 0, n - 1)], 0.0)
+    mirror = rows[:, None] + cols[None, :] - (n - 1)
+    jac -= np.where((mirror >= 0) & (mirror < n), h[np.clip(mirror, 0, n - 1)], 0.0)
+    return (2.0 / n) * jac
+
+
+def slp_step(h, radius, rng, problem, time_limit):
+    """One linear program at ``h``; returns the stepped point (not yet verified) or
+    None when HiGHS found no solution within ``time_limit`` seconds."""
+    n = h.shape[0]
+    v = _conv(h, (1.0 - h)[::-1]) * (2.0 / n) if problem == ERDOS else _conv(h, h)
+    top = float(v.max())
+    rows = np.nonzero(v >= top - CONFIG["slp_band"] * abs(top))[0]
+    if rows.shape[0] > CONFIG["slp_max_rows"]:
+        rows = np.argsort(v)[-int(CONFIG["slp_max_rows"]):]
+    m = int(CONFIG["slp_max_vars"])
+    cols = np.arange(n) if n <= m else np.sort(rng.choice(n, size=m, replace=False))
+    jac = shift_jacobian(h, rows, cols, problem)
+    k = cols.shape[0]
+    # Variables: the step on the chosen heights, then t. Minimize t subject to
+    # v_rows + jac @ step <= t and sum(step) = 0 (the sum is the normalization of the
+    # first/third scores and Erdős's constraint).
+    cost = np.zeros(k + 1)
+    cost[-1] = 1.0
+    a_ub = np.hstack([jac, -np.ones((rows.shape[0], 1))])
+    a_eq = np.ones((1, k + 1))
+    a_eq[0, -1] = 0.0
+    hc = h[cols]
+    lower, upper = np.full(k, -radius), np.full(k, radius)
+    if problem == FIRST:
+        lower = np.maximum(lower, -hc)
+    elif problem == ERDOS:
+        lower, upper = np.maximum(lower, -hc), np.minimum(upper, 1.0 - hc)
+    bounds = np.vstack([np.column_stack([lower, upper]), [[-np.inf, np.inf]]])
+    res = linprog(cost, A_ub=a_ub, b_ub=-v[rows], A_eq=a_eq, b_eq=[0.0], bounds=bounds, method="highs",
+                  options={"time_limit": float(time_limit)})
+    if res.status != 0 or res.x is None:
+        return None
+    out = h.copy()
+    out[cols] += res.x[:k]
+    return out
+
+
+def stage_slp(h, rng, deadline, problem):
+    """Trust-region SLP from the best point until ``deadline``: each step is scored
+    exactly and kept only if strictly better (the ratchet); the radius grows after a
+    kept step and shrinks after a rejected one, starting over when it gets tiny."""
+    radius = CONFIG["slp_radius"]
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0.0:
+            break
+        x = _normalize(best(), problem)
+        out = slp_step(x, radius, rng, problem, min(CONFIG["slp_lp_seconds"], left))
+        if out is not None and offer(out, problem):
+            radius *= CONFIG["slp_grow"]
+        else:
+            radius *= CONFIG["slp_shrink"]
+            if radius < CONFIG["slp_radius_min"]:
+                radius = CONFIG["slp_radius"]
+    return best()
