@@ -34,3 +34,15 @@ def ray_local():
         start_local(num_cpus=2, slots=8, configure_logging=False)
     yield ray
     ray.shutdown()
+
+
+@pytest.fixture(scope="session")
+def shared_runs(tmp_path_factory):
+    """The directory of the tiny finished runs several test files read (tests/shared_runs.py),
+    produced once per session. Tests copy a run before changing it."""
+    import sys
+
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from shared_runs import produce
+
+    return produce(tmp_path_factory.mktemp("shared-runs"))

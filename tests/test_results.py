@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import warnings
 import math
-import os
 import shutil
 import subprocess
 import sys
@@ -28,39 +27,13 @@ from scipy import stats
 from milo_ray import results as R
 from milo_ray.store import schema
 
-RUNNER = Path(__file__).parent / "entry" / "cli_jobs.py"
-COMMON = ["run.progress=false", "run.report=false", "execution.num_cpus=2"]
-# k_test=2 > k_search=1: the final test reuses the rollouts the search already ran on
-# test tasks (surrogate_tb21's search tasks are test tasks too) and runs one more each.
-MILO_TINY = ["method.search_size=4", "method.val_size=3", "method.k_search=1", "method.k_val=1", "method.k_test=2",
-             "method.max_rounds=1"]
-SSR_TINY = ["method=ssr", "benchmark=surrogate_tb21", "method.scales=[0.5,1.0]", "method.b_v=[2,2]", "method.b_s=1",
-            "method.b_f=1", "method.rollouts=1", "method.patience=1", "method.test_rollouts=2",
-            "run.budget.executions=60"]
-EINSTEIN_TINY = ["+experiment=milo_einstein", "benchmark.problem=first_autocorrelation", "benchmark.budget_s=1",
-                 "benchmark.grace_s=1", "run.time_limit_s=null", "method.search_size=2", "method.val_size=1",
-                 "method.max_rounds=0", "method.num_islands=1", "method.seeds=[lse_adam,subgradient]"]
 METRICS = ("pass_at_k", "pr_at_k", "rr_at_k")
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory) -> Path:
-    root = tmp_path_factory.mktemp("results")
-    jobs = {
-        "sweep": ["-m", "method=milo_A,milo_B", *MILO_TINY, *COMMON, f"run.dir={root / 'sweep'}"],
-        "ssr": [*SSR_TINY, *COMMON, f"run.dir={root / 'ssr'}"],
-        "einstein": [*EINSTEIN_TINY, *COMMON, f"run.dir={root / 'einstein'}"],
-        "eval": ["method=eval", "method.k=2", "method.names=[minimal,stock]", *COMMON, f"run.dir={root / 'eval'}"],
-    }
-    (root / "jobs.json").write_text(json.dumps(jobs))
-    proc = subprocess.run([sys.executable, str(RUNNER), str(root / "jobs.json"), str(root / "out.json")], cwd=root,
-                          capture_output=True, text=True, timeout=600,
-                          env={**os.environ, "HF_HUB_OFFLINE": "1", "LITELLM_LOCAL_MODEL_COST_MAP": "True"})
-    assert (root / "out.json").exists(), proc.stderr[-4000:]
-    out = json.loads((root / "out.json").read_text())
-    for name in jobs:
-        assert out.get(name, {}).get("code") == 0, f"{name}: {out.get(name)}\n{proc.stderr[-4000:]}"
-    return root
+def runs(shared_runs) -> Path:
+    """sweep/0 and sweep/1 (MILO rungs A, B), ssr, einstein, eval: tests/shared_runs.py."""
+    return shared_runs
 
 
 def _sql(run_dir: Path, table: str, query: str) -> list[tuple]:

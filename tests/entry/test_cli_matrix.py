@@ -28,7 +28,12 @@ TRAIN_SIZE = {"surrogate_tb21": 40, "surrogate_swepro": 80, "surrogate_deepswe":
 # tests/entry/test_real_run.py against a local endpoint, and the *_stock variants are
 # the SSR experiments' benchmarks, run below through the experiments.
 BENCHMARKS = sorted(TRAIN_SIZE)
-EXPERIMENTS = sorted(p.stem for p in (Path(CONF_DIR) / "experiment").glob("*.yaml"))
+# Every experiment that runs offline; one that needs a model endpoint (its defaults pick
+# model=litellm) runs against a local one in its own test (milo_einstein_agent:
+# tests/entry/test_einstein_agent_run.py).
+EXPERIMENTS = sorted(p.stem for p in (Path(CONF_DIR) / "experiment").glob("*.yaml")
+                     if "override /model: litellm" not in p.read_text())
+ENDPOINT_EXPERIMENTS = {"milo_einstein_agent": "tests/entry/test_einstein_agent_run.py"}
 RUNGS = [m for m in METHODS if m.startswith("milo_") and len(m) == 6]  # milo_A ... milo_E
 
 MILO_TINY = ["method.search_size=4", "method.val_size=3", "method.k_search=1", "method.k_val=1", "method.k_test=1",
@@ -42,7 +47,8 @@ SSR_TINY = ["method.scales=[0.5,1.0]", "method.b_v=[2,2]", "method.b_s=1", "meth
 EINSTEIN_COMMON = ["benchmark.problem=first_autocorrelation", "benchmark.budget_s=1", "benchmark.grace_s=1",
                    "run.time_limit_s=null"]
 EINSTEIN_TINY = {
-    "milo_einstein": [*EINSTEIN_COMMON, "method.search_size=2", "method.val_size=1", "method.max_rounds=1"],
+    "milo_einstein": [*EINSTEIN_COMMON, "method.search_size=2", "method.val_size=1", "method.max_rounds=1",
+                      "method.seeds=[lse_adam,subgradient]", "method.num_islands=2"],
     "ssr_einstein": [*EINSTEIN_COMMON, "method.b_v=[1,1]", "method.patience=1", "run.budget.executions=20"],
 }
 
@@ -139,6 +145,14 @@ def test_every_method_runs_on_every_benchmark_it_supports(matrix, name):
 def test_every_experiment_runs_from_the_command_line(matrix, experiment):
     run_dir, manifest = _job(matrix, f"exp-{experiment}")
     assert manifest["summary"]["final_test"]
+
+
+def test_every_experiment_left_out_for_its_endpoint_runs_in_its_own_test():
+    every = {p.stem for p in (Path(CONF_DIR) / "experiment").glob("*.yaml")}
+    assert every - set(EXPERIMENTS) == set(ENDPOINT_EXPERIMENTS)
+    root = Path(__file__).resolve().parents[2]
+    for experiment, test in ENDPOINT_EXPERIMENTS.items():
+        assert f"+experiment={experiment}" in (root / test).read_text(), test
 
 
 def _requests(run_dir: Path) -> list[dict]:

@@ -6,9 +6,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import duckdb
@@ -21,23 +18,13 @@ from milo_ray.results import load_run
 from milo_ray.store import open_run
 
 ROOT = Path(__file__).resolve().parents[2]
-RUNNER = ROOT / "tests" / "entry" / "cli_jobs.py"
 PROBLEM = "first_autocorrelation"
-EINSTEIN_SMALL = ["+experiment=milo_einstein", f"benchmark.problem={PROBLEM}", "benchmark.budget_s=1",
-                  "benchmark.grace_s=1", "run.time_limit_s=null", "method.search_size=2", "method.val_size=1",
-                  "method.max_rounds=1", "method.num_islands=2", "run.progress=false", "run.report=false", "execution.num_cpus=2"]
 
 
 @pytest.fixture(scope="module")
-def run(tmp_path_factory):
-    root = tmp_path_factory.mktemp("einstein-figures")
-    jobs, out = root / "jobs.json", root / "out.json"
-    jobs.write_text(json.dumps({"einstein": [*EINSTEIN_SMALL, f"run.dir={root / 'einstein'}"]}))
-    proc = subprocess.run([sys.executable, str(RUNNER), str(jobs), str(out)], cwd=root, capture_output=True,
-                          text=True, timeout=600,
-                          env={**os.environ, "HF_HUB_OFFLINE": "1", "LITELLM_LOCAL_MODEL_COST_MAP": "True"})
-    assert out.exists() and json.loads(out.read_text())["einstein"]["code"] == 0, proc.stderr[-3000:]
-    res = load_run(root / "einstein")
+def run(shared_runs):
+    """The shared einstein run: 2 islands, one round (tests/shared_runs.py)."""
+    res = load_run(shared_runs / "einstein")
     return res, figures(res)
 
 
@@ -102,3 +89,16 @@ def test_every_published_anchor_is_drawn_and_labelled(run):
         if value is not None:
             assert any(abs(y - (value - ref)) < 1e-15 for y in flat), name
             assert name in texts
+
+
+def test_the_whole_report_renders_for_an_einstein_run(run, tmp_path):
+    from milo_ray.report import write_report
+
+    res, _ = run
+    page = write_report(res.run_dir, tmp_path / "report")
+    html = page.read_text()
+    png = (tmp_path / "report" / "einstein_score_over_time.png").read_bytes()
+    assert png.startswith(b"\x89PNG\r\n\x1a\n") and len(png) > 10_000
+    assert "einstein_score_over_time" in html and 'id="final-test-table"' in html
+    # Its numbers are the run's rewards: the final test's PR@k is their mean over the test rollouts.
+    assert res.summary["final_test"] and f'{res.summary["final_test"][0]["pr_at_k"]:.3f}' in html

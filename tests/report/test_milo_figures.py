@@ -6,9 +6,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import duckdb
@@ -19,22 +16,12 @@ from milo_ray.report.milo_figures import figures, replay
 from milo_ray.results import load_run
 
 ROOT = Path(__file__).resolve().parents[2]
-RUNNER = ROOT / "tests" / "entry" / "cli_jobs.py"
-# A few rounds with patience 1, so the orchestrator intervenes (Reassign at least).
-MILO_SMALL = ["method.search_size=4", "method.val_size=3", "method.k_search=1", "method.k_val=1", "method.k_test=1",
-              "method.max_rounds=2", "method.patience=1", "run.progress=false", "run.report=false", "execution.num_cpus=2"]
 
 
 @pytest.fixture(scope="module")
-def run(tmp_path_factory):
-    root = tmp_path_factory.mktemp("milo-figures")
-    jobs, out = root / "jobs.json", root / "out.json"
-    jobs.write_text(json.dumps({"milo": [*MILO_SMALL, f"run.dir={root / 'milo'}"]}))
-    proc = subprocess.run([sys.executable, str(RUNNER), str(jobs), str(out)], cwd=root, capture_output=True,
-                          text=True, timeout=600,
-                          env={**os.environ, "HF_HUB_OFFLINE": "1", "LITELLM_LOCAL_MODEL_COST_MAP": "True"})
-    assert out.exists() and json.loads(out.read_text())["milo"]["code"] == 0, proc.stderr[-3000:]
-    res = load_run(root / "milo")
+def run(shared_runs):
+    """The shared MILO run: 3 islands, 2 rounds, patience 1 (tests/shared_runs.py)."""
+    res = load_run(shared_runs / "milo")
     return res, {f.name: f for f in figures(res)}
 
 

@@ -30,35 +30,14 @@ from milo_ray import results as R
 from milo_ray.report import FIGURE_MODULES, write_report
 from milo_ray.store import schema
 
-RUNNER = Path(__file__).parents[1] / "entry" / "cli_jobs.py"
-COMMON = ["run.progress=false", "execution.num_cpus=2"]
-MILO_TINY = ["method.search_size=4", "method.val_size=3", "method.k_search=1", "method.k_val=1", "method.k_test=1",
-             "method.max_rounds=1"]
-SSR_TINY = ["method=ssr", "benchmark=surrogate_tb21", "method.scales=[0.5,1.0]", "method.b_v=[2,2]", "method.b_s=1",
-            "method.b_f=1", "method.rollouts=1", "method.patience=1", "method.test_rollouts=1",
-            "run.budget.executions=60"]
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "LITELLM_LOCAL_MODEL_COST_MAP": "True"}
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory) -> Path:
-    root = tmp_path_factory.mktemp("report")
-    jobs = {
-        "ssr": [*SSR_TINY, *COMMON, "run.report=false", f"run.dir={root / 'ssr'}"],
-        # run.report's default: the finished run writes its own report.
-        "milo": [*MILO_TINY, *COMMON, f"run.dir={root / 'milo'}"],
-        "sweep": ["-m", "method=milo_A,milo_B", *MILO_TINY, *COMMON, "run.report=false", f"run.dir={root / 'sweep'}"],
-    }
-    (root / "jobs.json").write_text(json.dumps(jobs))
-    proc = subprocess.run([sys.executable, str(RUNNER), str(root / "jobs.json"), str(root / "out.json")], cwd=root,
-                          capture_output=True, text=True, timeout=600, env=ENV)
-    assert (root / "out.json").exists(), proc.stderr[-4000:]
-    (root / "stdout.txt").write_text(proc.stdout)
-    out = json.loads((root / "out.json").read_text())
-    for name in jobs:
-        assert out.get(name, {}).get("code") == 0, f"{name}: {out.get(name)}\n{proc.stderr[-4000:]}"
-    return root
+def runs(shared_runs) -> Path:
+    """ssr, milo (which wrote its own report), sweep: tests/shared_runs.py."""
+    return shared_runs
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess:
@@ -169,20 +148,22 @@ def _sql(run_dir: Path, table: str, query: str) -> list[tuple]:
     return duckdb.sql(query.replace("T", f"read_parquet('{run_dir}/{table}/*.parquet')")).fetchall()
 
 
-def _final_test(run: Path, harness_id: str) -> tuple[int, float, float, float]:
-    """(tasks, PR@1, RR@1 = pass@1, mean output tokens) of a harness's final test (k = 1).
+def _final_test(run: Path, harness_id: str, k: int) -> tuple[int, float, float, float, float]:
+    """(tasks, PR@k, RR@k, pass@k, mean output tokens) of a harness's final test.
 
-    Rollout 0 of each task of the benchmark's test split: a test task the search already
-    ran (its rollout 0 is stored under the search's split) is reused by the final test,
-    so rows are taken by task, whatever split they are stored under."""
+    Rollouts 0..k-1 of each task of the benchmark's test split: a test task the search
+    already ran (its rollout 0 is stored under the search's split) is reused by the final
+    test, so rows are taken by task, whatever split they are stored under."""
     tasks = R.load_run(run).split_tasks("test")
     assert tasks, "the benchmark's test split could not be rebuilt"
     listed = ", ".join(f"'{t}'" for t in tasks)
-    n, pr, rr, tok = _sql(run, "rollouts", f"select count(distinct task_id), avg(score), avg((score = 1)::int), "
-                                           f"avg(output_tokens) from T where harness_id = '{harness_id}' "
-                                           f"and rollout_idx = 0 and task_id in ({listed})")[0]
-    assert n == len(tasks), "a test task without a rollout"
-    return n, pr, rr, tok
+    where = f"harness_id = '{harness_id}' and rollout_idx < {k} and task_id in ({listed})"
+    n, cells, pr, rr, tok = _sql(run, "rollouts", "select count(distinct task_id), count(*), avg(score), "
+                                                  f"avg((score = 1)::int), avg(output_tokens) from T where {where}")[0]
+    assert n == len(tasks) and cells == n * k, "a test task without all its rollouts"
+    (passed,) = _sql(run, "rollouts", f"select avg(p) from (select max((score = 1)::int) as p from T where {where} "
+                                      "group by task_id)")[0]
+    return n, pr, rr, passed, tok
 
 
 def _value(cell: dict) -> float:
@@ -215,11 +196,11 @@ def test_ssr_report_numbers_equal_the_parquet_tables(runs, tmp_path):
     summary = json.loads((run / "manifest.json").read_text())["summary"]
     rows = page.tables["final-test-table"]
     assert [r["harness_id"]["data-v"] for r in rows] == [r["harness_id"] for r in summary["final_test"]]
-    for row in rows:
+    for row, want_row in zip(rows, summary["final_test"]):
         hid = row["harness_id"]["data-v"]
-        n, pr, rr, tok = _final_test(run, hid)
+        n, pr, rr, passed, tok = _final_test(run, hid, want_row["k"])
         assert int(_value(row["n_tasks"])) == n
-        for col, want in (("pr_at_k", pr), ("rr_at_k", rr), ("pass_at_k", rr), ("mean_output_tokens", tok)):
+        for col, want in (("pr_at_k", pr), ("rr_at_k", rr), ("pass_at_k", passed), ("mean_output_tokens", tok)):
             assert math.isclose(_value(row[col]), want, rel_tol=1e-9), (col, hid)
         _shown(row["pr_at_k"], pr)
         lo, hi = float(row["pr_at_k"]["data-lo"]), float(row["pr_at_k"]["data-hi"])
@@ -254,9 +235,9 @@ def test_a_finished_run_writes_its_report_and_prints_the_path_unless_told_not_to
     assert not (runs / "ssr" / "report").exists()  # run.report=false
 
 
-def test_report_goes_to_the_run_directory_by_default(runs):
-    run = runs / "milo_default"
-    shutil.copytree(runs / "milo", run)
+def test_report_goes_to_the_run_directory_by_default(runs, tmp_path):
+    run = tmp_path / "milo_default"
+    shutil.copytree(runs / "milo", run, ignore=shutil.ignore_patterns("report"))
     proc = _cli(run)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert Path(proc.stdout.strip()) == run / "report" / "report.html"
@@ -288,8 +269,8 @@ def test_comparison_of_a_sweep_puts_both_rungs_side_by_side(runs, tmp_path):
     assert [r["setting"]["text"] for r in rows] == ["milo_A", "milo_B"]
     assert [r["run"]["text"] for r in rows] == ["0", "1"]
     for row, job in zip(rows, ("0", "1")):
-        incumbent = json.loads((sweep / job / "manifest.json").read_text())["summary"]["final_test"][0]["harness_id"]
-        _, pr, _, _ = _final_test(sweep / job, incumbent)
+        incumbent = json.loads((sweep / job / "manifest.json").read_text())["summary"]["final_test"][0]
+        _, pr, _, _, _ = _final_test(sweep / job, incumbent["harness_id"], incumbent["k"])
         assert math.isclose(_value(row["pr_at_k"]), pr, rel_tol=1e-9)
         _shown(row["pr_at_k"], pr)
     assert set(page.figures) == {"comparison_metrics"}

@@ -3,11 +3,7 @@ tracking=none composes by default; a failing tracking backend never fails the ru
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import duckdb
@@ -24,37 +20,11 @@ from milo_ray.tracking.mlflow import MAX_PARAM_CHARS, MlflowTracking
 HERE = Path(__file__).parent
 
 
-def _matrix_module():
-    path = HERE.parent / "entry" / "test_cli_matrix.py"
-    spec = importlib.util.spec_from_file_location("_cli_matrix_constants", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory) -> Path:
-    """Three tiny offline runs in one process: MILO and SSR logged to MLflow, and MILO
-    with a tracking backend that fails."""
-    m = _matrix_module()
-    root = tmp_path_factory.mktemp("tracking")
-    common = ["run.progress=false", "execution.num_cpus=2"]
-    jobs = {
-        # The MILO run writes its report (run.report's default), which MLflow then holds.
-        "milo": [*m.MILO_TINY, *common, "tracking=mlflow", "tracking.experiment=tiny", f"run.dir={root / 'milo'}"],
-        "ssr": ["method=ssr", *m.SSR_TINY, f"run.budget.executions={m.TRAIN_SIZE['surrogate_tb21'] + 20}", *common,
-                "run.report=false", "tracking=mlflow", f"run.dir={root / 'ssr'}"],
-        "failing": [*m.MILO_TINY, *common, "run.report=false", "tracking._target_=failing_tracker.FailingTracker",
-                    f"run.dir={root / 'failing'}"],
-    }
-    (root / "jobs.json").write_text(json.dumps(jobs))
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "LITELLM_LOCAL_MODEL_COST_MAP": "True",
-           "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")])}
-    proc = subprocess.run([sys.executable, str(m.RUNNER), str(root / "jobs.json"), str(root / "out.json")], cwd=root,
-                          capture_output=True, text=True, timeout=900, env=env)
-    out = json.loads((root / "out.json").read_text()) if (root / "out.json").exists() else {}
-    assert all(out.get(j, {}).get("code") == 0 for j in jobs), (out, proc.stderr[-4000:])
-    return root
+def runs(shared_runs) -> Path:
+    """milo (MLflow experiment "tiny") and ssr logged to MLflow, and failing, whose
+    tracking backend raises: tests/shared_runs.py."""
+    return shared_runs
 
 
 @pytest.fixture(autouse=True)
@@ -91,7 +61,7 @@ def test_a_milo_run_is_read_back_from_the_local_mlflow_store(runs):
     assert run.info.status == "FINISHED" and run.data.tags["milo_ray_run_id"] == manifest["run_id"]
     params = run.data.params
     flat = flatten_config(manifest["config"])
-    assert set(params) == set(flat) and params["method.max_rounds"] == "1" and params["run.dir"] == str(run_dir)
+    assert set(params) == set(flat) and params["method.max_rounds"] == str(manifest["config"]["method"]["max_rounds"]) and params["run.dir"] == str(run_dir)
     assert params["tracking.experiment"] == "tiny" and params["tracking.uri"] == "null"
     for j, isl in summary["islands"].items():
         assert _last(client, run, f"island{j}/heldout_accuracy") == pytest.approx(isl["heldout_accuracy"])
