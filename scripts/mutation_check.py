@@ -178,6 +178,18 @@ MUTATIONS: tuple[Mutation, ...] = (
         ("tests/agents/test_llm_judge.py::test_an_out_of_range_answer_is_reasked_with_the_error_and_the_previous_answer",),
         "a judge is re-asked without being told what was wrong with its answer",
     ),
+    Mutation(
+        "einstein-agent-graded-in-workspace", "milo_ray/benchmarks/einstein/agent_tasks.py",
+        "run = run_program(sandbox, GRADE_DIR,", "run = run_program(sandbox, WORKDIR,",
+        ("tests/benchmarks/test_einstein_agent_tasks.py",),
+        "an agent's program is graded among the files it left behind (a planted best.npy counts)",
+    ),
+    Mutation(
+        "splits-follow-listing-order", "milo_ray/benchmarks/splits.py",
+        "    sizes = {k: sizes[k] for k in canonical_order(sizes)}", "    sizes = dict(sizes)",
+        ("tests/benchmarks/test_splits.py",),
+        "a run resumed from its manifest (keys stored sorted) draws other splits than it drew",
+    ),
 )
 
 
