@@ -229,7 +229,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     print(format_records(rr))
     for p in write_records(rr, args.out or Path(args.run_dir) / "records"):
-        print(f"wrote {p}")
+        print(f"wrote {p}  (a run continues from it with benchmark.problem={p.stem} "
+              f"benchmark.starts='[{{base: file, path: {p.resolve()}}}]')")
     return 0
 
 

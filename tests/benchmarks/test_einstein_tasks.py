@@ -301,3 +301,50 @@ def test_the_config_names_every_constructor_field_and_builds():
     b = instantiate(node, _convert_="all")
     assert isinstance(b, EinsteinBenchmark) and len(b.tasks("search")) == 15
     assert OmegaConf.load(CONF / "executor" / "for_einstein.yaml").defaults == ["optimizer"]
+
+
+def test_a_file_start_continues_from_a_stored_construction(tmp_path):
+    # What the records command writes: {"problem", "values", "score"}.
+    from milo_ray.benchmarks.einstein.starts import construction_digest
+
+    stored = start_values({"base": "alphaevolve", "n": 1200, "perturb": 0.001, "seed": 4}, "first_autocorrelation")
+    path = tmp_path / "first_autocorrelation.json"
+    path.write_text(json.dumps({"problem": "first_autocorrelation", "values": stored.tolist(),
+                                "score": score("first_autocorrelation", stored)}))
+    bench = EinsteinBenchmark(problem="first_autocorrelation", splits={"search": 1.0},
+                              starts=[{"base": "file", "path": str(path)}, {"base": "file", "path": str(path), "n": 2400}])
+    tasks = sorted(bench.splits()["search"], key=lambda t: t.metadata["start"]["n"])
+    digest = construction_digest(stored)
+    assert [t.task_id for t in tasks] == [f"first-file-{digest[:8]}-n1200", f"first-file-{digest[:8]}-n2400"]
+    json.dumps(tasks[0].metadata)
+    assert np.array_equal(start_values(tasks[0].metadata), stored)
+    refined = start_values(tasks[1].metadata)
+    assert refined.size == 2400 and score("first_autocorrelation", refined) == pytest.approx(
+        score("first_autocorrelation", stored), rel=1e-12)
+    # The file changing under a run is refused on the worker, naming the path.
+    path.write_text(json.dumps(list(stored[::-1])))
+    with pytest.raises(ValueError, match=r"start\.path=.*changed since"):
+        start_values(tasks[0].metadata)
+
+
+@pytest.mark.parametrize("spec, match", [
+    ({"base": "file"}, r"starts\[0\]\.path: a file start needs"),
+    ({"base": "alphaevolve", "path": "x.json"}, r"starts\[0\]\.path: only a file start"),
+    ({"base": "file", "path": "/nonexistent/first.json"}, r"starts\[0\]: start\.path=.*cannot read"),
+])
+def test_bad_file_starts_are_refused_naming_the_field(spec, match):
+    with pytest.raises(ValueError, match=match):
+        EinsteinBenchmark(problem="first_autocorrelation", starts=[spec], splits={"search": 1})
+
+
+def test_a_file_of_another_problem_or_not_a_vector_is_refused(tmp_path):
+    other = tmp_path / "erdos.json"
+    other.write_text(json.dumps({"problem": "erdos_minimum_overlap", "values": [0.5] * 10}))
+    with pytest.raises(ValueError, match="not of 'first_autocorrelation'"):
+        EinsteinBenchmark(problem="first_autocorrelation", starts=[{"base": "file", "path": str(other)}],
+                          splits={"search": 1})
+    garbage = tmp_path / "garbage.json"
+    garbage.write_text(json.dumps({"values": "abc"}))
+    with pytest.raises(ValueError, match="at least 2 finite heights"):
+        EinsteinBenchmark(problem="first_autocorrelation", starts=[{"base": "file", "path": str(garbage)}],
+                          splits={"search": 1})

@@ -23,7 +23,7 @@ from typing import Any, Mapping
 import numpy as np
 from milo_ray.benchmarks.base import BenchmarkDataMissing, SplitTasks
 from milo_ray.benchmarks.einstein.problems import PROBLEMS, check, score
-from milo_ray.benchmarks.einstein.starts import BASES, published, start_values
+from milo_ray.benchmarks.einstein.starts import BASES, construction_digest, load_construction, published, start_values
 from milo_ray.benchmarks.splits import DEFAULT_SPLITS, split_sizes
 from milo_ray.execution.types import Task
 from milo_ray.harness.model import ENTRY_FILE, Harness
@@ -34,8 +34,8 @@ SEEDS_DIR = Path(__file__).resolve().parent / "seeds"
 # Short, filesystem-safe names for task ids (``first-ae-n2400-p0.001-s1``).
 PROBLEM_TAGS = {"first_autocorrelation": "first", "third_autocorrelation": "third",
                 "erdos_minimum_overlap": "erdos"}
-BASE_TAGS = {"alphaevolve": "ae", "constant": "const", "random": "rand"}
-SPEC_FIELDS = ("base", "n", "perturb", "seed", "problem")
+BASE_TAGS = {"alphaevolve": "ae", "constant": "const", "random": "rand", "file": "file"}
+SPEC_FIELDS = ("base", "n", "perturb", "seed", "problem", "path")
 
 # Refinement factors of the published construction in the default bank; the largest
 # (x16: 9,600 points for the first problem) keeps an FFT score well under a millisecond
@@ -97,9 +97,11 @@ def default_starts(problem: str) -> list[dict[str, Any]]:
 
 
 def task_id(problem: str, spec: Mapping[str, Any]) -> str:
-    """``<problem>-<base>-n<n>[-p<perturb>][-s<seed>]``; the seed appears only where it
-    changes the start (perturbed or random), so two ids differ exactly when the starts do."""
-    tid = f"{PROBLEM_TAGS[problem]}-{BASE_TAGS[spec['base']]}-n{spec['n']}"
+    """``<problem>-<base>-n<n>[-p<perturb>][-s<seed>]`` (a file start's base carries its
+    content digest: ``file-1a2b3c4d``); the seed appears only where it changes the start
+    (perturbed or random), so two ids differ exactly when the starts do."""
+    base = BASE_TAGS[spec["base"]] + (f"-{spec['digest'][:8]}" if spec["base"] == "file" else "")
+    tid = f"{PROBLEM_TAGS[problem]}-{base}-n{spec['n']}"
     if spec["perturb"]:
         tid += f"-p{spec['perturb']:g}"
     if spec["perturb"] or spec["base"] == "random":
@@ -134,8 +136,15 @@ def normalize_spec(raw: Any, field: str) -> tuple[dict[str, Any], str | None]:
     n = raw.get("n")
     if n is not None and (not _is_int(n) or n < 2):
         raise ValueError(f"{field}.n={n!r}: must be an integer >= 2 (grid points)")
-    if n is None and base != "alphaevolve":
+    if n is None and base not in ("alphaevolve", "file"):
         raise ValueError(f"{field}.n: a {base} start needs its number of grid points")
+    path = raw.get("path")
+    if (base == "file") != (path is not None):
+        raise ValueError(f"{field}.path: " + ("a file start needs the path of a stored construction (e.g. "
+                                              "records/first_autocorrelation.json)" if base == "file" else
+                                              f"only a file start reads one (base is {base})"))
+    if base == "file" and (not isinstance(path, str) or not path):
+        raise ValueError(f"{field}.path={path!r}: must be a file path")
     perturb = raw.get("perturb", 0.0)
     if not _is_number(perturb) or perturb < 0:
         raise ValueError(f"{field}.perturb={perturb!r}: must be a finite number >= 0 (relative noise; 0: none)")
@@ -143,7 +152,10 @@ def normalize_spec(raw: Any, field: str) -> tuple[dict[str, Any], str | None]:
     if not _is_int(seed) or seed < 0:
         raise ValueError(f"{field}.seed={seed!r}: must be an integer >= 0")
     effective = bool(perturb) or base == "random"
-    return {"base": base, "n": n, "perturb": float(perturb), "seed": int(seed) if effective else 0}, problem
+    spec = {"base": base, "n": n, "perturb": float(perturb), "seed": int(seed) if effective else 0}
+    if base == "file":
+        spec["path"] = str(Path(path).expanduser().resolve())
+    return spec, problem
 
 
 def describe_start(problem: str, spec: Mapping[str, Any]) -> str:
@@ -153,7 +165,8 @@ def describe_start(problem: str, spec: Mapping[str, Any]) -> str:
                               "height (the same step function, the same score)"
                               if spec["n"] != len(published(problem)) else ""),
             "constant": "the flat function (all heights equal)",
-            "random": f"uniform random heights (seed {spec['seed']})"}[spec["base"]]
+            "random": f"uniform random heights (seed {spec['seed']})",
+            "file": f"a construction found earlier (stored in {Path(spec.get('path', '')).name})"}[spec["base"]]
     if spec["perturb"]:
         what += (f", each height multiplied by (1 + {spec['perturb']:g} * standard normal noise, seed {spec['seed']}) "
                  "and projected back onto the constraints")
@@ -281,6 +294,15 @@ class EinsteinBenchmark(SplitTasks):
                     if spec["n"] % n0:
                         raise ValueError(f"{field}.n={spec['n']}: an alphaevolve start of {problem} refines its "
                                          f"{n0} published points, so n must be a multiple of {n0}")
+                if spec["base"] == "file":
+                    try:
+                        stored = load_construction(spec["path"], problem)
+                    except ValueError as exc:
+                        raise ValueError(f"{field}: {exc}") from None
+                    spec["n"], spec["digest"] = spec["n"] or stored.size, construction_digest(stored)
+                    if spec["n"] % stored.size:
+                        raise ValueError(f"{field}.n={spec['n']}: a file start refines its {stored.size} points, so "
+                                         f"n must be a multiple of {stored.size}")
                 values = start_values(spec, problem)
                 reason = check(problem, values)
                 if reason:

@@ -4,7 +4,9 @@ A spec is ``{"base": ..., "n": ..., "perturb": ..., "seed": ...}``:
 
 * ``base``: ``alphaevolve`` (the published construction, ``milo_ray/data/
   alphaevolve_constructions.json``, refined to ``n`` points), ``constant`` (the flat
-  function) or ``random`` (uniform heights, seeded);
+  function), ``random`` (uniform heights, seeded) or ``file`` (a construction stored at
+  ``path``: what ``python -m milo_ray.einstein best`` wrote, so a run can start where an
+  earlier one ended; ``digest`` pins its content, see :func:`construction_digest`);
 * ``n``: grid points. An AlphaEvolve start is refined by repeating each height, which
   keeps the step function, and so its score, exactly; ``n`` must then be a multiple of
   the published length;
@@ -13,13 +15,16 @@ A spec is ``{"base": ..., "n": ..., "perturb": ..., "seed": ...}``:
 * ``seed``: the noise seed.
 
 Workers call :func:`start_values` from a task's metadata, so nothing large travels with
-a task.
+a task (a ``file`` start is read from its path on the worker: on a cluster the path must
+be visible on every node, as a benchmark's task directories are).
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 from functools import lru_cache
+from pathlib import Path
 from importlib import resources
 from typing import Any, Mapping
 
@@ -27,7 +32,7 @@ import numpy as np
 
 from milo_ray.benchmarks.einstein.problems import problem_name
 
-BASES = ("alphaevolve", "constant", "random")
+BASES = ("alphaevolve", "constant", "random", "file")
 
 
 @lru_cache(maxsize=None)
@@ -36,6 +41,38 @@ def published(problem: str) -> tuple[float, ...]:
     alphaevolve_results, Apache-2.0; see milo_ray/data/README.md)."""
     data = json.loads((resources.files("milo_ray") / "data" / "alphaevolve_constructions.json").read_text())
     return tuple(float(x) for x in data[problem_name(problem)])
+
+
+def load_construction(path: str | Path, problem: str) -> np.ndarray:
+    """The heights stored at ``path``: a JSON object ``{"problem", "values", ...}`` (the
+    records command's ``<problem>.json``) or a bare JSON list. ``ValueError`` names the
+    path when it is missing, unreadable, of another problem or not a vector of numbers."""
+    path = Path(path)
+    try:
+        data = json.loads(path.read_text())
+    except OSError as exc:
+        raise ValueError(f"start.path={str(path)!r}: cannot read it ({exc.strerror or exc})") from None
+    except ValueError as exc:
+        raise ValueError(f"start.path={str(path)!r}: not JSON ({exc})") from None
+    if isinstance(data, dict):
+        if data.get("problem", problem) != problem:
+            raise ValueError(f"start.path={str(path)!r}: holds a construction of {data.get('problem')!r}, not of "
+                             f"{problem!r}")
+        data = data.get("values")
+    try:
+        h = np.asarray(data, dtype=np.float64)
+    except (TypeError, ValueError):
+        h = np.empty(0)
+    if h.ndim != 1 or h.size < 2 or not np.isfinite(h).all():
+        raise ValueError(f"start.path={str(path)!r}: expected a list of at least 2 finite heights (or an object "
+                         "with one under \"values\")")
+    return h
+
+
+def construction_digest(values: Any) -> str:
+    """A short content hash of a construction (its float64 bytes): a ``file`` start's
+    task id and the check that the file still holds what the run started from."""
+    return hashlib.sha256(np.ascontiguousarray(values, dtype=np.float64).tobytes()).hexdigest()[:16]
 
 
 def refine(values: Any, factor: int) -> np.ndarray:
@@ -97,6 +134,18 @@ def start_values(spec_or_metadata: Mapping[str, Any], problem: str | None = None
         if n < 2:
             raise ValueError(f"start.n={n}: give at least 2 grid points")
         h = np.full(n, 0.5 if problem == "erdos_minimum_overlap" else 1.0)
+    elif base == "file":
+        stored = load_construction(spec["path"], problem)
+        digest = spec.get("digest")
+        if digest and construction_digest(stored) != digest:
+            raise ValueError(f"start.path={spec['path']!r}: the file changed since this run's tasks were built from "
+                             f"it (content {construction_digest(stored)}, expected {digest}); restore it or start "
+                             "a new run")
+        n = n or stored.size
+        if n % stored.size:
+            raise ValueError(f"start.n={n}: a file start refines its {stored.size} points, so n must be a multiple "
+                             f"of {stored.size}")
+        h = refine(stored, n // stored.size)
     elif base == "random":
         if n < 2:
             raise ValueError(f"start.n={n}: give at least 2 grid points")
