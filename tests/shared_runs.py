@@ -9,7 +9,7 @@ Each run is as small as the checks on it allow:
   its report as a finished run does by default;
 * ``ssr``: SSR on surrogate_tb21, one refresh and races, logged to MLflow;
 * ``sweep``: a Hydra multirun of MILO's rungs A and B (``sweep/0``, ``sweep/1``);
-* ``einstein``: MILO on the first autocorrelation problem, 2 islands, one round;
+* ``einstein``: MILO on the first autocorrelation problem, 2 islands (two seed programs), one round;
 * ``eval``: two seed harnesses evaluated;
 * ``failing``: MILO with a tracking backend that raises (tests/tracking/failing_tracker.py).
 
@@ -41,7 +41,7 @@ SSR_TINY = ["method=ssr", "benchmark=surrogate_tb21", "method.scales=[0.5,1.0]",
 EINSTEIN_PROBLEM = "first_autocorrelation"
 EINSTEIN_SMALL = ["+experiment=milo_einstein", f"benchmark.problem={EINSTEIN_PROBLEM}", "benchmark.budget_s=1",
                   "benchmark.grace_s=1", "run.time_limit_s=null", "method.search_size=2", "method.val_size=1",
-                  "method.max_rounds=1", "method.num_islands=2"]
+                  "method.max_rounds=1", "method.num_islands=2", "method.seeds=[lse_adam,subgradient]"]
 
 
 def jobs(root: Path) -> dict[str, list[str]]:
