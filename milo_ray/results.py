@@ -34,7 +34,8 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 
-from milo_ray.kernels.metrics import clustered_ci, pass_at_k, pr_at_k, rr_at_k
+from milo_ray.kernels.metrics import pass_at_k, pr_at_k, rr_at_k
+from milo_ray.search.scores import interval
 from milo_ray.store import blobs, schema
 from milo_ray.store.parquet import MANIFEST, open_run
 
@@ -222,9 +223,9 @@ def _benchmark_tasks(res: RunResults, split: str) -> list[str] | None:
     except Exception as e:  # any failure to rebuild it leaves the stored split labels
         why = f"cannot rebuild the benchmark ({type(e).__name__}: {(str(e).splitlines() or [''])[0]})"
     else:
-        # The manifest stores the config with sorted keys, so a split mapping given in
-        # another order (benchmark.splits={search: 2, val: 1, test: 1}) may draw other
-        # splits when rebuilt: a rebuilt list must hold every task stored under the split.
+        # A run made before splits were drawn in a fixed order, whose config listed them in
+        # another order, drew other splits than its manifest (keys stored sorted) rebuilds:
+        # a rebuilt list must hold every task stored under the split.
         stored = set(res.rollouts.loc[res.rollouts["split"] == split, "task_id"])
         if stored <= set(tasks):
             return tasks
@@ -301,14 +302,6 @@ def _settled(rollouts: pd.DataFrame) -> pd.DataFrame:
     return last.sort_values("_pos").drop(columns=["_ok", "_pos"])
 
 
-def _interval(S: np.ndarray, statistic: str) -> tuple[float, float]:
-    # One task has no spread to estimate an interval from (as milo_ray.search.scores): NaN.
-    if S.shape[0] < 2:
-        return math.nan, math.nan
-    _, lo, hi = clustered_ci(S, statistic=statistic)
-    return float(lo), float(hi)
-
-
 def _score_row(rows: pd.DataFrame, k: int, tasks: list[str] | None = None) -> dict[str, Any]:
     """Metrics of one harness's settled rows: an (n_tasks, k) matrix over ``tasks``
     (None: the tasks it ran), a missing attempt scoring 0 (the rule of
@@ -324,7 +317,8 @@ def _score_row(rows: pd.DataFrame, k: int, tasks: list[str] | None = None) -> di
     out: dict[str, Any] = {"n_tasks": len(tasks), "k": k, "n_rollouts": len(rows)}
     for metric, fn in (("pass_at_k", pass_at_k), ("pr_at_k", pr_at_k), ("rr_at_k", rr_at_k)):
         out[metric] = fn(S) if len(tasks) else math.nan
-        out[f"{metric}_lo"], out[f"{metric}_hi"] = _interval(S, _STATISTIC[metric]) if len(tasks) else (math.nan,) * 2
+        # No interval (fewer than 2 tasks: the run's summary shows none either) is NaN here.
+        out[f"{metric}_lo"], out[f"{metric}_hi"] = interval(S, statistic=_STATISTIC[metric]) or (math.nan, math.nan)
     n = max(len(rows), 1)
     out["mean_input_tokens"] = float(rows["input_tokens"].fillna(0).sum()) / n
     out["mean_output_tokens"] = float(rows["output_tokens"].fillna(0).sum()) / n

@@ -26,10 +26,11 @@ from milo_ray.execution.types import RolloutResult
 log = logging.getLogger(__name__)
 
 
-def _fmt_eta(seconds: float | None) -> str:
+def fmt_duration(seconds: float | None) -> str:
+    """``mm:ss`` (``h:mm:ss`` past an hour); ``--:--`` when unknown."""
     if seconds is None:
         return "--:--"
-    seconds = int(seconds)
+    seconds = int(max(seconds, 0))
     h, rem = divmod(seconds, 3600)
     m, s = divmod(rem, 60)
     return f"{h}:{m:02d}:{s:02d}" if h else f"{m:02d}:{s:02d}"
@@ -157,7 +158,7 @@ class RolloutProgress:
             "  failures ",
             (str(s["failures"]), "red" if s["failures"] else ""),
             f"  retries {s['retries']}" if s["retries"] else "",
-            f"  tokens {s['tokens']:,}  cost ${s['cost_usd']:.4f}  eta {_fmt_eta(self.eta_s())}",
+            f"  tokens {s['tokens']:,}  cost ${s['cost_usd']:.4f}  eta {fmt_duration(self.eta_s())}",
         )
 
     def _ensure_live(self) -> None:

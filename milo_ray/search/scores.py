@@ -54,8 +54,8 @@ def summarize(name: str, harness: Harness, results: Sequence[RolloutResult], tas
     resolved = (S >= 1.0).astype(float)
     # One task has no spread to estimate an interval from: no interval, not a crash at
     # the end of a run that evaluated a one-task split.
-    pr_ci = _interval(S)
-    rr_ci = _interval(resolved)
+    pr_ci = interval(S)
+    rr_ci = interval(resolved)
     n = max(len(results), 1)
     return HarnessScore(
         name=name,
@@ -75,10 +75,12 @@ def summarize(name: str, harness: Harness, results: Sequence[RolloutResult], tas
     )
 
 
-def _interval(S: np.ndarray) -> tuple[float, float] | None:
+def interval(S: np.ndarray, *, statistic: str = "pr") -> tuple[float, float] | None:
+    """The task-clustered 95% interval of ``statistic`` over the (n_tasks, k) scores
+    ``S``; None with fewer than 2 tasks (one task has no spread to estimate)."""
     if S.shape[0] < 2:
         return None
-    _, lo, hi = clustered_ci(S)
+    _, lo, hi = clustered_ci(S, statistic=statistic)
     return float(lo), float(hi)
 
 

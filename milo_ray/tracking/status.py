@@ -20,6 +20,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from milo_ray.execution.progress import fmt_duration
+
 log = logging.getLogger(__name__)
 
 
@@ -86,15 +88,6 @@ def _payload(row: dict[str, Any]) -> dict[str, Any]:
 
 def _fmt(x: float | None) -> str:
     return "-" if x is None else f"{x:.3f}"
-
-
-def fmt_duration(seconds: float | None) -> str:
-    if seconds is None:
-        return "--:--"
-    seconds = int(max(seconds, 0))
-    h, rem = divmod(seconds, 3600)
-    m, s = divmod(rem, 60)
-    return f"{h}:{m:02d}:{s:02d}" if h else f"{m:02d}:{s:02d}"
 
 
 class RunStatus:
