@@ -126,6 +126,7 @@ class EinsteinAgentBenchmark(EinsteinBenchmark):
 
     artifact_entry = "build_agent"
     name = "einstein_agent"
+    programs_field = "parents"  # the optimizer programs are the workspaces' parents
 
     def __init__(self, problem: str | None = None, starts: list[dict] | None = None, budget_s: float = 20.0,
                  grace_s: float = 5.0, splits: Mapping[str, Any] | None = None, split_seed: int = 0,
@@ -142,12 +143,8 @@ class EinsteinAgentBenchmark(EinsteinBenchmark):
                              "~200 MB)")
         self.agent_time_s, self.token_cap, self.memory_mb = float(agent_time_s), int(token_cap), int(memory_mb)
         self.agent_seeds = seed_names(seeds)
-        try:
-            super().__init__(problem=problem, starts=starts, budget_s=budget_s, grace_s=grace_s, splits=splits,
-                             split_seed=split_seed, seeds=parents, seeds_dir=parents_dir)
-        except ValueError as exc:  # the base class names its program fields seeds/seeds_dir
-            raise ValueError(str(exc).replace("benchmark.seeds_dir", "benchmark.parents_dir")
-                             .replace("benchmark.seeds", "benchmark.parents")) from None
+        super().__init__(problem=problem, starts=starts, budget_s=budget_s, grace_s=grace_s, splits=splits,
+                         split_seed=split_seed, seeds=parents, seeds_dir=parents_dir)
 
     def _build(self, starts: list[dict] | None) -> dict[str, tuple[dict[str, Any], str]]:
         parents = self._parent_programs()
@@ -164,13 +161,7 @@ class EinsteinAgentBenchmark(EinsteinBenchmark):
         return out
 
     def _parent_programs(self) -> dict[str, str]:
-        from milo_ray.benchmarks.base import BenchmarkDataMissing
-
-        try:
-            programs = super().seed_harnesses()
-        except BenchmarkDataMissing as exc:
-            raise BenchmarkDataMissing(str(exc).replace("benchmark.seeds_dir", "benchmark.parents_dir")) from None
-        return {h.name: h.files[ENTRY_FILE] for h in programs}
+        return {h.name: h.files[ENTRY_FILE] for h in self.programs()}
 
     def _task(self, tid: str, split: str) -> Task:
         meta, text = self._built[tid]

@@ -231,6 +231,9 @@ class EinsteinBenchmark(SplitTasks):
 
     artifact_entry = "optimize"
     name = "einstein"
+    # The config fields naming the optimizer programs (``<field>`` and ``<field>_dir``):
+    # here the seeds the methods evolve.
+    programs_field = "seeds"
 
     def __init__(self, problem: str | None = None, starts: list[dict] | None = None, budget_s: float = 20.0,
                  grace_s: float = 5.0, splits: Mapping[str, Any] | None = None, split_seed: int = 0,
@@ -250,7 +253,8 @@ class EinsteinBenchmark(SplitTasks):
             raise ValueError(f"benchmark.starts={starts!r}: must be a non-empty list of start specs (or null: "
                              "the default bank)")
         if seeds is not None and (isinstance(seeds, str) or not all(isinstance(s, str) and s for s in seeds)):
-            raise ValueError(f"benchmark.seeds={seeds!r}: must be a list of seed program names (or null: all)")
+            raise ValueError(f"benchmark.{self.programs_field}={seeds!r}: must be a list of seed program names (or "
+                             "null: all)")
         self.problems = (problem,) if problem else tuple(PROBLEMS)
         self.budget_s, self.grace_s = float(budget_s), float(grace_s)
         self.seed_names = list(seeds) if seeds else None
@@ -324,19 +328,24 @@ class EinsteinBenchmark(SplitTasks):
                     grading_cap_s=SCORING_ALLOWANCE_S)
 
     def seed_harnesses(self) -> list[Harness]:
-        """The seed optimizer programs, one per directory ``seeds_dir/<name>/harness.py``
-        (named by the directory), in name order or in the order ``seeds`` lists them."""
-        root = self.seeds_dir
+        """The seed optimizer programs (:meth:`programs`)."""
+        return self.programs()
+
+    def programs(self) -> list[Harness]:
+        """The optimizer programs, one per directory ``seeds_dir/<name>/harness.py``
+        (named by the directory), in name order or in the order ``seeds`` lists them.
+        Errors name the config fields as :attr:`programs_field` says."""
+        root, field = self.seeds_dir, self.programs_field
         if not root.is_dir():
-            raise BenchmarkDataMissing(f"benchmark.seeds_dir={str(root)!r}: no such directory (it should hold one "
+            raise BenchmarkDataMissing(f"benchmark.{field}_dir={str(root)!r}: no such directory (it should hold one "
                                        f"directory per seed program, each with {ENTRY_FILE})")
         found = {d.name: d for d in sorted(root.iterdir())
                  if d.is_dir() and not d.name.startswith((".", "_")) and (d / ENTRY_FILE).is_file()}
         if not found:
-            raise BenchmarkDataMissing(f"benchmark.seeds_dir={str(root)!r}: holds no seed program (a directory "
+            raise BenchmarkDataMissing(f"benchmark.{field}_dir={str(root)!r}: holds no seed program (a directory "
                                        f"<name>/{ENTRY_FILE})")
         names = self.seed_names or list(found)
         unknown = [s for s in names if s not in found]
         if unknown:
-            raise ValueError(f"benchmark.seeds: unknown seed program(s) {unknown}; {root} has {list(found)}")
+            raise ValueError(f"benchmark.{field}: unknown seed program(s) {unknown}; {root} has {list(found)}")
         return [Harness.from_dir(found[s], name=s) for s in names]
