@@ -28,15 +28,20 @@ def _source_files() -> list[str]:
 
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory) -> Path:
-    """A wheel built (no build isolation, no network) from a copy of the checkout."""
+    """A wheel built (no build isolation, no network) from an sdist of a copy of the checkout."""
     src = tmp_path_factory.mktemp("src") / "milo_ray"
     for rel in _source_files():
         dest = src / rel
         dest.parent.mkdir(parents=True, exist_ok=True)
         dest.write_bytes((ROOT / rel).read_bytes())
     out = tmp_path_factory.mktemp("dist")
+    # Through an sdist, as `python -m build` does: the sdist must carry conf/ (MANIFEST.in).
+    proc = subprocess.run([sys.executable, "setup.py", "-q", "sdist", "-d", str(out)], cwd=src,
+                          capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (sdist,) = out.glob("milo_ray-*.tar.gz")
     proc = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--no-index",
-                           "-q", "-w", str(out), str(src)], capture_output=True, text=True)
+                           "-q", "-w", str(out), str(sdist)], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr[-3000:]
     (whl,) = out.glob("milo_ray-*.whl")
     return whl
