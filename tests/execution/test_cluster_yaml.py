@@ -56,6 +56,37 @@ def test_ray_up_accepts_the_cluster_file(name, monkeypatch):
     assert any("--autoscaling-config=~/ray_bootstrap_config.yaml" in c for c in head_start)
 
 
+# moto's IAM waits are stubbed, but importing it and the managed policies still take ~20 s.
+@pytest.mark.slow
+def test_ray_up_bootstraps_the_aws_cluster_against_a_mocked_aws(monkeypatch, tmp_path):
+    """The whole of `ray up`'s config path, AWS calls included, against moto's fake AWS: the
+    node types' resources filled out from EC2's instance types, the instance role on the head
+    only, a key pair, subnets and a security group."""
+    import moto
+    from ray.autoscaler._private import commands
+    from ray.autoscaler._private.aws import config as aws_config
+
+    for var in ("AWS_PROFILE", "AWS_SESSION_TOKEN"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    monkeypatch.setenv("MOTO_IAM_LOAD_MANAGED_POLICIES", "true")  # AmazonEC2FullAccess etc.
+    monkeypatch.setenv("HOME", str(tmp_path))  # the key pair's .pem is written to ~/.ssh
+    monkeypatch.setattr(aws_config, "time", type("NoWait", (), {"sleep": staticmethod(lambda _s: None)}))
+    with moto.mock_aws():
+        resolved = commands._bootstrap_config(_load("cluster.yaml"), no_config_cache=True)
+    types = resolved["available_node_types"]
+    head = types[resolved["head_node_type"]]
+    assert head["resources"]["sandbox_slot"] == 0
+    for name, node_type in types.items():
+        if name != resolved["head_node_type"]:
+            assert node_type["resources"]["sandbox_slot"] == node_type["resources"]["CPU"], "one slot per vCPU"
+            assert "IamInstanceProfile" not in node_type["node_config"], "workers hold no instance role"
+        assert node_type["node_config"]["KeyName"] and node_type["node_config"]["SecurityGroupIds"]
+    assert resolved["head_node"]["IamInstanceProfile"]["Arn"].endswith("/ray-autoscaler-v1")
+    assert Path(resolved["auth"]["ssh_private_key"]).is_relative_to(tmp_path)
+
+
 @pytest.mark.parametrize("name", CLUSTER_FILES)
 def test_an_unquoted_resources_flag_is_refused_by_the_same_validation(name, monkeypatch):
     """The guard can fail: `--resources='{"sandbox_slot": 8}'` as a plain YAML scalar is a mapping."""
