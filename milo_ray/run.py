@@ -40,9 +40,11 @@ from omegaconf import DictConfig, OmegaConf
 from milo_ray.config import register_configs
 from milo_ray.config_errors import (UserError, check_composition, check_overrides, check_resume_overrides,
                                     check_settings, check_tasks_runnable, override_key)
+from milo_ray.config_path import conf_dir
 from milo_ray.manifest import EMBEDDER_LOADED, build_manifest, deadline_for, elapsed_before, finish_manifest
 
-CONF_DIR = str(Path(__file__).resolve().parent.parent / "conf")
+# The repository's conf/ in a checkout, the packaged copy in an installed wheel.
+CONF_DIR = conf_dir()
 log = logging.getLogger(__name__)
 
 EXIT_CRASH, EXIT_BAD_INPUT, EXIT_INTERRUPTED = 1, 2, 130
