@@ -64,6 +64,15 @@ def _check_known_keys(node: Any, schema: type, path: str) -> None:
             _check_known_keys(node[key], type(default), f"{path}.{key}")
 
 
+def check_known_keys(cfg: Any) -> None:
+    """Refuse keys the typed sections (run, execution, model, backend) do not declare."""
+    from milo_ray.config import BackendConfig, ExecutionConfig, ModelConfig, RunConfig
+
+    for section, schema in (("run", RunConfig), ("execution", ExecutionConfig), ("model", ModelConfig),
+                            ("backend", BackendConfig)):
+        _check_known_keys(cfg[section], schema, section)
+
+
 def check_overrides(conf_dir: str, argv: list[str]) -> None:
     """Compose the config for ``argv`` and raise ``UserError`` on any problem.
 
@@ -76,8 +85,6 @@ def check_overrides(conf_dir: str, argv: list[str]) -> None:
     from hydra import compose, initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
 
-    from milo_ray.config import BackendConfig, ExecutionConfig, ModelConfig, RunConfig
-
     GlobalHydra.instance().clear()
     try:
         with initialize_config_dir(config_dir=conf_dir, version_base="1.3"):
@@ -86,9 +93,7 @@ def check_overrides(conf_dir: str, argv: list[str]) -> None:
         raise UserError(explain(exc, conf_dir)) from None
     finally:
         GlobalHydra.instance().clear()
-    for section, schema in (("run", RunConfig), ("execution", ExecutionConfig), ("model", ModelConfig),
-                            ("backend", BackendConfig)):
-        _check_known_keys(cfg[section], schema, section)
+    check_known_keys(cfg)
     if cfg.run.resume:
         manifest = Path(cfg.run.resume).expanduser() / "manifest.json"
         if not manifest.is_file():

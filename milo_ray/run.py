@@ -145,6 +145,39 @@ def _embedder_loads(store: Any) -> list[dict[str, Any]]:
             for r in sorted(rows, key=lambda r: r.get("seq") or 0)]
 
 
+@dataclasses.dataclass(frozen=True)
+class PreparedRun:
+    """What a composed config builds before the run writes anything."""
+
+    plan: Any  # milo_ray.config_targets.Composition: model, executor spec, agents
+    benchmark: Any
+    method: Any
+    tracker: Any
+    tasks: dict[str, Any]  # task id -> task, every split
+
+
+def prepare_run(cfg: DictConfig) -> PreparedRun:
+    """Every check of a composed config that a run makes before it writes anything, raising
+    ``UserError`` (one line naming the key): the settings, the composition, building the
+    benchmark, method and tracker, the method's preflight and whether the executor can run
+    the tasks. Writes nothing and starts no Ray, so a launcher can check every point of a
+    sweep before it submits one (milo_ray.sweep)."""
+    check_settings(cfg)
+    plan = check_composition(cfg)  # model, executor, benchmark, method and agents, nothing built yet
+    benchmark = _build("benchmark", cfg.benchmark)
+    method = _build("method", cfg.method)
+    tracker = _build("tracking", cfg.tracking) if cfg.get("tracking") is not None else None
+    preflight = getattr(method, "preflight", None)
+    if preflight is not None:
+        try:
+            preflight(benchmark, plan.agents)
+        except ValueError as exc:
+            raise UserError(str(exc).strip().splitlines()[0]) from None
+    tasks = {t.task_id: t for split in benchmark.splits().values() for t in split}
+    check_tasks_runnable(plan.executor, cfg.executor, list(tasks.values()))
+    return PreparedRun(plan=plan, benchmark=benchmark, method=method, tracker=tracker, tasks=tasks)
+
+
 def run_job(cfg: DictConfig) -> dict[str, Any]:
     """Run one configured job to completion; returns the method's summary."""
     from milo_ray.agents.embedder import watch_loads
@@ -163,20 +196,10 @@ def run_job(cfg: DictConfig) -> dict[str, Any]:
     run_dir = _run_dir(cfg)
 
     # Everything that can fail on bad input happens before the store is touched.
-    check_settings(cfg)
-    plan = check_composition(cfg)  # model, executor, benchmark, method and agents, nothing built yet
-    benchmark = _build("benchmark", cfg.benchmark)
-    method = _build("method", cfg.method)
-    tracker = _build("tracking", cfg.tracking) if cfg.get("tracking") is not None else None
+    prepared = prepare_run(cfg)
+    plan, benchmark, method, tracker, tasks = (prepared.plan, prepared.benchmark, prepared.method, prepared.tracker,
+                                               prepared.tasks)
     agents = plan.agents
-    preflight = getattr(method, "preflight", None)
-    if preflight is not None:
-        try:
-            preflight(benchmark, agents)
-        except ValueError as exc:
-            raise UserError(str(exc).strip().splitlines()[0]) from None
-    tasks = {t.task_id: t for split in benchmark.splits().values() for t in split}
-    check_tasks_runnable(plan.executor, cfg.executor, list(tasks.values()))
     cluster = connect(cfg.execution)
 
     manifest = build_manifest(cfg, run_dir=run_dir, cluster=cluster, resumed=resumed)
@@ -300,6 +323,13 @@ def _attach_run_log(run_dir: Path) -> logging.Handler:
 
 
 _job_started = False  # a Hydra exit code 1 after a job started is a crash, before it bad input
+
+
+def note_jobs_started() -> None:
+    """Called by a launcher whose jobs run in their own processes (milo_ray.sweep): from now
+    on an exit code 1 means a job failed, not that the sweep's input was bad."""
+    global _job_started
+    _job_started = True
 
 
 @hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="config")
