@@ -21,6 +21,23 @@ class UserError(Exception):
     """Bad input from the person running the command; printed as one line, exit 2."""
 
 
+# Hydra exits with 1 on its own input errors, which the entry point reports as bad input
+# (2) unless a job has started. A launcher whose jobs run in their own processes
+# (milo_ray.sweep) says when it started them; kept here, not in the entry point's module,
+# because under ``python -m milo_ray.run`` that module is ``__main__``, not the one a
+# launcher imports.
+_jobs_launched = False
+
+
+def set_jobs_launched(value: bool = True) -> None:
+    global _jobs_launched
+    _jobs_launched = bool(value)
+
+
+def jobs_launched() -> bool:
+    return _jobs_launched
+
+
 def _available(conf_dir: str, group: str) -> list[str]:
     folder = Path(conf_dir) / group
     return sorted(p.stem for p in folder.glob("*.yaml")) if folder.is_dir() else []

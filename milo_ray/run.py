@@ -39,7 +39,8 @@ from omegaconf import DictConfig, OmegaConf
 
 from milo_ray.config import register_configs
 from milo_ray.config_errors import (UserError, check_composition, check_overrides, check_resume_overrides,
-                                    check_settings, check_tasks_runnable, override_key)
+                                    check_settings, check_tasks_runnable, jobs_launched, override_key,
+                                    set_jobs_launched)
 from milo_ray.manifest import EMBEDDER_LOADED, build_manifest, deadline_for, elapsed_before, finish_manifest
 
 CONF_DIR = str(Path(__file__).resolve().parent.parent / "conf")
@@ -325,13 +326,6 @@ def _attach_run_log(run_dir: Path) -> logging.Handler:
 _job_started = False  # a Hydra exit code 1 after a job started is a crash, before it bad input
 
 
-def note_jobs_started() -> None:
-    """Called by a launcher whose jobs run in their own processes (milo_ray.sweep): from now
-    on an exit code 1 means a job failed, not that the sweep's input was bad."""
-    global _job_started
-    _job_started = True
-
-
 @hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="config")
 def _hydra_main(cfg: DictConfig) -> None:
     global _job_started
@@ -361,11 +355,12 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_BAD_INPUT
     sys.argv = [sys.argv[0], *argv]
     _job_started = False
+    set_jobs_launched(False)
     try:
         _hydra_main()
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else EXIT_CRASH)
-        if code == 1 and not _job_started:
+        if code == 1 and not (_job_started or jobs_launched()):
             return EXIT_BAD_INPUT  # Hydra's own composition errors (e.g. in a sweep) are input errors
         return code
     return 0

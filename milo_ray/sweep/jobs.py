@@ -13,6 +13,7 @@ bookkeeping are testable without Ray.
 from __future__ import annotations
 
 import logging
+import re
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -23,6 +24,9 @@ log = logging.getLogger(__name__)
 
 SUCCEEDED, FAILED, STOPPED = "SUCCEEDED", "FAILED", "STOPPED"
 _TERMINAL = {SUCCEEDED, FAILED, STOPPED}
+# What a failed driver's log ends with: the exception, or the entry point's one-line error.
+_EXCEPTION_LINE = re.compile(r"^(error: |[A-Za-z_][\w.]*(Error|Exception|Interrupt|Exit)\b)")
+_BOILERPLATE = ("run directory:", "Set the environment variable HYDRA_FULL_ERROR")
 
 
 @dataclass(frozen=True)
@@ -53,13 +57,15 @@ class JobOutcome:
         return self.status == SUCCEEDED
 
     def error(self) -> str | None:
-        """One line saying why the job failed: the last line of its log that says something,
-        else Ray's message; None for a job that succeeded."""
+        """One line saying why the job failed: the last exception or ``error:`` line of its
+        log, else its last line that is not boilerplate, else Ray's message; None for a job
+        that succeeded."""
         if self.ok:
             return None
         lines = [ln.strip() for ln in self.log_tail.splitlines() if ln.strip()]
-        last = next((ln for ln in reversed(lines) if not ln.startswith("run directory:")), None)
-        return last or self.message or self.status
+        raised = next((ln for ln in reversed(lines) if _EXCEPTION_LINE.match(ln)), None)
+        last = next((ln for ln in reversed(lines) if not ln.startswith(_BOILERPLATE)), None)
+        return raised or last or self.message or self.status
 
 
 @dataclass

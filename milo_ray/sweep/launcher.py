@@ -108,6 +108,8 @@ class SweepLauncher:
                 head = local_ray(join_running=bool(execution.join_running), num_cpus=execution.num_cpus,
                                  log_path=sweep_dir / LOGS_DIR / "ray_head.log")
                 url = head.dashboard_url
+                _say(f"sweep: started a Ray head for the sweep, dashboard {url} (stopped when the sweep ends)"
+                     if head.started_here else f"sweep: joined the Ray running on this machine, dashboard {url}")
             else:
                 from milo_ray.sweep.local_ray import use_configured_token
 
@@ -122,7 +124,7 @@ class SweepLauncher:
     def _run(self, points: list[SweepPoint], url: str, sweep_dir: Path, local: bool) -> SweepResult:
         from ray.job_submission import JobSubmissionClient
 
-        from milo_ray.run import note_jobs_started
+        from milo_ray.config_errors import set_jobs_launched
 
         s = self.settings
         client = JobSubmissionClient(url)
@@ -147,7 +149,7 @@ class SweepLauncher:
                            entrypoint_resources=s.entrypoint_resources, runtime_env=runtime_env or None,
                            metadata={"sweep_dir": str(sweep_dir)}, poll_s=s.poll_s, log_tail_lines=s.log_tail_lines,
                            log_dir=sweep_dir / LOGS_DIR if local else None, say=_say)
-        note_jobs_started()
+        set_jobs_launched()
         outcomes = runner.run(specs)
         if local:
             from milo_ray.sweep.summary import write_summary

@@ -156,7 +156,7 @@ def start_head(*, num_cpus: int | None, log_path: Path) -> LocalRay:
     except BaseException:
         head.stop()
         raise
-    log.info("started a Ray head for the sweep: dashboard %s (log %s)", head.dashboard_url, log_path)
+    log.debug("started a Ray head: dashboard %s (log %s)", head.dashboard_url, log_path)
     return head
 
 
