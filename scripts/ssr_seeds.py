@@ -42,7 +42,7 @@ def run_seeds(experiment: str, seeds: list[int], root: Path, extra: list[str], v
         argv.append("benchmark.seed=${run.seed}")
     if max_concurrent is not None:
         argv.append(f"hydra.launcher.max_concurrent={max_concurrent}")
-    print(f"# sweep: {shlex.join(argv[1:])}", flush=True)
+    print(f"# sweep: python {shlex.join(argv[1:])}", flush=True)
     proc = subprocess.run(argv, stdout=subprocess.DEVNULL)  # the launcher's progress lines go to our stderr
     if proc.returncode != 0:
         raise SystemExit(f"the sweep failed (exit {proc.returncode}); each job's status and error: "
