@@ -26,6 +26,9 @@ SUCCEEDED, FAILED, STOPPED = "SUCCEEDED", "FAILED", "STOPPED"
 _TERMINAL = {SUCCEEDED, FAILED, STOPPED}
 # What a failed driver's log ends with: the exception, or the entry point's one-line error.
 _EXCEPTION_LINE = re.compile(r"^(error: |[A-Za-z_][\w.]*(Error|Exception|Interrupt|Exit)\b)")
+# A head that has just started answers before its job agent has registered; Ray says to
+# try again later, and so we do (busy_retry_s).
+_BUSY = "please try again later"
 _BOILERPLATE = ("run directory:", "Set the environment variable HYDRA_FULL_ERROR")
 
 
@@ -79,6 +82,7 @@ class JobRunner:
     poll_s: float = 2.0
     log_tail_lines: int = 20
     log_dir: Path | None = None
+    busy_retry_s: float = 120.0  # how long a job server without a ready job agent is asked again
     say: Callable[[str], None] = print
     sleep: Callable[[float], None] = time.sleep
 
@@ -107,15 +111,22 @@ class JobRunner:
 
     def _submit(self, spec: JobSpec, out: JobOutcome) -> str | None:
         out.submitted_at = time.time()
-        try:
-            sid = self.client.submit_job(
-                entrypoint=spec.entrypoint, runtime_env=self.runtime_env,
-                metadata={**self.metadata, "sweep_job": str(spec.num)},
-                entrypoint_num_cpus=self.entrypoint_num_cpus, entrypoint_resources=self.entrypoint_resources)
-        except Exception as exc:  # the job server refused it: this job fails, the others go on
-            out.status, out.message = FAILED, f"not submitted: {type(exc).__name__}: {exc}"
-            self.say(f"sweep: job {spec.num} {out.message}")
-            return None
+        deadline = time.monotonic() + self.busy_retry_s
+        while True:
+            try:
+                sid = self.client.submit_job(
+                    entrypoint=spec.entrypoint, runtime_env=self.runtime_env,
+                    metadata={**self.metadata, "sweep_job": str(spec.num)},
+                    entrypoint_num_cpus=self.entrypoint_num_cpus, entrypoint_resources=self.entrypoint_resources)
+                break
+            except Exception as exc:
+                if _BUSY in str(exc) and time.monotonic() < deadline:
+                    self.sleep(max(self.poll_s, 1.0))
+                    continue
+                # The job server refused it: this job fails, the others go on.
+                out.status, out.message = FAILED, f"not submitted: {type(exc).__name__}: {exc}"
+                self.say(f"sweep: job {spec.num} {out.message}")
+                return None
         out.submission_id = sid
         self.say(f"sweep: job {spec.num} submitted as {sid}: {' '.join(spec.overrides)}")
         return sid

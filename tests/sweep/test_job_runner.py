@@ -132,3 +132,18 @@ def test_a_runtime_env_without_keys_passes():
 def test_bad_launcher_settings_name_their_field(over, field):
     with pytest.raises(UserError, match=f"hydra.launcher.{field}"):
         _settings(**over)
+
+
+def test_a_job_server_not_ready_yet_is_asked_again():
+    class NotReadyOnce(FakeJobs):
+        refusals = 2
+
+        def submit_job(self, **kw):
+            if self.refusals:
+                self.refusals -= 1
+                raise RuntimeError("No available agent to submit job, please try again later..")
+            return super().submit_job(**kw)
+
+    client = NotReadyOnce()
+    outcomes = _runner(client, 1).run(_specs("run"))
+    assert outcomes[0].status == "SUCCEEDED" and client.refusals == 0
