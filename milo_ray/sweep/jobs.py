@@ -65,10 +65,13 @@ class JobOutcome:
         that succeeded."""
         if self.ok:
             return None
-        lines = [ln.strip() for ln in self.log_tail.splitlines() if ln.strip()]
-        raised = next((ln for ln in reversed(lines) if _EXCEPTION_LINE.match(ln)), None)
-        last = next((ln for ln in reversed(lines) if not ln.startswith(_BOILERPLATE)), None)
-        return raised or last or self.message or self.status
+        for text in (self.log_tail, self.message or ""):  # Ray's message may quote the log's end too
+            lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+            raised = next((ln for ln in reversed(lines) if _EXCEPTION_LINE.match(ln)), None)
+            last = next((ln for ln in reversed(lines) if not ln.startswith(_BOILERPLATE)), None)
+            if raised or last:
+                return raised or last
+        return self.status
 
 
 @dataclass
