@@ -18,7 +18,7 @@ from milo_ray.sweep.settings import RayJobsLauncherConf
 
 ConfigStore.instance().store(group="hydra/launcher", name="ray_jobs", node=RayJobsLauncherConf, provider="milo_ray")
 
-EXIT_BAD_INPUT, EXIT_JOB_FAILED = 2, 1
+EXIT_BAD_INPUT, EXIT_JOB_FAILED, EXIT_INTERRUPTED = 2, 1, 130
 
 
 class SweepJobFailed(RuntimeError):
@@ -52,6 +52,10 @@ class RayJobsLauncher(Launcher):
         except UserError as exc:
             print(f"error: {exc}", file=sys.stderr)
             raise SystemExit(EXIT_BAD_INPUT) from None
+        except KeyboardInterrupt:
+            print("interrupted: the sweep's running jobs were stopped; each stopped run resumes with "
+                  "python -m milo_ray.run run.resume=<its run directory>", file=sys.stderr)
+            raise SystemExit(EXIT_INTERRUPTED) from None
         for name, path in result.summary.items():
             print(f"sweep {name}: {path}", file=sys.stderr)
         if result.failed:

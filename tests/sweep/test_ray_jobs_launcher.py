@@ -19,9 +19,10 @@ from milo_ray import results
 
 
 def _jobs(url: str) -> list:
-    from ray.job_submission import JobSubmissionClient
+    """The jobs submitted to the head at ``url`` (not drivers that merely connected)."""
+    from ray.job_submission import JobSubmissionClient, JobType
 
-    return JobSubmissionClient(url).list_jobs()
+    return [j for j in JobSubmissionClient(url).list_jobs() if j.type == JobType.SUBMISSION]
 
 
 def _peak_in_flight(rollouts: pd.DataFrame) -> int:
@@ -107,3 +108,16 @@ def test_a_crashing_job_is_reported_while_the_others_finish(tmp_path):
     with pytest.raises(OSError):
         urllib.request.urlopen(f"{url}/api/version", timeout=5)
     assert read_ray_address() == recorded
+
+
+@pytest.mark.slow
+def test_a_sweep_joins_the_ray_running_here_and_leaves_it_running(sweep_ray, tmp_path):
+    before = len(_jobs(sweep_ray))
+    sweep = tmp_path / "sweep"
+    # No address: the launcher joins the `ray start` head recorded on this machine (the
+    # module's), as a run with execution.join_running=true joins it.
+    proc = run_sweep([*EVAL_TINY, "run.seed=0", f"run.dir={sweep}"], cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert f"joined the Ray running on this machine, dashboard {sweep_ray}" in proc.stderr
+    assert len(_jobs(sweep_ray)) == before + 1  # submitted there, and the head still answers
+    assert pd.read_parquet(sweep / "summary.parquet")["status"].tolist() == ["SUCCEEDED"]
