@@ -163,9 +163,9 @@ class SweepLauncher:
                             runtime_env: dict | None) -> dict[str, Any]:
         """Write the summary where the run directories are: as one more job on the cluster."""
         from milo_ray.sweep.jobs import SUCCEEDED
-        from milo_ray.sweep.summary import outcomes_to_json
+        from milo_ray.sweep.summary import pack_outcomes
 
-        command = shlex.join([python, "-m", "milo_ray.sweep.summary", str(sweep_dir), outcomes_to_json(outcomes)])
+        command = shlex.join([python, "-m", "milo_ray.sweep.summary", str(sweep_dir), pack_outcomes(outcomes)])
         sid = client.submit_job(entrypoint=command, runtime_env=runtime_env, metadata={"sweep_dir": str(sweep_dir),
                                                                                         "sweep_job": "summary"})
         while str(getattr(client.get_job_status(sid), "value", "")) not in ("SUCCEEDED", "FAILED", "STOPPED"):
@@ -175,4 +175,6 @@ class SweepLauncher:
         if status != SUCCEEDED:
             _say(f"sweep: the summary job {sid} {status}:\n{text[-2000:]}")
             return {}
-        return dict(line.split(": ", 1) for line in text.strip().splitlines() if ": " in line)
+        # summary.main prints one "<name>: <path>" line per file it wrote.
+        names = ("parquet", "markdown", "comparison")
+        return dict(line.split(": ", 1) for line in text.splitlines() if line.startswith(tuple(f"{n}: " for n in names)))

@@ -10,16 +10,18 @@ before it wrote a manifest has no run: its row has the job's columns only.
 
 It reads the run directories, so it runs where they are: in the launcher's process for a
 Ray on this machine, as a last Ray job on a cluster
-(``python -m milo_ray.sweep.summary SWEEP_DIR OUTCOMES_JSON``).
+(``python -m milo_ray.sweep.summary SWEEP_DIR OUTCOMES``).
 """
 
 from __future__ import annotations
 
+import base64
 import dataclasses
 import json
 import logging
 import math
 import sys
+import zlib
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -146,22 +148,38 @@ def write_summary(sweep_dir: str | Path, outcomes: Sequence[JobOutcome]) -> dict
     return paths
 
 
-def outcomes_to_json(outcomes: Sequence[JobOutcome]) -> str:
-    return json.dumps([dataclasses.asdict(o) for o in outcomes])
+# One argument of a command line is at most 128 KiB on Linux (MAX_ARG_STRLEN).
+_MAX_ARG = 100_000
 
 
-def outcomes_from_json(text: str) -> list[JobOutcome]:
-    return [JobOutcome(**{**d, "overrides": tuple(d["overrides"])}) for d in json.loads(text)]
+def pack_outcomes(outcomes: Sequence[JobOutcome]) -> str:
+    """The outcomes as one command-line argument (JSON, zlib, base64); log tails are cut
+    to their last lines when the whole would not fit."""
+    for keep in (None, 5, 1, 0):
+        rows = [dataclasses.asdict(o) for o in outcomes]
+        if keep is not None:
+            for r in rows:
+                r["log_tail"] = "\n".join(r["log_tail"].splitlines()[-keep:]) if keep else ""
+                r["message"] = (r["message"] or "")[-500:] or None
+        packed = base64.b64encode(zlib.compress(json.dumps(rows).encode())).decode()
+        if len(packed) <= _MAX_ARG:
+            break
+    return packed
+
+
+def unpack_outcomes(packed: str) -> list[JobOutcome]:
+    rows = json.loads(zlib.decompress(base64.b64decode(packed)))
+    return [JobOutcome(**{**d, "overrides": tuple(d["overrides"])}) for d in rows]
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m milo_ray.sweep.summary SWEEP_DIR OUTCOMES_JSON``: the summary as a Ray job
-    on the cluster that holds the run directories."""
+    """``python -m milo_ray.sweep.summary SWEEP_DIR OUTCOMES`` (:func:`pack_outcomes`): the
+    summary as a Ray job on the cluster that holds the run directories."""
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 2:
-        print("usage: python -m milo_ray.sweep.summary SWEEP_DIR OUTCOMES_JSON", file=sys.stderr)
+        print("usage: python -m milo_ray.sweep.summary SWEEP_DIR OUTCOMES", file=sys.stderr)
         return 2
-    for name, path in write_summary(args[0], outcomes_from_json(args[1])).items():
+    for name, path in write_summary(args[0], unpack_outcomes(args[1])).items():
         print(f"{name}: {path}")
     return 0
 

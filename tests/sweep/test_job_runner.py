@@ -147,3 +147,21 @@ def test_a_job_server_not_ready_yet_is_asked_again():
     client = NotReadyOnce()
     outcomes = _runner(client, 1).run(_specs("run"))
     assert outcomes[0].status == "SUCCEEDED" and client.refusals == 0
+
+
+def test_outcomes_fit_one_command_line_argument():
+    from milo_ray.sweep.jobs import JobOutcome
+    from milo_ray.sweep.summary import pack_outcomes, unpack_outcomes
+
+    import random
+
+    rng = random.Random(0)
+    noise = lambda: "".join(rng.choice("abcdefghij0123456789") for _ in range(200))  # noqa: E731
+    many = [JobOutcome(num=i, overrides=(f"x={i}",), run_dir=f"/s/{i}", status="FAILED", message=noise(),
+                       log_tail="\n".join(noise() for _ in range(20)) + "\nRuntimeError: boom") for i in range(300)]
+    packed = pack_outcomes(many)
+    assert len(packed) <= 100_000
+    back = unpack_outcomes(packed)
+    assert [o.num for o in back] == list(range(300)) and back[7].error() == "RuntimeError: boom"
+    few = many[:2]
+    assert unpack_outcomes(pack_outcomes(few)) == few  # whole when it fits
