@@ -137,7 +137,8 @@ def finished_sweep(root: Path, argv: list[str]) -> bool:
     if not root.exists() or not any(root.iterdir()):
         return False
     if not (root / "summary.parquet").is_file():
-        raise RunFailed(f"error: {root} holds something other than a finished sweep; remove it or choose another --root")
+        raise RunFailed(f"error: {root} holds something other than a finished sweep; "
+                        "remove it or choose another --root")
     import pandas as pd
 
     summary = pd.read_parquet(root / "summary.parquet")

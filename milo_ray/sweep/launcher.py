@@ -17,7 +17,6 @@ the run directories are.
 
 from __future__ import annotations
 
-import logging
 import os
 import shlex
 import sys
@@ -29,8 +28,6 @@ from typing import Any, Sequence
 from milo_ray.sweep.jobs import JobOutcome, JobRunner, JobSpec
 from milo_ray.sweep.points import SweepPoint, compose_points, expand, job_overrides
 from milo_ray.sweep.settings import LauncherSettings, default_max_concurrent
-
-log = logging.getLogger(__name__)
 
 LOGS_DIR = "logs"
 
@@ -140,8 +137,8 @@ class SweepLauncher:
         specs = []
         for p in points:
             run_dir = str(sweep_dir / str(p.num))
-            specs.append(JobSpec(num=p.num, overrides=p.overrides, run_dir=run_dir,
-                                 entrypoint=entrypoint(python, job_overrides(p, run_dir), os.getcwd() if local else None)))
+            command = entrypoint(python, job_overrides(p, run_dir), os.getcwd() if local else None)
+            specs.append(JobSpec(num=p.num, overrides=p.overrides, run_dir=run_dir, entrypoint=command))
         rule = "hydra.launcher.max_concurrent" if s.max_concurrent else "one per CPU of the cluster"
         _say(f"sweep: {len(specs)} job(s) on Ray Jobs at {url} (watch them on its dashboard), at most {cap} at once "
              f"({rule}); sweep dir {sweep_dir}")
@@ -177,4 +174,5 @@ class SweepLauncher:
             return {}
         # summary.main prints one "<name>: <path>" line per file it wrote.
         names = ("parquet", "markdown", "comparison")
-        return dict(line.split(": ", 1) for line in text.splitlines() if line.startswith(tuple(f"{n}: " for n in names)))
+        return dict(line.split(": ", 1) for line in text.splitlines()
+                    if line.startswith(tuple(f"{n}: " for n in names)))

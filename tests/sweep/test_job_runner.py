@@ -53,7 +53,8 @@ class FakeJobs:
 
 
 def _specs(*entrypoints):
-    return [JobSpec(num=i, overrides=(f"x={i}",), entrypoint=e, run_dir=f"/sweep/{i}") for i, e in enumerate(entrypoints)]
+    return [JobSpec(num=i, overrides=(f"x={i}",), entrypoint=e, run_dir=f"/sweep/{i}")
+            for i, e in enumerate(entrypoints)]
 
 
 def _runner(client, cap, **kw):
