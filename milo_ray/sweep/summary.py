@@ -110,8 +110,8 @@ def markdown(frame: pd.DataFrame, outcomes: Sequence[JobOutcome], comparison: Pa
             lines += [f"### job {o.num}: {o.status}" + (f" (exit code {o.exit_code})" if o.exit_code is not None
                                                        else ""),
                       "", f"overrides: `{' '.join(o.overrides)}`", ""]
-            if o.message:
-                lines += [f"Ray: {o.message.strip()}", ""]
+            if o.message:  # its first line: the rest quotes the log, shown below
+                lines += [f"Ray: {o.message.strip().splitlines()[0]}", ""]
             if o.log_tail:
                 lines += [f"last lines of its log" + (f" ({o.log_path})" if o.log_path else "") + ":", "",
                           "```", o.log_tail, "```", ""]

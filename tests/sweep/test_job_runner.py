@@ -166,3 +166,20 @@ def test_outcomes_fit_one_command_line_argument():
     assert [o.num for o in back] == list(range(300)) and back[7].error() == "RuntimeError: boom"
     few = many[:2]
     assert unpack_outcomes(pack_outcomes(few)) == few  # whole when it fits
+
+
+def test_a_sweep_whose_jobs_wrote_no_run_still_gets_its_summary(tmp_path):
+    import pandas as pd
+
+    from milo_ray.sweep.jobs import JobOutcome
+    from milo_ray.sweep.summary import write_summary
+
+    died = JobOutcome(num=0, overrides=("method=eval",), run_dir=str(tmp_path / "0"), status="FAILED", exit_code=1,
+                      log_tail="ModuleNotFoundError: No module named 'milo_ray'")
+    paths = write_summary(tmp_path, [died])
+    row = pd.read_parquet(paths["parquet"]).iloc[0]
+    assert row["status"] == "FAILED" and row["error"] == "ModuleNotFoundError: No module named 'milo_ray'"
+    assert pd.isna(row["run_status"]) and pd.isna(row["pr_at_k"])
+    md = paths["markdown"].read_text()
+    assert "No module named 'milo_ray'" in md and "No comparison page: no job wrote a run" in md
+    assert "comparison" not in paths
