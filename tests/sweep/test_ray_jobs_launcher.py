@@ -88,9 +88,10 @@ def test_a_crashing_job_is_reported_while_the_others_finish(tmp_path):
     recorded = read_ray_address()  # what `ray start` instances on this machine recorded before
     sweep = tmp_path / "sweep"
     proc = run_sweep([*EVAL_TINY, "method._target_=milo_ray.evaluation.EvalMethod,sweep_fakes.CrashingEval",
-                      "execution.join_running=false", f"run.dir={sweep}"], cwd=tmp_path)
+                      "execution.join_running=false", "execution.num_cpus=1", f"run.dir={sweep}"], cwd=tmp_path)
     assert proc.returncode == 1, proc.stderr[-3000:]
     assert "started a Ray head for the sweep" in proc.stderr
+    assert "at most 1 at once (one per CPU of the cluster)" in proc.stderr  # the head execution.num_cpus sized
     assert "1 of 2 job(s) failed" in proc.stderr and "a bug in the sweep's crashing method" in proc.stderr
 
     summary = pd.read_parquet(sweep / "summary.parquet")
