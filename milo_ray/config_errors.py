@@ -21,6 +21,23 @@ class UserError(Exception):
     """Bad input from the person running the command; printed as one line, exit 2."""
 
 
+# Hydra exits with 1 on its own input errors, which the entry point reports as bad input
+# (2) unless a job has started. A launcher whose jobs run in their own processes
+# (milo_ray.sweep) says when it started them; kept here, not in the entry point's module,
+# because under ``python -m milo_ray.run`` that module is ``__main__``, not the one a
+# launcher imports.
+_jobs_launched = False
+
+
+def set_jobs_launched(value: bool = True) -> None:
+    global _jobs_launched
+    _jobs_launched = bool(value)
+
+
+def jobs_launched() -> bool:
+    return _jobs_launched
+
+
 def _available(conf_dir: str, group: str) -> list[str]:
     folder = Path(conf_dir) / group
     return sorted(p.stem for p in folder.glob("*.yaml")) if folder.is_dir() else []
@@ -64,6 +81,15 @@ def _check_known_keys(node: Any, schema: type, path: str) -> None:
             _check_known_keys(node[key], type(default), f"{path}.{key}")
 
 
+def check_known_keys(cfg: Any) -> None:
+    """Refuse keys the typed sections (run, execution, model, backend) do not declare."""
+    from milo_ray.config import BackendConfig, ExecutionConfig, ModelConfig, RunConfig
+
+    for section, schema in (("run", RunConfig), ("execution", ExecutionConfig), ("model", ModelConfig),
+                            ("backend", BackendConfig)):
+        _check_known_keys(cfg[section], schema, section)
+
+
 def check_overrides(conf_dir: str, argv: list[str]) -> None:
     """Compose the config for ``argv`` and raise ``UserError`` on any problem.
 
@@ -76,8 +102,6 @@ def check_overrides(conf_dir: str, argv: list[str]) -> None:
     from hydra import compose, initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
 
-    from milo_ray.config import BackendConfig, ExecutionConfig, ModelConfig, RunConfig
-
     GlobalHydra.instance().clear()
     try:
         with initialize_config_dir(config_dir=conf_dir, version_base="1.3"):
@@ -86,9 +110,7 @@ def check_overrides(conf_dir: str, argv: list[str]) -> None:
         raise UserError(explain(exc, conf_dir)) from None
     finally:
         GlobalHydra.instance().clear()
-    for section, schema in (("run", RunConfig), ("execution", ExecutionConfig), ("model", ModelConfig),
-                            ("backend", BackendConfig)):
-        _check_known_keys(cfg[section], schema, section)
+    check_known_keys(cfg)
     if cfg.run.resume:
         manifest = Path(cfg.run.resume).expanduser() / "manifest.json"
         if not manifest.is_file():

@@ -39,7 +39,8 @@ from omegaconf import DictConfig, OmegaConf
 
 from milo_ray.config import register_configs
 from milo_ray.config_errors import (UserError, check_composition, check_overrides, check_resume_overrides,
-                                    check_settings, check_tasks_runnable, override_key)
+                                    check_settings, check_tasks_runnable, jobs_launched, override_key,
+                                    set_jobs_launched)
 from milo_ray.config_path import conf_dir
 from milo_ray.manifest import EMBEDDER_LOADED, build_manifest, deadline_for, elapsed_before, finish_manifest
 
@@ -147,6 +148,39 @@ def _embedder_loads(store: Any) -> list[dict[str, Any]]:
             for r in sorted(rows, key=lambda r: r.get("seq") or 0)]
 
 
+@dataclasses.dataclass(frozen=True)
+class PreparedRun:
+    """What a composed config builds before the run writes anything."""
+
+    plan: Any  # milo_ray.config_targets.Composition: model, executor spec, agents
+    benchmark: Any
+    method: Any
+    tracker: Any
+    tasks: dict[str, Any]  # task id -> task, every split
+
+
+def prepare_run(cfg: DictConfig) -> PreparedRun:
+    """Every check of a composed config that a run makes before it writes anything, raising
+    ``UserError`` (one line naming the key): the settings, the composition, building the
+    benchmark, method and tracker, the method's preflight and whether the executor can run
+    the tasks. Writes nothing and starts no Ray, so a launcher can check every point of a
+    sweep before it submits one (milo_ray.sweep)."""
+    check_settings(cfg)
+    plan = check_composition(cfg)  # model, executor, benchmark, method and agents, nothing built yet
+    benchmark = _build("benchmark", cfg.benchmark)
+    method = _build("method", cfg.method)
+    tracker = _build("tracking", cfg.tracking) if cfg.get("tracking") is not None else None
+    preflight = getattr(method, "preflight", None)
+    if preflight is not None:
+        try:
+            preflight(benchmark, plan.agents)
+        except ValueError as exc:
+            raise UserError(str(exc).strip().splitlines()[0]) from None
+    tasks = {t.task_id: t for split in benchmark.splits().values() for t in split}
+    check_tasks_runnable(plan.executor, cfg.executor, list(tasks.values()))
+    return PreparedRun(plan=plan, benchmark=benchmark, method=method, tracker=tracker, tasks=tasks)
+
+
 def run_job(cfg: DictConfig) -> dict[str, Any]:
     """Run one configured job to completion; returns the method's summary."""
     from milo_ray.agents.embedder import watch_loads
@@ -165,20 +199,10 @@ def run_job(cfg: DictConfig) -> dict[str, Any]:
     run_dir = _run_dir(cfg)
 
     # Everything that can fail on bad input happens before the store is touched.
-    check_settings(cfg)
-    plan = check_composition(cfg)  # model, executor, benchmark, method and agents, nothing built yet
-    benchmark = _build("benchmark", cfg.benchmark)
-    method = _build("method", cfg.method)
-    tracker = _build("tracking", cfg.tracking) if cfg.get("tracking") is not None else None
+    prepared = prepare_run(cfg)
+    plan, benchmark, method, tracker, tasks = (prepared.plan, prepared.benchmark, prepared.method, prepared.tracker,
+                                               prepared.tasks)
     agents = plan.agents
-    preflight = getattr(method, "preflight", None)
-    if preflight is not None:
-        try:
-            preflight(benchmark, agents)
-        except ValueError as exc:
-            raise UserError(str(exc).strip().splitlines()[0]) from None
-    tasks = {t.task_id: t for split in benchmark.splits().values() for t in split}
-    check_tasks_runnable(plan.executor, cfg.executor, list(tasks.values()))
     cluster = connect(cfg.execution)
 
     manifest = build_manifest(cfg, run_dir=run_dir, cluster=cluster, resumed=resumed)
@@ -333,11 +357,12 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_BAD_INPUT
     sys.argv = [sys.argv[0], *argv]
     _job_started = False
+    set_jobs_launched(False)
     try:
         _hydra_main()
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else EXIT_CRASH)
-        if code == 1 and not _job_started:
+        if code == 1 and not (_job_started or jobs_launched()):
             return EXIT_BAD_INPUT  # Hydra's own composition errors (e.g. in a sweep) are input errors
         return code
     return 0

@@ -2,15 +2,21 @@
 
 Runs method=milo_A … milo_E (one-shot mutator over a flat archive -> + agentic
 mutator -> + lineage memory -> + islands -> + orchestrator) for several seeds under
-the same execution budget, each run one offline run of the entry point:
+the same execution budget, as one sweep of the entry point on the ``ray_jobs`` launcher
+(one Ray job, with its own driver, per rung and seed, several at once):
 
-    python -m milo_ray.run method=milo_<rung> benchmark=<preset> benchmark.seed=S run.seed=S \\
-        run.budget.executions=<budget> run.dir=<root>/<rung>-seed<S> run.progress=false \\
-        execution.join_running=false <overrides>
+    python -m milo_ray.run -m hydra/launcher=ray_jobs method=milo_A,...,milo_E benchmark=<preset> \
+        benchmark.seed=S1,S2,... 'run.seed=${benchmark.seed}' run.budget.executions=<budget> \
+        run.dir=<root> run.progress=false execution.join_running=false <overrides>
+
+The launcher starts its own Ray head for the sweep (``execution.join_running=false``: a
+`ray start` instance of someone else on a shared machine is never joined) and stops it at
+the end; ``--max-concurrent`` caps the jobs running at once (default: one per CPU).
 
 Runs are capped by execution budget (``--budget``) and ``method.max_rounds`` only,
 never by wall time, so the figures do not depend on the machine; with
-``method.round_sync=true`` (the default overrides) a run is fully reproducible.
+``method.round_sync=true`` (the default overrides) a run is fully reproducible, and
+running concurrently does not change its result.
 
 Per run it reads the manifest's summary (the true test quality of the returned
 harness: the surrogate's exact expected score; the best seed's; executions used; the
@@ -21,15 +27,14 @@ rung it prints the mean ± sd true quality, in how many seeds the run beats the 
 seed harness, and the interventions and applied moves per run.
 
     python scripts/milo_ablation.py --seeds 0 1 2 --budget 700
-    python scripts/milo_ablation.py --rungs D E --seeds 0 1 2 3 4 --budget 1500 --optimum -- \\
-        method.search_size=16 method.val_size=10 method.k_search=2 method.k_val=2 \\
+    python scripts/milo_ablation.py --rungs D E --seeds 0 1 2 3 4 --budget 1500 --optimum -- \
+        method.search_size=16 method.val_size=10 method.k_search=2 method.k_val=2 \
         method.k_test=1 method.round_sync=true method.max_rounds=40
 
-Any run that fails (non-zero exit of the entry point, or a run stopped by a wall-clock
-limit) stops the script with exit code 1; only a run that failed before writing anything
-(Ray not starting on an overloaded machine) is started again (``--retries``). A run
-directory under ``--root`` that already holds a finished run of exactly the same
-resolved config is read instead of rerun (so an interrupted ladder can be completed).
+A sweep with any failed job (see ``<root>/summary.md`` for each job's error), or a run
+stopped by a wall-clock limit, stops the script with exit code 1. A ``--root`` that
+already holds a finished sweep of exactly the same resolved configs is read instead of
+rerun; one holding anything else is refused.
 """
 
 from __future__ import annotations
@@ -51,6 +56,7 @@ DEFAULT_OVERRIDES = ["method.search_size=16", "method.val_size=10", "method.k_se
                      "method.k_test=1", "method.round_sync=true", "method.max_rounds=24"]
 # Set by the script itself (per rung / seed / budget), so never accepted as overrides.
 OWNED = ("method", "benchmark", "benchmark.seed", "run.seed", "run.dir", "run.budget.executions", "run.resume",
+         "hydra/launcher",
          "execution.join_running")
 
 
@@ -70,13 +76,17 @@ def check_overrides(overrides: list[str]) -> None:
             raise SystemExit(f"error: {o!r}: expected a Hydra override key=value")
 
 
-def entry_argv(rung: str, seed: int, budget: int, preset: str, run_dir: Path, overrides: list[str]) -> list[str]:
-    # Each run starts a private Ray instance (execution.join_running=false): on a shared machine a
-    # `ray start` instance of someone else must never be joined. Where Ray runs does not change
-    # a lock-step run's result.
-    return ["-m", "milo_ray.run", f"method=milo_{rung}", f"benchmark={preset}", f"benchmark.seed={seed}",
-            f"run.seed={seed}", f"run.budget.executions={budget}", f"run.dir={run_dir}", "run.progress=false",
-            "execution.join_running=false", *overrides]
+def sweep_argv(rungs: list[str], seeds: list[int], budget: int, preset: str, root: Path, overrides: list[str],
+               max_concurrent: int | None) -> list[str]:
+    # One job per (rung, seed); run.seed follows each job's benchmark seed. The launcher starts
+    # a private Ray head (execution.join_running=false): on a shared machine a `ray start`
+    # instance of someone else must never be joined. Where Ray runs does not change a
+    # lock-step run's result.
+    cap = [] if max_concurrent is None else [f"hydra.launcher.max_concurrent={max_concurrent}"]
+    return ["-m", "milo_ray.run", "-m", "hydra/launcher=ray_jobs", f"method={','.join(f'milo_{r}' for r in rungs)}",
+            f"benchmark={preset}", f"benchmark.seed={','.join(map(str, seeds))}", "run.seed=${benchmark.seed}",
+            f"run.budget.executions={budget}", f"run.dir={root}", "run.progress=false", "execution.join_running=false",
+            *overrides, *cap]
 
 
 def orchestrator_counts(run_dir: Path) -> dict:
@@ -95,63 +105,64 @@ def orchestrator_counts(run_dir: Path) -> dict:
             "interventions_done": kinds["milo.intervention_done"], "moves_by_kind": dict(sorted(moves.items()))}
 
 
-def expected_config(argv: list[str]) -> dict:
-    """The resolved config the entry point composes for these arguments (as stored in a manifest)."""
+def expected_config(overrides: list[str]) -> dict:
+    """The resolved config the entry point composes for one job's overrides (as stored in a manifest)."""
     from hydra import compose, initialize_config_dir
     from omegaconf import OmegaConf
 
     import milo_ray.run  # noqa: F401 - registers the config schemas and resolvers the entry point uses
 
     with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
-        return OmegaConf.to_container(compose("config", overrides=argv[2:]), resolve=True)
+        return OmegaConf.to_container(compose("config", overrides=overrides), resolve=True)
 
 
 def comparable(config: dict) -> dict:
     """A resolved config without the keys that cannot change a run's result: where Ray
-    runs (``execution``) and the progress display."""
+    runs (``execution``), the progress display and the run's own directory."""
     out = {k: v for k, v in config.items() if k != "execution"}
-    out["run"] = {k: v for k, v in (out.get("run") or {}).items() if k != "progress"}
+    out["run"] = {k: v for k, v in (out.get("run") or {}).items() if k not in ("progress", "dir")}
     return out
 
 
-def finished_run(run_dir: Path, argv: list[str]) -> dict | None:
-    """The manifest of a finished run of exactly this config in run_dir (reused, not rerun);
-    None when run_dir does not exist. Anything else in the way is an error."""
-    if not run_dir.exists():
-        return None
-    mf = run_dir / "manifest.json"
-    manifest = json.loads(mf.read_text()) if mf.exists() else {}
-    if manifest.get("status") != "finished":
-        raise RunFailed(f"error: {run_dir} holds an unfinished run (status {manifest.get('status')!r}); "
+def job_dirs(root: Path) -> list[Path]:
+    """The run directory of each job of the sweep in ``root``, in job order (summary.parquet)."""
+    import pandas as pd
+
+    return [Path(d) for d in pd.read_parquet(root / "summary.parquet")["run_dir"]]
+
+
+def finished_sweep(root: Path, argv: list[str]) -> bool:
+    """True when ``root`` holds a finished sweep of exactly these jobs (read, not rerun);
+    False when it holds nothing. Anything else in the way is an error."""
+    if not root.exists() or not any(root.iterdir()):
+        return False
+    if not (root / "summary.parquet").is_file():
+        raise RunFailed(f"error: {root} holds something other than a finished sweep; "
                         "remove it or choose another --root")
-    if comparable(manifest.get("config") or {}) != comparable(expected_config(argv)):
-        raise RunFailed(f"error: {run_dir} holds a run of another configuration; remove it or choose another --root")
-    return manifest
+    import pandas as pd
+
+    summary = pd.read_parquet(root / "summary.parquet")
+    if set(summary["status"]) != {"SUCCEEDED"}:
+        raise RunFailed(f"error: {root} holds a sweep with failed jobs (see {root / 'summary.md'}); remove it or "
+                        "choose another --root")
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+
+    wanted = [o for o in argv[4:] if not o.startswith("hydra.")]
+    points = BasicSweeper.split_arguments(OverridesParser.create().parse_overrides(wanted), None)[0]
+    stored = job_dirs(root)
+    if len(points) != len(stored) or any(
+            comparable(json.loads((d / "manifest.json").read_text())["config"]) != comparable(expected_config(p))
+            for d, p in zip(stored, points)):
+        raise RunFailed(f"error: {root} holds a sweep of another configuration; remove it or choose another --root")
+    return True
 
 
-def run_one(rung: str, seed: int, budget: int, preset: str, root: Path, overrides: list[str], retries: int) -> dict:
-    run_dir = root / f"{rung}-seed{seed}"
-    argv = entry_argv(rung, seed, budget, preset, run_dir, overrides)
-    print(f"# run: python {shlex.join(argv)}", flush=True)
-    manifest = finished_run(run_dir, argv)
-    reused = manifest is not None
-    if reused:
-        print(f"# reused: {run_dir} already holds this run, finished", flush=True)
-    attempt = 0
-    while manifest is None:
-        proc = subprocess.run([sys.executable, *argv], capture_output=True, text=True, cwd=ROOT)
-        if proc.returncode == 0:
-            manifest = json.loads((run_dir / "manifest.json").read_text())
-        elif proc.returncode == 1 and not run_dir.exists() and attempt < retries:  # 2 = bad input: never retried
-            # The run never started (typically Ray failing to start on an overloaded machine):
-            # nothing was written, so starting it again cannot change its result.
-            attempt += 1
-            last = (proc.stderr.strip().splitlines() or ["?"])[-1]
-            print(f"# retry {attempt}/{retries}: the run never started (exit {proc.returncode}: {last[:200]})",
-                  flush=True)
-        else:
-            raise RunFailed(f"error: rung {rung} seed {seed} failed (exit {proc.returncode}); run dir {run_dir}\n"
-                            f"{proc.stderr[-4000:]}")
+def read_run(run_dir: Path, budget: int, reused: bool) -> dict:
+    from milo_ray.results import load_run
+
+    manifest = json.loads((run_dir / "manifest.json").read_text())
+    rung, seed = load_run(run_dir).rung, int(manifest["config"]["benchmark"]["seed"])
     # The run's own wall time (its manifest), so a reused run reports the time it took.
     seconds = float(manifest.get("finished_at") or 0) - float(manifest.get("started_at") or 0)
     s = manifest.get("summary") or {}
@@ -167,6 +178,22 @@ def run_one(rung: str, seed: int, budget: int, preset: str, root: Path, override
             "executions": s["executions_used"], "budget": budget, "islands": s["n_islands"], "rounds": rounds,
             "returned": f"{s['best']['island']}:{s['best']['node_id']}", "stop_reason": stop,
             **orchestrator_counts(run_dir), "seconds": round(seconds, 1), "reused": reused, "run_dir": str(run_dir)}
+
+
+def run_ladder(rungs: list[str], seeds: list[int], budget: int, preset: str, root: Path, overrides: list[str],
+               max_concurrent: int | None) -> list[dict]:
+    argv = sweep_argv(rungs, seeds, budget, preset, root, overrides, max_concurrent)
+    print(f"# sweep: python {shlex.join(argv)}", flush=True)
+    reused = finished_sweep(root, argv)
+    if reused:
+        print(f"# reused: {root} already holds this sweep, finished", flush=True)
+    else:
+        # The launcher's progress lines (one per job submitted and ended) go to our stderr.
+        proc = subprocess.run([sys.executable, *argv], cwd=ROOT, stdout=subprocess.DEVNULL)
+        if proc.returncode != 0:
+            raise RunFailed(f"error: the sweep failed (exit {proc.returncode}); each job's status and error: "
+                            f"{root / 'summary.md'}")
+    return [read_run(d, budget, reused) for d in job_dirs(root)]
 
 
 def code_version() -> str:
@@ -258,9 +285,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--optimum", action="store_true",
                     help="also compute the surrogate's optimum per benchmark seed (best_reachable, ~1 min each) "
                          "and the fraction of the best-seed-to-optimum gap each rung closes")
-    ap.add_argument("--retries", type=int, default=2,
-                    help="start a run again this many times when it failed before writing anything (e.g. Ray "
-                         "did not start); any other failure stops the script with exit code 1")
+    ap.add_argument("--max-concurrent", type=int, default=None,
+                    help="runs (Ray jobs) at once (hydra.launcher.max_concurrent; default: one per CPU)")
     ap.add_argument("overrides", nargs="*", default=None,
                     help=f"Hydra overrides applied to every run (after --); default: {' '.join(DEFAULT_OVERRIDES)}")
     a = ap.parse_args(argv)
@@ -272,20 +298,17 @@ def main(argv: list[str] | None = None) -> int:
     print(f"code: {code_version()}", flush=True)
     root = Path(a.root or tempfile.mkdtemp(prefix="milo-ablation-")).resolve()
     root.mkdir(parents=True, exist_ok=True)
-    rows = []
     t_all = time.monotonic()
     try:
-        for rung in a.rungs:
-            for seed in a.seeds:
-                r = run_one(rung, seed, a.budget, a.preset, root, overrides, a.retries)
-                rows.append(r)
-                print(json.dumps(r), flush=True)
-                if a.out:
-                    with open(a.out, "a") as f:
-                        f.write(json.dumps(r) + "\n")
+        rows = run_ladder(a.rungs, a.seeds, a.budget, a.preset, root, overrides, a.max_concurrent)
     except RunFailed as e:
         print(e.code, file=sys.stderr, flush=True)
         return 1
+    for r in rows:
+        print(json.dumps(r), flush=True)
+        if a.out:
+            with open(a.out, "a") as f:
+                f.write(json.dumps(r) + "\n")
 
     optimum = optimum_by_seed(rows) if a.optimum else {}
     print_summary(rows, a.rungs, optimum, f"{a.preset}, {a.budget} executions per run, seeds {a.seeds}")

@@ -1,16 +1,19 @@
 """Run an SSR experiment over several seeds and print initial vs final quality.
 
-Each seed is one full offline run of the entry point
-(``python -m milo_ray.run +experiment=EXP run.seed=S benchmark.seed=S``), so the
-search randomness and the simulated task pool both vary. Each run starts a private
-Ray instance (``execution.join_running=false``), so a ``ray start`` instance someone
-else runs on the same machine is never joined. The table reads each
+Each seed is one full offline run of the entry point, all of them one sweep on the
+``ray_jobs`` launcher (one Ray job, with its own driver, per seed, several at once):
+``python -m milo_ray.run -m hydra/launcher=ray_jobs +experiment=EXP run.seed=S1,S2,...
+'benchmark.seed=${run.seed}' run.dir=<root>``, so the search randomness and the simulated
+task pool both vary. The launcher starts its own Ray head for the sweep
+(``execution.join_running=false``), so a ``ray start`` instance someone else runs on the
+same machine is never joined, and stops it at the end. The table reads each
 run's ``manifest.json`` summary: true (expected) test quality of the initial and
 final harness from the surrogate's ground truth, measured test RR@3, executions
 used, rounds and the stop reason. Under each seed, every race of the run judged by
 the same ground truth (read from the run's ``harnesses`` and ``events`` tables): the
 true score of the parent and of each raced child, and the rank of the child racing
-picked among them.
+picked among them. A sweep with a failed job stops the script with exit code 1 (each
+job's error: ``<root>/summary.md``).
 
   python scripts/ssr_seeds.py --experiment ssr_swepro --seeds 0 1 2 3 4
   python scripts/ssr_seeds.py --experiment ssr_swepro --seeds 0 1 2 -- method.evidence=fixed_n
@@ -27,25 +30,28 @@ import tempfile
 from pathlib import Path
 
 
-def run_seed(experiment: str, seed: int, root: Path, extra: list[str], vary_benchmark: bool, retries: int) -> dict:
-    run_dir = root / f"{experiment}-seed{seed}"
-    argv = [sys.executable, "-m", "milo_ray.run", f"+experiment={experiment}", f"run.seed={seed}",
-            f"run.dir={run_dir}", "run.progress=false", "execution.join_running=false", *extra]
+def run_seeds(experiment: str, seeds: list[int], root: Path, extra: list[str], vary_benchmark: bool,
+              max_concurrent: int | None) -> list[dict]:
+    """Run one sweep job per seed; returns each run's summary (with its races), in seed order."""
+    import pandas as pd
+
+    argv = [sys.executable, "-m", "milo_ray.run", "-m", "hydra/launcher=ray_jobs", f"+experiment={experiment}",
+            f"run.seed={','.join(map(str, seeds))}", f"run.dir={root}", "run.progress=false",
+            "execution.join_running=false", *extra]
     if vary_benchmark:
-        argv.append(f"benchmark.seed={seed}")
-    for attempt in range(retries + 1):
-        proc = subprocess.run(argv, capture_output=True, text=True)
-        if proc.returncode == 0:
-            break
-        if proc.returncode != 1 or run_dir.exists() or attempt == retries:  # 2 = bad input: never retried
-            raise SystemExit(f"seed {seed} failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
-        # The run never started (typically Ray failing to start on an overloaded machine):
-        # nothing was written, so starting it again cannot change its result.
-        last = (proc.stderr.strip().splitlines() or ["?"])[-1]
-        print(f"# retry {attempt + 1}/{retries}: seed {seed} never started (exit {proc.returncode}: {last[:200]})",
-              flush=True)
-    summary = json.loads((run_dir / "manifest.json").read_text())["summary"]
-    return {**summary, "races": race_picks(run_dir)}
+        argv.append("benchmark.seed=${run.seed}")
+    if max_concurrent is not None:
+        argv.append(f"hydra.launcher.max_concurrent={max_concurrent}")
+    print(f"# sweep: python {shlex.join(argv[1:])}", flush=True)
+    proc = subprocess.run(argv, stdout=subprocess.DEVNULL)  # the launcher's progress lines go to our stderr
+    if proc.returncode != 0:
+        raise SystemExit(f"the sweep failed (exit {proc.returncode}); each job's status and error: "
+                         f"{root / 'summary.md'}")
+    out = []
+    for run_dir in pd.read_parquet(root / "summary.parquet")["run_dir"]:
+        summary = json.loads((Path(run_dir) / "manifest.json").read_text())["summary"]
+        out.append({**summary, "races": race_picks(Path(run_dir))})
+    return out
 
 
 def race_picks(run_dir: Path) -> list[dict]:
@@ -95,21 +101,21 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4])
     p.add_argument("--root", default=None, help="where run directories go (default: a temp dir)")
     p.add_argument("--fixed-benchmark", action="store_true", help="keep benchmark.seed at its configured value")
-    p.add_argument("--retries", type=int, default=2,
-                   help="start a run again this many times when it failed before writing anything (e.g. Ray did "
-                        "not start); any other failure stops the script with exit code 1")
+    p.add_argument("--max-concurrent", type=int, default=None,
+                   help="runs (Ray jobs) at once (hydra.launcher.max_concurrent; default: one per CPU)")
     p.add_argument("overrides", nargs="*", help="extra Hydra overrides (after --)")
     args = p.parse_args(argv)
     print(f"command: python scripts/ssr_seeds.py {shlex.join(sys.argv[1:] if argv is None else argv)}")
-    root = Path(args.root or tempfile.mkdtemp(prefix="ssr-seeds-"))
+    root = Path(args.root or tempfile.mkdtemp(prefix="ssr-seeds-")).resolve()
+    summaries = run_seeds(args.experiment, args.seeds, root, args.overrides, not args.fixed_benchmark,
+                          args.max_concurrent)
     rows = []
     head = (f"{'seed':>4} {'score init':>10} {'score final':>11} {'resolve init':>12} {'resolve final':>13} "
             f"{'RR@3 init':>9} {'RR@3 final':>10} {'execs':>6} {'rounds':>6}  stop")
     print("true = the surrogate's exact expected test quality (score: partial credit; resolve: pass@1)")
     print(head)
     print("-" * len(head))
-    for s in args.seeds:
-        sm = run_seed(args.experiment, s, root, args.overrides, not args.fixed_benchmark, args.retries)
+    for s, sm in zip(args.seeds, summaries):
         rows.append(sm)
         print(f"{s:>4} {sm['initial_true_quality']:>10.4f} {sm['final_true_quality']:>11.4f} "
               f"{sm['initial_true_resolve']:>12.4f} {sm['final_true_resolve']:>13.4f} "
