@@ -288,6 +288,8 @@ def main(argv: list[str]) -> None:
     if len(argv) not in (3, 4) or argv[2] not in ENTRIES:
         sys.stderr.write(f"usage: python -m milo_ray.harness._validate_child <workdir> <{'|'.join(ENTRIES)}> [<result>]\n")
         os._exit(2)
+    # Resolved before harness code runs: an os.chdir at import must not move the result.
+    result_path = os.path.abspath(argv[3]) if len(argv) == 4 else None
     # Keep the result channel private: harness prints land on stderr instead.
     result_fd = os.dup(1)
     os.dup2(2, 1)
@@ -300,8 +302,8 @@ def main(argv: list[str]) -> None:
     except (TypeError, ValueError):
         line = json.dumps({"ok": False, "check": "crash", "reason": "validator produced an unserializable result"})
     data = (line + "\n").encode()
-    if len(argv) == 4:
-        result_fd = os.open(argv[3], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    if result_path is not None:
+        result_fd = os.open(result_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     while data:
         data = data[os.write(result_fd, data):]
     sys.stdout.flush()

@@ -228,18 +228,22 @@ _CHILD_ENV = {
     "MKL_NUM_THREADS": "1",
 }
 _WORKDIR = "/validate"  # the child's (empty, writable) working directory inside the sandbox
-_RESULT = f"{_WORKDIR}/result.json"
+_RESULT = f"{_WORKDIR}/result.json"  # read back through the sandbox's file transfer
+_RESULT_ARG = "result.json"  # as the child is told it: relative to its working directory (the
+# local sandbox runs commands on the host, where /validate does not exist)
 _TIMED_OUT_NOTE = "Error: command timed out after"
 # Exit statuses the child's shell reports for a child killed by a signal (128 + N).
 _SIGNAL_BASE = 128
 _fallback_warned = False
 
 
+@functools.lru_cache(maxsize=1)
 def default_sandbox() -> Any:
     """The sandbox validation uses when the run names none: bubblewrap with its defaults.
     Where bwrap cannot run (not installed, no user namespaces), the local sandbox (host
     processes, clean environment, no isolation of the filesystem or network), with a
-    warning once per process; ``sandbox=`` of the run decides otherwise."""
+    warning once per process; ``sandbox=`` of the run decides otherwise. Built (and bwrap
+    probed) once per process."""
     from milo_ray.execution.sandbox.bwrap import BwrapSandboxFactory
 
     bwrap = BwrapSandboxFactory()
@@ -310,7 +314,7 @@ def _command(host_dir: Path, entry: str, timeout_s: float, memory_mb: int | None
     limits = ["ulimit -c 0", f"ulimit -t {int(math.ceil(timeout_s)) + 1}"]
     if memory_mb is not None:
         limits.append(f"ulimit -v {int(memory_mb) * 1024}")
-    argv = [sys.executable, "-P", "-m", CHILD_MODULE, str(host_dir), entry, _RESULT]
+    argv = [sys.executable, "-P", "-m", CHILD_MODULE, str(host_dir), entry, _RESULT_ARG]
     return " && ".join(limits) + " && exec " + " ".join(shlex.quote(a) for a in argv)
 
 

@@ -168,6 +168,10 @@ def test_harness_files_are_read_only_in_the_sandbox():
 def test_the_validator_takes_the_runs_sandbox_config_and_defaults_to_bwrap():
     local = sandbox_factory_from({"_target_": "milo_ray.execution.sandbox.local.LocalSandboxFactory"})
     assert local.name == "local"
+    # The local sandbox (host processes, where bwrap is missing) validates the same way.
+    ok = validate(Harness.from_source("def build_agent(model, backend):\n    return None\n"), sandbox=local)
+    bad = validate(Harness.from_source("def build_agent(model):\n    return None\n"), sandbox=local)
+    assert ok.ok and (bad.ok, bad.check) == (False, "signature")
     if bwrap_usable:
         assert default_sandbox().name == "bwrap"
         assert sandbox_factory_from(None).name == "bwrap"
