@@ -167,3 +167,40 @@ def install_log_redaction(handler: logging.Handler) -> logging.Handler:
     if not any(isinstance(f, RedactingFilter) for f in handler.filters):
         handler.addFilter(RedactingFilter())
     return handler
+
+
+# Files the store writes (tables and blobs) are redacted as they are written.
+_STORE_OWNED_SUFFIXES = (".parquet", ".zst")
+_SCRUB_MAX_BYTES = 256 * 1024 * 1024
+
+
+def scrub_tree(root: str | os.PathLike, *, skip_suffixes: tuple[str, ...] = _STORE_OWNED_SUFFIXES) -> list[str]:
+    """Redact, in place, every file under ``root`` that holds a registered secret (the files
+    a run's processes wrote directly: harness copies, evidence, agent transcripts, tracker
+    files); returns their paths relative to ``root``. Store-owned files (``skip_suffixes``),
+    symlinks and files past 256 MB are left alone. Each rewrite is atomic (temp file, then
+    rename) and keeps the file's mode."""
+    from pathlib import Path
+
+    if not _byte_needles:
+        return []
+    base = Path(root)
+    changed: list[str] = []
+    for path in sorted(base.rglob("*")):
+        try:
+            if path.is_symlink() or not path.is_file() or path.suffix in skip_suffixes:
+                continue
+            if path.stat().st_size > _SCRUB_MAX_BYTES:
+                continue
+            data = path.read_bytes()
+            clean = redact_bytes(data)
+            if clean == data:
+                continue
+            tmp = path.with_name(f".{path.name}.redacting")
+            tmp.write_bytes(clean)
+            os.chmod(tmp, path.stat().st_mode & 0o7777)
+            os.replace(tmp, path)
+            changed.append(path.relative_to(base).as_posix())
+        except OSError:
+            continue  # a file that vanished or cannot be read is not ours to fix
+    return changed

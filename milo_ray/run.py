@@ -267,6 +267,7 @@ def run_job(cfg: DictConfig) -> dict[str, Any]:
         if tracking is not None:
             tracking.finish(status=status, summary=summary, run_dir=run_dir, report=report)
         store.close()
+        _scrub_run_dir(run_dir)
         logging.getLogger().removeHandler(log_file)
         log_file.close()
         print(f"run directory: {run_dir}  (status: {status}; resume with run.resume={run_dir})")
@@ -328,6 +329,16 @@ def _register_secrets(plan: Any) -> None:
 
     redaction.register_env([key_env(plan.model)])
     redaction.register(agent_env(plan.agents))
+
+
+def _scrub_run_dir(run_dir: Path) -> None:
+    """The run's processes write some files themselves (harness copies, evidence, agent
+    transcripts): at the end of every session, finished or not, any of them holding a
+    registered secret is redacted in place (the store's own files are redacted as written)."""
+    changed = redaction.scrub_tree(run_dir)
+    if changed:
+        shown = ", ".join(changed[:5]) + (f" and {len(changed) - 5} more" if len(changed) > 5 else "")
+        log.warning("redacted key values from %d file(s) the run wrote: %s", len(changed), shown)
 
 
 def _skip_tasks(benchmark: Any, skipped: dict[str, str]) -> None:

@@ -56,3 +56,21 @@ def test_a_handler_with_the_filter_never_writes_a_secret(tmp_path):
         handler.close()
     text = (tmp_path / "run.log").read_text()
     assert KEY not in text and text.count("[redacted $MY_KEY]") == 2  # the message and the exception line
+
+
+def test_scrub_tree_redacts_files_written_directly_and_leaves_store_files_alone(tmp_path):
+    (tmp_path / "workspace" / "h").mkdir(parents=True)
+    leaky = tmp_path / "workspace" / "h" / "harness.py"
+    leaky.write_text(f"KEY = {KEY!r}\n")
+    leaky.chmod(0o640)
+    clean = tmp_path / "workspace" / "notes.md"
+    clean.write_text("nothing here\n")
+    table = tmp_path / "rollouts" / "part-0.parquet"
+    table.parent.mkdir()
+    table.write_bytes(KEY.encode())  # store-owned: redacted when written, never rewritten here
+    assert redaction.scrub_tree(tmp_path) == []  # nothing registered: nothing touched
+    redaction.register({"K": KEY})
+    assert redaction.scrub_tree(tmp_path) == ["workspace/h/harness.py"]
+    assert leaky.read_text() == "KEY = '[redacted $K]'\n" and (leaky.stat().st_mode & 0o777) == 0o640
+    assert clean.read_text() == "nothing here\n" and table.read_bytes() == KEY.encode()
+    assert sorted(p.name for p in (tmp_path / "workspace" / "h").iterdir()) == ["harness.py"]
