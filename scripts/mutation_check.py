@@ -222,6 +222,12 @@ MUTATIONS: tuple[Mutation, ...] = (
         "the entry point never tells the store which values are secret",
     ),
     Mutation(
+        "run-dir-unscrubbed", "milo_ray/run.py",
+        "        _scrub_run_dir(run_dir)\n", "\n",
+        ("tests/entry/test_no_secret_persists.py::test_a_litellm_run_of_every_method_persists_no_key[milo]",),
+        "key values a run's processes wrote into harness copies, evidence or transcripts stay in the run directory",
+    ),
+    Mutation(
         "user-seeds-unvalidated", "milo_ray/run.py",
         "    check_seed_harnesses(benchmark, cfg.get(\"sandbox\"))\n", "\n",
         ("tests/entry/test_suite_checks_cli.py::test_benchmark_seeds_takes_a_harness_directory_validated_before_the_run",),
