@@ -26,8 +26,10 @@ carries bytes, so a TLS certificate would not match the loopback name the CLI se
 from __future__ import annotations
 
 import os
+import shlex
 import shutil
 import socket
+import sys
 import tempfile
 import threading
 from dataclasses import dataclass
@@ -232,13 +234,9 @@ def run_in_sandbox(argv: list[str], *, scratch: Path, env: dict[str, str], reado
     workdir ``/workspace`` is ``scratch/workspace`` (prepared by the caller), with ``env``
     as its whole environment (plus the sandbox's PATH/HOME/LANG), the relay to the gateway
     when given, and the CLI's stdout/stderr written to ``stdout``/``stderr`` on the host."""
-    import shlex
-
     from milo_ray.execution.sandbox.base import SandboxSpec
     from milo_ray.execution.sandbox.bwrap import DEFAULT_HOST_READONLY, BwrapSandboxFactory
     from milo_ray.execution.sandbox.interpreter import interpreter_env
-
-    import sys
 
     ro = list(readonly) + ([str(relay.dir)] if relay is not None else [])
     factory = BwrapSandboxFactory(command_timeout_s=time_cap_s, output_cap_bytes=output_cap_bytes,
