@@ -76,6 +76,11 @@ class RunConfig:
     report: when the run finishes, write its report (``<run dir>/report/report.html`` with
         its figures, as ``python -m milo_ray.report RUN_DIR`` does) and print its path;
         False skips it (a failing report is logged and never fails the run).
+    skip_unrunnable_tasks: a task the configured sandbox cannot run (e.g. a Dockerfile with
+        RUN steps under ``sandbox=bwrap``) refuses the whole run by default, naming every
+        such task; True drops those tasks from every split instead, with a warning per task
+        on the console and in ``run.log``, an ``tasks_skipped`` event and the manifest's
+        ``skipped_tasks``.
     """
 
     dir: Optional[str] = None
@@ -85,6 +90,7 @@ class RunConfig:
     budget: BudgetConfig = field(default_factory=BudgetConfig)
     progress: Optional[bool] = None
     report: bool = True
+    skip_unrunnable_tasks: bool = False
 
 
 @dataclass

@@ -134,14 +134,65 @@ def check_composition(cfg: Any) -> Any:
         raise UserError(str(exc)) from None
 
 
-def check_tasks_runnable(executor_spec: Any, executor_node: Any, tasks: Any) -> None:
-    """:func:`milo_ray.config_targets.check_tasks_runnable` with its error as a ``UserError``."""
-    from milo_ray.config_targets import CompositionError, check_tasks_runnable as check
+def check_tasks_runnable(executor_spec: Any, executor_node: Any, tasks: Any, *, skip: bool = False) -> dict[str, str]:
+    """Ask the executor (when it can tell: ``unsupported_tasks``) about every task, one at
+    a time. Tasks it cannot run refuse the run with a ``UserError`` listing every one of
+    them, one per line; with ``skip`` (``run.skip_unrunnable_tasks``) they are returned
+    instead ({task id: why}) for the caller to drop with a warning."""
+    from milo_ray.config_targets import CompositionError, locate
 
     try:
-        check(executor_spec, executor_node, tasks)
+        cls = locate("executor", executor_spec)
     except CompositionError as exc:
         raise UserError(str(exc)) from None
+    if not callable(getattr(cls, "unsupported_tasks", None)):
+        return {}
+    from hydra.utils import instantiate
+
+    try:
+        executor = instantiate(executor_node, _convert_="all")
+    except Exception as exc:
+        raise UserError(f"executor: {_first_line(str(exc.__cause__ or exc))}") from None
+    problems: dict[str, str] = {}
+    unique = list({t.task_id: t for t in tasks}.values())
+    for task in unique:
+        why = list(executor.unsupported_tasks([task]))
+        if why:
+            problems[task.task_id] = "; ".join(why)
+    if problems and not skip:
+        raise UserError(f"executor: {len(problems)} of {len(unique)} tasks cannot run here (fix them, choose another "
+                        "sandbox, or set run.skip_unrunnable_tasks=true to skip them with a warning):\n"
+                        + "\n".join(problems.values()))
+    return problems
+
+
+def check_seed_harnesses(benchmark: Any, sandbox_node: Any = None) -> None:
+    """Validate the seed harnesses a user gave by path (``benchmark.seeds``) before the run,
+    in the run's sandbox (``sandbox`` group) as children are; the bundled seeds are the
+    project's own and are not re-validated. ``UserError`` names ``benchmark.seeds``, the
+    harness directory, what failed and the fix."""
+    if getattr(benchmark, "artifact_entry", "build_agent") != "build_agent":
+        return  # optimizer programs (the instance-level track) have their own seeds field
+    from milo_ray.harness.seeds import load_seeds
+
+    bundled = {h.harness_id for h in load_seeds()}
+    try:
+        user = [h for h in benchmark.seed_harnesses() if h.harness_id not in bundled]
+    except ValueError as exc:
+        raise UserError(str(exc).strip()) from None
+    if not user:
+        return
+    from milo_ray.harness.validate import sandbox_factory_from, validate_many
+
+    try:
+        factory = sandbox_factory_from(sandbox_node)
+    except ValueError as exc:
+        raise UserError(str(exc)) from None
+    results = validate_many(user, sandbox=factory)
+    bad = [f"{h.name}: {r.check}: {r.reason}" for h, r in zip(user, results) if not r.ok]
+    if bad:
+        raise UserError(f"benchmark.seeds: {len(bad)} harness director{'y' if len(bad) == 1 else 'ies'} failed "
+                        "validation (fix the harness, or remove it from benchmark.seeds):\n" + "\n".join(bad))
 
 
 # What a resumed run may be given again; everything else is the stored config.

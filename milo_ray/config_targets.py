@@ -228,26 +228,6 @@ def agent_env(agents: Mapping[str, Any]) -> dict[str, str]:
     return {n: os.environ[n] for n in sorted(names) if os.environ.get(n)}
 
 
-def check_tasks_runnable(executor_spec: Mapping[str, Any], executor_node: Any, tasks: Sequence[Any]) -> None:
-    """An executor that can say which tasks it cannot run (``unsupported_tasks``: a real
-    executor whose sandbox lacks what a task's environment needs) is built on the driver
-    and asked about every task, so a run refuses them by name before it writes anything."""
-    cls = locate("executor", executor_spec)
-    if not callable(getattr(cls, "unsupported_tasks", None)):
-        return
-    from hydra.utils import instantiate
-
-    try:
-        executor = instantiate(executor_node, _convert_="all")
-    except Exception as exc:
-        cause = exc.__cause__ or exc
-        raise CompositionError(f"executor: {_first_line(cause)}") from None
-    problems = list(executor.unsupported_tasks(list(tasks)))
-    if problems:
-        shown = "; ".join(problems[:5]) + (f"; and {len(problems) - 5} more" if len(problems) > 5 else "")
-        raise CompositionError(f"executor: {len(problems)} of {len(tasks)} tasks cannot run here: {shown}")
-
-
 def worker_env(model: ModelConfig) -> dict[str, str]:
     """The environment the rollout workers need from the driver's: the model's API key
     variable (``model.api_key_env``, else the provider's own), when the driver has it."""

@@ -15,7 +15,8 @@ from milo_ray.search.scores import HarnessScore, print_scores, summarize
 
 
 class EvalMethod:
-    """Evaluate the benchmark's seed harnesses (or the named subset) on one split.
+    """Evaluate the benchmark's seed harnesses (or the named subset) on one split; with
+    ``executor.agent=oracle`` validate the task suite instead (every task once).
 
     Rollouts run in waves of one rollout index (every harness on every task); past the
     run's time limit no new wave starts, and the table reports the k completed waves,
@@ -51,6 +52,8 @@ class EvalMethod:
     def run(self, ctx: RunContext) -> dict[str, Any]:
         from milo_ray.benchmarks.base import resolve_split
 
+        if oracle_mode(ctx.scheduler):
+            return self._validate_suite(ctx)
         resolve_split(ctx.benchmark, self.split, field="method.split")
         seeds = self._seeds(ctx.benchmark)
         task_ids = [t.task_id for t in ctx.benchmark.tasks(self.split)]
@@ -79,6 +82,54 @@ class EvalMethod:
                                          "rows": [r.as_dict() for r in rows]})
         return {"method": "eval", "split": self.split, "k": k_done, "k_requested": self.k, "stop_reason": stop,
                 "harnesses": [r.as_dict() for r in rows]}
+
+
+    def _validate_suite(self, ctx: RunContext) -> dict[str, Any]:
+        """``executor.agent=oracle``: the reference solutions run instead of any harness, so
+        every harness would score the same. Validate the suite instead: every task of every
+        split once (``method.split``, ``method.k`` and ``method.names`` do not apply), one
+        row per task, and the tasks whose oracle is not resolved listed by name."""
+        seed_h = self._seeds(ctx.benchmark)[0]  # a rollout names a harness; the oracle ignores it
+        ctx.scheduler.add_harness(seed_h)
+        HarnessRecorder(ctx.store, resumed=ctx.resumed).record(seed_h, origin="seed", admitted=True)
+        tasks: dict[str, str] = {}
+        for split, split_tasks in ctx.benchmark.splits().items():
+            for t in split_tasks:
+                tasks.setdefault(t.task_id, split)
+        results = ctx.scheduler.run([RolloutRequest(seed_h.harness_id, tid, 0, ctx.seed, split=split, method="eval",
+                                                    stage="oracle", group="oracle")
+                                     for tid, split in tasks.items()])
+        rows = sorted(({"task_id": r.task_id, "split": tasks.get(r.task_id, ""), "score": r.score,
+                        "resolved": r.score >= 1.0, "error_kind": r.error_kind, "error": r.error} for r in results),
+                      key=lambda row: row["task_id"])
+        failing = [row for row in rows if not row["resolved"]]
+        print_oracle_table(ctx.benchmark.name, rows)
+        summary = {"method": "eval", "mode": "oracle", "tasks": len(rows), "resolved": len(rows) - len(failing),
+                   "failing": [row["task_id"] for row in failing], "rows": rows}
+        ctx.store.event("oracle_summary", summary)
+        return summary
+
+
+def oracle_mode(scheduler: Any) -> bool:
+    """Whether the run's executor runs the tasks' reference solutions (``executor.agent=oracle``)."""
+    config = getattr(scheduler, "executor_config", None)
+    agent = config.get("agent") if isinstance(config, dict) else getattr(config, "agent", None)
+    return agent == "oracle"
+
+
+def print_oracle_table(title: str, rows: list[dict[str, Any]]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"{title}: reference solutions (executor.agent=oracle), every task once")
+    for col in ("task", "split", "score", "error"):
+        table.add_column(col, justify="right" if col == "score" else "left")
+    for row in rows:
+        table.add_row(row["task_id"], row["split"], _fmt(row["score"]),
+                      "-" if not row["error"] else f"{row['error_kind']}: {str(row['error'])[:100]}")
+    console = Console(width=160)
+    console.print(table)
+    console.print(f"{sum(r['resolved'] for r in rows)}/{len(rows)} tasks resolved by their reference solution")
 
 
 def _fmt(value: Any, spec: str = ".3f") -> str:

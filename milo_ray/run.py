@@ -37,10 +37,11 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
+from milo_ray import redaction
 from milo_ray.config import register_configs
 from milo_ray.config_errors import (UserError, check_composition, check_overrides, check_resume_overrides,
-                                    check_settings, check_tasks_runnable, jobs_launched, override_key,
-                                    set_jobs_launched)
+                                    check_seed_harnesses, check_settings, check_tasks_runnable, jobs_launched,
+                                    override_key, set_jobs_launched)
 from milo_ray.config_path import conf_dir
 from milo_ray.manifest import EMBEDDER_LOADED, build_manifest, deadline_for, elapsed_before, finish_manifest
 
@@ -122,11 +123,13 @@ def _build(section: str, node: DictConfig) -> Any:
     try:
         return instantiate(node, _convert_="all")
     except BenchmarkDataMissing as exc:
-        raise UserError(f"{section}: {exc}") from None
+        raise UserError(f"{section}: {str(exc).strip()}") from None
     except InstantiationException as exc:
         cause = exc.__cause__ or exc
         if isinstance(cause, (ValueError, TypeError, BenchmarkDataMissing)):
-            raise UserError(f"{section}: {str(cause).strip().splitlines()[0]}") from None
+            # The whole message: a suite with several broken tasks lists every one of them
+            # on the lines after its first (a first line alone would say only how many).
+            raise UserError(f"{section}: {str(cause).strip()}") from None
         if str(exc).startswith("Error locating target"):
             target = node.get("_target_") if hasattr(node, "get") else None
             raise UserError(f"{section}._target_={target}: no such class or function; check the dotted path") from None
@@ -157,6 +160,7 @@ class PreparedRun:
     method: Any
     tracker: Any
     tasks: dict[str, Any]  # task id -> task, every split
+    skipped: dict[str, str]  # task id -> why, for tasks run.skip_unrunnable_tasks dropped
 
 
 def prepare_run(cfg: DictConfig) -> PreparedRun:
@@ -167,7 +171,15 @@ def prepare_run(cfg: DictConfig) -> PreparedRun:
     sweep before it submits one (milo_ray.sweep)."""
     check_settings(cfg)
     plan = check_composition(cfg)  # model, executor, benchmark, method and agents, nothing built yet
+    _register_secrets(plan)
     benchmark = _build("benchmark", cfg.benchmark)
+    # Tasks the sandbox cannot run are refused by name, or skipped with a warning when the
+    # run asks for it, before the method sees the splits.
+    skipped = check_tasks_runnable(plan.executor, cfg.executor, [t for s in benchmark.splits().values() for t in s],
+                                   skip=bool(OmegaConf.select(cfg, "run.skip_unrunnable_tasks", default=False)))
+    if skipped:
+        _skip_tasks(benchmark, skipped)
+    check_seed_harnesses(benchmark, cfg.get("sandbox"))
     method = _build("method", cfg.method)
     tracker = _build("tracking", cfg.tracking) if cfg.get("tracking") is not None else None
     preflight = getattr(method, "preflight", None)
@@ -175,10 +187,10 @@ def prepare_run(cfg: DictConfig) -> PreparedRun:
         try:
             preflight(benchmark, plan.agents)
         except ValueError as exc:
-            raise UserError(str(exc).strip().splitlines()[0]) from None
+            raise UserError(str(exc).strip()) from None
     tasks = {t.task_id: t for split in benchmark.splits().values() for t in split}
-    check_tasks_runnable(plan.executor, cfg.executor, list(tasks.values()))
-    return PreparedRun(plan=plan, benchmark=benchmark, method=method, tracker=tracker, tasks=tasks)
+    return PreparedRun(plan=plan, benchmark=benchmark, method=method, tracker=tracker, tasks=tasks,
+                       skipped=skipped)
 
 
 def run_job(cfg: DictConfig) -> dict[str, Any]:
@@ -200,15 +212,21 @@ def run_job(cfg: DictConfig) -> dict[str, Any]:
 
     # Everything that can fail on bad input happens before the store is touched.
     prepared = prepare_run(cfg)
-    plan, benchmark, method, tracker, tasks = (prepared.plan, prepared.benchmark, prepared.method, prepared.tracker,
-                                               prepared.tasks)
+    plan, benchmark, method, tracker, tasks, skipped = (prepared.plan, prepared.benchmark, prepared.method,
+                                                        prepared.tracker, prepared.tasks, prepared.skipped)
     agents = plan.agents
     cluster = connect(cfg.execution)
 
     manifest = build_manifest(cfg, run_dir=run_dir, cluster=cluster, resumed=resumed)
     store = ParquetRunStore(run_dir, run_id=manifest["run_id"])
+    if skipped:
+        manifest["skipped_tasks"] = dict(skipped)
     store.write_manifest(manifest)
     log_file = _attach_run_log(run_dir)
+    for task_id, why in skipped.items():
+        log.warning("run.skip_unrunnable_tasks: task %s skipped: %s", task_id, why)
+    if skipped:
+        store.event("tasks_skipped", {"reason": "run.skip_unrunnable_tasks", "tasks": dict(skipped)})
     scheduler = RolloutScheduler(
         executor_config=plan.executor,
         tasks=tasks,
@@ -276,6 +294,7 @@ def run_job(cfg: DictConfig) -> dict[str, Any]:
         if tracking is not None:
             tracking.finish(status=status, summary=summary, run_dir=run_dir, report=report)
         store.close()
+        _scrub_run_dir(run_dir)
         logging.getLogger().removeHandler(log_file)
         log_file.close()
         print(f"run directory: {run_dir}  (status: {status}; resume with run.resume={run_dir})")
@@ -318,11 +337,48 @@ def _live_views(cfg: DictConfig, store: Any, scheduler: Any, tracker: Any, *, ru
 
 
 def _attach_run_log(run_dir: Path) -> logging.Handler:
-    """``run.log`` in the run directory (appended to by every session of the run)."""
+    """``run.log`` in the run directory (appended to by every session of the run). It and
+    every handler already on the root logger (the console) redact the run's secrets."""
     handler = logging.FileHandler(run_dir / RUN_LOG)
     handler.setFormatter(logging.Formatter("[%(asctime)s][%(name)s][%(levelname)s] - %(message)s"))
-    logging.getLogger().addHandler(handler)
+    root = logging.getLogger()
+    for existing in root.handlers:
+        redaction.install_log_redaction(existing)
+    root.addHandler(redaction.install_log_redaction(handler))
     return handler
+
+
+def _register_secrets(plan: Any) -> None:
+    """The values of the run's key variables (the solver's and every LLM role's) are
+    redacted from everything this process persists (``milo_ray/redaction.py``)."""
+    from milo_ray.agents.llm import key_env
+    from milo_ray.config_targets import agent_env
+
+    redaction.register_env([key_env(plan.model)])
+    redaction.register(agent_env(plan.agents))
+
+
+def _scrub_run_dir(run_dir: Path) -> None:
+    """The run's processes write some files themselves (harness copies, evidence, agent
+    transcripts): at the end of every session, finished or not, any of them holding a
+    registered secret is redacted in place (the store's own files are redacted as written)."""
+    changed = redaction.scrub_tree(run_dir)
+    if changed:
+        shown = ", ".join(changed[:5]) + (f" and {len(changed) - 5} more" if len(changed) > 5 else "")
+        log.warning("redacted key values from %d file(s) the run wrote: %s", len(changed), shown)
+
+
+def _skip_tasks(benchmark: Any, skipped: dict[str, str]) -> None:
+    """Drop the tasks ``run.skip_unrunnable_tasks`` let the run skip from every split."""
+    drop = getattr(benchmark, "drop_tasks", None)
+    if not callable(drop):
+        raise UserError(f"run.skip_unrunnable_tasks=true: benchmark {getattr(benchmark, 'name', '?')} cannot drop "
+                        f"tasks; fix or remove them: {'; '.join(skipped.values())}")
+    for task_id, why in skipped.items():
+        print(f"warning: skipping task {task_id} (run.skip_unrunnable_tasks=true): {why}", file=sys.stderr)
+    drop(set(skipped))
+    if not any(benchmark.splits().values()):
+        raise UserError("run.skip_unrunnable_tasks=true: every task was skipped; nothing left to run")
 
 
 _job_started = False  # a Hydra exit code 1 after a job started is a crash, before it bad input
@@ -335,7 +391,7 @@ def _hydra_main(cfg: DictConfig) -> None:
     try:
         run_job(cfg)
     except UserError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"error: {redaction.redact(str(exc))}", file=sys.stderr)
         raise SystemExit(EXIT_BAD_INPUT) from None
     except KeyboardInterrupt:
         print("interrupted: finished rollouts are stored; resume with run.resume=<run directory>", file=sys.stderr)

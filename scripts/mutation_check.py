@@ -190,6 +190,74 @@ MUTATIONS: tuple[Mutation, ...] = (
         ("tests/benchmarks/test_splits.py",),
         "a run resumed from its manifest (keys stored sorted) draws other splits than it drew",
     ),
+    # --- the trust boundary: validation, secrets, user harnesses, suite checks, CLI mutators
+    Mutation(
+        "validation-unsandboxed", "milo_ray/harness/validate.py",
+        "    if why is None:\n        return bwrap\n", "    if False:\n        return bwrap\n",
+        ("tests/harness/test_validate_sandbox.py",),
+        "a child's import check runs as a host process that can read the caller's home and run directory",
+    ),
+    Mutation(
+        "validation-network", "milo_ray/harness/validate.py",
+        "workdir=_WORKDIR, allow_internet=False,", "workdir=_WORKDIR, allow_internet=True,",
+        ("tests/harness/test_validate_sandbox.py::test_a_hostile_child_gets_nothing_from_the_callers_environment_files_or_network",),
+        "a hostile child's import check can phone a listener on the host",
+    ),
+    Mutation(
+        "store-blobs-unredacted", "milo_ray/store/core.py",
+        "blobs.encode(redaction.redact_obj(data))", "blobs.encode(data)",
+        ("tests/store/test_contract.py::TestRunStoreContract::test_registered_secrets_are_redacted_from_every_write",),
+        "a key value in a trace or harness source is stored in a blob",
+    ),
+    Mutation(
+        "store-rows-unredacted", "milo_ray/store/core.py",
+        "rows = redaction.redact_obj(list(rows))", "rows = list(rows)",
+        ("tests/store/test_contract.py::TestRunStoreContract::test_registered_secrets_are_redacted_from_every_write",),
+        "a key value in an error text or an event payload is stored in a table",
+    ),
+    Mutation(
+        "secrets-not-registered", "milo_ray/run.py",
+        "    _register_secrets(plan)\n", "\n",
+        ("tests/entry/test_no_secret_persists.py::test_a_litellm_run_of_every_method_persists_no_key[eval]",),
+        "the entry point never tells the store which values are secret",
+    ),
+    Mutation(
+        "run-dir-unscrubbed", "milo_ray/run.py",
+        "        _scrub_run_dir(run_dir)\n", "\n",
+        ("tests/entry/test_no_secret_persists.py::test_a_litellm_run_of_every_method_persists_no_key[milo]",),
+        "key values a run's processes wrote into harness copies, evidence or transcripts stay in the run directory",
+    ),
+    Mutation(
+        "user-seeds-unvalidated", "milo_ray/run.py",
+        "    check_seed_harnesses(benchmark, cfg.get(\"sandbox\"))\n", "\n",
+        ("tests/entry/test_suite_checks_cli.py::test_benchmark_seeds_takes_a_harness_directory_validated_before_the_run",),
+        "a user's invalid harness directory in benchmark.seeds starts a run",
+    ),
+    Mutation(
+        "oracle-per-seed", "milo_ray/evaluation.py",
+        "        if oracle_mode(ctx.scheduler):", "        if False:",
+        ("tests/entry/test_suite_checks_cli.py::test_oracle_eval_validates_every_task_of_every_split_once",),
+        "executor.agent=oracle runs the test split once per seed harness instead of every task once",
+    ),
+    Mutation(
+        "errors-first-line-only", "milo_ray/run.py",
+        "            raise UserError(f\"{section}: {str(cause).strip()}\") from None",
+        "            raise UserError(f\"{section}: {str(cause).strip().splitlines()[0]}\") from None",
+        ("tests/entry/test_suite_checks_cli.py::test_an_input_error_with_several_problems_prints_every_one",),
+        "a suite with several broken tasks prints only how many there are",
+    ),
+    Mutation(
+        "cli-mutator-network", "milo_ray/agents/mutators/cli_sandbox.py",
+        'workdir="/workspace", allow_internet=False,', 'workdir="/workspace", allow_internet=True,',
+        ("tests/agents/test_cli_mutator_sandbox.py",),
+        "a sandboxed CLI mutator reaches the host's network besides the gateway",
+    ),
+    Mutation(
+        "cli-token-not-revoked", "milo_ray/agents/mutators/cli.py",
+        "                gateway.revoke_token(token)", "                pass",
+        ("tests/agents/test_cli_mutator_sandbox.py",),
+        "a CLI mutator's per-call gateway token stays valid after its call",
+    ),
 )
 
 

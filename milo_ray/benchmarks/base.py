@@ -8,7 +8,7 @@ chooses the executor (and gives it the model), so one benchmark can run under se
 
 from __future__ import annotations
 
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 from milo_ray.execution.types import Task
 from milo_ray.harness.model import Harness
@@ -54,6 +54,41 @@ class SplitTasks:
             return self._by_id[task_id]
         except KeyError:
             raise ValueError(f"task_id {task_id!r}: not in any split of {self.name}") from None
+
+    def drop_tasks(self, task_ids: set[str]) -> None:
+        """Remove ``task_ids`` from every split (``run.skip_unrunnable_tasks``: tasks the
+        sandbox cannot run); the other tasks keep their splits and order."""
+        self._splits = {k: [t for t in v if t.task_id not in task_ids] for k, v in self._splits.items()}
+        self._by_id = {k: t for k, t in self._by_id.items() if k not in task_ids}
+
+
+def seed_names(seeds: Any, field: str = "benchmark.seeds") -> list[str] | None:
+    """The configured seed harnesses (None: all five bundled ones), checked now rather than
+    at the first ``seed_harnesses()`` call. Each entry is a bundled seed's name or the path
+    of a harness directory of the user's own (holding ``harness.py``; a relative path is
+    taken from the working directory and stored absolute). ``ValueError`` names ``field``,
+    the bad entry and the fix. The harness itself is validated before the run starts
+    (``milo_ray.config_errors.check_seed_harnesses``)."""
+    from milo_ray.harness.seeds import SEED_NAMES, resolve_seed
+
+    if not seeds:
+        return None
+    if isinstance(seeds, str):
+        raise ValueError(f"{field}={seeds!r}: must be a list of seed names or harness directory paths, "
+                         f"e.g. {field}='[minimal,./my_harness]'")
+    out: list[str] = []
+    for entry in seeds:
+        try:
+            out.append(resolve_seed(str(entry)))
+        except ValueError as exc:
+            raise ValueError(f"{field}: {exc}; give a bundled seed ({', '.join(SEED_NAMES)}) or the path of a "
+                             "directory holding your harness.py") from None
+    names = [n.rsplit("/", 1)[-1] for n in out]
+    dup = sorted({n for n in names if names.count(n) > 1})
+    if dup:
+        raise ValueError(f"{field}: two seed harnesses are named {dup} (a harness directory is named after its "
+                         "last path component); rename one of the directories")
+    return out
 
 
 @runtime_checkable

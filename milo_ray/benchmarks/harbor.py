@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 from typing import Any, Mapping
 
-from milo_ray.benchmarks.base import BenchmarkDataMissing, SplitTasks
+from milo_ray.benchmarks.base import BenchmarkDataMissing, SplitTasks, seed_names
 from milo_ray.benchmarks.harbor_task import HarborTaskSpec, parse_task_dir, resolve_env
 from milo_ray.benchmarks.splits import resolve_splits
 from milo_ray.benchmarks.task_format import SETUP_ALLOWANCE_S, Verdict
@@ -296,20 +296,6 @@ class HarborBenchmark(SplitTasks):
         """Why ``factory`` cannot run each task it cannot run (one line per task, naming
         it); empty when it can run them all. Checked before a run starts."""
         return unsupported_tasks(HARBOR, self._by_id.values(), factory)
-
-
-def seed_names(seeds: Any) -> list[str] | None:
-    """The configured seed harness names (None: all five), checked now rather than at
-    the first ``seed_harnesses()`` call."""
-    from milo_ray.harness.seeds import SEED_NAMES
-
-    if not seeds:
-        return None
-    names = [str(s) for s in seeds]
-    bad = [s for s in names if s not in SEED_NAMES]
-    if bad:
-        raise ValueError(f"benchmark.seeds: unknown seed harness(es) {bad}; choose from {list(SEED_NAMES)}")
-    return names
 
 
 def unsupported_tasks(fmt: Any, tasks: Any, factory: SandboxFactory) -> list[str]:

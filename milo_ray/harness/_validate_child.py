@@ -9,11 +9,12 @@ interpreter started by :mod:`milo_ray.harness.validate`, never inside the
 caller's process, so a harness that loops, allocates without bound, calls
 ``sys.exit`` or ``os._exit`` at import cannot touch the caller.
 
-Invocation: ``python -P -m milo_ray.harness._validate_child <workdir> <entry>``.
-Layout of ``<workdir>``: ``src/`` holds the harness files, ``cwd/`` is the empty
-working directory. The result is exactly one JSON line on the original stdout:
-``{"ok": bool, "check": str | null, "reason": str | null, "imports": [...]}``.
-Anything the harness prints goes to stderr, so it cannot corrupt that line.
+Invocation: ``python -P -m milo_ray.harness._validate_child <workdir> <entry> [<result>]``,
+inside the validation sandbox. ``<workdir>/src/`` holds the harness files (read-only);
+the current directory is an empty writable one. The result is one JSON object
+``{"ok": bool, "check": str | null, "reason": str | null, "imports": [...]}`` written to
+the file ``<result>`` (else as one line on the original stdout). Anything the harness
+prints goes to stderr, so it cannot corrupt it.
 """
 
 from __future__ import annotations
@@ -284,9 +285,11 @@ def run_checks(workdir: Path, entry: str = ENTRY_FUNCTION) -> dict:
 
 
 def main(argv: list[str]) -> None:
-    if len(argv) != 3 or argv[2] not in ENTRIES:
-        sys.stderr.write(f"usage: python -m milo_ray.harness._validate_child <workdir> <{'|'.join(ENTRIES)}>\n")
+    if len(argv) not in (3, 4) or argv[2] not in ENTRIES:
+        sys.stderr.write(f"usage: python -m milo_ray.harness._validate_child <workdir> <{'|'.join(ENTRIES)}> [<result>]\n")
         os._exit(2)
+    # Resolved before harness code runs: an os.chdir at import must not move the result.
+    result_path = os.path.abspath(argv[3]) if len(argv) == 4 else None
     # Keep the result channel private: harness prints land on stderr instead.
     result_fd = os.dup(1)
     os.dup2(2, 1)
@@ -299,6 +302,8 @@ def main(argv: list[str]) -> None:
     except (TypeError, ValueError):
         line = json.dumps({"ok": False, "check": "crash", "reason": "validator produced an unserializable result"})
     data = (line + "\n").encode()
+    if result_path is not None:
+        result_fd = os.open(result_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     while data:
         data = data[os.write(result_fd, data):]
     sys.stdout.flush()

@@ -7,7 +7,7 @@ generality check. Checks, in order:
 2. *generality* (text only, in this process): no source file contains a task id or
    a verbatim fragment of a task instruction, so a harness cannot memorize the
    tasks it is scored on (MILO §4.1.2 keeps mutations task-agnostic);
-3. in a fresh subprocess (:mod:`milo_ray.harness._validate_child`), under an
+3. in a fresh sandbox (:mod:`milo_ray.harness._validate_child`), under an
    address-space limit, a CPU-time limit and a wall-clock timeout: every ``.py``
    compiles (a SyntaxError names file:line), every import resolves to the standard
    library, an installed distribution or a module inside the harness directory,
@@ -16,28 +16,36 @@ generality check. Checks, in order:
    ``optimize(values, *, seed, deadline)`` for an optimizer program
    (``entry="optimize"``).
 
-Harness code never runs in the caller's process. The subprocess isolates the
-caller, not the filesystem: sandboxing rollouts is the executor's job. Validation
-never raises for a bad harness; it returns ``ok=False`` with a one-line reason.
+Harness code is untrusted (a mutator wrote it) and never runs in the caller's process:
+the import check runs in the same kind of sandbox as rollouts (the run's ``sandbox``
+group, bubblewrap by default; see :func:`sandbox_factory_from`), with an empty
+environment (PATH, LANG and a HOME inside the sandbox's scratch: no key, no run
+directory), no network, the harness files, the interpreter and the ``milo_ray`` package
+read-only, an empty writable working directory, and the whole process tree killed at the
+time cap. Validation never raises for a bad harness; it returns ``ok=False`` with a
+one-line reason. A hostile child can still forge its own verdict (its code runs in the
+checking interpreter), so a pass means "imports, in the sandbox": what it may do is
+bounded by the rollout's sandbox, not by this check.
 """
 
 from __future__ import annotations
 
 import functools
 import json
+import logging
 import math
-import os
 import re
-import resource
+import shlex
 import shutil
 import signal
-import subprocess
 import sys
 import tempfile
 import time
 from collections.abc import Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
+from typing import Any
 
 import numpy as np
 
@@ -46,7 +54,6 @@ from milo_ray.harness._validate_child import ENTRIES
 from milo_ray.harness.model import Harness
 
 CHILD_MODULE = "milo_ray.harness._validate_child"
-_POLL_S = 0.02
 _WS = re.compile(r"\s+")
 _HASH_BASE = np.uint64(1_000_003)
 
@@ -207,112 +214,174 @@ def _path_violation(harness: Harness) -> str | None:
     return None
 
 
-# --------------------------------------------------------------------------- subprocess
+# --------------------------------------------------------------------------- sandbox
 
-
-def _apply_limits(memory_bytes: int | None, cpu_seconds: int) -> None:
-    """preexec_fn: runs in the forked child before exec; only pre-imported modules."""
-    if memory_bytes is not None:
-        resource.setrlimit(resource.RLIMIT_AS, (memory_bytes, memory_bytes))
-    resource.setrlimit(resource.RLIMIT_CPU, (cpu_seconds, cpu_seconds + 1))
-    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-
-
-def _child_env(boot: Path) -> dict[str, str]:
-    env = dict(os.environ)
-    # Only the milo_ray package is added to the child's path (through a symlink), so
-    # the repository's other top-level folders do not look like installed modules.
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(boot), env.get("PYTHONPATH", "")) if p)
-    env["PYTHONDONTWRITEBYTECODE"] = "1"
+# The environment of the child, on top of what every sandbox sets (PATH, HOME inside the
+# sandbox's own scratch, LANG, TMPDIR, TERM): nothing of the caller's, so no key, no run
+# directory and no home reach harness code.
+_CHILD_ENV = {
+    "PYTHONDONTWRITEBYTECODE": "1",
+    "PYTHONNOUSERSITE": "1",
     # Each BLAS/OpenMP thread reserves address space that counts against the limit.
-    for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
-        env.setdefault(var, "1")
-    return env
+    "OMP_NUM_THREADS": "1",
+    "OPENBLAS_NUM_THREADS": "1",
+    "MKL_NUM_THREADS": "1",
+}
+_WORKDIR = "/validate"  # the child's (empty, writable) working directory inside the sandbox
+_RESULT = f"{_WORKDIR}/result.json"  # read back through the sandbox's file transfer
+_RESULT_ARG = "result.json"  # as the child is told it: relative to its working directory (the
+# local sandbox runs commands on the host, where /validate does not exist)
+_TIMED_OUT_NOTE = "Error: command timed out after"
+# Exit statuses the child's shell reports for a child killed by a signal (128 + N).
+_SIGNAL_BASE = 128
+_fallback_warned = False
 
 
-@dataclass
-class _Job:
-    index: int
-    workdir: Path
-    proc: subprocess.Popen
-    started: float
-    deadline: float
+@functools.lru_cache(maxsize=1)
+def default_sandbox() -> Any:
+    """The sandbox validation uses when the run names none: bubblewrap with its defaults.
+    Where bwrap cannot run (not installed, no user namespaces), the local sandbox (host
+    processes, clean environment, no isolation of the filesystem or network), with a
+    warning once per process; ``sandbox=`` of the run decides otherwise. Built (and bwrap
+    probed) once per process."""
+    from milo_ray.execution.sandbox.bwrap import BwrapSandboxFactory
+
+    bwrap = BwrapSandboxFactory()
+    why = bwrap.unsupported(_probe_spec())
+    if why is None:
+        return bwrap
+    return _local_fallback(why)
 
 
-def _start(index: int, harness: Harness, entry: str, timeout_s: float, memory_mb: int | None, started: float) -> _Job:
-    workdir = Path(tempfile.mkdtemp(prefix="milo_ray_validate_"))
-    try:
-        harness.write_to(workdir / "src")
-        (workdir / "cwd").mkdir()
-        (workdir / "boot").mkdir()
-        (workdir / "boot" / "milo_ray").symlink_to(Path(milo_ray.__file__).resolve().parent)
-        with open(workdir / "stdout", "wb") as out, open(workdir / "stderr", "wb") as err:
-            proc = subprocess.Popen(
-                [sys.executable, "-P", "-m", CHILD_MODULE, str(workdir), entry],
-                cwd=workdir / "cwd",
-                stdin=subprocess.DEVNULL,
-                stdout=out,
-                stderr=err,
-                env=_child_env(workdir / "boot"),
-                preexec_fn=functools.partial(
-                    _apply_limits,
-                    None if memory_mb is None else int(memory_mb) * 1024 * 1024,
-                    int(math.ceil(timeout_s)) + 1,
-                ),
-                start_new_session=True,  # one process group: a timeout kills its children too
-                close_fds=True,
-            )
-    except BaseException:
-        shutil.rmtree(workdir, ignore_errors=True)
-        raise
-    return _Job(index, workdir, proc, started, started + timeout_s)
+def _local_fallback(why: str) -> Any:
+    global _fallback_warned
+    from milo_ray.execution.sandbox.local import LocalSandboxFactory
+
+    if not _fallback_warned:
+        _fallback_warned = True
+        logging.getLogger(__name__).warning(
+            "harness validation cannot use bwrap here (%s): children are imported as host processes with an empty "
+            "environment but without filesystem or network isolation; install bubblewrap", why)
+    return LocalSandboxFactory(command_timeout_s=None)
 
 
-def _kill(job: _Job) -> None:
-    try:
-        os.killpg(job.proc.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
-    job.proc.wait()
+def sandbox_factory_from(node: Any) -> Any:
+    """The sandbox factory validation uses for a run's ``sandbox`` config (a ``_target_``
+    mapping, a factory object, or None for :func:`default_sandbox`). A factory that cannot
+    host the import check (Docker needs an image; it has none) gives way to the default."""
+    if node is None:
+        return default_sandbox()
+    factory = node
+    if not hasattr(node, "open"):
+        from hydra.utils import instantiate
 
-
-def _tail(path: Path, limit: int = 300) -> str:
-    try:
-        lines = [ln for ln in path.read_text(errors="replace").splitlines() if ln.strip()]
-    except OSError:
-        return ""
-    return lines[-1][-limit:] if lines else ""
-
-
-def _collect(job: _Job, memory_mb: int | None, timeout_s: float, timed_out: bool) -> ValidationResult:
-    try:
-        seconds = time.monotonic() - job.started
-        if timed_out:
-            return ValidationResult(False, f"validation timed out after {timeout_s:g}s", seconds, "timeout")
-        rc = job.proc.returncode
         try:
-            lines = [ln for ln in (job.workdir / "stdout").read_text(errors="replace").splitlines() if ln.strip()]
-            payload = json.loads(lines[-1]) if lines else None
-        except (OSError, ValueError):
-            payload = None
-        if isinstance(payload, dict) and "ok" in payload:
-            ok = bool(payload["ok"])
-            reason = None if ok else str(payload.get("reason") or "validation failed")
-            return ValidationResult(ok, reason, seconds, None if ok else payload.get("check"))
-        if rc is not None and rc < 0:
-            name = signal.Signals(-rc).name if -rc in signal.valid_signals() else f"signal {-rc}"
-            if -rc == signal.SIGXCPU:
-                reason = f"validation exceeded its CPU-time limit ({int(math.ceil(timeout_s)) + 1}s)"
-            elif -rc == signal.SIGKILL and memory_mb is not None:
-                reason = "validation process was killed by SIGKILL (out of memory, or killed from outside)"
-            else:
-                reason = f"validation process was killed by {name}"
-        else:
-            tail = _tail(job.workdir / "stderr")
-            reason = f"validation process exited with code {rc} without a result" + (f": {tail}" if tail else "")
-        return ValidationResult(False, reason, seconds, "crash")
+            factory = instantiate(node, _convert_="all")
+        except Exception as exc:
+            cause = exc.__cause__ or exc
+            raise ValueError(f"sandbox: {str(cause).strip().splitlines()[0] if str(cause).strip() else cause}") from None
+    if factory.unsupported(_probe_spec()) is not None:
+        return default_sandbox()
+    return factory
+
+
+def _package_dir() -> str:
+    return str(Path(milo_ray.__file__).resolve().parent)
+
+
+def _spec(task_id: str, host_dir: Path | None, memory_mb: int | None) -> Any:
+    from milo_ray.execution.sandbox.base import SandboxSpec
+    from milo_ray.execution.sandbox.interpreter import interpreter_env, interpreter_paths
+
+    readonly = [*interpreter_paths(), _package_dir()]
+    env = {**_CHILD_ENV, **interpreter_env()}
+    if host_dir is not None:
+        # The harness's files and the boot directory: read-only, at their host path.
+        readonly.append(str(host_dir))
+        env["PYTHONPATH"] = str(host_dir / "boot")
+    return SandboxSpec(task_id=task_id, workdir=_WORKDIR, allow_internet=False, memory_mb=memory_mb, env=env,
+                       host_readonly=tuple(readonly))
+
+
+def _probe_spec() -> Any:
+    return _spec("harness-validation", None, None)
+
+
+def _command(host_dir: Path, entry: str, timeout_s: float, memory_mb: int | None) -> str:
+    # ulimit: a CPU-time limit, and an address-space limit that turns a huge allocation into
+    # a MemoryError the child reports (a memory cgroup alone would kill it without a word,
+    # or never notice an untouched allocation).
+    limits = ["ulimit -c 0", f"ulimit -t {int(math.ceil(timeout_s)) + 1}"]
+    if memory_mb is not None:
+        limits.append(f"ulimit -v {int(memory_mb) * 1024}")
+    argv = [sys.executable, "-P", "-m", CHILD_MODULE, str(host_dir), entry, _RESULT_ARG]
+    return " && ".join(limits) + " && exec " + " ".join(shlex.quote(a) for a in argv)
+
+
+def _validate_in_sandbox(factory: Any, harness: Harness, entry: str, timeout_s: float,
+                         memory_mb: int | None) -> ValidationResult:
+    """Import-check one harness in a fresh sandbox of ``factory``; never raises for a bad
+    harness. The sandbox's scratch and the harness's host copy are removed afterwards."""
+    t0 = time.monotonic()
+    host_dir = Path(tempfile.mkdtemp(prefix="milo_ray_validate_"))
+    scratch = Path(tempfile.mkdtemp(prefix="milo_ray_validate_scratch_"))
+    sandbox = None
+    try:
+        harness.write_to(host_dir / "src")
+        (host_dir / "boot").mkdir()
+        (host_dir / "boot" / "milo_ray").symlink_to(_package_dir())
+        try:
+            sandbox = factory.open(_spec(f"validate-{harness.harness_id}", host_dir, memory_mb), scratch)
+        except Exception as e:  # the sandbox, not the harness, failed
+            return ValidationResult(False, f"could not start the validation sandbox: {e}", time.monotonic() - t0,
+                                    "crash")
+        # The wall-clock cap is the command's timeout: the sandbox kills the whole process
+        # tree at it (background processes included).
+        run = sandbox.execute(_command(host_dir, entry, timeout_s, memory_mb), timeout=max(1, math.ceil(timeout_s)))
+        seconds = time.monotonic() - t0
+        got = sandbox.download_files([_RESULT])[0]
+        return _verdict(run, got.content if got.error is None else None, seconds, timeout_s, memory_mb)
     finally:
-        shutil.rmtree(job.workdir, ignore_errors=True)
+        if sandbox is not None:
+            sandbox.close()
+        shutil.rmtree(host_dir, ignore_errors=True)
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _verdict(run: Any, result: bytes | None, seconds: float, timeout_s: float, memory_mb: int | None) -> ValidationResult:
+    output = run.output or ""
+    if run.exit_code == 124 and _TIMED_OUT_NOTE in output[-300:]:
+        return ValidationResult(False, f"validation timed out after {timeout_s:g}s", seconds, "timeout")
+    payload = None
+    if result is not None and run.exit_code == 0:
+        try:
+            payload = json.loads(result.decode("utf-8", errors="replace"))
+        except ValueError:
+            payload = None
+    if isinstance(payload, dict) and "ok" in payload:
+        ok = payload["ok"] is True
+        reason = None if ok else str(payload.get("reason") or "validation failed")[:2000]
+        check = payload.get("check")
+        return ValidationResult(ok, reason, seconds, None if ok else (check if isinstance(check, str) else "crash"))
+    rc = run.exit_code
+    if rc is not None and rc > _SIGNAL_BASE and rc - _SIGNAL_BASE in signal.valid_signals():
+        sig = rc - _SIGNAL_BASE
+        name = signal.Signals(sig).name
+        if sig == signal.SIGXCPU:
+            reason = f"validation exceeded its CPU-time limit ({int(math.ceil(timeout_s)) + 1}s)"
+        elif sig == signal.SIGKILL and memory_mb is not None:
+            reason = "validation process was killed by SIGKILL (out of memory, or killed from outside)"
+        else:
+            reason = f"validation process was killed by {name}"
+    else:
+        tail = _tail(output)
+        reason = f"validation process exited with code {rc} without a result" + (f": {tail}" if tail else "")
+    return ValidationResult(False, reason, seconds, "crash")
+
+
+def _tail(text: str, limit: int = 300) -> str:
+    lines = [ln for ln in text.splitlines() if ln.strip()]
+    return lines[-1][-limit:] if lines else ""
 
 
 def _check_options(timeout_s: float, memory_mb: int | None, max_workers: int, entry: str) -> None:
@@ -335,18 +404,17 @@ def validate_many(
     min_fragment_chars: int = 40,
     max_workers: int = 2,
     entry: str = "build_agent",
+    sandbox: Any = None,
 ) -> list[ValidationResult]:
-    """Validate several harnesses, at most ``max_workers`` subprocesses at a time.
+    """Validate several harnesses, at most ``max_workers`` sandboxes at a time.
 
     ``forbidden_fragments`` may be a prebuilt :class:`ForbiddenIndex` (its own
     ``min_chars`` then applies). ``entry``: the entry function the harnesses must
-    define (``build_agent`` or ``optimize``; see the module docstring). Results
-    are in input order. The subprocesses are driven from the calling thread
-    (no thread pool), so the preexec_fn that sets the resource limits never forks
-    from a thread this module started. Callers that validate from worker threads
-    (``asyncio.to_thread``) are still safe in practice: the preexec_fn only makes
-    setrlimit system calls, and it runs after the new session is created, so even a
-    child stuck before exec is killed with its group at the timeout."""
+    define (``build_agent`` or ``optimize``; see the module docstring). ``sandbox``: the
+    factory the import checks run in (a :class:`~milo_ray.execution.sandbox.base.SandboxFactory`,
+    a ``sandbox`` config mapping, or None: :func:`default_sandbox`). Results are in input
+    order; each sandbox is driven from its own thread (the sandbox starts and times out the
+    process tree itself)."""
     _check_options(timeout_s, memory_mb, max_workers, entry)
     index = (
         forbidden_fragments
@@ -365,31 +433,19 @@ def validate_many(
             results[i] = ValidationResult(False, bad, time.monotonic() - t0, check)
         else:
             pending.append(i)
-    pending.reverse()
-    running: list[_Job] = []
-    try:
-        while pending or running:
-            while pending and len(running) < max_workers:
-                i = pending.pop()
-                t0 = time.monotonic()
-                try:
-                    running.append(_start(i, harnesses[i], entry, timeout_s, memory_mb, t0))
-                except OSError as e:
-                    results[i] = ValidationResult(False, f"could not start validation: {e}", time.monotonic() - t0, "crash")
-            for job in list(running):
-                if job.proc.poll() is not None:
-                    running.remove(job)
-                    results[job.index] = _collect(job, memory_mb, timeout_s, timed_out=False)
-                elif time.monotonic() >= job.deadline:
-                    _kill(job)
-                    running.remove(job)
-                    results[job.index] = _collect(job, memory_mb, timeout_s, timed_out=True)
-            if running:
-                time.sleep(_POLL_S)
-    finally:
-        for job in running:  # interrupted: leave no validation process behind
-            _kill(job)
-            shutil.rmtree(job.workdir, ignore_errors=True)
+    if pending:
+        factory = sandbox_factory_from(sandbox)
+
+        def one(i: int) -> ValidationResult:
+            return _validate_in_sandbox(factory, harnesses[i], entry, timeout_s, memory_mb)
+
+        if len(pending) == 1 or max_workers == 1:
+            for i in pending:
+                results[i] = one(i)
+        else:
+            with ThreadPoolExecutor(max_workers=min(max_workers, len(pending)), thread_name_prefix="validate") as pool:
+                for i, r in zip(pending, pool.map(one, pending)):
+                    results[i] = r
     return [r for r in results if r is not None]
 
 
@@ -401,8 +457,9 @@ def validate(
     memory_mb: int | None = 2048,
     min_fragment_chars: int = 40,
     entry: str = "build_agent",
+    sandbox: Any = None,
 ) -> ValidationResult:
-    """Validate one harness in a fresh subprocess (see the module docstring)."""
+    """Validate one harness in a fresh sandbox (see the module docstring)."""
     return validate_many(
         [harness],
         forbidden_fragments=forbidden_fragments,
@@ -411,4 +468,5 @@ def validate(
         min_fragment_chars=min_fragment_chars,
         max_workers=1,
         entry=entry,
+        sandbox=sandbox,
     )[0]

@@ -21,6 +21,7 @@ from pathlib import Path
 from html import escape  # not `import html`: that name is this package's html submodule
 from typing import Any
 
+from milo_ray import redaction
 from milo_ray.report.figure import Figure
 from milo_ray.report.tables import duration, fmt
 
@@ -86,7 +87,9 @@ def write_report(run_dir: str | Path, out_dir: str | Path | None = None) -> Path
                     subtitle=f"{res.method} on {res.benchmark} · {Path(run_dir).resolve()}",
                     header=_header(res, spend, run_row.get("wall_seconds")), sections=sections, footer=_footer())
     path = out / "report.html"
-    path.write_text(doc, encoding="utf-8")
+    # The store's texts are redacted already; the page is redacted again as it is written
+    # (a last line of defence: see milo_ray/redaction.py).
+    path.write_text(redaction.redact(doc), encoding="utf-8")
     return path
 
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable
 
+from milo_ray import redaction
 from milo_ray.report.figure import Figure
 
 PNG_DPI = 130
@@ -93,7 +94,9 @@ def figure_block(fig: Figure, number: int, out_dir: Path) -> str:
     fig.fig.savefig(buf, format="png", dpi=PNG_DPI, facecolor="white")
     png = buf.getvalue()
     (out_dir / f"{fig.name}.png").write_bytes(png)
-    fig.fig.savefig(out_dir / f"{fig.name}.svg", format="svg", facecolor="white")
+    svg = io.StringIO()
+    fig.fig.savefig(svg, format="svg", facecolor="white")
+    (out_dir / f"{fig.name}.svg").write_text(redaction.redact(svg.getvalue()), encoding="utf-8")
     data = base64.b64encode(png).decode("ascii")
     return (f'<figure id="fig-{html.escape(fig.name)}" data-name="{html.escape(fig.name)}">'
             f'<img alt="{html.escape(fig.title)}" src="data:image/png;base64,{data}">'

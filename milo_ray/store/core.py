@@ -10,6 +10,11 @@ the completed set), because the single writer may be driven from an asyncio loop
 worker threads and the background flusher at once. "One writer" means one
 *process*: a second process appending to the same run would reuse sequence
 numbers and miss the first one's completed keys.
+
+Secrets: every row, blob and manifest passes :func:`milo_ray.redaction.redact_obj` here,
+before any backend sees it, so no backend can persist a registered key value (the last line
+of defence behind the sandbox; see ``milo_ray/redaction.py``). A redacted blob's ref is the
+hash of the redacted content.
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ from typing import Any, Iterable
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from milo_ray import redaction
 from milo_ray.execution.types import RolloutResult
 from milo_ray.store import blobs, schema
 
@@ -88,7 +94,7 @@ class StoreCore(abc.ABC):
     def append(self, table: str, rows: Iterable[dict[str, Any]]) -> None:
         """Append rows (all-or-nothing per call: a bad row rejects the whole batch)."""
         schema.check_table(table)
-        rows = list(rows)
+        rows = redaction.redact_obj(list(rows))
         if table == "events":
             for i, r in enumerate(rows):
                 if isinstance(r, dict) and r.get("seq") is not None:
@@ -162,7 +168,7 @@ class StoreCore(abc.ABC):
 
     # ---- blobs ------------------------------------------------------------------------
     def put_blob(self, data: bytes | str | dict | list) -> str:
-        ref, compressed = blobs.encode(data)
+        ref, compressed = blobs.encode(redaction.redact_obj(data))
         with self._lock:
             self._check_writable()
         self._blob_write(ref, compressed)
@@ -216,7 +222,7 @@ class StoreCore(abc.ABC):
             raise ValueError(f"manifest is not JSON-serializable: {e}") from None
         with self._lock:
             self._check_writable()
-            self._manifest_write(text + "\n")
+            self._manifest_write(redaction.redact(text) + "\n")
 
     def read_manifest(self) -> dict[str, Any]:
         """The last manifest written, or ``{}`` if none was."""

@@ -22,6 +22,8 @@ import time
 from pathlib import Path
 from typing import Any, Mapping
 
+from milo_ray import redaction
+
 log = logging.getLogger(__name__)
 
 RUN_ID_TAG = "milo_ray_run_id"
@@ -87,14 +89,14 @@ class MlflowTracking:
             logged = set(found[0].data.params)
         else:
             self.run_id = client.create_run(exp_id, run_name=run_dir.name,
-                                            tags={RUN_ID_TAG: run_id, "milo_ray_run_dir": str(run_dir)}).info.run_id
+                                            tags={RUN_ID_TAG: run_id, "milo_ray_run_dir": redaction.redact(str(run_dir))}).info.run_id
             logged = set()
         log.info("tracking: MLflow run %s in experiment %r at %s", self.run_id, self.experiment, self.tracking_uri)
         items: dict[str, str] = {}
         for key, value in params.items():
             k = clean_key(key)
             if k not in logged and k not in items:  # a param, once logged, is never changed (MLflow's rule)
-                items[k] = truncate_param(value)
+                items[k] = truncate_param(redaction.redact(str(value)))
         rows = [Param(k, v) for k, v in items.items()]
         for i in range(0, len(rows), PARAMS_PER_BATCH):
             client.log_batch(self.run_id, params=rows[i: i + PARAMS_PER_BATCH])

@@ -97,7 +97,9 @@ def request(tmp: Path) -> MutationRequest:
 
 
 def spec(**kw) -> dict:
-    return {"_target_": TARGET, **kw}
+    # These tests are about the host mode (trusted_host); the sandboxed one, with its
+    # gateway, is tests/agents/test_cli_mutator_sandbox.py.
+    return {"_target_": TARGET, "trusted_host": True, **kw}
 
 
 def test_claude_child_is_read_back_valid_with_the_usage_the_cli_reported(tmp_path, bin_dir):
@@ -216,6 +218,9 @@ def test_a_missing_executable_is_rejected_with_a_clear_reason(tmp_path, bin_dir)
     ({"preset": "claude", "usage_format": "xml"}, "usage_format"),
     ({"preset": "claude", "env": {"ANTHROPIC_API_KEY": "sk-..."}}, "pass_env"),
     ({"preset": "claude", "usd_per_mtok_input": 1.0}, "usd_per_mtok_output"),
+    ({"preset": "claude", "pass_env": ["ANTHROPIC_API_KEY"]}, "trusted_host"),
+    ({"command": ["aider", "{prompt}"]}, "base_url_env"),
+    ({"command": ["aider", "{prompt}"], "base_url_env": "B", "token_env": "T", "gateway_api": "grpc"}, "gateway_api"),
 ])
 def test_bad_config_is_an_error_at_construction_naming_the_field(kw, field):
     with pytest.raises(ValueError, match=field):
@@ -230,7 +235,7 @@ def test_the_claude_preset_lets_the_agent_read_lineage_files_outside_the_workspa
     req = request(tmp_path)
     req = MutationRequest(**{**req.__dict__, "memory_markdown": req.memory_markdown
                              + f"- node-2: rejected, harness {other}/harness.py\n"})
-    agent = CliMutator(preset="claude", model="claude-sonnet-4-5")
+    agent = CliMutator(preset="claude", model="claude-sonnet-4-5", trusted_host=True)
     agent.argv[0] = "argdump"  # same argv, a CLI that prints it
     assert agent.mutate(req).child is None
     argv = json.loads((req.workdir.parent / "round-1.cli-stdout.txt").read_text())
@@ -261,7 +266,7 @@ def test_output_formats_are_read_as_the_clis_print_them():
 
 
 def test_a_prompt_past_the_argument_limit_is_rejected_pointing_at_prompt_file(tmp_path, bin_dir):
-    agent = CliMutator(command=["claude", "-p", "{prompt}"])
+    agent = CliMutator(command=["claude", "-p", "{prompt}"], trusted_host=True)
     agent.argv[2] = "{prompt}" + "y" * 300_000  # an argument longer than Linux's 128 KiB per-argument limit
     out = agent.mutate(request(tmp_path))
     assert out.child is None and "{prompt_file}" in out.error

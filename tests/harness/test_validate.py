@@ -244,15 +244,18 @@ def test_harness_output_does_not_corrupt_the_result():
     assert r.ok, r.reason
 
 
-def test_harness_code_never_runs_in_the_callers_process(tmp_path, monkeypatch):
+def test_harness_code_never_runs_in_the_callers_process_nor_writes_the_host(tmp_path, monkeypatch):
     marker = tmp_path / "marker.txt"
     body = textwrap.dedent(
         f"""
         import os
-        with open("relative_marker.txt", "w") as f:
+        with open("relative_marker.txt", "w") as f:  # the sandbox's own empty working directory
             f.write("written at import")
-        with open({str(marker)!r}, "w") as f:
-            f.write(f"{{os.getpid()}}\\n{{os.getcwd()}}")
+        try:
+            with open({str(marker)!r}, "w") as f:  # a host path: not visible in the sandbox
+                f.write(f"{{os.getpid()}}\\n{{os.getcwd()}}")
+        except OSError:
+            pass
         MARKER_MODULE_LOADED = True
         """
     )
@@ -261,11 +264,7 @@ def test_harness_code_never_runs_in_the_callers_process(tmp_path, monkeypatch):
     before = set(sys.modules)
     r = validate(h)
     assert r.ok, r.reason
-    pid, cwd = marker.read_text().split("\n")
-    assert int(pid) != os.getpid()
-    # The relative marker went to the subprocess's own temporary working directory
-    # (removed after validation), not to ours.
-    assert "milo_ray_validate_" in cwd and not os.path.exists(cwd)
+    assert not marker.exists()
     assert not (tmp_path / "relative_marker.txt").exists()
     assert "harness" not in set(sys.modules) - before
     # vars(), not getattr(): some installed modules answer any attribute via __getattr__.

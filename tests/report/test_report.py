@@ -305,3 +305,22 @@ def test_bad_input_exits_2_with_the_reason(runs, tmp_path):
     assert proc.returncode == 2 and "not a run directory" in proc.stderr and "Traceback" not in proc.stderr
     proc = _cli("--compare", runs / "ssr", runs / "milo")
     assert proc.returncode == 2 and "--out" in proc.stderr
+
+
+def test_the_report_redacts_registered_secrets_even_when_the_store_holds_them(runs, tmp_path):
+    # A value the stored run does hold (a seed's name stands in for a leaked key): the page
+    # and its figure files are redacted as they are written.
+    from milo_ray import redaction
+
+    run = tmp_path / "milo_secret"
+    shutil.copytree(runs / "milo", run, ignore=shutil.ignore_patterns("report"))
+    out = tmp_path / "out"
+    assert "division_of_labor" in write_report(run, out).read_text()
+    redaction.register({"FAKE_KEY": "division_of_labor"})
+    try:
+        page = write_report(run, tmp_path / "out2")
+    finally:
+        redaction.clear()
+    files = [p for p in page.parent.iterdir() if p.suffix in (".html", ".svg")]
+    assert all("division_of_labor" not in p.read_text() for p in files)
+    assert "[redacted $FAKE_KEY]" in page.read_text()

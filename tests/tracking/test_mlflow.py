@@ -130,6 +130,23 @@ def test_long_params_are_truncated_bad_key_characters_replaced_and_a_resumed_run
     assert run.data.metrics == {"island0/stall": 2.0} and run.info.status == "FINISHED"
 
 
+def test_params_sent_to_mlflow_are_redacted_for_registered_secrets(tmp_path):
+    from milo_ray import redaction
+
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    redaction.register({"MLFLOW_TEST_KEY": "sk-canary-mlflow-0123456789"})
+    try:
+        t = MlflowTracking()
+        t.start(run_id="r2", run_dir=run_dir, params={"model.note": "key is sk-canary-mlflow-0123456789"},
+                resumed=False)
+        t.finish(status="finished", run_dir=run_dir)
+    finally:
+        redaction.clear()
+    _, run = _client_run(run_dir, "milo_ray")
+    assert run.data.params == {"model.note": "key is [redacted $MLFLOW_TEST_KEY]"}
+
+
 def test_a_tracker_that_fails_to_start_is_recorded_once_and_never_called_again():
     calls = []
 

@@ -15,10 +15,23 @@ there as part of the child harness), named after it (``<workdir>`` below):
     <workdir>.cli-stdout.txt   the CLI's stdout: its transcript (JSON / JSONL for the presets)
     <workdir>.cli-stderr.txt   the CLI's stderr
 
-The CLI runs with the workspace as its working directory, in its own session (so the
-whole process group it starts can be killed at the cap), stdin closed, and a small
-environment: PATH, HOME, LANG, the variables named in ``pass_env`` (an API key is
-passed by its name, never stored in config) and ``env``.
+Where the CLI runs (a CLI reads task-derived text and runs commands: it is untrusted):
+
+* by default, inside bubblewrap (:mod:`milo_ray.agents.mutators.cli_sandbox`): the
+  workspace at ``/workspace``, the host system, the CLI's install directory and the lineage
+  files read-only, a scratch HOME, a clean environment, no network but a relay to the run's
+  model ``gateway``, to which the CLI's provider base URL points, with a per-call token the
+  gateway issues and revokes instead of a key (Claude Code: ``ANTHROPIC_BASE_URL`` and
+  ``ANTHROPIC_AUTH_TOKEN``; Codex: ``OPENAI_BASE_URL`` and ``OPENAI_API_KEY``; a custom
+  ``command`` names its variables in ``base_url_env``/``token_env``). No key is given to it:
+  ``pass_env`` may not name a credential;
+* with ``trusted_host: true`` only, on the host as the user (for a CLI that cannot be
+  pointed at a gateway, or is logged in to a subscription): the workspace as its working
+  directory, HOME, PATH, LANG, the variables named in ``pass_env`` (an API key is passed
+  by its name, never stored in config) and ``env``; every call logs a warning.
+
+Either way the CLI runs in its own session (its whole process group is killed at the
+cap) with stdin closed.
 
 Usage, as the CLIs report it (checked against their documentation, late 2025):
 
@@ -49,7 +62,7 @@ from __future__ import annotations
 
 import collections
 import errno
-import json
+import logging
 import os
 import re
 import shlex
@@ -63,12 +76,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
+from milo_ray.agents.mutators.cli_sandbox import (PRESET_GATEWAY, ModelGateway, UnixRelay, gateway_address,
+                                                  inside_url, readonly_paths, run_in_sandbox)
+from milo_ray.agents.mutators.cli_usage import USAGE_FORMATS, CliUsage, parse_output
 from milo_ray.agents.mutators.workspace import collect, prepare, template_for
 from milo_ray.agents.protocols import MutationRequest, MutationResult
 from milo_ray.agents.usage import AgentUsage
 
 PLACEHOLDERS = ("prompt", "prompt_file", "workspace", "output_path", "model")
-USAGE_FORMATS = ("auto", "claude_json", "codex_jsonl", "none")
 
 # Presets: argv templates of the two CLIs the search is used with. ``--permission-mode
 # acceptEdits`` lets Claude Code write files without asking (``-p`` cannot ask);
@@ -102,20 +117,9 @@ REPORT_CHARS = 4000
 # Environment names that hold credentials: their values belong in the environment the
 # run starts with (passed by name, ``pass_env``), never in a config file.
 _SECRET_NAME = re.compile(r"(KEY|TOKEN|SECRET|PASSWORD)$", re.IGNORECASE)
-
-
-@dataclass(frozen=True)
-class CliUsage:
-    """What one CLI run reported: its usage (tokens; ``cost_usd`` None when it gave no
-    USD), its final message, an error it reported, and which format it was read as."""
-
-    input_tokens: int = 0
-    output_tokens: int = 0
-    cost_usd: float | None = None
-    tokens_reported: bool = False
-    final_message: str = ""
-    error: str | None = None
-    format: str = "none"
+GATEWAY_APIS = ("openai", "anthropic")
+SANDBOX_ROOT = "/workspace"
+log = logging.getLogger(__name__)
 
 
 class CliMutator:
@@ -136,13 +140,23 @@ class CliMutator:
     pass_env: names of variables copied from this process's environment (API keys).
     keep_workspace: keep ``<workdir>.cli-workspace`` after the call (for inspection).
     usd_per_mtok_input / usd_per_mtok_output: prices when the CLI reports tokens only.
+    gateway: the run's model gateway (a :class:`~milo_ray.agents.mutators.cli_sandbox.ModelGateway`,
+        or a ``_target_`` mapping building one); the sandboxed CLI's only way to a model.
+    trusted_host: run the CLI on the host with HOME and ``pass_env`` instead (no sandbox,
+        no gateway), with a warning on every call.
+    base_url_env / token_env / gateway_api: for a custom ``command`` in the sandbox, the
+        variables its CLI reads the base URL and the key from, and the API it speaks
+        (``openai`` or ``anthropic``); the presets know theirs.
+    sandbox_readonly: more host paths the sandbox shows read-only (e.g. where ``node`` lives).
     """
 
     def __init__(self, command: Sequence[str] | str | None = None, *, preset: str | None = None,
                  name: str | None = None, usage_format: str | None = None, model: str | None = None,
                  time_cap_s: float = 2700.0, env: dict[str, str] | None = None, pass_env: Sequence[str] = (),
                  keep_workspace: bool = False, usd_per_mtok_input: float | None = None,
-                 usd_per_mtok_output: float | None = None) -> None:
+                 usd_per_mtok_output: float | None = None, gateway: Any = None, trusted_host: bool = False,
+                 base_url_env: str | None = None, token_env: str | None = None, gateway_api: str = "openai",
+                 sandbox_readonly: Sequence[str] = ()) -> None:
         if (command is None) == (preset is None):
             raise ValueError("CliMutator: give exactly one of `command` (an argv template) or `preset` "
                              f"({'|'.join(PRESETS)})")
@@ -201,6 +215,36 @@ class CliMutator:
         self.read_dir_flag = read_dir_flag
         self.prices = (None if usd_per_mtok_input is None
                        else (float(usd_per_mtok_input), float(usd_per_mtok_output)))  # type: ignore[arg-type]
+        self.trusted_host = bool(trusted_host)
+        self.gateway = gateway
+        self.sandbox_readonly = [str(p) for p in sandbox_readonly]
+        for p in self.sandbox_readonly:
+            if not p.startswith("/"):
+                raise ValueError(f"CliMutator: sandbox_readonly entry {p!r} must be an absolute path")
+        self.gateway_vars = self._gateway_vars(preset, base_url_env, token_env, gateway_api)
+
+    def _gateway_vars(self, preset: str | None, base_url_env: str | None, token_env: str | None,
+                      gateway_api: str) -> dict[str, Any] | None:
+        """How the sandboxed CLI is pointed at the gateway (None: it runs on the host)."""
+        if self.trusted_host:
+            return None
+        secret = [n for n in self.pass_env if _SECRET_NAME.search(n)]
+        if secret:
+            raise ValueError(f"CliMutator {self.name}: pass_env names {secret}, but a sandboxed CLI never gets a "
+                             "key: it reaches its model through the gateway with a per-call token. Remove them, or "
+                             "set trusted_host: true to run the CLI on the host with your keys")
+        if preset is not None and base_url_env is None:
+            return dict(PRESET_GATEWAY[preset])
+        if gateway_api not in GATEWAY_APIS:
+            raise ValueError(f"CliMutator: gateway_api={gateway_api!r}; expected one of {list(GATEWAY_APIS)}")
+        if not base_url_env or not token_env:
+            raise ValueError(f"CliMutator {self.name}: a custom `command` runs in the sandbox only when it can be "
+                             "pointed at the model gateway: set base_url_env and token_env (the variables its CLI "
+                             "reads the base URL and the key from), or set trusted_host: true to run it on the host")
+        for n in (base_url_env, token_env):
+            if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", n):
+                raise ValueError(f"CliMutator: {n!r} is not a variable name (base_url_env/token_env)")
+        return {"api": gateway_api, "base_url_env": base_url_env, "token_env": (token_env,), "extra": {}}
 
     # ------------------------------------------------------------------ the call
 
@@ -220,55 +264,126 @@ class CliMutator:
         base = workdir.parent / workdir.name
         paths = {k: Path(f"{base}.cli-{k}") for k in ("workspace", "prompt.md", "stdout.txt", "stderr.txt")}
         env = self._environment()
-        exe = shutil.which(self.argv[0], path=env["PATH"])
+        exe = shutil.which(self.argv[0], path=env["PATH"] if self.trusted_host else os.environ.get("PATH", os.defpath))
         if exe is None:
             why = f"executable {self.argv[0]!r} not found on PATH"
             return MutationResult(None, error=why, usage=AgentUsage(cost_usd=0.0, seconds=time.monotonic() - t0,
                                                                     error=why))
+        if self.trusted_host:
+            log.warning("CliMutator %s: trusted_host=true: %s runs on the host, unsandboxed, with HOME and %s",
+                        self.name, self.argv[0], ", ".join(self.pass_env) or "no pass_env variables")
+            return self._run_on_host(request, exe, env, paths, t0)
+        return self._run_sandboxed(request, exe, paths, t0)
+
+    def _argv(self, exe: str, prompt: str, prompt_file: str, ws: Any) -> list[str]:
+        values = {"prompt": prompt, "prompt_file": prompt_file, "workspace": ws.agent_root,
+                  "output_path": ws.seen(ws.output_path), "model": self.model or ""}
+        argv = [exe] + [a.format(**values) for a in self.argv[1:]]
+        if self.read_dir_flag:
+            for d in ws.external_dirs():
+                argv += [self.read_dir_flag, d]
+        return argv
+
+    def _run_on_host(self, request: MutationRequest, exe: str, env: dict[str, str], paths: dict[str, Path],
+                     t0: float) -> MutationResult:
         try:
             ws = prepare(request, paths["workspace"])
             from milo_ray.agents.prompts import render_from
 
             prompt = render_from(template_for(request), ws.values())
             paths["prompt.md"].write_text(prompt, encoding="utf-8")
-            values = {"prompt": prompt, "prompt_file": str(paths["prompt.md"]), "workspace": ws.agent_root,
-                      "output_path": ws.seen(ws.output_path), "model": self.model or ""}
-            argv = [exe] + [a.format(**values) for a in self.argv[1:]]
-            if self.read_dir_flag:
-                for d in ws.external_dirs():
-                    argv += [self.read_dir_flag, d]
+            argv = self._argv(exe, prompt, str(paths["prompt.md"]), ws)
             run = _run(argv, cwd=ws.root, env=env, stdout=paths["stdout.txt"], stderr=paths["stderr.txt"],
                        time_cap_s=self.time_cap_s)
-            seconds = time.monotonic() - t0
-            stdout = _read(paths["stdout.txt"])
-            parsed = parse_output(stdout, self.usage_format)
-            report = (parsed.final_message or _tail(stdout, REPORT_CHARS)).strip()[:REPORT_CHARS]
-            if run.launch_error is not None:
-                why = f"could not start {self.argv[0]!r}: {run.launch_error}"
-                return MutationResult(None, error=why, usage=AgentUsage(cost_usd=0.0, seconds=seconds, error=why))
-            if run.timed_out:
-                why = f"timed out after {self.time_cap_s:g}s"
-                usage = AgentUsage(parsed.input_tokens, parsed.output_tokens, cost_usd=None, seconds=seconds, error=why)
-                return MutationResult(None, report=report, error=why, usage=usage)
-            usage = AgentUsage(parsed.input_tokens, parsed.output_tokens, cost_usd=self._cost(parsed),
-                               seconds=seconds)
-            child, reason = ws.child()
-            if child is None:
-                if run.returncode != 0:
-                    reason = (f"{self.argv[0]} exited with code {run.returncode}"
-                              + (f" ({parsed.error})" if parsed.error else "")
-                              + f"; stderr: {_last_lines(_read(paths['stderr.txt']))}"
-                              + self._missing_env_note() + f"; {reason}")
-                elif parsed.error:
-                    reason = f"{reason}; the CLI reported: {parsed.error}"
-                return MutationResult(None, report=report, error=reason[:2000], usage=usage.with_error(reason[:2000]))
-            collect(ws, workdir)
-            if run.returncode != 0:  # the child is still judged on its own merits
-                report = f"[{self.argv[0]} exited with code {run.returncode}]\n{report}"
-            return MutationResult(child, report=report, usage=usage)
+            return self._outcome(request, run, ws, paths, t0)
         finally:
             if not self.keep_workspace:
                 shutil.rmtree(paths["workspace"], ignore_errors=True)
+
+    def _gateway(self) -> Any:
+        gw = self.gateway
+        if isinstance(gw, dict) and "_target_" in gw:
+            from hydra.utils import instantiate
+
+            gw = self.gateway = instantiate(gw, _convert_="all")
+        return gw
+
+    def _run_sandboxed(self, request: MutationRequest, exe: str, paths: dict[str, Path], t0: float) -> MutationResult:
+        import tempfile
+
+        gateway = self._gateway()
+        if not isinstance(gateway, ModelGateway):
+            why = (f"CliMutator {self.name}: no model gateway to send the sandboxed CLI's model calls to; configure "
+                   "the run's gateway, or set trusted_host: true to run the CLI on the host with your keys")
+            return MutationResult(None, error=why, usage=AgentUsage(cost_usd=0.0, seconds=time.monotonic() - t0,
+                                                                    error=why))
+        vars_ = self.gateway_vars or {}
+        scratch = Path(tempfile.mkdtemp(prefix="milo-cli-"))
+        token = None
+        try:
+            url = gateway.base_url(vars_["api"])
+            host, port = gateway_address(url)
+            ws = prepare(request, scratch / "workspace", agent_root=SANDBOX_ROOT)
+            from milo_ray.agents.prompts import render_from
+
+            prompt = render_from(template_for(request), ws.values())
+            paths["prompt.md"].write_text(prompt, encoding="utf-8")
+            (scratch / "logs").mkdir(exist_ok=True)
+            (scratch / "logs" / "prompt.md").write_text(prompt, encoding="utf-8")
+            argv = self._argv(exe, prompt, "/logs/prompt.md", ws)
+            token = gateway.issue_token(role="mutator", caller=self.name)
+            env = {k: os.environ[k] for k in ("LANG",) if k in os.environ}
+            env.update({k: os.environ[k] for k in self.pass_env if k in os.environ})
+            env.update(self.env)
+            env.update(vars_.get("extra", {}))
+            env[vars_["base_url_env"]] = inside_url(url)
+            for name in vars_["token_env"]:
+                env[name] = token
+            with UnixRelay(host, port) as relay:
+                run = run_in_sandbox(argv, scratch=scratch, env=env,
+                                     readonly=readonly_paths(exe, self.sandbox_readonly, ws.external_dirs()),
+                                     relay=relay, stdout=paths["stdout.txt"], stderr=paths["stderr.txt"],
+                                     time_cap_s=self.time_cap_s)
+            return self._outcome(request, run, ws, paths, t0)
+        finally:
+            if token is not None:
+                gateway.revoke_token(token)
+            if self.keep_workspace and (scratch / "workspace").is_dir():
+                shutil.rmtree(paths["workspace"], ignore_errors=True)
+                shutil.move(str(scratch / "workspace"), paths["workspace"])
+            shutil.rmtree(scratch, ignore_errors=True)
+
+    def _outcome(self, request: MutationRequest, run: Any, ws: Any, paths: dict[str, Path],
+                 t0: float) -> MutationResult:
+        """The result of a finished CLI run (on the host or in the sandbox)."""
+        workdir = Path(request.workdir)
+        seconds = time.monotonic() - t0
+        stdout = _read(paths["stdout.txt"])
+        parsed = parse_output(stdout, self.usage_format)
+        report = (parsed.final_message or _tail(stdout, REPORT_CHARS)).strip()[:REPORT_CHARS]
+        if run.launch_error is not None:
+            why = f"could not start {self.argv[0]!r}: {run.launch_error}"
+            return MutationResult(None, error=why, usage=AgentUsage(cost_usd=0.0, seconds=seconds, error=why))
+        if run.timed_out:
+            why = f"timed out after {self.time_cap_s:g}s"
+            usage = AgentUsage(parsed.input_tokens, parsed.output_tokens, cost_usd=None, seconds=seconds, error=why)
+            return MutationResult(None, report=report, error=why, usage=usage)
+        usage = AgentUsage(parsed.input_tokens, parsed.output_tokens, cost_usd=self._cost(parsed),
+                           seconds=seconds)
+        child, reason = ws.child()
+        if child is None:
+            if run.returncode != 0:
+                reason = (f"{self.argv[0]} exited with code {run.returncode}"
+                          + (f" ({parsed.error})" if parsed.error else "")
+                          + f"; stderr: {_last_lines(_read(paths['stderr.txt']))}"
+                          + self._missing_env_note() + f"; {reason}")
+            elif parsed.error:
+                reason = f"{reason}; the CLI reported: {parsed.error}"
+            return MutationResult(None, report=report, error=reason[:2000], usage=usage.with_error(reason[:2000]))
+        collect(ws, workdir)
+        if run.returncode != 0:  # the child is still judged on its own merits
+            report = f"[{self.argv[0]} exited with code {run.returncode}]\n{report}"
+        return MutationResult(child, report=report, usage=usage)
 
     def _environment(self) -> dict[str, str]:
         env = {k: os.environ[k] for k in ("PATH", "HOME", "LANG") if k in os.environ}
@@ -425,87 +540,3 @@ def _tail(text: str, n: int) -> str:
 def _last_lines(text: str, n: int = 10) -> str:
     lines = [ln for ln in text.strip().splitlines() if ln.strip()]
     return " | ".join(lines[-n:])[-1500:] or "(empty)"
-
-
-# --------------------------------------------------------------------------- usage
-
-def parse_output(stdout: str, usage_format: str) -> CliUsage:
-    """Usage and final message from a CLI's stdout (see the module docstring for the
-    formats). ``auto`` tries Claude Code's result object, then Codex's events."""
-    if usage_format not in USAGE_FORMATS:
-        raise ValueError(f"usage_format={usage_format!r}; expected one of {list(USAGE_FORMATS)}")
-    if usage_format == "claude_json":
-        return _claude(stdout) or CliUsage(format="claude_json", error="no result object in the output")
-    if usage_format == "codex_jsonl":
-        return _codex(stdout) or CliUsage(format="codex_jsonl", error="no Codex events in the output")
-    if usage_format == "auto":
-        return _claude(stdout) or _codex(stdout) or CliUsage()
-    return CliUsage()
-
-
-def _json_lines(stdout: str) -> list[Any]:
-    out = []
-    for line in stdout.splitlines():
-        line = line.strip()
-        if line.startswith(("{", "[")):
-            try:
-                out.append(json.loads(line))
-            except ValueError:
-                continue
-    return out
-
-
-def _claude(stdout: str) -> CliUsage | None:
-    """Claude Code's last ``{"type": "result"}`` object: the whole output (``json``),
-    the last element of an array (``json --verbose``) or the last line (``stream-json``)."""
-    try:
-        whole: Any = json.loads(stdout)
-        items = whole if isinstance(whole, list) else [whole]
-    except ValueError:
-        items = _json_lines(stdout)
-    results = [o for o in items if isinstance(o, dict) and o.get("type") == "result"]
-    if not results:
-        return None
-    r = results[-1]
-    u = r.get("usage") if isinstance(r.get("usage"), dict) else {}
-    tin = sum(_int(u.get(k)) for k in ("input_tokens", "cache_creation_input_tokens", "cache_read_input_tokens"))
-    cost = r.get("total_cost_usd", r.get("cost_usd"))  # cost_usd: releases before total_cost_usd
-    text = r.get("result") if isinstance(r.get("result"), str) else ""
-    error = None
-    if r.get("is_error") or (r.get("subtype") not in (None, "success")):
-        error = f"{r.get('subtype') or 'error'}: {text}".strip()[:500]
-    return CliUsage(tin, _int(u.get("output_tokens")),
-                    cost_usd=float(cost) if isinstance(cost, (int, float)) and cost >= 0 else None,
-                    tokens_reported=bool(u), final_message=text, error=error, format="claude_json")
-
-
-def _codex(stdout: str) -> CliUsage | None:
-    """Codex ``exec --json`` events: usage of every ``turn.completed``, the last agent
-    message, the last ``turn.failed`` / ``error`` message."""
-    events = [e for e in _json_lines(stdout) if isinstance(e, dict) and isinstance(e.get("type"), str)]
-    known = ("thread.", "turn.", "item.")
-    if not any(e["type"].startswith(known) for e in events):
-        return None
-    tin = tout = 0
-    turns = 0
-    message, error = "", None
-    for e in events:
-        if e["type"] == "turn.completed" and isinstance(e.get("usage"), dict):
-            turns += 1
-            tin += _int(e["usage"].get("input_tokens"))
-            tout += _int(e["usage"].get("output_tokens"))
-        elif e["type"] == "item.completed" and isinstance(e.get("item"), dict):
-            item = e["item"]
-            if item.get("type", item.get("item_type")) in ("agent_message", "assistant_message"):
-                message = str(item.get("text") or "")
-        elif e["type"] == "turn.failed":
-            err = e.get("error")
-            error = str(err.get("message") if isinstance(err, dict) else err)[:500]
-        elif e["type"] == "error":
-            error = str(e.get("message"))[:500]
-    return CliUsage(tin, tout, cost_usd=None, tokens_reported=turns > 0, final_message=message, error=error,
-                    format="codex_jsonl")
-
-
-def _int(x: Any) -> int:
-    return int(x) if isinstance(x, (int, float)) and x > 0 else 0

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from milo_ray.harness.model import Harness
+from milo_ray.harness.model import ENTRY_FILE, Harness
 
 SEEDS_DIR = Path(__file__).resolve().parent
 SEED_NAMES: tuple[str, ...] = ("minimal", "stock", "division_of_labor", "plan_and_solve", "reproduce_first")
@@ -23,12 +23,37 @@ SEED_NAMES: tuple[str, ...] = ("minimal", "stock", "division_of_labor", "plan_an
 SEARCH_SEEDS: tuple[str, ...] = ("division_of_labor", "plan_and_solve", "reproduce_first")
 
 
+def resolve_seed(entry: str) -> str:
+    """A bundled seed's name as it is, or a user's harness directory as an absolute path;
+    ``ValueError`` says why ``entry`` is neither (unknown name, missing directory, no
+    ``harness.py``). A bare name is a bundled seed; anything with a path separator, or
+    starting with ``.`` or ``~``, is a path."""
+    if entry in SEED_NAMES:
+        return entry
+    if "/" not in entry and not entry.startswith((".", "~")):
+        raise ValueError(f"unknown seed harness {entry!r} (a path needs a '/': ./{entry})")
+    path = Path(entry).expanduser().resolve()
+    if not path.is_dir():
+        raise ValueError(f"harness directory {entry!r} does not exist ({path})")
+    if not (path / ENTRY_FILE).is_file():
+        raise ValueError(f"harness directory {entry!r} has no {ENTRY_FILE} (the file defining build_agent(model, backend))")
+    return str(path)
+
+
 def seed_dir(name: str) -> Path:
-    if name not in SEED_NAMES:
-        raise ValueError(f"seed {name!r}: unknown; choose from {SEED_NAMES}")
-    return SEEDS_DIR / name
+    """The directory of a bundled seed, or of a user's harness given by absolute path."""
+    if name in SEED_NAMES:
+        return SEEDS_DIR / name
+    if name.startswith("/"):
+        return Path(name)
+    raise ValueError(f"seed {name!r}: unknown; choose from {SEED_NAMES} or give a harness directory path")
 
 
 def load_seeds(names: list[str] | tuple[str, ...] | None = None) -> list[Harness]:
-    """The seed harnesses in the given order (default: all five), ``name`` = seed name."""
-    return [Harness.from_dir(seed_dir(n), name=n) for n in (SEED_NAMES if names is None else names)]
+    """The seed harnesses in the given order (default: all five bundled ones); ``name`` is
+    the seed's name, or a user harness directory's last path component."""
+    out = []
+    for n in SEED_NAMES if names is None else names:
+        where = seed_dir(n)
+        out.append(Harness.from_dir(where, name=n if n in SEED_NAMES else where.name))
+    return out
