@@ -31,19 +31,19 @@ joined with the cap; past it the call is abandoned and the agent forgotten, but 
 thread runs on until the agent returns (nothing in-process can stop it).
 
 Files on other nodes: the request names paths on the driver's filesystem (parent
-harness, evidence directory, paths in its context). When the cluster has more than
-one node, the submitting side packs them into the object store
-(:class:`ShippedFiles`); the worker unpacks them into a scratch directory and
-rewrites the request, its memory text and its context to the unpacked paths.
+harness, evidence directory, paths in its context, lineage files its memory names).
+On Ray the driver packs them into one content-addressed tree in the object store
+(:class:`ShippedFiles`, :mod:`milo_ray.execution.shipping`); the worker reads them from
+its node's cache of unpacked trees, gets a private workdir, and sees the request, its
+memory text and its context rewritten to those paths. No worker reads a driver path or
+writes into the run directory: the child travels back as content.
 """
 
 from __future__ import annotations
 
 import asyncio
-import io
 import json
 import shutil
-import tarfile
 import tempfile
 import threading
 import time
@@ -53,8 +53,10 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping, Sequence
 
+from milo_ray.agents.mutators.workspace import snapshot_files
 from milo_ray.agents.protocols import MutationRequest, MutationResult
 from milo_ray.agents.usage import AgentUsage
+from milo_ray.execution.shipping import ShippedTree, ShippingError
 from milo_ray.harness.model import ENTRY_FILE, Harness
 
 # After the cap (agent) or the validation limit, a Ray caller waits this much longer
@@ -92,6 +94,10 @@ class MutationOutcome:
     validation_error: str | None = None
     report: str = ""
     usage: AgentUsage = AgentUsage()
+    # Files a shipped mutation's agent wrote beside its workdir (transcripts, prompts:
+    # ``<workdir>.transcript.json`` ...) by suffix, carried back for the caller to keep
+    # beside the request's own workdir (:func:`keep_artifacts`).
+    artifacts: dict[str, bytes] = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
@@ -205,10 +211,14 @@ def forget_agent(spec: Any, scope: str | None = None) -> None:
 
 @dataclass(frozen=True)
 class ShippedFiles:
-    """The request's directories and context files as one tar archive, for workers on
-    other nodes. ``roots`` maps an archive member to the driver path it was packed from."""
+    """What a mutation reads from the driver's disk, as one content-addressed tree
+    (:class:`~milo_ray.execution.shipping.ShippedTree`): the parent harness directory,
+    the evidence directory, the files and directories its context names (``*_dir`` /
+    ``*_path`` keys) and the lineage files (``harness.py``, ``diff.patch``) its memory
+    text points the agent to. ``roots`` maps a tree path to the driver path it was packed
+    from; the worker rewrites every mention of one into the other."""
 
-    archive: bytes
+    tree: ShippedTree
     roots: dict[str, str] = field(default_factory=dict)
 
     @classmethod
@@ -222,18 +232,21 @@ class ShippedFiles:
         for key, value in request.context.items():
             if isinstance(value, str) and (key.endswith("_dir") or key.endswith("_path")) and Path(value).exists():
                 roots[f"context.{key}/{Path(value).name}"] = value  # keeps the name: agents read suffixes
-        buf = io.BytesIO()
-        with tarfile.open(fileobj=buf, mode="w:gz") as tar:
-            for member, path in roots.items():
-                tar.add(path, arcname=member)
-        return cls(buf.getvalue(), roots)
+        covered = [Path(p).resolve() for p in roots.values()]
+        for i, f in enumerate(snapshot_files(request.memory_markdown or "")):
+            if not any(f.resolve().is_relative_to(c) for c in covered):
+                roots[f"lineage/{i}/{f.name}"] = str(f)
+        return cls(ShippedTree.pack(roots, origin=str(request.parent_dir)).publish(), roots)
 
-    def unpack(self, request: MutationRequest, into: Path) -> MutationRequest:
-        """The request as the worker sees it: every shipped path unpacked under ``into``
-        and every mention of a driver path (fields, memory text, context) rewritten."""
-        with tarfile.open(fileobj=io.BytesIO(self.archive), mode="r:gz") as tar:
-            tar.extractall(into, filter="data")
+    def unpack(self, request: MutationRequest, scratch: Path) -> MutationRequest:
+        """The request as the worker sees it: the inputs read from this node's cache of
+        shipped trees (shared by the node's mutations: read, never written), the workdir
+        a fresh directory under ``scratch`` (the child comes back as content, so nothing
+        is written where the driver keeps the run), and every mention of a driver path
+        (fields, memory text, context) rewritten."""
+        into = self.tree.local_path()
         moved = {src: str(into / member) for member, src in self.roots.items()}
+        moved[str(request.workdir)] = str(scratch / "work")
 
         def rewrite(text: str) -> str:
             for src in sorted(moved, key=len, reverse=True):  # longest first: nested paths
@@ -242,16 +255,16 @@ class ShippedFiles:
 
         context = {k: rewrite(v) if isinstance(v, str) else v for k, v in request.context.items()}
         return replace(request, parent_dir=into / "parent_dir", evidence_dir=into / "evidence_dir",
-                       memory_markdown=rewrite(request.memory_markdown), context=context)
+                       workdir=scratch / "work", memory_markdown=rewrite(request.memory_markdown), context=context)
 
 
 def ship_files(request: MutationRequest) -> ShippedFiles | None:
-    """Pack the request's files when workers may not see the driver's disk (more than
-    one alive node); None on one machine."""
+    """Pack the request's files for a Ray task (None without Ray: the mutation then runs
+    in this process, next to the files). Always on Ray, even on one node: the driver may
+    be outside the cluster (``ray://``), and a node's disk is not the driver's."""
     import ray
 
-    alive = [n for n in ray.nodes() if n.get("Alive")]
-    return ShippedFiles.pack(request) if len(alive) > 1 else None
+    return ShippedFiles.pack(request) if ray.is_initialized() else None
 
 
 # --------------------------------------------------------------------------- the body
@@ -265,7 +278,7 @@ def run_mutation(spec: Any, request: MutationRequest, *, time_cap_s: float | Non
     ``scope``: whose agents to reuse (a run session; see :func:`agent_for`)."""
     steps = _mutation_steps(spec, request, time_cap_s=time_cap_s, validation=validation, call=call, shipped=shipped,
                             scope=scope)
-    return [x for x in steps if isinstance(x, MutationOutcome)][-1]
+    return keep_artifacts(request, [x for x in steps if isinstance(x, MutationOutcome)][-1])
 
 
 def _mutation_steps(spec: Any, request: MutationRequest, *, time_cap_s: float | None,
@@ -278,26 +291,78 @@ def _mutation_steps(spec: Any, request: MutationRequest, *, time_cap_s: float | 
     scratch = Path(tempfile.mkdtemp(prefix="milo-ray-mutation-")) if shipped is not None else None
     try:
         if shipped is not None:
-            request = shipped.unpack(request, scratch)
-        workdir = Path(request.workdir)
-        workdir.mkdir(parents=True, exist_ok=True)
-        (workdir / ENTRY_FILE).unlink(missing_ok=True)  # a re-draw reuses the workdir: no stale child
-        res, error = _call_with_cap(spec, request, call, time_cap_s, scope)
-        seconds = time.monotonic() - t0
-        yield "answered"
-        if error is not None:
-            yield MutationOutcome(None, error=error, usage=AgentUsage(cost_usd=None, seconds=seconds, error=error))
-            return
-        usage = res.usage.with_seconds(seconds)
-        child, error = _read_child(res, request)
-        if error is not None:
-            yield MutationOutcome(None, error=error, report=res.report, usage=usage.with_error(error))
-            return
-        verdict = _validate(child, request.parent, validation or ValidationOptions())
-        yield MutationOutcome(child, validation_error=verdict, report=res.report, usage=usage)
+            try:
+                request = shipped.unpack(request, scratch)
+            except ShippingError as e:
+                why = f"the mutation's files did not arrive: {e}"[:2000]
+                yield MutationOutcome(None, error=why, usage=AgentUsage(cost_usd=0.0, error=why))
+                return
+        for out in _steps_here(spec, request, time_cap_s=time_cap_s, validation=validation, call=call, scope=scope,
+                               t0=t0):
+            if isinstance(out, MutationOutcome) and scratch is not None:
+                out = replace(out, artifacts=_artifacts(Path(request.workdir)))
+            yield out
     finally:
         if scratch is not None:
             shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _steps_here(spec: Any, request: MutationRequest, *, time_cap_s: float | None, validation: ValidationOptions | None,
+                call: str, scope: str | None, t0: float) -> Iterator[Any]:
+    """The mutation itself, on files of this machine."""
+    workdir = Path(request.workdir)
+    workdir.mkdir(parents=True, exist_ok=True)
+    (workdir / ENTRY_FILE).unlink(missing_ok=True)  # a re-draw reuses the workdir: no stale child
+    res, error = _call_with_cap(spec, request, call, time_cap_s, scope)
+    seconds = time.monotonic() - t0
+    yield "answered"
+    if error is not None:
+        yield MutationOutcome(None, error=error, usage=AgentUsage(cost_usd=None, seconds=seconds, error=error))
+        return
+    usage = res.usage.with_seconds(seconds)
+    child, error = _read_child(res, request)
+    if error is not None:
+        yield MutationOutcome(None, error=error, report=res.report, usage=usage.with_error(error))
+        return
+    verdict = _validate(child, request.parent, validation or ValidationOptions())
+    yield MutationOutcome(child, validation_error=verdict, report=res.report, usage=usage)
+
+
+# What a shipped mutation may carry back of the files its agent wrote beside the workdir.
+ARTIFACTS_CAP_BYTES = 16 << 20
+
+
+def _artifacts(workdir: Path) -> dict[str, bytes]:
+    """``<workdir><suffix>`` files (not directories), smallest first, up to the cap."""
+    files = sorted((p for p in workdir.parent.glob(f"{workdir.name}.*") if p.is_file()),
+                   key=lambda p: (p.stat().st_size, p.name))
+    out: dict[str, bytes] = {}
+    total = 0
+    for p in files:
+        size = p.stat().st_size
+        if total + size > ARTIFACTS_CAP_BYTES:
+            break
+        out[p.name[len(workdir.name):]] = p.read_bytes()
+        total += size
+    return out
+
+
+def keep_artifacts(request: MutationRequest, outcome: MutationOutcome) -> MutationOutcome:
+    """Write a shipped mutation's artifacts beside the request's workdir, where an
+    in-process mutation's agent writes them (the caller's machine: the driver); the
+    outcome without them."""
+    if not outcome.artifacts:
+        return outcome
+    wd = Path(request.workdir)
+    for suffix, data in outcome.artifacts.items():
+        if "/" in suffix or suffix in ("", ".", ".."):
+            continue  # only siblings of the workdir, never a path elsewhere
+        try:
+            wd.parent.mkdir(parents=True, exist_ok=True)
+            (wd.parent / f"{wd.name}{suffix}").write_bytes(data)
+        except OSError:
+            pass  # a transcript that cannot be kept does not change the mutation
+    return replace(outcome, artifacts={})
 
 
 def _call_with_cap(spec: Any, request: MutationRequest, call: str, time_cap_s: float | None,
@@ -449,9 +514,13 @@ def _lost(e: BaseException, flight: _Flight) -> MutationOutcome:
 async def run_mutation_async(spec: Any, request: MutationRequest, *, time_cap_s: float,
                              validation: ValidationOptions | None = None, call: str = "mutate",
                              num_cpus: float = 1.0, shipped: ShippedFiles | None = None,
-                             scope: str | None = None, env: Mapping[str, str] | None = None) -> MutationOutcome:
+                             scope: str | None = None, env: Mapping[str, str] | None = None,
+                             keep_files: bool = True) -> MutationOutcome:
     """One mutation as a Ray task, awaited under the cap (see the module docstring).
-    Cancelling the awaiting coroutine cancels the task too. ``env``: see :func:`_remote`."""
+    Cancelling the awaiting coroutine cancels the task too. ``env``: see :func:`_remote`.
+    ``shipped``: the request's files packed by the caller (None: packed here).
+    ``keep_files``: write the artifacts beside the workdir here (False: the outcome
+    carries them, for a caller on another machine to :func:`keep_artifacts`)."""
     if shipped is None:
         shipped = await asyncio.to_thread(ship_files, request)
     flight = _Flight(_remote(num_cpus, env).remote(spec, request, validation, call, shipped, scope),
@@ -468,7 +537,7 @@ async def run_mutation_async(spec: Any, request: MutationRequest, *, time_cap_s:
             except StopAsyncIteration:
                 return failed("mutation task ended without an outcome", time.monotonic() - flight.submitted)
             if out is not None:
-                return out
+                return keep_artifacts(request, out) if keep_files else out
     except asyncio.CancelledError:
         import ray
 
@@ -501,7 +570,7 @@ def run_mutations(spec: Any, requests: Sequence[MutationRequest], *, time_cap_s:
     queue = list(enumerate(requests))
 
     def finish(i: int, out: MutationOutcome) -> None:
-        results[i] = out
+        out = results[i] = keep_artifacts(requests[i], out)
         flights.pop(i)
         if on_done is not None:
             on_done(i, out)
