@@ -134,7 +134,10 @@ class HiddenDiskCluster:
 
     def _spawn(self, cmd: list[str], name: str, env: dict[str, str]) -> None:
         log = open(self.ray_tmp / f"{name}.log", "wb")
-        self._procs.append(subprocess.Popen(cmd, env=env, start_new_session=True, stdout=log, stderr=subprocess.STDOUT))
+        # cwd: Ray's temp dir, so nothing of the caller's directory shadows a module of a
+        # node's Python processes.
+        self._procs.append(subprocess.Popen(cmd, env=env, cwd=self.ray_tmp, start_new_session=True, stdout=log,
+                                            stderr=subprocess.STDOUT))
 
     def view(self, i: int, path: Path) -> Path:
         """``path`` as node ``i``'s processes see it (0: the head, 1..: the workers),

@@ -46,7 +46,7 @@ pytestmark = pytest.mark.skipif(not _can_hide(), reason="needs unshare -m with t
 
 
 @pytest.fixture(scope="module")
-def cluster():
+def cluster(request):
     # Short paths: Ray's socket names live under its temp dir.
     base = Path(tempfile.mkdtemp(prefix="hid-", dir=os.environ.get("RAY_TMPDIR") or "/tmp"))
     hidden = base / "hidden"
@@ -58,7 +58,8 @@ def cluster():
     c.references = {}
     yield c
     c.stop()
-    shutil.rmtree(base, ignore_errors=True)
+    if not request.session.testsfailed:  # else keep the nodes' logs (base/rt) to read
+        shutil.rmtree(base, ignore_errors=True)
 
 
 def run_cli(c: HiddenDiskCluster, args: list[str], run_dir: Path, *, address: str | None) -> dict:
