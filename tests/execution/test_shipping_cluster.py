@@ -28,8 +28,10 @@ TASKS = ("leaderboard-sort", "csv-to-json", "dedupe-lines")  # each copies envir
 QUIET = ["run.progress=false", "run.report=false"]
 ORACLE_EVAL = ["method=eval", "executor.agent=oracle", "benchmark=harbor", "benchmark.splits={test: 1.0}",
                "method.k=1", "method.names=[minimal]", "sandbox=bwrap"]
+# Lock-step rounds: free-running islands reach the orchestrator in an order that depends
+# on timing, and the order changes its reassignments, so only lock-step runs are comparable.
 MILO_SMALL = ["method.search_size=4", "method.val_size=3", "method.k_search=1", "method.k_val=1", "method.k_test=1",
-              "method.max_rounds=2", "method.patience=1"]
+              "method.max_rounds=2", "method.patience=1", "method.round_sync=true"]
 SSR_TINY = ["method=ssr", "benchmark=surrogate_tb21", "method.scales=[0.5,1.0]", "method.b_v=[2,2]", "method.b_s=1",
             "method.b_f=1", "method.rollouts=1", "method.patience=1", "method.test_rollouts=2",
             "run.budget.executions=60"]
