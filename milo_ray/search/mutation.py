@@ -34,9 +34,11 @@ Files on other nodes: the request names paths on the driver's filesystem (parent
 harness, evidence directory, paths in its context, lineage files its memory names).
 On Ray the driver packs them into one content-addressed tree in the object store
 (:class:`ShippedFiles`, :mod:`milo_ray.execution.shipping`); the worker reads them from
-its node's cache of unpacked trees, gets a private workdir, and sees the request, its
-memory text and its context rewritten to those paths. No worker reads a driver path or
-writes into the run directory: the child travels back as content.
+its node's cache of unpacked trees, works in a private copy of the workdir, and sees
+the request, its memory text and its context rewritten to those paths. No worker reads a
+driver path or writes into the run directory: the child travels back as content, and what
+the agent wrote in and beside the workdir comes back for the caller to keep there
+(:func:`keep_artifacts`), so a re-draw finds it as on one machine.
 """
 
 from __future__ import annotations
@@ -53,11 +55,11 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping, Sequence
 
-from milo_ray.agents.mutators.workspace import snapshot_files
 from milo_ray.agents.protocols import MutationRequest, MutationResult
 from milo_ray.agents.usage import AgentUsage
-from milo_ray.execution.shipping import ShippedTree, ShippingError
+from milo_ray.execution.shipping import ShippingError
 from milo_ray.harness.model import ENTRY_FILE, Harness
+from milo_ray.search.mutation_files import ShippedFiles, _artifacts, keep_artifacts, ship_files
 
 # After the cap (agent) or the validation limit, a Ray caller waits this much longer
 # for the task's own answer before it cancels the task: process start-up and result
@@ -94,9 +96,9 @@ class MutationOutcome:
     validation_error: str | None = None
     report: str = ""
     usage: AgentUsage = AgentUsage()
-    # Files a shipped mutation's agent wrote beside its workdir (transcripts, prompts:
-    # ``<workdir>.transcript.json`` ...) by suffix, carried back for the caller to keep
-    # beside the request's own workdir (:func:`keep_artifacts`).
+    # Files a shipped mutation's agent wrote in its workdir (``/<path>``) and beside it
+    # (transcripts, prompts: ``<workdir>.transcript.json`` ... by suffix), carried back
+    # for the caller to keep where the run keeps the workdir (:func:`keep_artifacts`).
     artifacts: dict[str, bytes] = field(default_factory=dict)
 
     @property
@@ -207,66 +209,6 @@ def forget_agent(spec: Any, scope: str | None = None) -> None:
             _AGENTS.get(scope, {}).pop(key, None)
 
 
-# --------------------------------------------------------------------------- shipping files
-
-@dataclass(frozen=True)
-class ShippedFiles:
-    """What a mutation reads from the driver's disk, as one content-addressed tree
-    (:class:`~milo_ray.execution.shipping.ShippedTree`): the parent harness directory,
-    the evidence directory, the files and directories its context names (``*_dir`` /
-    ``*_path`` keys) and the lineage files (``harness.py``, ``diff.patch``) its memory
-    text points the agent to. ``roots`` maps a tree path to the driver path it was packed
-    from; the worker rewrites every mention of one into the other."""
-
-    tree: ShippedTree
-    roots: dict[str, str] = field(default_factory=dict)
-
-    @classmethod
-    def pack(cls, request: MutationRequest) -> "ShippedFiles":
-        roots: dict[str, str] = {}
-        for name in ("parent_dir", "evidence_dir"):
-            path = Path(getattr(request, name))
-            if not path.is_dir():
-                raise ValueError(f"mutation request: {name}={path} is not a directory; nothing to ship")
-            roots[name] = str(path)
-        for key, value in request.context.items():
-            if isinstance(value, str) and (key.endswith("_dir") or key.endswith("_path")) and Path(value).exists():
-                roots[f"context.{key}/{Path(value).name}"] = value  # keeps the name: agents read suffixes
-        covered = [Path(p).resolve() for p in roots.values()]
-        for i, f in enumerate(snapshot_files(request.memory_markdown or "")):
-            if not any(f.resolve().is_relative_to(c) for c in covered):
-                roots[f"lineage/{i}/{f.name}"] = str(f)
-        return cls(ShippedTree.pack(roots, origin=str(request.parent_dir)).publish(), roots)
-
-    def unpack(self, request: MutationRequest, scratch: Path) -> MutationRequest:
-        """The request as the worker sees it: the inputs read from this node's cache of
-        shipped trees (shared by the node's mutations: read, never written), the workdir
-        a fresh directory under ``scratch`` (the child comes back as content, so nothing
-        is written where the driver keeps the run), and every mention of a driver path
-        (fields, memory text, context) rewritten."""
-        into = self.tree.local_path()
-        moved = {src: str(into / member) for member, src in self.roots.items()}
-        moved[str(request.workdir)] = str(scratch / "work")
-
-        def rewrite(text: str) -> str:
-            for src in sorted(moved, key=len, reverse=True):  # longest first: nested paths
-                text = text.replace(src, moved[src])
-            return text
-
-        context = {k: rewrite(v) if isinstance(v, str) else v for k, v in request.context.items()}
-        return replace(request, parent_dir=into / "parent_dir", evidence_dir=into / "evidence_dir",
-                       workdir=scratch / "work", memory_markdown=rewrite(request.memory_markdown), context=context)
-
-
-def ship_files(request: MutationRequest) -> ShippedFiles | None:
-    """Pack the request's files for a Ray task (None without Ray: the mutation then runs
-    in this process, next to the files). Always on Ray, even on one node: the driver may
-    be outside the cluster (``ray://``), and a node's disk is not the driver's."""
-    import ray
-
-    return ShippedFiles.pack(request) if ray.is_initialized() else None
-
-
 # --------------------------------------------------------------------------- the body
 
 def run_mutation(spec: Any, request: MutationRequest, *, time_cap_s: float | None,
@@ -326,43 +268,6 @@ def _steps_here(spec: Any, request: MutationRequest, *, time_cap_s: float | None
         return
     verdict = _validate(child, request.parent, validation or ValidationOptions())
     yield MutationOutcome(child, validation_error=verdict, report=res.report, usage=usage)
-
-
-# What a shipped mutation may carry back of the files its agent wrote beside the workdir.
-ARTIFACTS_CAP_BYTES = 16 << 20
-
-
-def _artifacts(workdir: Path) -> dict[str, bytes]:
-    """``<workdir><suffix>`` files (not directories), smallest first, up to the cap."""
-    files = sorted((p for p in workdir.parent.glob(f"{workdir.name}.*") if p.is_file()),
-                   key=lambda p: (p.stat().st_size, p.name))
-    out: dict[str, bytes] = {}
-    total = 0
-    for p in files:
-        size = p.stat().st_size
-        if total + size > ARTIFACTS_CAP_BYTES:
-            break
-        out[p.name[len(workdir.name):]] = p.read_bytes()
-        total += size
-    return out
-
-
-def keep_artifacts(request: MutationRequest, outcome: MutationOutcome) -> MutationOutcome:
-    """Write a shipped mutation's artifacts beside the request's workdir, where an
-    in-process mutation's agent writes them (the caller's machine: the driver); the
-    outcome without them."""
-    if not outcome.artifacts:
-        return outcome
-    wd = Path(request.workdir)
-    for suffix, data in outcome.artifacts.items():
-        if "/" in suffix or suffix in ("", ".", ".."):
-            continue  # only siblings of the workdir, never a path elsewhere
-        try:
-            wd.parent.mkdir(parents=True, exist_ok=True)
-            (wd.parent / f"{wd.name}{suffix}").write_bytes(data)
-        except OSError:
-            pass  # a transcript that cannot be kept does not change the mutation
-    return replace(outcome, artifacts={})
 
 
 def _call_with_cap(spec: Any, request: MutationRequest, call: str, time_cap_s: float | None,

@@ -9,6 +9,7 @@ import multiprocessing
 import os
 import pickle
 import shutil
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -179,10 +180,15 @@ def test_a_shipped_mutation_reads_its_lineage_from_the_cache_and_writes_nothing_
     assert "# sibling harness" in out.child.source and "# sibling diff" in out.child.source
     worker_wd = out.child.source.rsplit("# workdir ", 1)[1].strip()
     assert not worker_wd.startswith(str(run))  # a private workdir, not the run's
-    assert set(out.artifacts) == {".transcript.json"}  # carried back, not left on the worker
-    kept = keep_artifacts(req, out)  # the caller, on the driver, keeps it beside the workdir
+    assert set(out.artifacts) == {".transcript.json", "/scratch.txt"}  # carried back, not left on the worker
+    kept = keep_artifacts(req, out)  # the caller, on the driver, keeps them in and beside the workdir
     assert (workdir.parent / "round-1.transcript.json").read_text() == '{"messages": []}'
-    assert kept.artifacts == {} and not workdir.exists()
+    assert (workdir / "scratch.txt").read_text() == "agent notes" and kept.artifacts == {}
+    # A re-draw of the request ships what the first draw left in the workdir.
+    again = ShippedFiles.pack(req)
+    assert "workdir" in again.roots and again.tree.digest != shipped.tree.digest
+    assert keep_artifacts(req, replace(out, artifacts={"/../escape.txt": b"x", "/../../x": b"y"})).artifacts == {}
+    assert not (run / "workspace" / "mutations" / "escape.txt").exists()
 
 
 def test_a_mutation_whose_files_cannot_arrive_is_a_rejected_child_not_a_crash(tmp_path, monkeypatch):
