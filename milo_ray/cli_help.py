@@ -58,6 +58,7 @@ def usage(conf_dir: str) -> str:
         "",
         "Every key of the composed config:  python -m milo_ray.run --cfg job [overrides]",
         "Hydra's own flags (multirun, shell completion, ...):  python -m milo_ray.run --hydra-help",
-        "Exit codes: 0 finished, 1 crashed, 2 bad input (nothing written), 130 interrupted (resumable).",
+        "Exit codes: 0 finished, 1 crashed, 2 bad input (nothing written), 3 every rollout failed as "
+        "infrastructure (status failed_infra), 130 interrupted (resumable).",
     ]
     return "\n".join(lines)

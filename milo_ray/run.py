@@ -6,7 +6,9 @@ Parquet store, builds the method and runs it, then records the outcome in
 ``manifest.json`` and prints the run directory.
 
 Exit codes: 0 finished, 1 the run crashed (traceback printed, manifest ``failed``),
-2 bad input (one line, nothing written), 130 interrupted (resumable).
+2 bad input (one line, nothing written), 3 the method ran to its end but every rollout of
+this session failed as infrastructure (manifest ``failed_infra``: no score of the run
+measures a harness; the log names the failures), 130 interrupted (resumable).
 
 The run directory (``run.dir``, default ``runs/<timestamp>``) is the only directory a
 run writes: Hydra's own output directory is the working directory and Hydra writes
@@ -49,7 +51,8 @@ from milo_ray.manifest import EMBEDDER_LOADED, build_manifest, deadline_for, ela
 CONF_DIR = conf_dir()
 log = logging.getLogger(__name__)
 
-EXIT_CRASH, EXIT_BAD_INPUT, EXIT_INTERRUPTED = 1, 2, 130
+EXIT_CRASH, EXIT_BAD_INPUT, EXIT_INFRA, EXIT_INTERRUPTED = 1, 2, 3, 130
+FAILED_INFRA = "failed_infra"
 RUN_LOG = "run.log"
 
 register_configs()
@@ -193,6 +196,23 @@ def prepare_run(cfg: DictConfig) -> PreparedRun:
                        skipped=skipped)
 
 
+class InfraOnly(Exception):
+    """The method finished but every rollout of the session failed as infrastructure."""
+
+
+def _infra_only(store: Any, since: float) -> str | None:
+    """Why the rollouts this session recorded (finished at or after ``since``) measure
+    nothing -- every one an infrastructure failure -- or None (some rollout produced a
+    score, or none ran)."""
+    rows = store.read("rollouts").select(["error_kind", "finished_at", "error"]).to_pylist()
+    mine = [r for r in rows if (r["finished_at"] or 0.0) >= since]
+    if not mine or any(r["error_kind"] != "infra" for r in mine):
+        return None
+    first = next((r["error"] for r in mine if r["error"]), "no error text")
+    return (f"all {len(mine)} rollouts failed as infrastructure (retried and recorded with error_kind=infra); "
+            f"the first: {str(first).splitlines()[0][:300]}")
+
+
 def run_job(cfg: DictConfig) -> dict[str, Any]:
     """Run one configured job to completion; returns the method's summary."""
     from milo_ray.agents.embedder import watch_loads
@@ -272,11 +292,16 @@ def run_job(cfg: DictConfig) -> dict[str, Any]:
                            deadline=deadline)
     status = "failed"
     summary: dict[str, Any] = {}
+    infra: str | None = None
+    session_started = time.time()
     try:
         with watch_loads(lambda load: store.event(EMBEDDER_LOADED, dataclasses.asdict(load))):
             summary = method.run(ctx) or {}
-        status = "finished"
+        infra = _infra_only(store, session_started)
+        status = FAILED_INFRA if infra else "finished"
         print_run_summary(summary)
+        if infra:
+            log.error("%s", infra)
     except KeyboardInterrupt:
         status = "interrupted"
         raise
@@ -300,6 +325,8 @@ def run_job(cfg: DictConfig) -> dict[str, Any]:
         print(f"run directory: {run_dir}  (status: {status}; resume with run.resume={run_dir})")
         if report is not None:
             print(f"report: {report}")
+    if infra:
+        raise InfraOnly(infra)
     return summary
 
 
@@ -393,6 +420,9 @@ def _hydra_main(cfg: DictConfig) -> None:
     except UserError as exc:
         print(f"error: {redaction.redact(str(exc))}", file=sys.stderr)
         raise SystemExit(EXIT_BAD_INPUT) from None
+    except InfraOnly as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        raise SystemExit(EXIT_INFRA) from None
     except KeyboardInterrupt:
         print("interrupted: finished rollouts are stored; resume with run.resume=<run directory>", file=sys.stderr)
         raise SystemExit(EXIT_INTERRUPTED) from None

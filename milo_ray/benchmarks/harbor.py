@@ -32,6 +32,7 @@ from milo_ray.benchmarks.harbor_task import HarborTaskSpec, parse_task_dir, reso
 from milo_ray.benchmarks.splits import resolve_splits
 from milo_ray.benchmarks.task_format import SETUP_ALLOWANCE_S, Verdict
 from milo_ray.execution.sandbox.base import LOGS_DIR, SOLUTION_DIR, TESTS_DIR, Sandbox, SandboxFactory, SandboxSpec
+from milo_ray.execution.shipping import ShippedTree
 from milo_ray.execution.types import Task
 from milo_ray.harness.model import Harness
 
@@ -155,6 +156,17 @@ def read_verifier_files(sandbox: Sandbox) -> tuple[float | None, dict[str, float
     return score, values, err, ctrf
 
 
+def task_root(task: Task) -> Path:
+    """Where this process reads the task's files: its shipped directory unpacked in the
+    node's cache (:mod:`milo_ray.execution.shipping`), so a node that does not share the
+    driver's disk runs it all the same; a task built without shipping (``files`` None)
+    names paths on this machine."""
+    files = task.metadata.get("files")
+    if files is None:
+        return Path(task.metadata["task_dir"])
+    return files.local_path()
+
+
 class HarborFormat:
     """The :class:`~milo_ray.benchmarks.task_format.TaskFormat` of Harbor task directories."""
 
@@ -163,10 +175,13 @@ class HarborFormat:
     def sandbox_spec(self, task: Task) -> SandboxSpec:
         m = task.metadata
         env = {**m.get("dockerfile_env", {}), **resolve_env(m.get("env", {}))}
+        root = task_root(task)
+        context = m.get("build_context")
         return SandboxSpec(
             task_id=task.task_id, workdir=m["workdir"], allow_internet=bool(m.get("allow_internet")),
             cpus=m.get("cpus"), memory_mb=m.get("memory_mb"), storage_mb=m.get("storage_mb"), env=env,
-            copy_in=tuple((h, s) for h, s in m.get("copy_in", [])), build_context=m.get("build_context"),
+            copy_in=tuple((str(root / h), s) for h, s in m.get("copy_in", [])),
+            build_context=None if context is None else str(root / context),
             docker_image=m.get("docker_image"), needs_docker=m.get("needs_docker"))
 
     def verify(self, task: Task, sandbox: Sandbox) -> Verdict:
@@ -177,7 +192,7 @@ class HarborFormat:
         prep = sandbox.execute(f"rm -rf {VERIFIER_DIR} && mkdir -p {VERIFIER_DIR}")
         if prep.exit_code not in (0, None):
             return Verdict(0.0, error=f"could not prepare {VERIFIER_DIR}: {tail(prep.output)}")
-        err = upload_dir(sandbox, Path(m["task_dir"]) / "tests", TESTS_DIR)
+        err = upload_dir(sandbox, task_root(task) / "tests", TESTS_DIR)
         if err:
             return Verdict(0.0, error=err, seconds=time.monotonic() - t0)
         try:
@@ -208,7 +223,7 @@ class HarborFormat:
 
     def solve(self, task: Task, sandbox: Sandbox) -> str | None:
         m = task.metadata
-        sol = Path(m["task_dir"]) / "solution"
+        sol = task_root(task) / "solution"
         if not (sol / "solve.sh").is_file():
             return f"task {task.task_id}: no solution/solve.sh"
         err = upload_dir(sandbox, sol, SOLUTION_DIR)
@@ -277,6 +292,9 @@ class HarborBenchmark(SplitTasks):
         if problems:
             raise ValueError(f"Harbor suite {self.root}: {len(problems)} problem(s):\n" + "\n".join(problems))
         self._specs = {s.task_id: s for s in specs}
+        # Each task directory travels to the nodes as content (tests and solution too, for
+        # grading there): packed now, while it is what was validated.
+        self._files = {s.task_id: _pack_task(s) for s in specs}
         assignment = resolve_splits(list(self._specs), sizes=dict(splits.items()) if splits else None,
                                     seed=int(split_seed), split_file=split_file)
         self._splits = {name: [self._task(self._specs[t], name) for t in ids] for name, ids in assignment.items()}
@@ -284,7 +302,8 @@ class HarborBenchmark(SplitTasks):
 
     def _task(self, spec: HarborTaskSpec, split: str) -> Task:
         return Task(task_id=spec.task_id, split=split, instruction=spec.instruction,
-                    time_cap_s=spec.agent_timeout_s, token_cap=self.token_cap, metadata=spec.metadata(),
+                    time_cap_s=spec.agent_timeout_s, token_cap=self.token_cap,
+                    metadata=spec.metadata(self._files[spec.task_id]),
                     grading_cap_s=spec.verifier_timeout_s + SETUP_ALLOWANCE_S)
 
     def seed_harnesses(self) -> list[Harness]:
@@ -296,6 +315,13 @@ class HarborBenchmark(SplitTasks):
         """Why ``factory`` cannot run each task it cannot run (one line per task, naming
         it); empty when it can run them all. Checked before a run starts."""
         return unsupported_tasks(HARBOR, self._by_id.values(), factory)
+
+
+def _pack_task(spec: HarborTaskSpec) -> ShippedTree:
+    try:
+        return ShippedTree.pack(spec.task_dir)
+    except ValueError as exc:
+        raise ValueError(f"task {spec.task_id}: {exc} (a task directory ships to the nodes as its files)") from None
 
 
 def unsupported_tasks(fmt: Any, tasks: Any, factory: SandboxFactory) -> list[str]:

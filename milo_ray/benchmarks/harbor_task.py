@@ -275,20 +275,37 @@ class HarborTaskSpec:
     has_solution: bool
     schema_version: str
 
-    def metadata(self) -> dict[str, Any]:
-        """``Task.metadata``: templates, never resolved environment values."""
+    def metadata(self, files: Any = None) -> dict[str, Any]:
+        """``Task.metadata``: templates, never resolved environment values.
+
+        ``files``: the task directory packed for the nodes that run it (a
+        :class:`~milo_ray.execution.shipping.ShippedTree`). With it, ``copy_in`` and
+        ``build_context`` name paths inside the task directory, resolved wherever the
+        tree is unpacked; ``task_dir`` is then only where it was read (for messages).
+        Without it they are absolute paths on this machine."""
+        root = Path(self.task_dir)
+        copy_in = [[_inside(root, h) if files is not None else h, s] for h, s in self.copy_in]
+        context = self.build_context
+        if files is not None and context is not None:
+            context = _inside(root, context)
         return {
-            "format": "harbor", "task_dir": self.task_dir, "schema_version": self.schema_version,
+            "format": "harbor", "task_dir": self.task_dir, "files": files, "schema_version": self.schema_version,
             "agent_timeout_s": self.agent_timeout_s, "verifier_timeout_s": self.verifier_timeout_s,
             "workdir": self.workdir, "allow_internet": self.allow_internet, "cpus": self.cpus,
             "memory_mb": self.memory_mb, "storage_mb": self.storage_mb, "docker_image": self.docker_image,
-            "build_context": self.build_context, "copy_in": [list(p) for p in self.copy_in],
+            "build_context": context, "copy_in": copy_in,
             "dockerfile_env": dict(self.dockerfile_env), "env": dict(self.env_templates),
             "verifier_env": dict(self.verifier_env_templates), "solution_env": dict(self.solution_env_templates),
             "needs_docker": self.needs_docker, "base_image": self.base_image, "has_solution": self.has_solution,
             "host_note": (f"FROM {self.base_image} is approximated by the host system"
                           if self.base_image and not self.docker_image else None),
         }
+
+
+def _inside(root: Path, path: str) -> str:
+    """``path`` relative to the task directory ``root`` (every file a task's sandbox
+    needs lies inside it: the loader refuses COPY sources outside the build context)."""
+    return Path(path).relative_to(root).as_posix()
 
 
 def _num(table: dict, key: str, where: str, report, *, default: float | None) -> float | None:

@@ -4,8 +4,11 @@ A benchmark of real tasks (Harbor directories, SWE-style JSONL) builds :class:`T
 objects whose ``metadata["format"]`` names a :class:`TaskFormat`; the rollout executor
 looks the format up with :func:`format_of` (in the worker process) and asks it for the
 sandbox the task needs, the instruction, the verifier's verdict and the reference
-solution. ``metadata`` stays JSON-serializable (paths as strings) so tasks ship cheaply
-to Ray workers.
+solution. ``metadata`` holds plain values, and a task's files as a
+:class:`~milo_ray.execution.shipping.ShippedTree` (``metadata["files"]``): content put into
+the object store once and unpacked once per node, so a node that does not share the
+driver's disk runs the task all the same. A format resolves the paths it needs against
+the unpacked tree before it builds the :class:`SandboxSpec`.
 """
 
 from __future__ import annotations

@@ -18,6 +18,7 @@ from typing import Any, Mapping
 import ray
 
 from milo_ray.execution.cluster import ensure_connected
+from milo_ray.execution.shipping import publish_all
 from milo_ray.execution.types import Task
 from milo_ray.execution.workers import Item, WorkerNode, discover_nodes, start_worker
 
@@ -126,7 +127,8 @@ class WorkerPool:
             if harness_id not in node.harnesses and harness_id not in refs:
                 refs[harness_id] = self._harness_ref(harness_id)
             if task_id not in node.tasks and task_id not in new_tasks:
-                new_tasks[task_id] = tasks[task_id]
+                # A task's files (a Harbor directory) travel as object refs, put once.
+                new_tasks[task_id] = publish_all(tasks[task_id])
         node.actor.submit.remote(items, refs, new_tasks)
         node.harnesses.update(refs)
         node.tasks.update(new_tasks)

@@ -38,7 +38,7 @@ from milo_ray.milo.mutator_pool import MutatorPool, MutatorPoolActor
 from milo_ray.milo.records import build_node, record_node, write_missing_rows
 from milo_ray.milo.state import MiloState
 from milo_ray.search.agent_calls import spec_model
-from milo_ray.search.mutation import MutationOutcome, ValidationOptions
+from milo_ray.search.mutation import MutationOutcome, ValidationOptions, keep_artifacts, ship_files
 from milo_ray.search.seeds import derive_seed
 
 log = logging.getLogger(__name__)
@@ -264,7 +264,9 @@ class MiloRun:
         mutator = self.state.assignment[j]
         req = mutation_request(self, j, r, parent, mutator)
         t0 = time.monotonic()
-        res: MutationOutcome = await self.pool.mutate.remote(mutator, req)
+        # Packed here, on the driver, whose disk holds the files (see search/mutation.py).
+        shipped = await asyncio.to_thread(ship_files, req)
+        res: MutationOutcome = keep_artifacts(req, await self.pool.mutate.remote(mutator, req, shipped))
         self.ctx.agent_calls.record("mutator", res.usage.with_seconds(time.monotonic() - t0),
                                     call_id=f"mutate:i{j}:r{r}", agent=mutator, model=self.mutator_models.get(mutator),
                                     island=j, round=r)

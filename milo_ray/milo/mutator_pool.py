@@ -17,7 +17,7 @@ import numpy as np
 import ray
 
 from milo_ray.agents.protocols import MutationRequest
-from milo_ray.search.mutation import MutationOutcome, ValidationOptions, run_mutation_async
+from milo_ray.search.mutation import MutationOutcome, ShippedFiles, ValidationOptions, run_mutation_async
 
 
 def spec_names(specs: Sequence[Mapping[str, Any]]) -> list[str]:
@@ -111,9 +111,12 @@ class MutatorPoolActor:
     def mutator_for(self, island: int) -> str:
         return self._pool.mutator_for(island)
 
-    async def mutate(self, name: str, request: MutationRequest) -> MutationOutcome:
+    async def mutate(self, name: str, request: MutationRequest, shipped: ShippedFiles | None = None) -> MutationOutcome:
+        """``shipped``: the request's files, packed by the driver (this actor's node may
+        not be the driver's machine: a ``ray://`` driver)."""
         spec = self._pool.spec(name)
         async with self._sems[name]:
             return await run_mutation_async(spec, request, time_cap_s=self._pool.time_cap_s,
                                             validation=self._validation, num_cpus=self._num_cpus,
-                                            scope=self._scope, env=self._env)
+                                            scope=self._scope, env=self._env, shipped=shipped,
+                                            keep_files=False)  # the driver keeps them (MiloRun._mutate)

@@ -31,19 +31,21 @@ joined with the cap; past it the call is abandoned and the agent forgotten, but 
 thread runs on until the agent returns (nothing in-process can stop it).
 
 Files on other nodes: the request names paths on the driver's filesystem (parent
-harness, evidence directory, paths in its context). When the cluster has more than
-one node, the submitting side packs them into the object store
-(:class:`ShippedFiles`); the worker unpacks them into a scratch directory and
-rewrites the request, its memory text and its context to the unpacked paths.
+harness, evidence directory, paths in its context, lineage files its memory names).
+On Ray the driver packs them into one content-addressed tree in the object store
+(:class:`ShippedFiles`, :mod:`milo_ray.execution.shipping`); the worker reads them from
+its node's cache of unpacked trees, works in a private copy of the workdir, and sees
+the request, its memory text and its context rewritten to those paths. No worker reads a
+driver path or writes into the run directory: the child travels back as content, and what
+the agent wrote in and beside the workdir comes back for the caller to keep there
+(:func:`keep_artifacts`), so a re-draw finds it as on one machine.
 """
 
 from __future__ import annotations
 
 import asyncio
-import io
 import json
 import shutil
-import tarfile
 import tempfile
 import threading
 import time
@@ -55,7 +57,9 @@ from typing import Any, Callable, Iterator, Mapping, Sequence
 
 from milo_ray.agents.protocols import MutationRequest, MutationResult
 from milo_ray.agents.usage import AgentUsage
+from milo_ray.execution.shipping import ShippingError
 from milo_ray.harness.model import ENTRY_FILE, Harness
+from milo_ray.search.mutation_files import ShippedFiles, _artifacts, keep_artifacts, ship_files
 
 # After the cap (agent) or the validation limit, a Ray caller waits this much longer
 # for the task's own answer before it cancels the task: process start-up and result
@@ -92,6 +96,10 @@ class MutationOutcome:
     validation_error: str | None = None
     report: str = ""
     usage: AgentUsage = AgentUsage()
+    # Files a shipped mutation's agent wrote in its workdir (``/<path>``) and beside it
+    # (transcripts, prompts: ``<workdir>.transcript.json`` ... by suffix), carried back
+    # for the caller to keep where the run keeps the workdir (:func:`keep_artifacts`).
+    artifacts: dict[str, bytes] = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
@@ -201,59 +209,6 @@ def forget_agent(spec: Any, scope: str | None = None) -> None:
             _AGENTS.get(scope, {}).pop(key, None)
 
 
-# --------------------------------------------------------------------------- shipping files
-
-@dataclass(frozen=True)
-class ShippedFiles:
-    """The request's directories and context files as one tar archive, for workers on
-    other nodes. ``roots`` maps an archive member to the driver path it was packed from."""
-
-    archive: bytes
-    roots: dict[str, str] = field(default_factory=dict)
-
-    @classmethod
-    def pack(cls, request: MutationRequest) -> "ShippedFiles":
-        roots: dict[str, str] = {}
-        for name in ("parent_dir", "evidence_dir"):
-            path = Path(getattr(request, name))
-            if not path.is_dir():
-                raise ValueError(f"mutation request: {name}={path} is not a directory; nothing to ship")
-            roots[name] = str(path)
-        for key, value in request.context.items():
-            if isinstance(value, str) and (key.endswith("_dir") or key.endswith("_path")) and Path(value).exists():
-                roots[f"context.{key}/{Path(value).name}"] = value  # keeps the name: agents read suffixes
-        buf = io.BytesIO()
-        with tarfile.open(fileobj=buf, mode="w:gz") as tar:
-            for member, path in roots.items():
-                tar.add(path, arcname=member)
-        return cls(buf.getvalue(), roots)
-
-    def unpack(self, request: MutationRequest, into: Path) -> MutationRequest:
-        """The request as the worker sees it: every shipped path unpacked under ``into``
-        and every mention of a driver path (fields, memory text, context) rewritten."""
-        with tarfile.open(fileobj=io.BytesIO(self.archive), mode="r:gz") as tar:
-            tar.extractall(into, filter="data")
-        moved = {src: str(into / member) for member, src in self.roots.items()}
-
-        def rewrite(text: str) -> str:
-            for src in sorted(moved, key=len, reverse=True):  # longest first: nested paths
-                text = text.replace(src, moved[src])
-            return text
-
-        context = {k: rewrite(v) if isinstance(v, str) else v for k, v in request.context.items()}
-        return replace(request, parent_dir=into / "parent_dir", evidence_dir=into / "evidence_dir",
-                       memory_markdown=rewrite(request.memory_markdown), context=context)
-
-
-def ship_files(request: MutationRequest) -> ShippedFiles | None:
-    """Pack the request's files when workers may not see the driver's disk (more than
-    one alive node); None on one machine."""
-    import ray
-
-    alive = [n for n in ray.nodes() if n.get("Alive")]
-    return ShippedFiles.pack(request) if len(alive) > 1 else None
-
-
 # --------------------------------------------------------------------------- the body
 
 def run_mutation(spec: Any, request: MutationRequest, *, time_cap_s: float | None,
@@ -265,7 +220,7 @@ def run_mutation(spec: Any, request: MutationRequest, *, time_cap_s: float | Non
     ``scope``: whose agents to reuse (a run session; see :func:`agent_for`)."""
     steps = _mutation_steps(spec, request, time_cap_s=time_cap_s, validation=validation, call=call, shipped=shipped,
                             scope=scope)
-    return [x for x in steps if isinstance(x, MutationOutcome)][-1]
+    return keep_artifacts(request, [x for x in steps if isinstance(x, MutationOutcome)][-1])
 
 
 def _mutation_steps(spec: Any, request: MutationRequest, *, time_cap_s: float | None,
@@ -278,26 +233,41 @@ def _mutation_steps(spec: Any, request: MutationRequest, *, time_cap_s: float | 
     scratch = Path(tempfile.mkdtemp(prefix="milo-ray-mutation-")) if shipped is not None else None
     try:
         if shipped is not None:
-            request = shipped.unpack(request, scratch)
-        workdir = Path(request.workdir)
-        workdir.mkdir(parents=True, exist_ok=True)
-        (workdir / ENTRY_FILE).unlink(missing_ok=True)  # a re-draw reuses the workdir: no stale child
-        res, error = _call_with_cap(spec, request, call, time_cap_s, scope)
-        seconds = time.monotonic() - t0
-        yield "answered"
-        if error is not None:
-            yield MutationOutcome(None, error=error, usage=AgentUsage(cost_usd=None, seconds=seconds, error=error))
-            return
-        usage = res.usage.with_seconds(seconds)
-        child, error = _read_child(res, request)
-        if error is not None:
-            yield MutationOutcome(None, error=error, report=res.report, usage=usage.with_error(error))
-            return
-        verdict = _validate(child, request.parent, validation or ValidationOptions())
-        yield MutationOutcome(child, validation_error=verdict, report=res.report, usage=usage)
+            try:
+                request = shipped.unpack(request, scratch)
+            except ShippingError as e:
+                why = f"the mutation's files did not arrive: {e}"[:2000]
+                yield MutationOutcome(None, error=why, usage=AgentUsage(cost_usd=0.0, error=why))
+                return
+        for out in _steps_here(spec, request, time_cap_s=time_cap_s, validation=validation, call=call, scope=scope,
+                               t0=t0):
+            if isinstance(out, MutationOutcome) and scratch is not None:
+                out = replace(out, artifacts=_artifacts(Path(request.workdir)))
+            yield out
     finally:
         if scratch is not None:
             shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _steps_here(spec: Any, request: MutationRequest, *, time_cap_s: float | None, validation: ValidationOptions | None,
+                call: str, scope: str | None, t0: float) -> Iterator[Any]:
+    """The mutation itself, on files of this machine."""
+    workdir = Path(request.workdir)
+    workdir.mkdir(parents=True, exist_ok=True)
+    (workdir / ENTRY_FILE).unlink(missing_ok=True)  # a re-draw reuses the workdir: no stale child
+    res, error = _call_with_cap(spec, request, call, time_cap_s, scope)
+    seconds = time.monotonic() - t0
+    yield "answered"
+    if error is not None:
+        yield MutationOutcome(None, error=error, usage=AgentUsage(cost_usd=None, seconds=seconds, error=error))
+        return
+    usage = res.usage.with_seconds(seconds)
+    child, error = _read_child(res, request)
+    if error is not None:
+        yield MutationOutcome(None, error=error, report=res.report, usage=usage.with_error(error))
+        return
+    verdict = _validate(child, request.parent, validation or ValidationOptions())
+    yield MutationOutcome(child, validation_error=verdict, report=res.report, usage=usage)
 
 
 def _call_with_cap(spec: Any, request: MutationRequest, call: str, time_cap_s: float | None,
@@ -449,9 +419,13 @@ def _lost(e: BaseException, flight: _Flight) -> MutationOutcome:
 async def run_mutation_async(spec: Any, request: MutationRequest, *, time_cap_s: float,
                              validation: ValidationOptions | None = None, call: str = "mutate",
                              num_cpus: float = 1.0, shipped: ShippedFiles | None = None,
-                             scope: str | None = None, env: Mapping[str, str] | None = None) -> MutationOutcome:
+                             scope: str | None = None, env: Mapping[str, str] | None = None,
+                             keep_files: bool = True) -> MutationOutcome:
     """One mutation as a Ray task, awaited under the cap (see the module docstring).
-    Cancelling the awaiting coroutine cancels the task too. ``env``: see :func:`_remote`."""
+    Cancelling the awaiting coroutine cancels the task too. ``env``: see :func:`_remote`.
+    ``shipped``: the request's files packed by the caller (None: packed here).
+    ``keep_files``: write the artifacts beside the workdir here (False: the outcome
+    carries them, for a caller on another machine to :func:`keep_artifacts`)."""
     if shipped is None:
         shipped = await asyncio.to_thread(ship_files, request)
     flight = _Flight(_remote(num_cpus, env).remote(spec, request, validation, call, shipped, scope),
@@ -468,7 +442,7 @@ async def run_mutation_async(spec: Any, request: MutationRequest, *, time_cap_s:
             except StopAsyncIteration:
                 return failed("mutation task ended without an outcome", time.monotonic() - flight.submitted)
             if out is not None:
-                return out
+                return keep_artifacts(request, out) if keep_files else out
     except asyncio.CancelledError:
         import ray
 
@@ -501,7 +475,7 @@ def run_mutations(spec: Any, requests: Sequence[MutationRequest], *, time_cap_s:
     queue = list(enumerate(requests))
 
     def finish(i: int, out: MutationOutcome) -> None:
-        results[i] = out
+        out = results[i] = keep_artifacts(requests[i], out)
         flights.pop(i)
         if on_done is not None:
             on_done(i, out)

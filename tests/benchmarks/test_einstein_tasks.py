@@ -316,15 +316,22 @@ def test_a_file_start_continues_from_a_stored_construction(tmp_path):
     tasks = sorted(bench.splits()["search"], key=lambda t: t.metadata["start"]["n"])
     digest = construction_digest(stored)
     assert [t.task_id for t in tasks] == [f"first-file-{digest[:8]}-n1200", f"first-file-{digest[:8]}-n2400"]
-    json.dumps(tasks[0].metadata)
+    json.dumps({k: v for k, v in tasks[0].metadata["start"].items() if k != "files"})
     assert np.array_equal(start_values(tasks[0].metadata), stored)
     refined = start_values(tasks[1].metadata)
     assert refined.size == 2400 and score("first_autocorrelation", refined) == pytest.approx(
         score("first_autocorrelation", stored), rel=1e-12)
-    # The file changing under a run is refused on the worker, naming the path.
+    # The construction travels as content: a worker that cannot see the file, or sees it
+    # changed, starts from what the run validated.
     path.write_text(json.dumps(list(stored[::-1])))
+    assert np.array_equal(start_values(tasks[0].metadata), stored)
+    path.unlink()
+    assert np.array_equal(start_values(tasks[0].metadata), stored)
+    # A spec without the shipped content (built before it shipped) still checks the file.
+    path.write_text(json.dumps(list(stored[::-1])))
+    bare = {k: v for k, v in tasks[0].metadata["start"].items() if k != "files"}
     with pytest.raises(ValueError, match=r"start\.path=.*changed since"):
-        start_values(tasks[0].metadata)
+        start_values(bare, "first_autocorrelation")
 
 
 @pytest.mark.parametrize("spec, match", [

@@ -81,7 +81,9 @@ def test_legacy_and_schema_versioned_task_toml_both_load(tmp_path):
     assert modern.metadata["memory_mb"] == 4096 and modern.metadata["allow_internet"] is True
     assert modern.metadata["format"] == "harbor" and modern.metadata["task_dir"] == str((tmp_path / "modern").resolve())
     assert legacy.instruction.startswith("Write 42") and legacy.token_cap == 20_000_000
-    json.dumps(legacy.metadata)  # ships to workers
+    # Ships to workers: plain values, and the task directory as a packed tree.
+    json.dumps({k: v for k, v in legacy.metadata.items() if k != "files"})
+    assert legacy.metadata["files"].origin == legacy.metadata["task_dir"]
     assert format_of(modern) is HARBOR
     spec = HARBOR.sandbox_spec(modern)
     assert spec.docker_image == "ghcr.io/x/y:1" and spec.memory_mb == 4096 and spec.allow_internet
@@ -102,7 +104,10 @@ def test_workdir_from_dockerfile_then_environment_then_default(tmp_path):
     assert bench.task("a").metadata["workdir"] == "/srv/code"  # last WORKDIR, relative to the previous
     assert bench.task("b").metadata["workdir"] == "/work/b"
     assert bench.task("c").metadata["workdir"] == "/app"
-    assert HARBOR.sandbox_spec(bench.task("a")).build_context == str(a / "environment")
+    context = Path(HARBOR.sandbox_spec(bench.task("a")).build_context)
+    # The task's files as shipped to a node, not the directory it was read from.
+    assert context == bench.task("a").metadata["files"].local_path() / "environment" != a / "environment"
+    assert (context / "Dockerfile").read_text() == (a / "environment" / "Dockerfile").read_text()
 
 
 def test_copy_lines_become_copy_in_resolved_against_workdir(tmp_path):
@@ -115,7 +120,7 @@ def test_copy_lines_become_copy_in_resolved_against_workdir(tmp_path):
         ADD notes.txt /opt/notes.md
         CMD ["bash"]
     """, files={"environment/data.csv": "a,b\n", "environment/src/m.py": "x=1\n", "environment/notes.txt": "n"})
-    env = Path(task.metadata["task_dir"]) / "environment"
+    env = task.metadata["files"].local_path() / "environment"
     spec = HARBOR.sandbox_spec(task)
     assert spec.copy_in == ((str(env / "data.csv"), "/app/data.csv"), (str(env / "src"), "/app/lib"),
                             (str(env / "notes.txt"), "/opt/notes.md"))
@@ -151,7 +156,7 @@ def test_env_templates_resolve_from_host_and_secrets_never_enter_metadata(tmp_pa
         WHERE = "region-${REGION}"
         LEVEL = "${UNSET_LEVEL_VAR:-3}"
     """)
-    assert "s3cr3t-value" not in json.dumps(task.metadata)
+    assert "s3cr3t-value" not in json.dumps(task.metadata, default=repr)
     assert task.metadata["env"]["API_TOKEN"] == "${MY_API_TOKEN}"
     assert HARBOR.sandbox_spec(task).env == {"API_TOKEN": "s3cr3t-value", "WHERE": "region-eu", "LEVEL": "3"}
 

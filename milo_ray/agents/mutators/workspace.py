@@ -87,11 +87,9 @@ class Workspace:
         text = (self.root / "memory.md").read_text(encoding="utf-8") if (self.root / "memory.md").exists() else ""
         dirs: set[str] = set()
         root = str(self.root.resolve()) + os.sep
-        for m in _ABS_PATH.finditer(text):
-            p = Path(m.group(1))
-            if p.name not in NODE_FILES or not p.is_file() or str(p.resolve()).startswith(root):
-                continue
-            dirs.add(str(p.resolve().parent))
+        for p in (f.resolve() for f in snapshot_files(text)):
+            if not str(p).startswith(root):
+                dirs.add(str(p.parent))
         kept: list[str] = []
         for d in sorted(dirs, key=len):
             if not any(d == k or d.startswith(k + os.sep) for k in kept):
@@ -147,6 +145,18 @@ class Workspace:
         before = json.loads((self.root / ".inputs.json").read_text()) if (self.root / ".inputs.json").exists() else {}
         now = _stamps(self.root)
         return sorted(self.seen(self.root / k) for k, v in now.items() if before.get(k) != v)
+
+
+def snapshot_files(text: str) -> list[Path]:
+    """The lineage files (``harness.py``, ``diff.patch``) a snapshot names that exist
+    here, as written, each once, in order of first mention: what an agent may open
+    besides its workspace, and so what a mutation on another node needs shipped with it."""
+    found: dict[Path, None] = {}
+    for m in _ABS_PATH.finditer(text):
+        p = Path(m.group(1))
+        if p.name in NODE_FILES and p.is_file():
+            found.setdefault(p, None)
+    return list(found)
 
 
 def prepare(request: MutationRequest, root: Path, *, agent_root: str | None = None) -> Workspace:

@@ -23,7 +23,8 @@ from typing import Any, Mapping
 import numpy as np
 from milo_ray.benchmarks.base import BenchmarkDataMissing, SplitTasks
 from milo_ray.benchmarks.einstein.problems import PROBLEMS, check, score
-from milo_ray.benchmarks.einstein.starts import BASES, construction_digest, load_construction, published, start_values
+from milo_ray.benchmarks.einstein.starts import (BASES, construction_digest, load_construction, published,
+                                                 ship_construction, start_values)
 from milo_ray.benchmarks.splits import DEFAULT_SPLITS, split_sizes
 from milo_ray.execution.types import Task
 from milo_ray.harness.model import ENTRY_FILE, Harness
@@ -304,6 +305,7 @@ class EinsteinBenchmark(SplitTasks):
                     except ValueError as exc:
                         raise ValueError(f"{field}: {exc}") from None
                     spec["n"], spec["digest"] = spec["n"] or stored.size, construction_digest(stored)
+                    spec["files"] = ship_construction(spec["path"])  # workers read the content, not the path
                     if spec["n"] % stored.size:
                         raise ValueError(f"{field}.n={spec['n']}: a file start refines its {stored.size} points, so "
                                          f"n must be a multiple of {stored.size}")

@@ -15,8 +15,9 @@ A spec is ``{"base": ..., "n": ..., "perturb": ..., "seed": ...}``:
 * ``seed``: the noise seed.
 
 Workers call :func:`start_values` from a task's metadata, so nothing large travels with
-a task (a ``file`` start is read from its path on the worker: on a cluster the path must
-be visible on every node, as a benchmark's task directories are).
+a task. A ``file`` start's construction travels as content: the benchmark packs it on the
+driver (:func:`ship_construction`, into ``spec["files"]``) and a worker reads the copy its
+node unpacked (:mod:`milo_ray.execution.shipping`), never the driver's path.
 """
 
 from __future__ import annotations
@@ -67,6 +68,17 @@ def load_construction(path: str | Path, problem: str) -> np.ndarray:
         raise ValueError(f"start.path={str(path)!r}: expected a list of at least 2 finite heights (or an object "
                          "with one under \"values\")")
     return h
+
+
+CONSTRUCTION_FILE = "construction.json"
+
+
+def ship_construction(path: str | Path) -> Any:
+    """A ``file`` start's construction packed for the nodes that run its tasks (the
+    ``files`` of its spec)."""
+    from milo_ray.execution.shipping import ShippedTree
+
+    return ShippedTree.pack({CONSTRUCTION_FILE: path}, origin=str(path))
 
 
 def construction_digest(values: Any) -> str:
@@ -135,7 +147,8 @@ def start_values(spec_or_metadata: Mapping[str, Any], problem: str | None = None
             raise ValueError(f"start.n={n}: give at least 2 grid points")
         h = np.full(n, 0.5 if problem == "erdos_minimum_overlap" else 1.0)
     elif base == "file":
-        stored = load_construction(spec["path"], problem)
+        files = spec.get("files")
+        stored = load_construction(spec["path"] if files is None else files.local_path() / CONSTRUCTION_FILE, problem)
         digest = spec.get("digest")
         if digest and construction_digest(stored) != digest:
             raise ValueError(f"start.path={spec['path']!r}: the file changed since this run's tasks were built from "
