@@ -166,6 +166,9 @@ async def run_agent(agent: Any, job: dict[str, Any], streamer: StepStreamer) -> 
 
 
 def main() -> None:
+    # Nothing the launcher held open is the harness's to read (bwrap's argument file
+    # names host paths).
+    os.closerange(3, 1 << 16)
     out = _protocol_channel()
     try:
         preimport()

@@ -2,7 +2,7 @@
 
 The rollout worker never imports a harness. For each rollout it writes the harness files
 to the rollout's scratch, starts :mod:`milo_ray.execution.harness_process` inside the
-rollout's sandbox (:meth:`~milo_ray.execution.sandbox.bwrap.BwrapSandbox.process_argv`)
+rollout's sandbox (:meth:`~milo_ray.execution.sandbox.bwrap.BwrapSandbox.process_command`)
 with three read-only binds -- a private copy of this package's Python code
 (:func:`runtime_code_dir`, so no path of the checkout is visible), the harness files and
 the model gateway's socket -- writes the job to its stdin, and reads its stdout as
@@ -129,13 +129,20 @@ class HarnessProcess:
     async def start(self) -> None:
         binds = {str(runtime_code_dir()): INSIDE_CODE, str(self.harness_dir): INSIDE_HARNESS,
                  self.gateway_socket: INSIDE_GATEWAY}
-        argv = self.sandbox.process_argv([sys.executable, "-I", "-c", _BOOT], binds)
+        prefix, args, command = self.sandbox.process_command([sys.executable, "-I", "-c", _BOOT], binds)
         from milo_ray.execution.sandbox.bwrap import LAUNCH_ENV
 
-        self._launched = time.monotonic()
-        self.proc = await asyncio.create_subprocess_exec(
-            *argv, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-            env=dict(LAUNCH_ENV), start_new_session=True, limit=MAX_LINE_BYTES)
+        fd = os.memfd_create("bwrap-args")
+        try:
+            os.write(fd, b"".join(a.encode() + b"\0" for a in args))
+            os.lseek(fd, 0, os.SEEK_SET)
+            self._launched = time.monotonic()
+            self.proc = await asyncio.create_subprocess_exec(
+                *prefix, "--args", str(fd), *command, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE, env=dict(LAUNCH_ENV), start_new_session=True, limit=MAX_LINE_BYTES,
+                pass_fds=(fd,))
+        finally:
+            os.close(fd)
         self._readers = [asyncio.ensure_future(self._read_stdout()), asyncio.ensure_future(self._read_stderr())]
 
     def job(self, task: Any, *, token: str, recursion_limit: int, model: dict[str, Any]) -> dict[str, Any]:

@@ -104,7 +104,7 @@ class BwrapSandboxFactory:
     (None: root, with no capabilities; a worker that is not root runs them as itself)."""
 
     name = "bwrap"
-    # Can run a long-lived harness process inside (process_argv).
+    # Can run a long-lived harness process inside (process_command).
     hosts_harness = True
 
     def __init__(
@@ -339,17 +339,21 @@ class BwrapSandbox(Sandbox):
         shell = "/bin/bash" if os.path.exists("/bin/bash") else "/bin/sh"
         return self._wrap([shell, "-c", command])
 
-    def process_argv(self, argv: list[str], readonly_binds: dict[str, str] | None = None) -> list[str]:
-        """The host command line that runs ``argv`` as one long-lived process inside this
-        sandbox (same mounts, environment, user, limits and cgroup as its commands),
-        with ``readonly_binds`` (host path -> sandbox path) shown read-only on top.
+    def process_command(self, argv: list[str], readonly_binds: dict[str, str] | None = None
+                        ) -> tuple[list[str], list[str], list[str]]:
+        """How to run ``argv`` as one long-lived process inside this sandbox (same mounts,
+        environment, user, limits and cgroup as its commands), with ``readonly_binds``
+        (host path -> sandbox path) shown read-only on top: ``(prefix, options, command)``.
+        Run ``prefix + ["--args", FD] + command`` with ``options`` NUL-separated in the file
+        descriptor FD (bwrap's own way of taking its arguments), so that bwrap's command
+        line -- which its PID 1 inside shows in ``/proc/1/cmdline`` -- names no host path.
         Start it with the environment :data:`LAUNCH_ENV` in a new session; killing its
         process group (or closing the sandbox) ends everything it started."""
         with self._lock:
             if self._closed:
                 raise RuntimeError(f"sandbox {self._id} is closed")
         base = self._build_bwrap_argv(readonly_binds) if readonly_binds else self._bwrap_argv
-        return self._launcher + base + self._wrap(list(argv))
+        return self._launcher + base[:1], base[1:], self._wrap(list(argv))
 
     def execute(self, command: str, *, timeout: int | None = None) -> ExecuteResponse:
         if not command or not isinstance(command, str):
