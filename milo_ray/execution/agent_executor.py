@@ -253,8 +253,10 @@ class AgentExecutor:
             if run.endpoint_error and grant.upstream_error:
                 raise InfraFailure(f"model endpoint: {grant.upstream_error}", calls)
             error_kind = "harness"
-        return _AgentRun(status=status, seconds=run.seconds, error=error, error_kind=error_kind, steps=run.steps,
-                         calls=calls, stderr=run.stderr_tail)
+        agent_run = _AgentRun(status=status, seconds=run.seconds, error=error, error_kind=error_kind, steps=run.steps,
+                              calls=calls, stderr=run.stderr_tail)
+        agent_run.startup_s = run.startup_s
+        return agent_run
 
 
 def _check_solver(model: Any, agent: str) -> None:
@@ -285,6 +287,7 @@ class _AgentRun:
         self.steps = steps or []
         self.calls = calls or []
         self.stderr = stderr
+        self.startup_s: float | None = None  # the harness process's launch to its agent built
 
     def result(self, harness_id: str, task: Task, rollout_idx: int, verdict: Any, model_id: str) -> RolloutResult:
         from milo_ray.execution.trajectory import trajectory
@@ -299,6 +302,8 @@ class _AgentRun:
                           error=self.error)
         if self.stderr:
             traj["harness_stderr"] = self.stderr
+        if self.startup_s is not None:
+            traj["startup_s"] = round(self.startup_s, 3)
         trace = {"trajectory": traj, "ctrf": verdict.ctrf,
                  "verifier": {"score": verdict.score, "reward": verdict.reward, "error": verdict.error,
                               "seconds": round(verdict.seconds, 3), "output": verdict.output,

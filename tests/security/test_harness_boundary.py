@@ -53,12 +53,13 @@ def attacked(tmp_path_factory):
     canary = Path.home() / f".milo-canary-{uuid.uuid4().hex[:8]}"
     canary.write_text("canary-" + uuid.uuid4().hex)
     marker = f"31{uuid.uuid4().int % 10_000:04d}"
-    harness = recon_harness(canary=str(canary), run_dir=str(run_dir), task_dir=str(task_dir), marker=marker)
     scratch = tmp / "scratch"
     scratch.mkdir()
     out: dict = {"canary": canary.read_text(), "run_dir": run_dir, "task_dir": str(task_dir), "scratch": scratch}
     try:
         with ScriptedOpenAIServer(_policy) as srv:
+            harness = recon_harness(canary=str(canary), run_dir=str(run_dir), task_dir=str(task_dir), marker=marker,
+                                    provider=srv.url)
             ex = AgentExecutor(model=model_cfg(srv.url), sandbox=SANDBOX, scratch_dir=str(scratch), keep_scratch=True)
 
             async def go():
@@ -173,6 +174,7 @@ def test_root_only_host_files_are_unreadable(attacked):
 
 def test_no_network_but_the_gateway(attacked):
     assert attacked["report"]["internet"].startswith("ERR")
+    assert attacked["report"]["provider"].startswith("ERR")  # not even the host's loopback
 
 
 def test_tokens_come_from_the_gateway_not_from_the_harness(attacked):
