@@ -83,7 +83,7 @@ MUTATIONS: tuple[Mutation, ...] = (
     ),
     Mutation(
         "sandbox-runs-as-root", "milo_ray/execution/sandbox/bwrap.py",
-        "        self.owner = factory.user if factory.user is not None and os.geteuid() == 0 else None",
+        "        self.owner = factory._uid_gid if factory._uid_gid is not None and os.geteuid() == 0 else None",
         "        self.owner = None",
         ("tests/security/test_harness_boundary.py::test_root_only_host_files_are_unreadable",),
         "the sandbox runs the harness as root, which reads root-only host files",

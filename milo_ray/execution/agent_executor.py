@@ -47,6 +47,7 @@ import os
 import shutil
 import tempfile
 import time
+import uuid
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -115,6 +116,7 @@ class AgentExecutor:
         self.keep_scratch = bool(keep_scratch)
         self._secrets: dict[str, str] | None = None
         self._gateway: Any = None
+        self._gateway_starting: asyncio.Future | None = None
         self._gateway_dir: str | None = None
 
     # --- checks before a run starts -------------------------------------------------------
@@ -169,13 +171,23 @@ class AgentExecutor:
         loop = asyncio.get_running_loop()
         if self._gateway is not None and self._gateway.loop is loop:
             return self._gateway
-        if self._gateway_dir is None:
-            self._gateway_dir = tempfile.mkdtemp(prefix="milo-gateway-")  # 0700: this user only
-        gw = ModelGateway(self.model, Path(self._gateway_dir) / f"gateway-{id(loop):x}.sock")
-        gw.set_key(self._key())
-        await gw.start()
-        self._gateway = gw
-        return gw
+        # Concurrent first rollouts wait for the one gateway being started.
+        starting = self._gateway_starting
+        if starting is None or starting.get_loop() is not loop:
+            starting = self._gateway_starting = loop.create_future()
+            try:
+                if self._gateway_dir is None:
+                    self._gateway_dir = tempfile.mkdtemp(prefix="milo-gateway-")  # 0700: this user only
+                gw = ModelGateway(self.model, Path(self._gateway_dir) / f"gateway-{uuid.uuid4().hex[:12]}.sock")
+                gw.set_key(self._key())
+                await gw.start()
+            except BaseException as exc:
+                self._gateway_starting = None
+                starting.set_exception(exc)
+                raise
+            self._gateway = gw
+            starting.set_result(gw)
+        return await asyncio.shield(starting)
 
     # --- one rollout ----------------------------------------------------------------------
     def execute(self, harness: Any, task: Task, rollout_idx: int, seed: int) -> RolloutResult:
@@ -231,6 +243,9 @@ class AgentExecutor:
                              error_kind="task" if error else None)
         from milo_ray.execution.harness_process_host import HarnessProcess
 
+        if not getattr(self.sandbox, "hosts_harness", False):
+            raise ValueError(f"sandbox={getattr(self.sandbox, 'name', '?')} cannot host the harness process "
+                             "(executor.agent=harness); use sandbox=bwrap")
         gateway = await self.gateway()
         token_cap = int(task.token_cap) if task.token_cap and task.token_cap > 0 else None
         grant = gateway.issue(f"{harness.harness_id}/{task.task_id}", token_cap=token_cap,
@@ -262,7 +277,8 @@ class AgentExecutor:
 def _check_solver(model: Any, agent: str) -> None:
     if agent == "oracle":
         return
-    if not getattr(model, "solver", None):
+    solver = model.get("solver") if isinstance(model, Mapping) else getattr(model, "solver", None)
+    if not solver:
         raise ValueError("model.solver: executor=deepagents runs each harness against a real model; use "
                          "model=litellm model.solver=PROVIDER/NAME (or executor.agent=oracle to run the tasks' "
                          "reference solutions without a model)")

@@ -161,8 +161,8 @@ def test_scheduler_records_tokens_in_rollouts_and_agent_calls_and_survives_a_dea
             sched.close()
         served = list(srv.answered)
     by_task = {r.task_id: r for r in results}
-    assert by_task["answer"].score == 1.0
-    assert by_task["answer-broken"].error_kind == "infra"
+    assert by_task["answer"].score == 1.0, by_task["answer"].error
+    assert by_task["answer-broken"].error_kind == "infra", by_task["answer-broken"].error
     rollouts = {r["task_id"]: r for r in store.read("rollouts").to_pylist()}
     calls = [c for c in store.read("agent_calls").to_pylist() if c["role"] == "solver"]
     assert rollouts["answer"]["input_tokens"] == sum(c["input_tokens"] for c in calls) == sum(r.prompt_tokens for r in served)

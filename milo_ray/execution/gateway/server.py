@@ -184,7 +184,10 @@ class ModelGateway:
 
 
 def _import_litellm() -> None:
-    import litellm  # noqa: F401
+    import litellm
+
+    # litellm prints a feedback banner on every failed request; the error is recorded.
+    litellm.suppress_debug_info = True
 
 
 def _sse(chunk: dict[str, Any]) -> bytes:

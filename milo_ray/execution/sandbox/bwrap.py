@@ -126,7 +126,8 @@ class BwrapSandboxFactory:
         for p in host_readonly:
             if not str(p).startswith("/"):
                 raise ValueError(f"sandbox.host_readonly entries must be absolute paths, got {p!r}")
-        self.user = parse_user(user)
+        self._uid_gid = parse_user(user)
+        self.user = None if user is None else str(user)
         self.command_timeout_s = command_timeout_s
         self.output_cap_bytes = int(output_cap_bytes)
         self.host_readonly = tuple(str(p) for p in host_readonly)
@@ -205,7 +206,7 @@ class BwrapSandbox(Sandbox):
         self.spec = spec
         self._id = f"bwrap-{uuid.uuid4().hex[:16]}"
         # Dropping to the sandbox user takes root; a worker that is not root already is one.
-        self.owner = factory.user if factory.user is not None and os.geteuid() == 0 else None
+        self.owner = factory._uid_gid if factory._uid_gid is not None and os.geteuid() == 0 else None
         self.dirs = HostDirs(spec, scratch, owner=self.owner)
         self._lock = threading.Lock()
         self._running: set[CappedProcess] = set()
