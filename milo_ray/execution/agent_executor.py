@@ -79,14 +79,16 @@ class AgentExecutor:
         ``solution/solve.sh``). recursion_limit: the agent's graph-step cap.
     max_model_calls: model calls one rollout may make (None: no cap; the task's token
         cap and time cap still bound it). startup_timeout_s: how long the harness's
-        import and ``build_agent`` may take.
+        import and ``build_agent`` may take. warm_processes: harness processes kept
+        started ahead per sandbox shape, so a rollout skips the interpreter's start and
+        imports (:mod:`milo_ray.execution.harness_process_pool`; 0: none).
     scratch_dir: where per-rollout scratch directories go (None: the system temp dir);
         keep_scratch: keep them after the rollout (for debugging a task or sandbox).
     """
 
     def __init__(self, model: Any = None, sandbox: Any = None, agent: str = "harness", recursion_limit: int = 150,
                  scratch_dir: str | None = None, keep_scratch: bool = False, max_model_calls: int | None = 500,
-                 startup_timeout_s: float = 120.0) -> None:
+                 startup_timeout_s: float = 120.0, warm_processes: int = 0) -> None:
         from milo_ray.config import model_config
 
         if agent not in AGENTS:
@@ -114,6 +116,9 @@ class AgentExecutor:
         self.startup_timeout_s = float(startup_timeout_s)
         self.scratch_dir = scratch_dir
         self.keep_scratch = bool(keep_scratch)
+        from milo_ray.execution.harness_process_pool import WarmPool
+
+        self.pool = WarmPool(self.sandbox, int(warm_processes) if agent == "harness" else 0, scratch_dir)
         self._secrets: dict[str, str] | None = None
         self._gateway: Any = None
         self._gateway_starting: asyncio.Future | None = None
@@ -198,11 +203,20 @@ class AgentExecutor:
 
         fmt = format_of(task)
         spec = fmt.sandbox_spec(task)
-        scratch = Path(tempfile.mkdtemp(prefix="milo-rollout-", dir=self.scratch_dir))
+        spare = None
+        if self.pool.size and getattr(self.sandbox, "hosts_harness", False):
+            self.pool.refill(spec, (await self.gateway()).socket_path)
+            spare = self.pool.take(spec)
+        scratch = spare.scratch if spare else Path(tempfile.mkdtemp(prefix="milo-rollout-", dir=self.scratch_dir))
         try:
-            sandbox = await asyncio.to_thread(self.sandbox.open, spec, scratch / "agent")
+            if spare is not None:
+                sandbox = spare.sandbox
+                await asyncio.to_thread(sandbox.dirs.add_files, spec.copy_in)
+                spare.process.assign(harness)
+            else:
+                sandbox = await asyncio.to_thread(self.sandbox.open, spec, scratch / "agent")
             try:
-                run = await self._act(harness, task, sandbox, scratch)
+                run = await self._act(harness, task, sandbox, scratch, spare.process if spare else None)
             except BaseException:
                 await asyncio.to_thread(sandbox.close)
                 raise
@@ -234,7 +248,7 @@ class AgentExecutor:
         finally:
             await asyncio.to_thread(fresh.close)
 
-    async def _act(self, harness: Any, task: Task, sandbox: Any, scratch: Path) -> "_AgentRun":
+    async def _act(self, harness: Any, task: Task, sandbox: Any, scratch: Path, warm: Any = None) -> "_AgentRun":
         if self.agent == "oracle":
             started = time.time()
             error = await asyncio.to_thread(_solve, task, sandbox)
@@ -251,7 +265,7 @@ class AgentExecutor:
         grant = gateway.issue(f"{harness.harness_id}/{task.task_id}", token_cap=token_cap,
                               call_cap=self.max_model_calls)
         try:
-            process = HarnessProcess(sandbox, harness, scratch, gateway.socket_path)
+            process = warm or HarnessProcess(sandbox, harness, scratch, gateway.socket_path)
             job = process.job(task, token=grant.token, recursion_limit=self.recursion_limit,
                               model=_inner_model(self.model))
             cap = task.time_cap_s if task.time_cap_s and task.time_cap_s > 0 else None

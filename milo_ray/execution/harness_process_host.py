@@ -114,8 +114,11 @@ class HarnessProcess:
     """One harness process in one sandbox (see the module docstring)."""
 
     def __init__(self, sandbox: Any, harness: Any, scratch: Path, gateway_socket: str) -> None:
+        """``harness`` None: a warm process, started before its rollout is known
+        (:meth:`start`); :meth:`assign` gives it its harness."""
         self.sandbox, self.harness = sandbox, harness
-        self.harness_dir = write_harness(harness, scratch / "harness")
+        self.harness_dir = write_harness(harness, scratch / "harness") if harness is not None else \
+            _empty_dir(scratch / "harness")
         self.gateway_socket = gateway_socket
         self.proc: asyncio.subprocess.Process | None = None
         self.log = StepLog()
@@ -144,6 +147,15 @@ class HarnessProcess:
         finally:
             os.close(fd)
         self._readers = [asyncio.ensure_future(self._read_stdout()), asyncio.ensure_future(self._read_stderr())]
+
+    def assign(self, harness: Any) -> None:
+        """Give a warm process its harness (the files appear in its read-only bind)."""
+        self.harness = harness
+        write_harness(harness, self.harness_dir)
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.returncode is None and self.final is None \
+            and self.protocol_error is None
 
     def job(self, task: Any, *, token: str, recursion_limit: int, model: dict[str, Any]) -> dict[str, Any]:
         return {"harness_dir": INSIDE_HARNESS, "harness_id": self.harness.harness_id,
@@ -240,13 +252,15 @@ class HarnessProcess:
 
     async def _run(self, job: dict[str, Any], startup_timeout_s: float, agent_cap_s: float | None,
                    stopped: asyncio.Event) -> ProcessRun:
-        await self.start()
+        if self.proc is None:
+            await self.start()
         assert self.proc is not None
+        begun = time.monotonic()  # a warm process was launched long before its job
         exited = asyncio.ensure_future(self.proc.wait())
         reader = self._readers[0]
         stop = asyncio.ensure_future(stopped.wait())
         try:
-            deadline = self._launched + startup_timeout_s
+            deadline = begun + startup_timeout_s
             for phase in (self.ready, self.started):
                 waiter = asyncio.ensure_future(phase.wait())
                 done, _ = await asyncio.wait({waiter, reader, stop}, timeout=max(0.0, deadline - time.monotonic()),
@@ -256,7 +270,7 @@ class HarnessProcess:
                     return self._ended_early(startup_timeout_s, done, reader, stop)
                 if phase is self.ready:
                     await self.send_job(job)
-            startup = time.monotonic() - self._launched
+            startup = time.monotonic() - begun
             done, _ = await asyncio.wait({reader, stop}, timeout=agent_cap_s, return_when=asyncio.FIRST_COMPLETED)
             seconds = time.monotonic() - (self._started_at or time.monotonic())
             if stop in done:
@@ -295,6 +309,12 @@ class HarnessProcess:
             code = self.proc.returncode if self.proc is not None else None
             run.error = f"the harness process ended without a result (exit status {code})"
         return run
+
+
+def _empty_dir(where: Path) -> Path:
+    where.mkdir(parents=True, exist_ok=True)
+    os.chmod(where, 0o755)
+    return where
 
 
 def cleanup_runtime_code() -> None:

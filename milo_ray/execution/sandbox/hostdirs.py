@@ -67,6 +67,16 @@ class HostDirs:
                 if host != Path("/tmp"):
                     self._own_tree(host)
 
+    def add_files(self, copy_in: tuple[tuple[str, str], ...]) -> None:
+        """Copy a spec's ``copy_in`` files in after the directories exist (a sandbox
+        opened ahead of its task)."""
+        for src, dest in copy_in:
+            self._copy_in(Path(src), dest)
+        if self.owner is not None and copy_in:
+            for host in self.mounts.values():
+                if host != Path("/tmp"):
+                    self._own_tree(host)
+
     def _own(self, path: Path) -> None:
         if self.owner is not None:
             os.lchown(path, *self.owner)
