@@ -118,6 +118,13 @@ MUTATIONS: tuple[Mutation, ...] = (
         "a rollout's tokens are what the harness reports, not what the gateway metered",
     ),
     Mutation(
+        "worker-key-in-runtime-env", "milo_ray/execution/workers.py",
+        "    if node.claim_slots:\n        opts[\"resources\"]",
+        "    if env:\n        opts[\"runtime_env\"] = {\"env_vars\": dict(env)}\n    if node.claim_slots:\n        opts[\"resources\"]",
+        ("tests/security/test_keys_in_ray.py",),
+        "the provider key reaches the rollout workers through runtime_env, which Ray logs",
+    ),
+    Mutation(
         "sandbox-pid-namespace-shared", "milo_ray/execution/sandbox/bwrap.py",
         '_ROOT_UNSHARE = ("--unshare-ipc", "--unshare-pid", "--unshare-net",',
         '_ROOT_UNSHARE = ("--unshare-ipc", "--unshare-net",',

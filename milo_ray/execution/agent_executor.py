@@ -284,7 +284,7 @@ class AgentExecutor:
             error_kind = "harness"
         agent_run = _AgentRun(status=status, seconds=run.seconds, error=error, error_kind=error_kind, steps=run.steps,
                               calls=calls, stderr=run.stderr_tail)
-        agent_run.startup_s = run.startup_s
+        agent_run.startup_s, agent_run.warm = run.startup_s, warm is not None
         return agent_run
 
 
@@ -317,7 +317,8 @@ class _AgentRun:
         self.steps = steps or []
         self.calls = calls or []
         self.stderr = stderr
-        self.startup_s: float | None = None  # the harness process's launch to its agent built
+        self.startup_s: float | None = None  # the harness process's launch (or job) to its agent built
+        self.warm = False  # the harness process was started ahead (harness_process_pool)
 
     def result(self, harness_id: str, task: Task, rollout_idx: int, verdict: Any, model_id: str) -> RolloutResult:
         from milo_ray.execution.trajectory import trajectory
@@ -334,6 +335,7 @@ class _AgentRun:
             traj["harness_stderr"] = self.stderr
         if self.startup_s is not None:
             traj["startup_s"] = round(self.startup_s, 3)
+            traj["warm_process"] = self.warm
         trace = {"trajectory": traj, "ctrf": verdict.ctrf,
                  "verifier": {"score": verdict.score, "reward": verdict.reward, "error": verdict.error,
                               "seconds": round(verdict.seconds, 3), "output": verdict.output,

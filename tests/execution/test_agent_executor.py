@@ -173,3 +173,24 @@ def test_scheduler_records_tokens_in_rollouts_and_agent_calls_and_survives_a_dea
     # stored result carries them, but they are in the ledger.
     failed = [c for c in calls if c["error"]]
     assert len(failed) == 2 and {c["call_id"].split(":")[0] for c in failed} == {by_task["answer-broken"].cache_key}
+
+
+def test_a_warm_harness_process_serves_the_next_rollout(suite):
+    with ScriptedOpenAIServer(solving_policy) as srv:
+        ex = AgentExecutor(model=model_cfg(srv.url), sandbox=SANDBOX, warm_processes=1)
+
+        async def two():
+            first = await ex.aexecute(minimal(), suite.task("answer"), 0, 0)
+            while not ex.pool._spares:  # the spare started by the first rollout
+                await asyncio.sleep(0.2)
+            second = await ex.aexecute(minimal(), suite.task("answer-15s"), 0, 0)
+            ex.pool.close()
+            return first, second
+
+        first, second = asyncio.run(two())
+        served = list(srv.answered)
+    assert first.trace["trajectory"]["warm_process"] is False
+    assert second.trace["trajectory"]["warm_process"] is True
+    assert first.score == second.score == 1.0 and second.error_kind is None
+    assert first.input_tokens + second.input_tokens == sum(r.prompt_tokens for r in served)
+
