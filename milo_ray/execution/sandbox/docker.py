@@ -252,7 +252,11 @@ class DockerSandbox(Sandbox):
 
     def _sweep(self, marker: str | None) -> bool:
         """Kill the marked processes (all but the main one when ``marker`` is None)."""
-        run = run_capped([*self._docker, "exec", "-u", "0", self._container, "sh", "-c", _SWEEP, "sh",
+        # A command's processes are found by the marker in their environment, which only
+        # their own user may read (root in the container has no CAP_SYS_PTRACE): that
+        # sweep runs as the commands' user; the sweep of everything runs as root (CAP_KILL).
+        who = self._as_user if marker and self._as_user else ("-u", "0")
+        run = run_capped([*self._docker, "exec", *who, self._container, "sh", "-c", _SWEEP, "sh",
                           self._main_pid, marker or ""],
                          timeout_s=_CONTROL_TIMEOUT_S, output_cap_bytes=_CONTROL_OUTPUT_CAP)
         if run.exit_code != 0:
