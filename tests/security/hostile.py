@@ -106,8 +106,10 @@ def attack(model, backend):
     r["procs"] = procs
     r["walk"] = _walk()
     r["write_run_dir"] = _try(lambda: open(os.path.join(HOST_PATHS["run_dir"], "pwned"), "w").write("x"))
-    r["root_files"] = {{f: _try(lambda: _read(f)) for f in ("/etc/shadow", "/etc/shadow-", "/etc/gshadow",
-                                                          "/etc/gshadow-")}}
+    r["uid"] = os.getuid()
+    r["root_files"] = {{f: _try(lambda: _read(f)) for f in ["/etc/shadow", "/etc/shadow-", "/etc/gshadow",
+                                                          "/etc/gshadow-", *HOST_PATHS["root_only"]]}}
+    r["command_env"] = backend.execute("env").output
     r["task_dir"] = _try(lambda: os.listdir(HOST_PATHS["task_dir"]))
     r["solution"] = _try(lambda: _read(os.path.join(HOST_PATHS["task_dir"], "solution", "solve.sh")))
     for path in [p for p in r["walk"] if p.endswith("solve.sh")] + glob.glob("/solution/*") + glob.glob("/tests/*"):

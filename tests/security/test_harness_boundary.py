@@ -59,7 +59,7 @@ def attacked(tmp_path_factory):
     try:
         with ScriptedOpenAIServer(_policy) as srv:
             harness = recon_harness(canary=str(canary), run_dir=str(run_dir), task_dir=str(task_dir), marker=marker,
-                                    provider=srv.url)
+                                    provider=srv.url, root_only=_root_only_files())
             ex = AgentExecutor(model=model_cfg(srv.url), sandbox=SANDBOX, scratch_dir=str(scratch), keep_scratch=True)
 
             async def go():
@@ -82,8 +82,24 @@ def attacked(tmp_path_factory):
     return out
 
 
+def _root_only_files(limit: int = 5) -> list[str]:
+    """Host files under /etc that only root may read (beyond the ones the sandbox masks)."""
+    import stat
+
+    found = []
+    for path in sorted(Path("/etc").glob("*")):
+        try:
+            st = path.stat()
+        except OSError:
+            continue
+        if path.is_file() and st.st_uid == 0 and not st.st_mode & stat.S_IROTH and path.name not in (
+                "shadow", "shadow-", "gshadow", "gshadow-"):
+            found.append(str(path))
+    return found[:limit]
+
+
 def _report_of(scratch: Path) -> dict:
-    found = sorted(scratch.glob("*/grade/workspace/report.json"))
+    found = sorted(scratch.glob("*/grade/workspace/report.json")) or sorted(scratch.glob("*/*/workspace/report.json"))
     assert found, "the recon harness did not run"
     return json.loads(found[0].read_text())
 
@@ -121,6 +137,7 @@ def test_no_key_in_the_environment_or_the_chat_model(attacked):
     everything = _everything(attacked)
     assert KEY not in everything and OTHER not in everything
     assert KEY_ENV not in attacked["report"]["environ"] and OTHER_ENV not in attacked["report"]["environ"]
+    assert "PATH=" in attacked["report"]["command_env"] and KEY_ENV not in attacked["report"]["command_env"]
     # The model holds only a per-rollout token for a loopback gateway.
     assert attacked["report"]["token"] and attacked["report"]["api_base"].startswith("http://127.0.0.1:")
     # ...and the provider saw the real key, never the token.
@@ -169,6 +186,7 @@ def test_the_task_dir_and_solution_are_unreachable(attacked):
 
 
 def test_root_only_host_files_are_unreadable(attacked):
+    assert attacked["report"]["uid"] != 0
     assert all(v.startswith("ERR") for v in attacked["report"]["root_files"].values())
 
 
