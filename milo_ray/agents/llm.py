@@ -70,6 +70,15 @@ def use_secrets(secrets: Mapping[str, str] | None) -> Iterator[None]:
             _SECRETS.update(before)
 
 
+def secret(name: str) -> str | None:
+    """The value of key variable ``name`` as an agent of this process reads it: among the
+    secrets of :func:`use_secrets`, else in the environment (None: neither has it)."""
+    with _SECRETS_LOCK:
+        if name in _SECRETS:
+            return _SECRETS[name]
+    return os.environ.get(name)
+
+
 def api_key(cfg: Any, env: Mapping[str, str] | None = None) -> str | None:
     """The key for ``cfg`` (a ModelConfig or its dict) from the variable :func:`key_env`
     names -- in ``env`` when given, else among the secrets of :func:`use_secrets`, else in

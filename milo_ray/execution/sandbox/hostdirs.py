@@ -62,7 +62,9 @@ class HostDirs:
         self.mounts: dict[str, Path] = dict(sorted(layout.items(), key=lambda kv: -len(kv[0])))
         for src, dest in spec.copy_in:
             self._copy_in(Path(src), dest)
-        if self.owner is not None and spec.copy_in:
+        if self.owner is not None:
+            # Everything already in a writable directory (copied-in files, a workspace
+            # prepared before the sandbox opened) is the sandbox user's to change.
             for host in self.mounts.values():
                 if host != Path("/tmp"):
                     self._own_tree(host)
