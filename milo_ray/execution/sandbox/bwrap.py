@@ -292,6 +292,13 @@ class BwrapSandbox(Sandbox):
         readonly = [*self._factory.host_readonly,
                     *(p for p in self.spec.host_readonly if p not in self._factory.host_readonly)]
         late = [p for p in readonly if any(_under(p, inside) for inside in self.dirs.mounts)]
+        # Directories leading to a mount that nothing else provides (/root for a workdir
+        # /root/x, or an interpreter under /root) are made on the root tmpfs, readable by
+        # the sandbox user (bwrap would make them 0700 root).
+        made: set[str] = set()
+        covered = [*readonly, *self.dirs.mounts]
+        for target in [*(p for p in readonly if p not in late), *self.dirs.mounts]:
+            argv += _dirs_for(_top_parent(target, covered), made)
         argv += _readonly_args([p for p in readonly if p not in late])
         argv += ["--proc", "/proc", "--dev", "/dev"]
         # Parents before children, so a nested mount is not hidden by its parent's.
@@ -300,7 +307,6 @@ class BwrapSandbox(Sandbox):
         for p in late:
             self.dirs.prepare_mountpoint(p)
         argv += _readonly_args(late)
-        made: set[str] = set()
         for host, inside in (extra_readonly or {}).items():
             argv += _dirs_for(posixpath.dirname(inside), made) + ["--ro-bind", host, inside]
         if self._python:
@@ -430,6 +436,8 @@ def _dirs_for(path: str, made: set[str]) -> list[str]:
     """bwrap arguments creating ``path`` and its parents on the sandbox's root tmpfs,
     readable by the sandbox user (bwrap would create them 0700)."""
     args: list[str] = []
+    if not path:
+        return args
     parts = [p for p in path.split("/") if p]
     for i in range(1, len(parts) + 1):
         d = "/" + "/".join(parts[:i])
@@ -437,6 +445,21 @@ def _dirs_for(path: str, made: set[str]) -> list[str]:
             made.add(d)
             args += ["--perms", "0755", "--dir", d]
     return args
+
+
+def _top_parent(path: str, covered: Sequence[str]) -> str:
+    """The deepest directory above ``path`` that no other entry of ``covered`` provides
+    ("" when every parent is provided or is the root)."""
+    parent, keep = posixpath.dirname(path), ""
+    chain = []
+    while parent not in ("/", ""):
+        chain.append(parent)
+        parent = posixpath.dirname(parent)
+    for d in reversed(chain):  # outermost first
+        if any(_under(d, c) for c in covered if c != path):
+            break
+        keep = d
+    return keep
 
 
 def _python_alias() -> str | None:

@@ -68,6 +68,8 @@ class HostDirs:
             for host in self.mounts.values():
                 if host != Path("/tmp"):
                     self._own_tree(host)
+                    # bwrap (root without capabilities) must enter it to chdir there.
+                    os.chmod(host, os.stat(host).st_mode | 0o755)
 
     def add_files(self, copy_in: tuple[tuple[str, str], ...]) -> None:
         """Copy a spec's ``copy_in`` files in after the directories exist (a sandbox
