@@ -10,7 +10,9 @@ sandbox imports and a Docker daemon answers -- through a Docker sandbox's ``exec
 (a ``docker exec``). It prints the median per command and its ratio to the baseline (the
 target for bwrap is within 2x). :func:`main` runs the functions in ``SECTIONS`` in order;
 :func:`suite_throughput` then measures rollouts per second of the bundled Harbor suite
-with the real executor against a local scripted model at 1, 8 and 32 slots.
+with the real executor against a local scripted model at 1, 8 and 32 slots, and
+:func:`boundary_overhead` what the trust boundary adds per rollout and per model call
+against the in-worker baseline (``--only boundary`` runs just that).
 """
 
 from __future__ import annotations
@@ -205,8 +207,120 @@ def suite_throughput(args: argparse.Namespace) -> None:
                   f"{args.slots[0]} slot(s)  ({len(requests)} rollouts of {len(tasks)} tasks)")
 
 
+def _in_worker_rollout(harness, task, model_cfg, factory, scratch: Path):
+    """The baseline: the harness imported and its agent run in this process, with the
+    sandbox object and the key (how rollouts ran before the harness process existed; kept
+    here only to measure against)."""
+    import asyncio
+
+    from milo_ray.agents.llm import build_chat_model
+    from milo_ray.benchmarks.task_format import format_of
+    from milo_ray.harness.loader import load_harness
+
+    fmt = format_of(task)
+    sandbox = factory.open(fmt.sandbox_spec(task), scratch / "sandbox")
+    try:
+        module = load_harness(harness, scratch / "harnesses")
+        agent = module.build_agent(build_chat_model(model_cfg, rate_limiter=None), sandbox)
+
+        async def consume():
+            async for _ in agent.astream({"messages": [{"role": "user", "content": task.instruction}]},
+                                         config={"recursion_limit": 50}, stream_mode="values"):
+                pass
+
+        asyncio.run(consume())
+        return fmt.verify(task, sandbox)
+    finally:
+        sandbox.close()
+
+
+def boundary_overhead(args: argparse.Namespace) -> None:
+    """What the trust boundary costs, against the in-worker baseline, with a zero-latency
+    scripted model: wall time per rollout (the harness process's start and imports, the
+    gateway hop, the fresh grading sandbox) and latency per model call (gateway + relay)."""
+    import asyncio
+    import os
+    import shutil
+
+    from milo_ray.agents.llm import _solver_class, build_chat_model
+    from milo_ray.benchmarks.harbor import HarborBenchmark
+    from milo_ray.execution.agent_executor import AgentExecutor
+    from milo_ray.execution.gateway.server import ModelGateway
+    from milo_ray.execution.harness_process_backend import GatewayRelay
+    from milo_ray.execution.sandbox.interpreter import with_interpreter
+    from milo_ray.harness.seeds import load_seeds
+    from milo_ray.testing.openai_server import ScriptedOpenAIServer, reply
+
+    os.environ.setdefault("BENCH_SOLVER_KEY", "local")
+    task = HarborBenchmark().splits()["test"][0] if "test" in HarborBenchmark().splits() else \
+        [t for split in HarborBenchmark().splits().values() for t in split][0]
+    harness = load_seeds(["minimal"])[0]
+    with ScriptedOpenAIServer(_write_then_stop) as srv:
+        cfg = {"solver": "openai/scripted", "api_base": srv.url, "api_key_env": "BENCH_SOLVER_KEY", "max_retries": 0}
+        ex = AgentExecutor(model=cfg, sandbox={"_target_": "milo_ray.execution.sandbox.bwrap.BwrapSandboxFactory"},
+                           warm_processes=1)
+        factory = with_interpreter(BwrapSandboxFactory())
+        old = []
+        for i in range(args.rollouts + 1):  # the first round warms the in-worker imports up
+            scratch = Path(tempfile.mkdtemp(prefix="milo-bench-"))
+            t = time.perf_counter()
+            verdict = _in_worker_rollout(harness, task, ex.model, factory, scratch)
+            if i:
+                old.append(time.perf_counter() - t)
+            shutil.rmtree(scratch, ignore_errors=True)
+
+        async def new_path() -> tuple[float, list[float], list[float]]:
+            cold_s, warm, startups = 0.0, [], []
+            for i in range(args.rollouts + 1):
+                t = time.perf_counter()
+                res = await ex.aexecute(harness, task, i, 0)
+                took = time.perf_counter() - t
+                if res.error_kind or res.score != verdict.score:
+                    print(f"  rollout {i}: the two paths disagree ({res.error_kind}: {res.error})")
+                if i == 0:
+                    cold_s = took
+                else:
+                    warm.append(took)
+                    startups.append(res.trace["trajectory"]["startup_s"])
+                # In a worker the next spare starts while this rollout runs; here, wait for it.
+                while not any(ex.pool._spares.values()):
+                    await asyncio.sleep(0.05)
+            ex.pool.close()
+            return cold_s, warm, startups
+
+        cold, warm, startups = asyncio.run(new_path())
+        mo, mw = statistics.median(old), statistics.median(warm)
+        print(f"rollout wall time   in-worker {mo:7.2f} s   harness process (warm) {mw:7.2f} s   added {mw - mo:+7.2f} s "
+              f"per rollout  (median of {args.rollouts}; job to agent built {statistics.median(startups):.3f} s; "
+              f"a cold harness process: {cold:.2f} s)")
+
+        async def per_call() -> tuple[float, float]:
+            gw = ModelGateway(ex.model, Path(tempfile.mkdtemp(prefix="milo-bench-gw-")) / "gw.sock")
+            gw.set_key("local")
+            await gw.start()
+            grant = gw.issue("bench")
+            relay = GatewayRelay(gw.socket_path)
+            through = _solver_class()(model="openai/scripted", custom_llm_provider="openai", api_base=relay.url,
+                                      api_key=grant.token, max_retries=0)
+            direct = build_chat_model(ex.model, rate_limiter=None)
+            times: dict[str, list[float]] = {"direct": [], "gateway": []}
+            for round_no in range(args.n + 1):
+                for name, model in (("direct", direct), ("gateway", through)):
+                    t = time.perf_counter()
+                    await model.ainvoke("hi")
+                    if round_no:
+                        times[name].append(time.perf_counter() - t)
+            await gw.close()
+            return statistics.median(times["direct"]) * 1000, statistics.median(times["gateway"]) * 1000
+
+        srv.responder = lambda body: reply("ok", prompt_tokens=1, completion_tokens=1)
+        d, g = asyncio.run(per_call())
+        print(f"model call latency  direct {d:7.2f} ms   through the gateway {g:7.2f} ms   added {g - d:+7.2f} ms "
+              f"per call  (median of {args.n})")
+
+
 # The measurements main() runs, in order; each takes the parsed arguments.
-SECTIONS: tuple[Callable[[argparse.Namespace], None], ...] = (command_overhead, suite_throughput)
+SECTIONS: tuple[Callable[[argparse.Namespace], None], ...] = (command_overhead, boundary_overhead, suite_throughput)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -215,11 +329,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--slots", type=int, nargs="+", default=[1, 8, 32],
                         help="concurrent rollout slots of the suite throughput runs (the first is the baseline)")
     parser.add_argument("--rollouts-per-task", type=int, default=2, help="rollouts of each bundled task per run")
+    parser.add_argument("--rollouts", type=int, default=5, help="rollouts per path of the boundary overhead (median)")
+    parser.add_argument("--only", default="", help="run only the sections whose name contains this text")
     args = parser.parse_args(argv)
     if args.n < 1:
         parser.error("--n must be >= 1")
     for section in SECTIONS:
-        section(args)
+        if args.only in section.__name__:
+            section(args)
     return 0
 
 

@@ -16,8 +16,10 @@ module imports it only inside the functions that need it.
 
 from __future__ import annotations
 
+import contextlib
 import os
-from typing import Any, Mapping
+import threading
+from typing import Any, Iterator, Mapping
 
 from milo_ray.agents.usage import AgentUsage
 
@@ -47,10 +49,43 @@ def key_env(cfg: Any) -> str | None:
     return _PROVIDER_KEY_ENV.get(str(_field(cfg, "solver") or "").split("/", 1)[0])
 
 
+_SECRETS: dict[str, str] = {}
+_SECRETS_LOCK = threading.Lock()
+
+
+@contextlib.contextmanager
+def use_secrets(secrets: Mapping[str, str] | None) -> Iterator[None]:
+    """Make the driver's key variables (name -> value, handed over as an argument) what
+    :func:`api_key` reads first in this process, for the duration of the block -- without
+    putting them into the process's environment, where subprocesses and logs would see
+    them."""
+    with _SECRETS_LOCK:
+        before = dict(_SECRETS)
+        _SECRETS.update(dict(secrets or {}))
+    try:
+        yield
+    finally:
+        with _SECRETS_LOCK:
+            _SECRETS.clear()
+            _SECRETS.update(before)
+
+
+def secret(name: str) -> str | None:
+    """The value of key variable ``name`` as an agent of this process reads it: among the
+    secrets of :func:`use_secrets`, else in the environment (None: neither has it)."""
+    with _SECRETS_LOCK:
+        if name in _SECRETS:
+            return _SECRETS[name]
+    return os.environ.get(name)
+
+
 def api_key(cfg: Any, env: Mapping[str, str] | None = None) -> str | None:
     """The key for ``cfg`` (a ModelConfig or its dict) from the variable :func:`key_env`
-    names; ``ValueError`` names the variable when it is unset."""
-    env = os.environ if env is None else env
+    names -- in ``env`` when given, else among the secrets of :func:`use_secrets`, else in
+    this process's environment; ``ValueError`` names the variable when it is unset."""
+    if env is None:
+        with _SECRETS_LOCK:
+            env = {**os.environ, **_SECRETS} if _SECRETS else os.environ
     name = key_env(cfg)
     if name is None:
         return None

@@ -1,37 +1,53 @@
 """AgentExecutor (``executor=deepagents``): one real rollout of a harness on a task.
 
-For one (harness, task, rollout) it opens a sandbox holding the task's workspace, imports
-the harness in this worker process (never in the driver), builds the solver model from
-the ``model`` config, calls ``build_agent(model, sandbox)`` and runs the agent on the task
-instruction; then the task's own verifier grades the workspace in the same sandbox, and
-the sandbox is closed. With ``agent: oracle`` the task's reference solution runs instead
-of an agent (no model, no tokens): a task suite is validated before money is spent.
+For one (harness, task, rollout) it opens a sandbox holding the task's workspace and
+starts the harness process inside it (:mod:`milo_ray.execution.harness_process`): the
+harness is imported, ``build_agent(model, backend)`` called and the agent run there, as
+an unprivileged user with the harness files and the interpreter read-only -- never in
+this worker. The harness's chat model reaches the provider only through this worker's
+model gateway (:mod:`milo_ray.execution.gateway`), with a token issued for this rollout;
+the gateway holds the key and records every call, so the rollout's tokens and USD are the
+gateway's. When the agent is done its processes are killed, and the task's verifier grades
+the workspace in a fresh sandbox (the task's tests and solution are never in the agent's).
+With ``agent: oracle`` the task's reference solution runs instead of an agent (no model,
+no tokens): a task suite is validated before money is spent.
 
 Caps, each recorded in the trajectory's ``final.status``:
 
-* the task's agent time (``task.time_cap_s``) bounds the whole agent run -- deepagents
-  has none of its own. When it hits, the run is cancelled, every process in the sandbox is
-  killed, and the workspace is graded as it stands (``timed_out=True``);
+* the task's agent time (``task.time_cap_s``) bounds the agent run from the moment the
+  harness process has built its agent; importing the harness and ``build_agent`` are
+  bounded by ``startup_timeout_s``. When a cap hits, every process in the sandbox is
+  killed and the workspace is graded as it stands (``timeout``, ``timed_out=True``);
 * ``recursion_limit`` bounds the agent's graph steps (``step_cap``);
-* ``task.token_cap`` bounds the tokens of the run's model calls (``token_cap``);
+* ``task.token_cap`` bounds the tokens of the rollout's model calls, counted by the
+  gateway: once reached the rollout ends (``token_cap``);
+* ``max_model_calls`` bounds the number of model calls (``call_cap``);
 * the sandbox bounds every command (its per-command timeout and output cap).
 
-Failures: a harness that does not import, whose ``build_agent`` raises, or whose agent
-crashes is a harness failure (``error_kind="harness"``; a crashed agent's workspace is
-still graded); a verifier that produces no reward is a task failure (``"task"``). A model
-endpoint that keeps failing after the model's own retries (429, 5xx, connection errors,
-timeouts) raises :class:`~milo_ray.execution.types.InfraFailure` out of :meth:`aexecute`
-with the calls the attempt made: an infrastructure failure, which the scheduler retries
-and finally records as ``"infra"``.
+Failures: a harness that does not import, whose ``build_agent`` raises, whose agent
+crashes, or whose process breaks the trajectory protocol is a harness failure
+(``error_kind="harness"``; the workspace is still graded); a verifier that produces no
+reward is a task failure (``"task"``). A model endpoint that keeps failing after the
+gateway's retries (429, 5xx, connection errors, timeouts) raises
+:class:`~milo_ray.execution.types.InfraFailure` out of :meth:`aexecute` with the calls
+the attempt made: an infrastructure failure, which the scheduler retries and finally
+records as ``"infra"``. (The gateway, not the harness, says whether the endpoint failed.)
+
+Keys: the executor reads its model's key from the secrets the driver hands it
+(:meth:`set_secrets`, an actor-method argument of the rollout worker), else from this
+process's environment (a run without Ray, where this is the driver).
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
+import os
 import shutil
 import tempfile
 import time
+import uuid
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -45,6 +61,14 @@ AGENTS = ("harness", "oracle")
 ORACLE_MODEL_ID = "oracle"
 
 
+def is_endpoint_error(exc: BaseException) -> bool:
+    """Whether ``exc`` is the model endpoint failing rather than the caller's own code
+    (see :func:`milo_ray.execution.harness_process.is_endpoint_error`)."""
+    from milo_ray.execution.harness_process import is_endpoint_error as check
+
+    return check(exc)
+
+
 class AgentExecutor:
     """Executor protocol implementation that runs harnesses for real.
 
@@ -53,27 +77,52 @@ class AgentExecutor:
         or a built :class:`~milo_ray.execution.sandbox.base.SandboxFactory`).
     agent: ``harness`` (run the harness's agent) or ``oracle`` (run each task's
         ``solution/solve.sh``). recursion_limit: the agent's graph-step cap.
+    max_model_calls: model calls one rollout may make (None: no cap; the task's token
+        cap and time cap still bound it). startup_timeout_s: how long the harness's
+        import and ``build_agent`` may take. warm_processes: harness processes kept
+        started ahead per sandbox shape, so a rollout skips the interpreter's start and
+        imports (:mod:`milo_ray.execution.harness_process_pool`; 0: none).
     scratch_dir: where per-rollout scratch directories go (None: the system temp dir);
         keep_scratch: keep them after the rollout (for debugging a task or sandbox).
     """
 
     def __init__(self, model: Any = None, sandbox: Any = None, agent: str = "harness", recursion_limit: int = 150,
-                 scratch_dir: str | None = None, keep_scratch: bool = False) -> None:
+                 scratch_dir: str | None = None, keep_scratch: bool = False, max_model_calls: int | None = 500,
+                 startup_timeout_s: float = 120.0, warm_processes: int = 0) -> None:
         from milo_ray.config import model_config
 
         if agent not in AGENTS:
             raise ValueError(f"executor.agent={agent!r}: choose one of {AGENTS}")
         if int(recursion_limit) < 1:
             raise ValueError(f"executor.recursion_limit={recursion_limit}: must be >= 1 graph steps")
+        if max_model_calls is not None and int(max_model_calls) < 1:
+            raise ValueError(f"executor.max_model_calls={max_model_calls}: must be >= 1 calls or null (no cap)")
+        if float(startup_timeout_s) <= 0:
+            raise ValueError(f"executor.startup_timeout_s={startup_timeout_s}: must be > 0 seconds")
         self.model = model_config(model)
         self.agent = agent
-        self.preflight(self.model, None, {"agent": agent})
+        # The credentials are checked by preflight() in the driver; a rollout worker has
+        # none in its environment (the driver hands them over with set_secrets()).
+        _check_solver(self.model, agent)
         self.model_id = ORACLE_MODEL_ID if agent == "oracle" else self.model.id
         self.sandbox = build_factory(sandbox)
+        if agent == "harness":
+            from milo_ray.execution.sandbox.interpreter import with_interpreter
+
+            # The harness process runs on this interpreter, shown read-only inside.
+            self.sandbox = with_interpreter(self.sandbox)
         self.recursion_limit = int(recursion_limit)
+        self.max_model_calls = None if max_model_calls is None else int(max_model_calls)
+        self.startup_timeout_s = float(startup_timeout_s)
         self.scratch_dir = scratch_dir
         self.keep_scratch = bool(keep_scratch)
-        self._chat_model: Any = None
+        from milo_ray.execution.harness_process_pool import WarmPool
+
+        self.pool = WarmPool(self.sandbox, int(warm_processes) if agent == "harness" else 0, scratch_dir)
+        self._secrets: dict[str, str] | None = None
+        self._gateway: Any = None
+        self._gateway_starting: asyncio.Future | None = None
+        self._gateway_dir: str | None = None
 
     # --- checks before a run starts -------------------------------------------------------
     @staticmethod
@@ -82,13 +131,9 @@ class AgentExecutor:
         harness agent needs a litellm ``solver`` and its credentials (one line naming the
         missing environment variable)."""
         agent = (executor or {}).get("agent", "harness")
+        _check_solver(model, agent)
         if agent == "oracle":
             return
-        solver = getattr(model, "solver", None)
-        if not solver:
-            raise ValueError("model.solver: executor=deepagents runs each harness against a real model; use "
-                             "model=litellm model.solver=PROVIDER/NAME (or executor.agent=oracle to run the tasks' "
-                             "reference solutions without a model)")
         from milo_ray.agents.llm import check_credentials
 
         check_credentials(model)
@@ -105,7 +150,49 @@ class AgentExecutor:
                 problems.append(why)
             elif self.agent == "oracle" and not task.metadata.get("has_solution", True):
                 problems.append(f"task {task.task_id}: no reference solution, so executor.agent=oracle cannot run it")
+            elif self.agent == "harness" and not getattr(self.sandbox, "hosts_harness", False):
+                problems.append(f"task {task.task_id}: sandbox={getattr(self.sandbox, 'name', '?')} cannot host the "
+                                "harness process; use sandbox=bwrap")
         return problems
+
+    # --- secrets and the gateway ----------------------------------------------------------
+    def set_secrets(self, env: Mapping[str, str]) -> None:
+        """The driver's key variables (name -> value), handed over as an argument: kept in
+        this object and the gateway only, never in an environment."""
+        self._secrets = dict(env)
+        if self._gateway is not None:
+            self._gateway.set_key(self._key())
+
+    def _key(self) -> str | None:
+        from milo_ray.agents.llm import api_key
+
+        return api_key(self.model, self._secrets if self._secrets is not None else os.environ)
+
+    async def gateway(self) -> Any:
+        """This executor's gateway on the running loop (started on first use; a new loop,
+        e.g. one ``asyncio.run`` per rollout, gets a new one)."""
+        from milo_ray.execution.gateway.server import ModelGateway
+
+        loop = asyncio.get_running_loop()
+        if self._gateway is not None and self._gateway.loop is loop:
+            return self._gateway
+        # Concurrent first rollouts wait for the one gateway being started.
+        starting = self._gateway_starting
+        if starting is None or starting.get_loop() is not loop:
+            starting = self._gateway_starting = loop.create_future()
+            try:
+                if self._gateway_dir is None:
+                    self._gateway_dir = tempfile.mkdtemp(prefix="milo-gateway-")  # 0700: this user only
+                gw = ModelGateway(self.model, Path(self._gateway_dir) / f"gateway-{uuid.uuid4().hex[:12]}.sock")
+                gw.set_key(self._key())
+                await gw.start()
+            except BaseException as exc:
+                self._gateway_starting = None
+                starting.set_exception(exc)
+                raise
+            self._gateway = gw
+            starting.set_result(gw)
+        return await asyncio.shield(starting)
 
     # --- one rollout ----------------------------------------------------------------------
     def execute(self, harness: Any, task: Task, rollout_idx: int, seed: int) -> RolloutResult:
@@ -116,56 +203,122 @@ class AgentExecutor:
 
         fmt = format_of(task)
         spec = fmt.sandbox_spec(task)
-        scratch = Path(tempfile.mkdtemp(prefix=f"milo-{task.task_id[:40]}-", dir=self.scratch_dir))
+        spare = None
+        if self.pool.size and getattr(self.sandbox, "hosts_harness", False):
+            self.pool.refill(spec, (await self.gateway()).socket_path)
+            spare = self.pool.take(spec)
+        scratch = spare.scratch if spare else Path(tempfile.mkdtemp(prefix="milo-rollout-", dir=self.scratch_dir))
         try:
-            sandbox = await asyncio.to_thread(self.sandbox.open, spec, scratch / "sandbox")
+            if spare is not None:
+                sandbox = spare.sandbox
+                await asyncio.to_thread(sandbox.dirs.add_files, spec.copy_in)
+                spare.process.assign(harness)
+            else:
+                sandbox = await asyncio.to_thread(self.sandbox.open, spec, scratch / "agent")
             try:
-                run = await self._act(harness, task, sandbox, scratch)
-                verdict = await asyncio.to_thread(fmt.verify, task, sandbox)
-            finally:
+                run = await self._act(harness, task, sandbox, scratch, spare.process if spare else None)
+            except BaseException:
                 await asyncio.to_thread(sandbox.close)
+                raise
+            verdict = await self._grade(fmt, task, spec, sandbox, scratch)
         finally:
             if not self.keep_scratch:
-                shutil.rmtree(scratch, ignore_errors=True)
+                await asyncio.to_thread(shutil.rmtree, scratch, True)
         return run.result(harness.harness_id, task, rollout_idx, verdict, self.model_id)
 
-    async def _act(self, harness: Any, task: Task, sandbox: Any, scratch: Path) -> "_AgentRun":
+    async def _grade(self, fmt: Any, task: Task, spec: Any, sandbox: Any, scratch: Path) -> Any:
+        """Grade in a fresh sandbox on the agent's workspace, after every process of the
+        agent's sandbox is dead (the fresh one shares nothing else with it: not its /tmp,
+        its home, its /logs). A sandbox whose workspace is not a host directory (Docker)
+        is graded in place once its processes are killed."""
+        workspace = getattr(sandbox, "workspace_dir", None)
+        if workspace is None:
+            try:
+                await asyncio.to_thread(sandbox.interrupt)
+                return await asyncio.to_thread(fmt.verify, task, sandbox)
+            finally:
+                await asyncio.to_thread(sandbox.close)
+        await asyncio.to_thread(sandbox.close)
+        grade_root = scratch / "grade"
+        grade_root.mkdir()
+        os.rename(workspace, grade_root / "workspace")
+        fresh = await asyncio.to_thread(self.sandbox.open, dataclasses.replace(spec, copy_in=()), grade_root)
+        try:
+            return await asyncio.to_thread(fmt.verify, task, fresh)
+        finally:
+            await asyncio.to_thread(fresh.close)
+
+    async def _act(self, harness: Any, task: Task, sandbox: Any, scratch: Path, warm: Any = None) -> "_AgentRun":
         if self.agent == "oracle":
             started = time.time()
             error = await asyncio.to_thread(_solve, task, sandbox)
+            await asyncio.to_thread(sandbox.interrupt)
             return _AgentRun(status="oracle", seconds=time.time() - started, error=error,
                              error_kind="task" if error else None)
-        from milo_ray.harness.loader import HarnessLoadError, load_harness
+        from milo_ray.execution.harness_process_host import HarnessProcess
 
+        if not getattr(self.sandbox, "hosts_harness", False):
+            raise ValueError(f"sandbox={getattr(self.sandbox, 'name', '?')} cannot host the harness process "
+                             "(executor.agent=harness); use sandbox=bwrap")
+        gateway = await self.gateway()
+        token_cap = int(task.token_cap) if task.token_cap and task.token_cap > 0 else None
+        grant = gateway.issue(f"{harness.harness_id}/{task.task_id}", token_cap=token_cap,
+                              call_cap=self.max_model_calls)
         try:
-            module = load_harness(harness, scratch.parent / "milo-harnesses")
-            agent = module.build_agent(self._model(), sandbox)
-        except HarnessLoadError as exc:
-            return _AgentRun(status="harness_error", error=str(exc), error_kind="harness")
-        except Exception as exc:
-            return _AgentRun(status="harness_error", error=f"build_agent raised {type(exc).__name__}: {exc}",
-                             error_kind="harness")
-        return await _run_agent(agent, task, sandbox, self.recursion_limit, self.model)
+            process = warm or HarnessProcess(sandbox, harness, scratch, gateway.socket_path)
+            job = process.job(task, token=grant.token, recursion_limit=self.recursion_limit,
+                              model=_inner_model(self.model))
+            cap = task.time_cap_s if task.time_cap_s and task.time_cap_s > 0 else None
+            run = await process.run(task, job=job, startup_timeout_s=self.startup_timeout_s, agent_cap_s=cap,
+                                    stopped=grant.stopped)
+        finally:
+            gateway.end(grant)
+        calls = list(grant.calls)
+        status, error, error_kind = run.status, run.error, None
+        if status == "stopped" or (grant.stop_reason and status == "harness_error"):
+            # The gateway ended it (or refused the call the agent then failed on).
+            status, error = grant.stop_reason or "token_cap", None
+        elif status == "harness_error":
+            if run.endpoint_error and grant.upstream_error:
+                raise InfraFailure(f"model endpoint: {grant.upstream_error}", calls)
+            error_kind = "harness"
+        agent_run = _AgentRun(status=status, seconds=run.seconds, error=error, error_kind=error_kind, steps=run.steps,
+                              calls=calls, stderr=run.stderr_tail)
+        agent_run.startup_s, agent_run.warm = run.startup_s, warm is not None
+        return agent_run
 
-    def _model(self) -> Any:
-        # One chat model per worker process: it holds the HTTP client and the rate limiter.
-        if self._chat_model is None:
-            from milo_ray.agents.llm import build_chat_model
 
-            self._chat_model = build_chat_model(self.model)
-        return self._chat_model
+def _check_solver(model: Any, agent: str) -> None:
+    if agent == "oracle":
+        return
+    solver = model.get("solver") if isinstance(model, Mapping) else getattr(model, "solver", None)
+    if not solver:
+        raise ValueError("model.solver: executor=deepagents runs each harness against a real model; use "
+                         "model=litellm model.solver=PROVIDER/NAME (or executor.agent=oracle to run the tasks' "
+                         "reference solutions without a model)")
+
+
+def _inner_model(cfg: Any) -> dict[str, Any]:
+    """The chat-model settings the harness process builds its model from: no key, no
+    endpoint (the gateway has both), no retries (the gateway retries)."""
+    return {"solver": cfg.solver, "temperature": cfg.temperature, "max_tokens": cfg.max_output_tokens,
+            "request_timeout": None if cfg.request_timeout_s is None else
+            # The gateway's own retries run inside one request of the harness's client.
+            float(cfg.request_timeout_s) * (int(cfg.max_retries) + 1) + 60.0}
 
 
 class _AgentRun:
     """How the agent part of a rollout went (before grading)."""
 
     def __init__(self, status: str, seconds: float = 0.0, error: str | None = None, error_kind: str | None = None,
-                 recorder: Any = None, calls: list[dict[str, Any]] | None = None) -> None:
-        from milo_ray.execution.trajectory import TrajectoryRecorder
-
+                 steps: list[dict[str, Any]] | None = None, calls: list[dict[str, Any]] | None = None,
+                 stderr: str = "") -> None:
         self.status, self.seconds, self.error, self.error_kind = status, seconds, error, error_kind
-        self.recorder = recorder or TrajectoryRecorder()
+        self.steps = steps or []
         self.calls = calls or []
+        self.stderr = stderr
+        self.startup_s: float | None = None  # the harness process's launch (or job) to its agent built
+        self.warm = False  # the harness process was started ahead (harness_process_pool)
 
     def result(self, harness_id: str, task: Task, rollout_idx: int, verdict: Any, model_id: str) -> RolloutResult:
         from milo_ray.execution.trajectory import trajectory
@@ -175,9 +328,14 @@ class _AgentRun:
             error_kind, error = "task", f"{error}; verifier: {verdict.error}" if error else verdict.error
         costs = [c["cost_usd"] for c in self.calls]
         cost = None if any(c is None for c in costs) else float(sum(costs))
-        traj = trajectory(self.recorder, task_id=task.task_id, harness_id=harness_id, rollout_idx=rollout_idx,
+        traj = trajectory(self.steps, task_id=task.task_id, harness_id=harness_id, rollout_idx=rollout_idx,
                           model_id=model_id, status=self.status, agent_seconds=self.seconds, calls=self.calls,
                           error=self.error)
+        if self.stderr:
+            traj["harness_stderr"] = self.stderr
+        if self.startup_s is not None:
+            traj["startup_s"] = round(self.startup_s, 3)
+            traj["warm_process"] = self.warm
         trace = {"trajectory": traj, "ctrf": verdict.ctrf,
                  "verifier": {"score": verdict.score, "reward": verdict.reward, "error": verdict.error,
                               "seconds": round(verdict.seconds, 3), "output": verdict.output,
@@ -188,65 +346,10 @@ class _AgentRun:
                              error_kind=error_kind, error=error, trace=trace)
 
 
-async def _run_agent(agent: Any, task: Task, sandbox: Any, recursion_limit: int, model: Any) -> _AgentRun:
-    """Run ``agent`` on the task under the time, step and token caps; keep every message
-    seen so far whatever stops it."""
-    from langgraph.errors import GraphRecursionError
-
-    from milo_ray.agents.solver_calls import SolverCallRecorder
-    from milo_ray.execution.trajectory import TrajectoryRecorder
-
-    recorder, calls = TrajectoryRecorder(), SolverCallRecorder(model)
-    status, error, error_kind = "completed", None, None
-    token_cap = int(task.token_cap) if task.token_cap and task.token_cap > 0 else None
-
-    async def consume() -> str:
-        config = {"recursion_limit": recursion_limit, "callbacks": [calls]}
-        inputs = {"messages": [{"role": "user", "content": task.instruction}]}
-        async for state in agent.astream(inputs, config=config, stream_mode="values"):
-            recorder.observe(state)
-            if token_cap is not None and calls.tokens() >= token_cap:
-                return "token_cap"
-        return "completed"
-
-    started = time.time()
-    cap = task.time_cap_s if task.time_cap_s and task.time_cap_s > 0 else None
-    try:
-        status = await asyncio.wait_for(consume(), timeout=cap)
-    except asyncio.TimeoutError:
-        status = "timeout"
-    except GraphRecursionError:
-        status = "step_cap"
-    except Exception as exc:
-        if is_endpoint_error(exc):
-            # The model endpoint failed past its retries: infrastructure, retried by the
-            # scheduler, which also records the calls this attempt made.
-            raise InfraFailure(f"model endpoint: {type(exc).__name__}: {exc}", calls.as_dicts()) from exc
-        status, error_kind = "harness_error", "harness"
-        error = f"the agent raised {type(exc).__name__}: {exc}"
-    seconds = time.time() - started
-    if status != "completed":
-        # Whatever the agent started is still running in the sandbox (a cancelled tool
-        # call's command goes on in its thread): stop it before grading.
-        await asyncio.to_thread(sandbox.interrupt)
-    return _AgentRun(status=status, seconds=seconds, error=error, error_kind=error_kind, recorder=recorder,
-                     calls=calls.as_dicts())
-
-
 def _solve(task: Task, sandbox: Any) -> str | None:
     from milo_ray.benchmarks.task_format import format_of
 
     return format_of(task).solve(task, sandbox)
-
-
-def is_endpoint_error(exc: BaseException) -> bool:
-    """Whether ``exc`` is the model endpoint failing (litellm/openai/httpx errors: rate
-    limits, server errors, timeouts, refused connections, bad credentials) rather than
-    the harness's own code."""
-    for cls in type(exc).__mro__:
-        if cls.__module__.split(".")[0] in ("litellm", "openai", "httpx", "httpcore"):
-            return True
-    return False
 
 
 def build_factory(sandbox: Any) -> Any:

@@ -7,6 +7,10 @@ seen so far, each stamped with the time it first appeared. :func:`steps` turns L
 messages into plain dicts: role, content, tool calls with their arguments, tool results
 (with the tool-call id they answer), and, on the model's messages, the tokens of the
 call that produced them.
+
+A harness process streams its steps out as JSON lines (:mod:`milo_ray.execution.harness_process`);
+:func:`parse_message` checks each line against the message schema (kinds, types, sizes)
+before anything of it is kept, and :class:`StepLog` assembles the steps.
 """
 
 from __future__ import annotations
@@ -99,12 +103,123 @@ class TrajectoryRecorder:
         return out
 
 
-def trajectory(recorder: TrajectoryRecorder, *, task_id: str, harness_id: str, rollout_idx: int, model_id: str,
-               status: str, agent_seconds: float, calls: Iterable[dict[str, Any]], error: str | None = None
-               ) -> dict[str, Any]:
+class ProtocolError(ValueError):
+    """A line from a harness process that is not a valid message."""
+
+
+# Messages a harness process may send (see milo_ray.execution.harness_process).
+MESSAGE_KINDS = ("ready", "started", "steps", "final")
+FINAL_STATUSES = ("completed", "step_cap", "harness_error")
+# Steps one trajectory keeps; a harness that produces more is cut (the rest is not graded
+# anyway: the workspace is).
+MAX_STEPS = 5_000
+_STEP_KEYS = {"role", "content", "name", "tool_calls", "tool_call_id", "status", "usage", "step", "timestamp"}
+_STEP_ROLES = set(_ROLES.values()) | {"message"}
+
+
+def _short(value: Any, limit: int = 500) -> str:
+    return clip(str(value), limit)
+
+
+def check_step(obj: Any) -> dict[str, Any]:
+    """One step from an untrusted process, as the JSON this module writes, or
+    :class:`ProtocolError`. Strings are clipped, unknown keys dropped, types enforced."""
+    if not isinstance(obj, dict):
+        raise ProtocolError("a step is not an object")
+    role = obj.get("role")
+    if role not in _STEP_ROLES:
+        raise ProtocolError(f"a step has role {_short(role, 40)!r}")
+    content = obj.get("content", "")
+    if not isinstance(content, str):
+        raise ProtocolError("a step's content is not a string")
+    out: dict[str, Any] = {"role": role, "content": clip(content)}
+    if obj.get("name") is not None:
+        out["name"] = _short(obj["name"], 200)
+    calls = obj.get("tool_calls")
+    if calls is not None:
+        if not isinstance(calls, list) or len(calls) > 256:
+            raise ProtocolError("a step's tool_calls is not a list of at most 256 calls")
+        checked = []
+        for c in calls:
+            if not isinstance(c, dict):
+                raise ProtocolError("a tool call is not an object")
+            args = c.get("args")
+            text = json.dumps(args, default=str)
+            if len(text) > MAX_CONTENT_CHARS:
+                args = clip(text)
+            checked.append({"id": None if c.get("id") is None else _short(c["id"], 200),
+                            "name": None if c.get("name") is None else _short(c["name"], 200), "args": args})
+        out["tool_calls"] = checked
+    if role == "tool":
+        tcid = obj.get("tool_call_id")
+        out["tool_call_id"] = None if tcid is None else _short(tcid, 200)
+        if obj.get("status") is not None:
+            out["status"] = _short(obj["status"], 40)
+    usage = obj.get("usage")
+    if usage is not None:
+        if not isinstance(usage, dict):
+            raise ProtocolError("a step's usage is not an object")
+        try:
+            out["usage"] = {"input_tokens": max(0, int(usage.get("input_tokens") or 0)),
+                            "output_tokens": max(0, int(usage.get("output_tokens") or 0))}
+        except (TypeError, ValueError):
+            raise ProtocolError("a step's usage holds a non-integer") from None
+    ts = obj.get("timestamp", 0.0)
+    if not isinstance(ts, (int, float)) or isinstance(ts, bool):
+        raise ProtocolError("a step's timestamp is not a number")
+    out["timestamp"] = float(ts)
+    return out
+
+
+def parse_message(line: bytes | str) -> dict[str, Any]:
+    """One line from a harness process (``{"t": kind, ...}``), checked; see
+    :data:`MESSAGE_KINDS`. Raises :class:`ProtocolError`."""
+    try:
+        msg = json.loads(line)
+    except (ValueError, UnicodeDecodeError):
+        raise ProtocolError("a line is not JSON") from None
+    if not isinstance(msg, dict) or msg.get("t") not in MESSAGE_KINDS:
+        raise ProtocolError("a line is not a message of a known kind")
+    kind = msg["t"]
+    if kind == "steps":
+        start, steps = msg.get("start"), msg.get("steps")
+        if not isinstance(start, int) or isinstance(start, bool) or not 0 <= start <= MAX_STEPS \
+                or not isinstance(steps, list):
+            raise ProtocolError("a steps message needs an integer start and a list of steps")
+        return {"t": kind, "start": start, "steps": [check_step(s) for s in steps[: MAX_STEPS - start]]}
+    if kind == "final":
+        status = msg.get("status")
+        if status not in FINAL_STATUSES:
+            raise ProtocolError(f"a final message has status {_short(status, 40)!r}")
+        error = msg.get("error")
+        return {"t": kind, "status": status, "error": None if error is None else clip(str(error), 4000),
+                "endpoint_error": bool(msg.get("endpoint_error"))}
+    return {"t": kind}
+
+
+class StepLog:
+    """The steps of a streamed trajectory: each update replaces the steps from its
+    ``start`` on (the agent's message list can be rewritten, e.g. summarized)."""
+
+    def __init__(self) -> None:
+        self._steps: list[dict[str, Any]] = []
+
+    def apply(self, start: int, steps: list[dict[str, Any]]) -> None:
+        if start > len(self._steps):
+            raise ProtocolError(f"a steps message starts at {start}, past the {len(self._steps)} steps so far")
+        self._steps = (self._steps[:start] + list(steps))[:MAX_STEPS]
+
+    def steps(self) -> list[dict[str, Any]]:
+        return [{**s, "step": i} for i, s in enumerate(self._steps)]
+
+
+def trajectory(recorder: TrajectoryRecorder | list[dict[str, Any]], *, task_id: str, harness_id: str,
+               rollout_idx: int, model_id: str, status: str, agent_seconds: float,
+               calls: Iterable[dict[str, Any]], error: str | None = None) -> dict[str, Any]:
     """The ``trace["trajectory"]`` of a real rollout: its steps, every model call
     (tokens, USD, start/end time) and how the run ended (``status``: completed, timeout,
-    step_cap, token_cap, harness_error, oracle)."""
+    step_cap, token_cap, call_cap, harness_error, oracle). ``recorder``: a recorder of an
+    in-process run, or the checked steps a harness process streamed."""
     calls = list(calls)
     final: dict[str, Any] = {"status": status, "agent_seconds": round(agent_seconds, 3),
                              "input_tokens": sum(c["input_tokens"] for c in calls),
@@ -112,5 +227,6 @@ def trajectory(recorder: TrajectoryRecorder, *, task_id: str, harness_id: str, r
     if error:
         final["error"] = error
     return {"schema": SCHEMA, "simulated": False, "task_id": task_id, "harness_id": harness_id,
-            "rollout_idx": rollout_idx, "model_id": model_id, "steps": recorder.steps(), "calls": calls,
+            "rollout_idx": rollout_idx, "model_id": model_id,
+            "steps": recorder if isinstance(recorder, list) else recorder.steps(), "calls": calls,
             "final": final}

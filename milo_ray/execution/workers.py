@@ -317,6 +317,13 @@ class _RolloutWorkerShell:
     async def ready(self) -> dict[str, Any]:
         return {"error": self.error, "node_id": ray.get_runtime_context().get_node_id(), "pid": os.getpid()}
 
+    async def set_secrets(self, env: dict[str, str]) -> None:
+        """The driver's key variables for the executor (kept in its memory only)."""
+        assert self.core is not None, self.error
+        set_secrets = getattr(self.core.executor, "set_secrets", None)
+        if callable(set_secrets):
+            set_secrets(env)
+
     async def submit(self, items: list[Item], harness_refs: dict[str, Any], tasks: dict[str, Task]) -> int:
         assert self.core is not None, self.error
         return await self.core.submit(items, harness_refs, tasks)
@@ -378,16 +385,16 @@ async def start_worker(node: WorkerNode, config_ref: Any, time_cap_grace: float,
     construction error (a config problem, not retried) or None; a worker that cannot be
     placed or dies while starting marks the node as not alive.
 
-    ``env``: environment variables the worker needs that its node may lack (the model's
-    API key, named by ``model.api_key_env``): given through Ray's runtime environment,
-    never through the executor config, which is stored in the manifest."""
+    ``env``: the key variables the worker's executor needs (the model's API key, named by
+    ``model.api_key_env``): handed to the started worker as an argument of one actor
+    call (:meth:`_RolloutWorkerShell.set_secrets`) -- never through Ray's runtime
+    environment (which Ray logs) or the worker's environment, and never through the
+    executor config, which is stored in the manifest."""
     opts: dict[str, Any] = {
         "scheduling_strategy": NodeAffinitySchedulingStrategy(node.node_id, soft=False),
         "max_concurrency": node.slots + _CONTROL_CALLS,
         "max_restarts": 0,
     }
-    if env:
-        opts["runtime_env"] = {"env_vars": dict(env)}
     if node.claim_slots:
         opts["resources"] = {slot_resource: node.slots}
     actor = RolloutWorker.options(**opts).remote(config_ref, node.slots, time_cap_grace)
@@ -401,6 +408,8 @@ async def start_worker(node: WorkerNode, config_ref: Any, time_cap_grace: float,
     if info["error"]:
         ray.kill(actor)
         return info["error"]
+    if env:
+        await aget(actor.set_secrets.remote(dict(env)))
     node.actor = actor
     node.generation += 1
     node.harnesses.clear()

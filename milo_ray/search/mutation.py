@@ -346,9 +346,13 @@ def _validate(child: Harness, parent: Harness, options: ValidationOptions) -> st
 # --------------------------------------------------------------------------- Ray callers
 
 def _streaming_body(spec: Any, request: MutationRequest, validation: ValidationOptions | None, call: str,
-                    shipped: ShippedFiles | None, scope: str | None) -> Iterator[Any]:
-    yield from _mutation_steps(spec, request, time_cap_s=None, validation=validation, call=call, shipped=shipped,
-                               scope=scope)
+                    shipped: ShippedFiles | None, scope: str | None,
+                    secrets: Mapping[str, str] | None = None) -> Iterator[Any]:
+    from milo_ray.agents.llm import use_secrets
+
+    with use_secrets(secrets):
+        yield from _mutation_steps(spec, request, time_cap_s=None, validation=validation, call=call,
+                                   shipped=shipped, scope=scope)
 
 
 _remote_body: Any = None
@@ -356,8 +360,9 @@ _remote_body: Any = None
 
 def _remote(num_cpus: float, env: Mapping[str, str] | None) -> Any:
     """The body as a Ray task with these options. ``env``: variables the agent needs from
-    the driver (its model's key), given to the worker through Ray's runtime_env so they
-    reach workers on other nodes too; never part of any stored config."""
+    the driver (its model's key), handed to the task as an argument (never through Ray's
+    runtime_env, which Ray logs, nor the worker's environment; the agent reads them via
+    :func:`milo_ray.agents.llm.use_secrets`); never part of any stored config."""
     global _remote_body
     if _remote_body is None:
         import ray
@@ -365,9 +370,17 @@ def _remote(num_cpus: float, env: Mapping[str, str] | None) -> Any:
         # No retries: a mutation is a paid agent call; a lost worker is a rejected child.
         _remote_body = ray.remote(max_retries=0)(_streaming_body)
     options: dict[str, Any] = {"num_cpus": num_cpus}
-    if env:
-        options["runtime_env"] = {"env_vars": dict(env)}
-    return _remote_body.options(**options)
+    return _WithSecrets(_remote_body.options(**options), dict(env or {}))
+
+
+class _WithSecrets:
+    """A remote function whose calls carry the driver's secrets as their last argument."""
+
+    def __init__(self, fn: Any, secrets: dict[str, str]) -> None:
+        self.fn, self.secrets = fn, secrets
+
+    def remote(self, *args: Any) -> Any:
+        return self.fn.remote(*args, self.secrets)
 
 
 class _Flight:

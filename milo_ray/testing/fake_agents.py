@@ -113,8 +113,9 @@ class EvidenceReadingMutator:
 
 
 class EnvReportingMutator:
-    """Writes a child and reports the value of environment variable ``name`` in the
-    process that ran it (``<unset>`` when absent): what reaches a mutation's worker."""
+    """Writes a child and reports the value of key variable ``name`` as an agent in the
+    process that ran it reads it (``<unset>`` when absent), and whether that process's
+    environment holds it: what reaches a mutation's worker, and how."""
 
     name = "env-reporting"
 
@@ -124,6 +125,9 @@ class EnvReportingMutator:
     def mutate(self, request: MutationRequest) -> MutationResult:
         import os
 
-        value = os.environ.get(self.variable, "<unset>")
+        from milo_ray.agents.llm import secret
+
+        value = secret(self.variable) or "<unset>"
+        in_env = "in-env" if self.variable in os.environ else "not-in-env"
         child = Harness.from_source(request.parent.source + f"# env {value}\n", name="child")
-        return MutationResult(child, report=value)
+        return MutationResult(child, report=f"{value} {in_env}")

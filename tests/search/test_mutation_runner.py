@@ -229,15 +229,16 @@ def test_a_timed_out_agent_is_killed_with_its_worker_process(tmp_path, ray_local
 
 
 def test_the_agents_key_variables_reach_a_mutation_task_that_never_had_them(tmp_path, ray_local, monkeypatch):
-    # The Ray workers were started before this variable existed in the driver: only
-    # the runtime_env hands it over (as it must to workers on other nodes).
+    # The Ray workers were started before this variable existed in the driver: only the
+    # task's argument hands it over (as it must to workers on other nodes) -- to the agent,
+    # never into the worker's environment.
     monkeypatch.delenv("MILO_RAY_TEST_AGENT_KEY", raising=False)
     spec = {"_target_": "milo_ray.testing.fake_agents.EnvReportingMutator", "variable": "MILO_RAY_TEST_AGENT_KEY"}
     without = asyncio.run(run_mutation_async(spec, request(tmp_path, 1), time_cap_s=60, num_cpus=0.5))
-    assert without.report == "<unset>"
+    assert without.report == "<unset> not-in-env"
     given = asyncio.run(run_mutation_async(spec, request(tmp_path, 2), time_cap_s=60, num_cpus=0.5,
                                            env={"MILO_RAY_TEST_AGENT_KEY": "k-123"}))
-    assert given.report == "k-123"
+    assert given.report == "k-123 not-in-env"
     many = run_mutations(spec, [request(tmp_path, 3)], time_cap_s=60, num_cpus=0.5, use_ray=True,
                          env={"MILO_RAY_TEST_AGENT_KEY": "k-456"})
-    assert many[0].report == "k-456"
+    assert many[0].report == "k-456 not-in-env"

@@ -388,12 +388,18 @@ class CliMutator:
     def _environment(self) -> dict[str, str]:
         env = {k: os.environ[k] for k in ("PATH", "HOME", "LANG") if k in os.environ}
         env.setdefault("PATH", os.defpath)
-        env.update({k: os.environ[k] for k in self.pass_env if k in os.environ})
+        # Key variables come as the driver handed them to this task (agents/llm.py:use_secrets),
+        # else from this process's environment.
+        from milo_ray.agents.llm import secret
+
+        env.update({k: v for k in self.pass_env if (v := secret(k))})
         env.update(self.env)
         return env
 
     def _missing_env_note(self) -> str:
-        missing = [n for n in self.pass_env if n not in os.environ]
+        from milo_ray.agents.llm import secret
+
+        missing = [n for n in self.pass_env if not secret(n)]
         return f"; pass_env names not set here: {', '.join(missing)}" if missing else ""
 
     def _cost(self, parsed: CliUsage) -> float | None:

@@ -52,8 +52,21 @@ from milo_ray.execution.sandbox.process import CappedProcess, CappedRun, run_cap
 logger = logging.getLogger(__name__)
 
 DEFAULT_HOST_READONLY = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc", "/opt")
-# Host files under a read-only directory that the sandbox must still not read.
-_MASKED = ("/etc/shadow", "/etc/gshadow", "/etc/sudoers")
+# Host files and directories under a read-only directory that a task never needs and the
+# sandbox must not read (they are unreadable to the sandbox's user anyway; masked as well,
+# in case the sandbox runs as the host's user).
+_MASKED = ("/etc/shadow", "/etc/shadow-", "/etc/gshadow", "/etc/gshadow-", "/etc/sudoers", "/etc/security/opasswd",
+           "/etc/machine-id")
+_MASKED_DIRS = ("/etc/sudoers.d", "/etc/ssh", "/etc/ssl/private", "/etc/credstore", "/etc/credstore.encrypted")
+# Where the sandbox finds ``python`` when the host has only ``python3`` (task verifiers
+# call ``python``, which every task image has): on the root tmpfs, last on PATH.
+_EXTRA_BIN = "/run/sandbox/bin"
+# The user commands run as when the worker is root: ``nobody``, so root-only host files
+# stay unreadable inside.
+DEFAULT_USER = "65534:65534"
+# Namespaces of a sandbox started by root: all but the user namespace, in which root
+# could not set up mounts over directories owned by the sandbox's user.
+_ROOT_UNSHARE = ("--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts", "--unshare-cgroup-try")
 _CGROUP_DIR = "/.sandbox_cgroup"  # where the command's shell finds its cgroup.procs files
 SANDBOX_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 # How long the one-time probe of bwrap may take; starting a sandbox takes milliseconds, so
@@ -86,9 +99,13 @@ class BwrapSandboxFactory:
     (None: none); ``output_cap_bytes``: output kept per command; ``host_readonly``: host
     paths visible read-only at the same path (symlinks are recreated as symlinks);
     ``pids_limit``: processes per sandbox (None: no limit); ``cgroups``: use cgroups for
-    the limits when the machine allows; ``bwrap_path``: the bwrap executable."""
+    the limits when the machine allows; ``bwrap_path``: the bwrap executable;
+    ``user``: ``UID:GID`` the sandbox's processes run as when the worker runs as root
+    (None: root, with no capabilities; a worker that is not root runs them as itself)."""
 
     name = "bwrap"
+    # Can run a long-lived harness process inside (process_command).
+    hosts_harness = True
 
     def __init__(
         self,
@@ -98,6 +115,7 @@ class BwrapSandboxFactory:
         pids_limit: int | None = 1024,
         cgroups: bool = True,
         bwrap_path: str = "bwrap",
+        user: str | None = DEFAULT_USER,
     ) -> None:
         if command_timeout_s is not None and command_timeout_s <= 0:
             raise ValueError(f"sandbox.command_timeout_s must be > 0 or null, got {command_timeout_s}")
@@ -108,6 +126,8 @@ class BwrapSandboxFactory:
         for p in host_readonly:
             if not str(p).startswith("/"):
                 raise ValueError(f"sandbox.host_readonly entries must be absolute paths, got {p!r}")
+        self._uid_gid = parse_user(user)
+        self.user = None if user is None else str(user)
         self.command_timeout_s = command_timeout_s
         self.output_cap_bytes = int(output_cap_bytes)
         self.host_readonly = tuple(str(p) for p in host_readonly)
@@ -185,7 +205,9 @@ class BwrapSandbox(Sandbox):
         self._factory = factory
         self.spec = spec
         self._id = f"bwrap-{uuid.uuid4().hex[:16]}"
-        self.dirs = HostDirs(spec, scratch)
+        # Dropping to the sandbox user takes root; a worker that is not root already is one.
+        self.owner = factory._uid_gid if factory._uid_gid is not None and os.geteuid() == 0 else None
+        self.dirs = HostDirs(spec, scratch, owner=self.owner)
         self._lock = threading.Lock()
         self._running: set[CappedProcess] = set()
         self._closed = False
@@ -193,8 +215,9 @@ class BwrapSandbox(Sandbox):
             support, f"milo_ray_{self._id}", pids_limit=factory.pids_limit, memory_mb=spec.memory_mb, cpus=spec.cpus
         )
         self.limits, self._launcher = self._limits()
+        self._python = _python_alias()
         self._env = {
-            "PATH": SANDBOX_PATH,
+            "PATH": SANDBOX_PATH + (f":{_EXTRA_BIN}" if self._python else ""),
             "HOME": self.dirs.home,
             "LANG": "C.UTF-8",
             "TMPDIR": "/tmp",
@@ -202,10 +225,19 @@ class BwrapSandbox(Sandbox):
             **spec.env,
         }
         self._bwrap_argv = self._build_bwrap_argv()
+        self.command_timeout_s = factory.command_timeout_s
+        self.output_cap_bytes = factory.output_cap_bytes
+        # The host directory behind the workspace: grading moves it into a fresh sandbox.
+        self.workspace_dir = self.dirs.mounts[self.dirs.workdir]
 
     @property
     def id(self) -> str:
         return self._id
+
+    @property
+    def env(self) -> dict[str, str]:
+        """The environment every process inside gets."""
+        return dict(self._env)
 
     def _limits(self) -> tuple[Limits, list[str]]:
         """What is enforced, and the launcher prefix setting the rlimits before it execs
@@ -240,23 +272,48 @@ class BwrapSandbox(Sandbox):
             launcher += [prlimit, *rlimits, "--"]
         return Limits(pids, memory, cpu, file_size), launcher
 
-    def _build_bwrap_argv(self) -> list[str]:
-        argv = [self._factory.bwrap_path, "--unshare-all"]
-        if self.spec.allow_internet:
-            argv.append("--share-net")
-        argv += ["--die-with-parent", "--new-session", "--cap-drop", "ALL", "--hostname", "sandbox"]
+    def _build_bwrap_argv(self, extra_readonly: dict[str, str] | None = None) -> list[str]:
+        if self.owner is not None:
+            argv = [self._factory.bwrap_path, *_ROOT_UNSHARE]
+            if self.spec.allow_internet:
+                argv.remove("--unshare-net")
+            # Only what setpriv needs to become the sandbox user (and then drop everything).
+            caps = ["--cap-drop", "ALL", "--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID",
+                    "--cap-add", "CAP_SETPCAP"]
+        else:
+            argv = [self._factory.bwrap_path, "--unshare-all"]
+            if self.spec.allow_internet:
+                argv.append("--share-net")
+            caps = ["--cap-drop", "ALL"]
+        argv += ["--die-with-parent", "--new-session", *caps, "--hostname", "sandbox"]
         # A read-only host path under one of the sandbox's own writable directories (an
         # interpreter in a venv under /tmp, a directory under the home) is bound after
         # that directory, or the private mount would hide it.
         readonly = [*self._factory.host_readonly,
                     *(p for p in self.spec.host_readonly if p not in self._factory.host_readonly)]
         late = [p for p in readonly if any(_under(p, inside) for inside in self.dirs.mounts)]
+        # Directories leading to a mount that nothing else provides (/root for a workdir
+        # /root/x, or an interpreter under /root) are made on the root tmpfs, readable by
+        # the sandbox user (bwrap would make them 0700 root).
+        made: set[str] = set()
+        covered = [*readonly, *self.dirs.mounts]
+        for target in [*(p for p in readonly if p not in late), *self.dirs.mounts]:
+            argv += _dirs_for(_top_parent(target, covered), made)
         argv += _readonly_args([p for p in readonly if p not in late])
         argv += ["--proc", "/proc", "--dev", "/dev"]
         # Parents before children, so a nested mount is not hidden by its parent's.
         for inside, host in sorted(self.dirs.mounts.items(), key=lambda kv: len(kv[0])):
             argv += ["--bind", str(host), inside]
+        for p in late:
+            self.dirs.prepare_mountpoint(p)
         argv += _readonly_args(late)
+        for host, inside in (extra_readonly or {}).items():
+            argv += _dirs_for(posixpath.dirname(inside), made) + ["--ro-bind", host, inside]
+        if self._python:
+            argv += _dirs_for(_EXTRA_BIN, made) + ["--symlink", self._python, f"{_EXTRA_BIN}/python"]
+        for d in _MASKED_DIRS:
+            if os.path.isdir(d) and any(_under(d, ro) for ro in readonly):
+                argv += ["--tmpfs", d, "--remount-ro", d]
         # The command's shell joins the sandbox's cgroups before it runs anything (see
         # _command), through these files alone: writing a pid there can only move a process
         # of this sandbox (the only ones it can name) into this sandbox's cgroup. Joining
@@ -269,16 +326,41 @@ class BwrapSandbox(Sandbox):
         argv += ["--remount-ro", "/", "--chdir", self.dirs.workdir, "--clearenv"]
         for key, value in self._env.items():
             argv += ["--setenv", key, value]
-        shell = "/bin/bash" if os.path.exists("/bin/bash") else "/bin/sh"
-        return argv + [shell, "-c"]
+        return argv
 
-    def _command(self, command: str) -> str:
+    def _wrap(self, argv: list[str]) -> list[str]:
+        """What runs inside for ``argv``: join the sandbox's cgroups, become the sandbox
+        user, then exec ``argv``."""
+        if self.owner is not None:
+            uid, gid = self.owner
+            argv = [_SETPRIV, f"--reuid={uid}", f"--regid={gid}", "--clear-groups", "--inh-caps=-all",
+                    "--bounding-set=-all", "--no-new-privs", "--", *argv]
         if not self._cgroup.procs_files:
-            return command
-        # On its own line, so no syntax of the command can come before it; 125 = the
-        # sandbox, not the command, failed (as docker run reports it).
+            return argv
+        # 125 = the sandbox, not the command, failed (as docker run reports it).
         joins = " && ".join(f"echo $$ > {_CGROUP_DIR}/{i}.procs" for i in range(len(self._cgroup.procs_files)))
-        return f"{{ {joins}; }} 2>/dev/null || {{ echo 'sandbox: cannot join its cgroup' >&2; exit 125; }}\n{command}"
+        script = f"{{ {joins}; }} 2>/dev/null || {{ echo 'sandbox: cannot join its cgroup' >&2; exit 125; }}\nexec \"$@\""
+        return ["/bin/sh", "-c", script, "sh", *argv]
+
+    def _command(self, command: str) -> list[str]:
+        shell = "/bin/bash" if os.path.exists("/bin/bash") else "/bin/sh"
+        return self._wrap([shell, "-c", command])
+
+    def process_command(self, argv: list[str], readonly_binds: dict[str, str] | None = None
+                        ) -> tuple[list[str], list[str], list[str]]:
+        """How to run ``argv`` as one long-lived process inside this sandbox (same mounts,
+        environment, user, limits and cgroup as its commands), with ``readonly_binds``
+        (host path -> sandbox path) shown read-only on top: ``(prefix, options, command)``.
+        Run ``prefix + ["--args", FD] + command`` with ``options`` NUL-separated in the file
+        descriptor FD (bwrap's own way of taking its arguments), so that bwrap's command
+        line -- which its PID 1 inside shows in ``/proc/1/cmdline`` -- names no host path.
+        Start it with the environment :data:`LAUNCH_ENV` in a new session; killing its
+        process group (or closing the sandbox) ends everything it started."""
+        with self._lock:
+            if self._closed:
+                raise RuntimeError(f"sandbox {self._id} is closed")
+        base = self._build_bwrap_argv(readonly_binds) if readonly_binds else self._bwrap_argv
+        return self._launcher + base[:1], base[1:], self._wrap(list(argv))
 
     def execute(self, command: str, *, timeout: int | None = None) -> ExecuteResponse:
         if not command or not isinstance(command, str):
@@ -289,7 +371,7 @@ class BwrapSandbox(Sandbox):
                 raise RuntimeError(f"sandbox {self._id} is closed")
             # The host environment is not passed on: bwrap gets only what it needs to start.
             proc = start_capped(
-                self._launcher + self._bwrap_argv + [self._command(command)],
+                self._launcher + self._bwrap_argv + self._command(command),
                 timeout_s=timeout_s,
                 output_cap_bytes=self._factory.output_cap_bytes,
                 env={"PATH": SANDBOX_PATH},
@@ -331,6 +413,61 @@ class BwrapSandbox(Sandbox):
             self._closed = True
         self.interrupt()
         self._cgroup.close()
+
+
+LAUNCH_ENV = {"PATH": SANDBOX_PATH}
+_SETPRIV = shutil.which("setpriv") or "/usr/bin/setpriv"
+
+
+def parse_user(user: str | None) -> tuple[int, int] | None:
+    """``"UID:GID"`` -> (uid, gid); None stays None."""
+    if user is None:
+        return None
+    parts = str(user).split(":")
+    if len(parts) != 2 or not all(p.isdigit() for p in parts):
+        raise ValueError(f"sandbox.user={user!r}: give numeric UID:GID (e.g. 65534:65534 for nobody) or null for root")
+    uid, gid = int(parts[0]), int(parts[1])
+    if uid == 0:
+        raise ValueError("sandbox.user: 0 is root; give an unprivileged UID:GID or null to keep root")
+    return uid, gid
+
+
+def _dirs_for(path: str, made: set[str]) -> list[str]:
+    """bwrap arguments creating ``path`` and its parents on the sandbox's root tmpfs,
+    readable by the sandbox user (bwrap would create them 0700)."""
+    args: list[str] = []
+    if not path:
+        return args
+    parts = [p for p in path.split("/") if p]
+    for i in range(1, len(parts) + 1):
+        d = "/" + "/".join(parts[:i])
+        if d not in made:
+            made.add(d)
+            args += ["--perms", "0755", "--dir", d]
+    return args
+
+
+def _top_parent(path: str, covered: Sequence[str]) -> str:
+    """The deepest directory above ``path`` that no other entry of ``covered`` provides
+    ("" when every parent is provided or is the root)."""
+    parent, keep = posixpath.dirname(path), ""
+    chain = []
+    while parent not in ("/", ""):
+        chain.append(parent)
+        parent = posixpath.dirname(parent)
+    for d in reversed(chain):  # outermost first
+        if any(_under(d, c) for c in covered if c != path):
+            break
+        keep = d
+    return keep
+
+
+def _python_alias() -> str | None:
+    """The sandbox's ``python3`` when its PATH has no ``python`` (else None)."""
+    base = SANDBOX_PATH
+    if shutil.which("python", path=base):
+        return None
+    return shutil.which("python3", path=base)
 
 
 def _readonly_args(paths: Sequence[str]) -> list[str]:

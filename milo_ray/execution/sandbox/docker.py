@@ -7,6 +7,11 @@ main process is a long ``sleep`` under Docker's ``--init`` (which reaps orphans)
 command is a ``docker exec`` into it, run through :func:`run_capped` for the per-command
 timeout and the output cap.
 
+Hardening: commands run as a non-root user (``user``, default nobody) with no
+capabilities and ``no-new-privileges``; the root filesystem is read-only, the task's
+directories (workdir, ``/logs``, ``/tests``, ``/solution``) are anonymous volumes filled
+from the image and removed with the container, ``/tmp`` is a tmpfs of ``tmpfs_mb``.
+
 What is enforced: no network unless ``spec.allow_internet`` (``--network none``); CPUs,
 memory (swap included) and the process count (``--cpus``, ``--memory``/``--memory-swap``,
 ``--pids-limit``) from the spec, else the factory's defaults; the timeout and output cap
@@ -142,8 +147,9 @@ class DockerSandbox(Sandbox):
     :meth:`DockerSandboxFactory.open`."""
 
     def __init__(self, *, docker: tuple[str, ...], container: str, workdir: str, main_pid: str,
-                 command_timeout_s: float, output_cap_bytes: int) -> None:
+                 command_timeout_s: float, output_cap_bytes: int, user: str | None = None) -> None:
         self._docker, self._container, self._workdir = docker, container, workdir
+        self._as_user = ("-u", user) if user else ()
         self._main_pid = main_pid
         self._command_timeout_s, self._output_cap = command_timeout_s, output_cap_bytes
         self._closed = False
@@ -162,7 +168,7 @@ class DockerSandbox(Sandbox):
         self._check_open()
         limit = resolve_timeout(timeout, self._command_timeout_s)
         marker = f"{EXEC_MARKER}={uuid.uuid4().hex}"
-        run = run_capped([*self._docker, "exec", "-e", marker, "-w", self._workdir, self._container,
+        run = run_capped([*self._docker, "exec", *self._as_user, "-e", marker, "-w", self._workdir, self._container,
                           "bash", "-c", command], timeout_s=limit, output_cap_bytes=self._output_cap)
         if not run.timed_out:
             return ExecuteResponse(output=run.output, exit_code=run.exit_code, truncated=run.truncated)
@@ -197,7 +203,7 @@ class DockerSandbox(Sandbox):
             for _, data in todo:
                 payload.write(b"%d\n" % len(data))
                 payload.write(data)
-            run = run_capped([*self._docker, "exec", "-i", self._container, "python3", "-c", _UPLOAD],
+            run = run_capped([*self._docker, "exec", *self._as_user, "-i", self._container, "python3", "-c", _UPLOAD],
                              timeout_s=max(self._command_timeout_s, _CONTROL_TIMEOUT_S),
                              output_cap_bytes=_CONTROL_OUTPUT_CAP, stdin=payload.getvalue())
             errors = _last_json_list(run.output, len(todo))
@@ -246,7 +252,11 @@ class DockerSandbox(Sandbox):
 
     def _sweep(self, marker: str | None) -> bool:
         """Kill the marked processes (all but the main one when ``marker`` is None)."""
-        run = run_capped([*self._docker, "exec", "-u", "0", self._container, "sh", "-c", _SWEEP, "sh",
+        # A command's processes are found by the marker in their environment, which only
+        # their own user may read (root in the container has no CAP_SYS_PTRACE): that
+        # sweep runs as the commands' user; the sweep of everything runs as root (CAP_KILL).
+        who = self._as_user if marker and self._as_user else ("-u", "0")
+        run = run_capped([*self._docker, "exec", *who, self._container, "sh", "-c", _SWEEP, "sh",
                           self._main_pid, marker or ""],
                          timeout_s=_CONTROL_TIMEOUT_S, output_cap_bytes=_CONTROL_OUTPUT_CAP)
         if run.exit_code != 0:
@@ -256,7 +266,7 @@ class DockerSandbox(Sandbox):
 
 def _remove_container(docker: tuple[str, ...], container: str) -> None:
     try:
-        done = subprocess.run([*docker, "rm", "-f", container], capture_output=True, text=True,
+        done = subprocess.run([*docker, "rm", "-f", "-v", container], capture_output=True, text=True,
                               timeout=_CONTROL_TIMEOUT_S)
     except (OSError, subprocess.TimeoutExpired) as e:
         log.warning("could not remove container %s: %s", container, e)
@@ -338,7 +348,9 @@ class DockerSandboxFactory:
     mounted read-only at the same path in every container (the host's programs for an
     image made by ``docker import``; empty for real task images); ``cpus``,
     ``memory_mb``: defaults for specs that name none (None: unlimited); ``pids_limit``:
-    processes per container; ``docker``: the CLI command (e.g. ``["sudo", "docker"]``).
+    processes per container; ``docker``: the CLI command (e.g. ``["sudo", "docker"]``);
+    ``user``: the non-root ``UID:GID`` commands run as (None: the image's user);
+    ``tmpfs_mb``: size of the container's ``/tmp`` (its root filesystem is read-only).
     """
 
     name = "docker"
@@ -347,7 +359,8 @@ class DockerSandboxFactory:
                  build_timeout_s: float = 1800.0, base_image_override: str | None = None,
                  host_mounts: tuple[str, ...] | list[str] = (), cpus: float | None = None,
                  memory_mb: int | None = None, pids_limit: int = 4096,
-                 docker: tuple[str, ...] | list[str] = ("docker",)) -> None:
+                 docker: tuple[str, ...] | list[str] = ("docker",), user: str | None = "65534:65534",
+                 tmpfs_mb: int = 1024) -> None:
         for field, value in (("command_timeout_s", command_timeout_s), ("build_timeout_s", build_timeout_s),
                              ("output_cap_bytes", output_cap_bytes), ("pids_limit", pids_limit)):
             if not value > 0:
@@ -367,6 +380,12 @@ class DockerSandboxFactory:
         self.host_mounts = tuple(str(m) for m in host_mounts)
         self.cpus, self.memory_mb, self.pids_limit = cpus, memory_mb, int(pids_limit)
         self.docker = tuple(str(a) for a in docker)
+        if user is not None and not re.fullmatch(r"[1-9][0-9]*:[0-9]+", str(user)):
+            raise ValueError(f"sandbox.user={user!r}: give a numeric non-root UID:GID (e.g. 65534:65534) or null "
+                             "for the image's own user")
+        if not int(tmpfs_mb) > 0:
+            raise ValueError(f"sandbox.tmpfs_mb must be > 0, got {tmpfs_mb!r}")
+        self.user, self.tmpfs_mb = (None if user is None else str(user)), int(tmpfs_mb)
         self._host_cpus: float | None = None  # the daemon's CPU count, once it answered
 
     def unsupported(self, spec: SandboxSpec) -> str | None:
@@ -407,7 +426,19 @@ class DockerSandboxFactory:
         argv = [*self.docker, "run", "-d", "--init", "--name", container,
                 "--label", f"{LABEL}=docker", "--label", f"milo-ray.task={spec.task_id}",
                 "--label", f"milo-ray.pid={os.getpid()}",
-                "--pids-limit", str(self.pids_limit), "-w", spec.workdir, "--entrypoint", _MAIN[0]]
+                "--pids-limit", str(self.pids_limit), "-w", spec.workdir, "--entrypoint", _MAIN[0],
+                # Hardening: a read-only root (the task's directories are volumes, filled
+                # from the image; /tmp a bounded tmpfs), no privilege gain. Capabilities:
+                # only what root's control calls below need (make the directories, kill a
+                # command's processes); the agent's commands run as a non-root user, which
+                # holds none of them.
+                "--read-only", "--tmpfs", f"/tmp:rw,nosuid,nodev,size={self.tmpfs_mb}m",
+                "--security-opt", "no-new-privileges", "--cap-drop", "ALL",
+                *(a for c in ("CHOWN", "DAC_OVERRIDE", "FOWNER", "KILL") for a in ("--cap-add", c))]
+        for d in dict.fromkeys((spec.workdir, LOGS_DIR, TESTS_DIR, SOLUTION_DIR)):
+            argv += ["-v", d]
+        if self.user is not None and "HOME" not in spec.env:
+            argv += ["-e", "HOME=/tmp"]
         if not spec.allow_internet:
             argv += ["--network", "none"]
         cpus = spec.cpus if spec.cpus is not None else self.cpus
@@ -432,8 +463,9 @@ class DockerSandboxFactory:
         try:
             main_pid = _find_main_pid(self.docker, container)
             dirs = " ".join(shlex.quote(d) for d in (spec.workdir, LOGS_DIR, TESTS_DIR, SOLUTION_DIR))
+            own = f" && chown -R {self.user} {shlex.quote(spec.workdir)}" if self.user else ""
             made = run_capped([*self.docker, "exec", "-u", "0", container, "sh", "-c",
-                               f"mkdir -p {dirs} && chmod 0777 {LOGS_DIR} {TESTS_DIR} {SOLUTION_DIR}"],
+                               f"mkdir -p {dirs} && chmod 0777 {LOGS_DIR} {TESTS_DIR} {SOLUTION_DIR}{own}"],
                               timeout_s=_CONTROL_TIMEOUT_S, output_cap_bytes=_CONTROL_OUTPUT_CAP)
             if made.exit_code != 0:
                 raise RuntimeError(f"task {spec.task_id}: cannot create the sandbox directories: {made.output.strip()}")
@@ -441,7 +473,8 @@ class DockerSandboxFactory:
             _remove_container(self.docker, container)
             raise
         return DockerSandbox(docker=self.docker, container=container, workdir=spec.workdir, main_pid=main_pid,
-                             command_timeout_s=self.command_timeout_s, output_cap_bytes=self.output_cap_bytes)
+                             command_timeout_s=self.command_timeout_s, output_cap_bytes=self.output_cap_bytes,
+                             user=self.user)
 
     def _build(self, spec: SandboxSpec, scratch: Path) -> str:
         context = Path(spec.build_context)

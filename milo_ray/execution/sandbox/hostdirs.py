@@ -27,7 +27,8 @@ SANDBOX_TMP = "/tmp"
 class HostDirs:
     """Sandbox path -> host directory for every writable directory of one sandbox."""
 
-    def __init__(self, spec: SandboxSpec, scratch: Path, *, private_tmp: bool = True) -> None:
+    def __init__(self, spec: SandboxSpec, scratch: Path, *, private_tmp: bool = True,
+                 owner: tuple[int, int] | None = None) -> None:
         workdir = posixpath.normpath(spec.workdir)
         if not spec.workdir.startswith("/") or workdir == "/":
             raise ValueError(f"SandboxSpec.workdir must be an absolute path below /, got {spec.workdir!r}")
@@ -35,6 +36,9 @@ class HostDirs:
         if any(_under(workdir, r) or _under(r, workdir) for r in reserved):
             raise ValueError(f"SandboxSpec.workdir {spec.workdir!r} overlaps one of {reserved}")
         self.workdir = workdir
+        # (uid, gid) the sandbox's commands run as when it is not this process's: every
+        # writable directory and every file put there is handed to it.
+        self.owner = owner
         # A task whose workdir is (under) the home gets HOME = workdir, so the two mounts
         # never shadow each other.
         self.home = workdir if _under(workdir, SANDBOX_HOME) or _under(SANDBOX_HOME, workdir) else SANDBOX_HOME
@@ -50,12 +54,68 @@ class HostDirs:
         layout[SANDBOX_TMP] = scratch / "tmp" if private_tmp else Path("/tmp")
         if self.home != workdir:
             layout[self.home] = scratch / "home"
-        for host in layout.values():
+        for inside, host in layout.items():
             host.mkdir(parents=True, exist_ok=True)
+            if inside != SANDBOX_TMP or private_tmp:
+                self._own(host)
         # Longest sandbox prefix first, so the most specific mount wins.
         self.mounts: dict[str, Path] = dict(sorted(layout.items(), key=lambda kv: -len(kv[0])))
         for src, dest in spec.copy_in:
             self._copy_in(Path(src), dest)
+        if self.owner is not None:
+            # Everything already in a writable directory (copied-in files, a workspace
+            # prepared before the sandbox opened) is the sandbox user's to change.
+            for host in self.mounts.values():
+                if host != Path("/tmp"):
+                    self._own_tree(host)
+                    # bwrap (root without capabilities) must enter it to chdir there.
+                    os.chmod(host, os.stat(host).st_mode | 0o755)
+
+    def add_files(self, copy_in: tuple[tuple[str, str], ...]) -> None:
+        """Copy a spec's ``copy_in`` files in after the directories exist (a sandbox
+        opened ahead of its task)."""
+        for src, dest in copy_in:
+            self._copy_in(Path(src), dest)
+        if self.owner is not None and copy_in:
+            for host in self.mounts.values():
+                if host != Path("/tmp"):
+                    self._own_tree(host)
+
+    def _own(self, path: Path) -> None:
+        if self.owner is not None:
+            os.lchown(path, *self.owner)
+
+    def _own_tree(self, root: Path) -> None:
+        self._own(root)
+        for dirpath, dirnames, filenames in os.walk(root):
+            for name in dirnames + filenames:
+                os.lchown(os.path.join(dirpath, name), *self.owner)
+
+    def _own_new(self, target: Path, root: Path) -> None:
+        """Hand ``target`` and the directories above it up to ``root`` to the owner."""
+        if self.owner is None:
+            return
+        p = target
+        while True:
+            self._own(p)
+            if p == root or p.parent == p:
+                break
+            p = p.parent
+
+    def prepare_mountpoint(self, path: str) -> None:
+        """Create the directories leading to ``path`` inside a writable mount, readable
+        by all (a read-only host path bound below the home must be reachable by a
+        sandbox user other than root)."""
+        for inside, host in self.mounts.items():
+            if _under(path, inside) and path != inside:
+                rel = posixpath.relpath(posixpath.dirname(path), inside)
+                d = host if rel == "." else host / rel
+                d.mkdir(parents=True, exist_ok=True)
+                p = d
+                while p != host and p.parent != p:
+                    os.chmod(p, 0o755)
+                    p = p.parent
+                return
 
     def host_path(self, path: str) -> Path | str:
         """The host file behind sandbox ``path``, or a deepagents error string."""
@@ -72,6 +132,12 @@ class HostDirs:
                     return "permission_denied"  # a symlink points out of the mount
                 return target
         return "permission_denied"
+
+    def _mount_root(self, target: Path) -> Path:
+        for host in self.mounts.values():
+            if target == host or host in target.parents:
+                return host
+        return target
 
     def _copy_in(self, src: Path, dest: str) -> None:
         target = self.host_path(dest)
@@ -104,6 +170,7 @@ class HostDirs:
             try:
                 target.parent.mkdir(parents=True, exist_ok=True)
                 target.write_bytes(content)
+                self._own_new(target, self._mount_root(target))
             except NotADirectoryError:
                 out.append(FileUploadResponse(path=path, error="invalid_path"))
                 continue

@@ -297,3 +297,35 @@ def test_cpu_quota_slows_a_busy_loop(tmp_path):
         r = sb.execute("python3 /tmp/busy.py")
         # 5% of a CPU for ~1 s of wall time; unthrottled it gets most of a core.
         assert float(r.output.split()[-1]) < 0.3, r.output
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the sandbox user applies when the worker runs as root")
+def test_commands_run_as_the_unprivileged_sandbox_user_and_root_only_files_stay_unreadable(sandbox):
+    r = _sh(sandbox, "id -u; grep Cap[EPB] /proc/self/status; cat /etc/shadow- /etc/gshadow- /etc/shadow 2>&1; "
+                     "touch /app/mine && stat -c %u /app/mine")
+    lines = r.output.splitlines()
+    assert lines[0] == "65534"
+    assert all(line.split()[1] == "0000000000000000" for line in lines[1:4])  # no capability, not even bounding
+    assert r.output.count("Permission denied") + r.output.count("No such file") == 3
+    assert lines[-1] == "65534"
+
+
+def test_python_is_there_next_to_python3(sandbox):
+    assert _sh(sandbox, "python -c 'print(6 * 7)'").output.strip() == "42"
+
+
+def test_a_long_lived_process_shows_no_host_path_in_its_pid_1(sandbox, tmp_path):
+    import subprocess
+
+    from milo_ray.execution.sandbox.bwrap import LAUNCH_ENV
+
+    prefix, options, command = sandbox.process_command(["/bin/sh", "-c", "tr '\\0' ' ' < /proc/1/cmdline"],
+                                                       {str(tmp_path): "/run/milo/extra"})
+    fd = os.memfd_create("args")
+    os.write(fd, b"".join(a.encode() + b"\0" for a in options))
+    os.lseek(fd, 0, os.SEEK_SET)
+    done = subprocess.run([*prefix, "--args", str(fd), *command], pass_fds=(fd,), env=LAUNCH_ENV,
+                          capture_output=True, text=True, timeout=60)
+    os.close(fd)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith(f"{prefix[-1]} --args ") and str(tmp_path) not in done.stdout

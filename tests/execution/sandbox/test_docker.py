@@ -191,3 +191,16 @@ def test_config_group_builds_the_factory() -> None:
     factory = instantiate(conf)
     assert isinstance(factory, DockerSandboxFactory) and factory.name == "docker"
     assert (factory.docker, factory.host_mounts, factory.base_image_override) == (("docker",), (), None)
+
+
+def test_commands_run_hardened(docker_sandbox) -> None:
+    """Non-root, no capabilities, no privilege gain, a read-only root, a writable workdir
+    and /tmp."""
+    r = docker_sandbox.execute("id -u; grep -E 'Cap(Eff|Prm)|NoNewPrivs' /proc/self/status; "
+                               "touch /usr/x 2>&1; touch /opt-x 2>&1; touch ./mine /tmp/t && echo writable")
+    lines = r.output.splitlines()
+    assert lines[0] == "65534"
+    assert {line.split()[1] for line in lines[1:3]} == {"0000000000000000"} and lines[3].split()[1] == "1"
+    assert r.output.count("Read-only file system") + r.output.count("Permission denied") >= 2
+    assert lines[-1] == "writable"
+

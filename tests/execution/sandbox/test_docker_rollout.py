@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
+
 from milo_ray.benchmarks.harbor import HarborBenchmark
 from milo_ray.benchmarks.task_format import format_of
 from milo_ray.execution.agent_executor import AgentExecutor
@@ -31,9 +33,13 @@ def test_bundled_task_in_a_container_built_from_its_dockerfile(make_docker_facto
     assert solved.score == 1.0
     assert solved.trace["ctrf"]["results"]["summary"]["failed"] == 0
 
+    # The harness process runs only in bwrap: a harness under sandbox=docker is refused
+    # before the run (unsupported_tasks), never run in the worker.
     monkeypatch.setenv("MILO_TEST_SOLVER_KEY", "local")
     with ScriptedOpenAIServer([reply("Nothing to do.", prompt_tokens=40, completion_tokens=4)]) as srv:
         model = {"solver": "openai/scripted", "api_base": srv.url, "api_key_env": "MILO_TEST_SOLVER_KEY"}
-        idle = asyncio.run(AgentExecutor(model=model, sandbox=factory).aexecute(harness, task, 0, 0))
-    assert idle.error_kind is None, idle.error
-    assert idle.score < 1.0 and idle.input_tokens == 40
+        executor = AgentExecutor(model=model, sandbox=factory)
+        assert "cannot host the harness process" in executor.unsupported_tasks([task])[0]
+        with pytest.raises(ValueError, match="cannot host the harness process"):
+            asyncio.run(executor.aexecute(harness, task, 0, 0))
+    assert srv.requests == []

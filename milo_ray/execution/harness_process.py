@@ -1,0 +1,214 @@
+"""The harness process: one rollout's harness, run inside that rollout's sandbox.
+
+Started by the rollout executor (:mod:`milo_ray.execution.harness_process_host`) as an
+unprivileged process in the sandbox, with this package's code, the harness files and the
+interpreter read-only and the task's workspace writable. It
+
+1. imports what every harness needs (litellm, langchain, deepagents) and says ``ready``;
+2. reads its job -- one JSON line on stdin: the harness directory, the task instruction,
+   the graph-step cap, the chat-model settings and the gateway token of this rollout;
+3. builds the chat model (the same :class:`~milo_ray.agents.llm.SolverChatLiteLLM` class
+   harnesses always got) pointed at the model gateway through a loopback relay, with the
+   rollout's token as its key, and the ``backend`` (:class:`SandboxShell`) whose commands
+   run in this same sandbox; imports the harness, calls ``build_agent(model, backend)``
+   and says ``started``;
+4. runs the agent on the instruction, streaming the trajectory out as it grows;
+5. says ``final`` with how it ended: ``completed``, ``step_cap`` (the graph-step cap),
+   ``harness_error`` (import, ``build_agent`` or the agent raised; ``endpoint_error`` says
+   whether what the agent raised came from the model client).
+
+Everything it writes to the host is one JSON object per line on its original stdout
+(see :mod:`milo_ray.execution.trajectory` for the schema the host enforces); the harness's
+own prints go to stderr. No framework object crosses: the host reads lines, and the
+tokens, costs and caps of the rollout are the gateway's, not this process's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import json
+import os
+import sys
+import traceback
+from typing import Any, TextIO
+
+# One "steps" line carries at most this many characters of steps (the host refuses
+# longer lines); a longer update is split over several lines.
+LINE_BUDGET_CHARS = 1_000_000
+
+
+def is_endpoint_error(exc: BaseException) -> bool:
+    """Whether ``exc`` is the model endpoint failing (litellm/openai/httpx errors: rate
+    limits, server errors, timeouts, refused connections, bad credentials) rather than
+    the harness's own code."""
+    for cls in type(exc).__mro__:
+        if cls.__module__.split(".")[0] in ("litellm", "openai", "httpx", "httpcore"):
+            return True
+    return False
+
+
+class _Out:
+    """The protocol channel (the process's original stdout)."""
+
+    def __init__(self, stream: TextIO) -> None:
+        self.stream = stream
+
+    def send(self, **msg: Any) -> None:
+        self.stream.write(json.dumps(msg, default=str) + "\n")
+        self.stream.flush()
+
+
+def _protocol_channel() -> _Out:
+    # The harness may print: stdout (fd 1) becomes stderr from here on, and the protocol
+    # keeps a private duplicate of the original.
+    fd = os.dup(1)
+    os.dup2(2, 1)
+    sys.stdout = sys.stderr
+    return _Out(os.fdopen(fd, "w", buffering=1))
+
+
+def preimport() -> None:
+    """What every harness imports, before the job arrives (so a warm process starts fast)."""
+    import milo_ray.agents.llm as llm  # sets the local price map before litellm loads
+
+    llm._solver_class()
+    import deepagents  # noqa: F401
+    import langchain.agents  # noqa: F401
+    import langgraph.errors  # noqa: F401
+
+
+def build_model(job: dict[str, Any], api_base: str) -> Any:
+    from milo_ray.agents.llm import _solver_class
+
+    m = job["model"]
+    kwargs: dict[str, Any] = {"model": m["solver"], "custom_llm_provider": "openai", "api_base": api_base,
+                              "api_key": job["token"], "temperature": m.get("temperature"),
+                              # The gateway retries the provider; a retry here would multiply them.
+                              "max_retries": 0, "request_limiter": None}
+    if m.get("max_tokens") is not None:
+        kwargs["max_tokens"] = int(m["max_tokens"])
+    if m.get("request_timeout") is not None:
+        kwargs["request_timeout"] = float(m["request_timeout"])
+    return _solver_class()(**kwargs)
+
+
+def load_module(harness_dir: str, harness_id: str, multi_file: bool) -> Any:
+    from milo_ray.harness.model import ENTRY_FILE
+
+    if multi_file and harness_dir not in sys.path:
+        sys.path.append(harness_dir)
+    name = f"milo_harness_{harness_id}"
+    spec = importlib.util.spec_from_file_location(name, os.path.join(harness_dir, ENTRY_FILE))
+    if spec is None or spec.loader is None:
+        raise _Fail(f"{ENTRY_FILE} cannot be imported")
+    module = importlib.util.module_from_spec(spec)
+    try:
+        spec.loader.exec_module(module)
+    except BaseException as exc:  # SyntaxError, ImportError, SystemExit at import...
+        raise _Fail(f"importing {ENTRY_FILE} failed: {type(exc).__name__}: {exc}") from None
+    if not callable(getattr(module, "build_agent", None)):
+        raise _Fail(f"{ENTRY_FILE} has no callable build_agent(model, backend)")
+    sys.modules[name] = module
+    return module
+
+
+class _Fail(Exception):
+    pass
+
+
+class StepStreamer:
+    """Sends the trajectory as it grows: each update names the first step index that
+    changed and carries the steps from there on."""
+
+    def __init__(self, out: _Out) -> None:
+        from milo_ray.execution.trajectory import TrajectoryRecorder
+
+        self.out, self.recorder = out, TrajectoryRecorder()
+        self._sent: list[str] = []
+
+    def observe(self, state: Any) -> None:
+        self.recorder.observe(state)
+        keys = [self.recorder._key(i, m) for i, m in enumerate(self.recorder.messages)]
+        start = 0
+        while start < min(len(keys), len(self._sent)) and keys[start] == self._sent[start]:
+            start += 1
+        if start == len(keys) == len(self._sent):
+            return
+        steps = self.recorder.steps()[start:]
+        self._sent = keys
+        batch: list[dict[str, Any]] = []
+        size, at = 0, start
+        for s in steps:
+            n = len(json.dumps(s, default=str))
+            if batch and size + n > LINE_BUDGET_CHARS:
+                self.out.send(t="steps", start=at, steps=batch)
+                at += len(batch)
+                batch, size = [], 0
+            batch.append(s)
+            size += n
+        self.out.send(t="steps", start=at, steps=batch)
+
+
+async def run_agent(agent: Any, job: dict[str, Any], streamer: StepStreamer) -> tuple[str, str | None, bool]:
+    from langgraph.errors import GraphRecursionError
+
+    config = {"recursion_limit": int(job["recursion_limit"])}
+    inputs = {"messages": [{"role": "user", "content": job["instruction"]}]}
+    try:
+        async for state in agent.astream(inputs, config=config, stream_mode="values"):
+            streamer.observe(state)
+    except GraphRecursionError:
+        return "step_cap", None, False
+    except Exception as exc:
+        return "harness_error", f"the agent raised {type(exc).__name__}: {exc}", is_endpoint_error(exc)
+    return "completed", None, False
+
+
+def main() -> None:
+    # Nothing the launcher held open is the harness's to read (bwrap's argument file
+    # names host paths).
+    os.closerange(3, 1 << 16)
+    out = _protocol_channel()
+    try:
+        preimport()
+    except BaseException as exc:
+        out.send(t="final", status="harness_error", error=f"the harness runtime failed to import: {exc!r}")
+        os._exit(3)
+    out.send(t="ready")
+    line = sys.stdin.readline()
+    if not line:
+        os._exit(0)  # a warm process that was never used
+    job = json.loads(line)
+    from milo_ray.execution.harness_process_backend import GatewayRelay, SandboxShell
+
+    relay = GatewayRelay(job["gateway_socket"])
+    backend = SandboxShell(workdir=job["workdir"], env=job["env"], timeout_s=job.get("command_timeout_s"),
+                           output_cap_bytes=int(job["output_cap_bytes"]))
+    try:
+        model = build_model(job, relay.url)
+        module = load_module(job["harness_dir"], job["harness_id"], bool(job.get("multi_file")))
+        try:
+            agent = module.build_agent(model, backend)
+        except BaseException as exc:
+            raise _Fail(f"build_agent raised {type(exc).__name__}: {exc}") from None
+    except _Fail as exc:
+        out.send(t="final", status="harness_error", error=str(exc))
+        os._exit(0)
+    except BaseException as exc:
+        out.send(t="final", status="harness_error", error=f"setting up the harness failed: {exc!r}")
+        os._exit(0)
+    out.send(t="started")
+    streamer = StepStreamer(out)
+    try:
+        status, error, endpoint = asyncio.run(run_agent(agent, job, streamer))
+    except BaseException as exc:  # SystemExit, KeyboardInterrupt raised by the harness
+        status, error, endpoint = "harness_error", f"the agent raised {type(exc).__name__}: {exc}", False
+        traceback.print_exc()
+    out.send(t="final", status=status, error=error, endpoint_error=endpoint)
+    # Whatever threads the harness left behind must not keep the process alive.
+    os._exit(0)
+
+
+if __name__ == "__main__":
+    main()
