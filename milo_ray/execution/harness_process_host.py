@@ -24,19 +24,15 @@ namespace and its cgroup):
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import os
-import shutil
 import signal
 import sys
-import tempfile
-import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import milo_ray
+from milo_ray.execution.sandbox.runtime_code import runtime_code_dir, write_harness
 from milo_ray.execution.trajectory import ProtocolError, StepLog, parse_message
 
 MAX_LINE_BYTES = 4 * 1024 * 1024
@@ -48,51 +44,6 @@ INSIDE_HARNESS = "/run/milo/harness"
 INSIDE_GATEWAY = "/run/milo/gateway.sock"
 _BOOT = (f"import sys; sys.path.insert(0, {INSIDE_CODE!r}); "
          "from milo_ray.execution.harness_process import main; main()")
-
-_code_lock = threading.Lock()
-_code_dir: Path | None = None
-
-
-def runtime_code_dir() -> Path:
-    """A private, world-readable copy of this package's ``.py`` files (not its data: the
-    bundled tasks' tests and solutions stay out), made once per process."""
-    global _code_dir
-    with _code_lock:
-        if _code_dir is not None and _code_dir.is_dir():
-            return _code_dir
-        src = Path(milo_ray.__file__).resolve().parent
-        root = Path(tempfile.mkdtemp(prefix="milo-runtime-"))
-        os.chmod(root, 0o755)
-        digest = hashlib.sha256()
-        for path in sorted(src.rglob("*.py")):
-            rel = path.relative_to(src)
-            if rel.parts[0] == "data" or "__pycache__" in rel.parts:
-                continue
-            dst = root / "milo_ray" / rel
-            dst.parent.mkdir(parents=True, exist_ok=True)
-            data = path.read_bytes()
-            digest.update(str(rel).encode() + b"\0" + data)
-            dst.write_bytes(data)
-        for d, _, files in os.walk(root):
-            os.chmod(d, 0o755)
-            for f in files:
-                os.chmod(os.path.join(d, f), 0o644)
-        _code_dir = root
-        return root
-
-
-def write_harness(harness: Any, where: Path) -> Path:
-    where.mkdir(parents=True, exist_ok=True)
-    os.chmod(where, 0o755)
-    for rel, text in harness.files.items():
-        dst = where / rel
-        dst.parent.mkdir(parents=True, exist_ok=True)
-        dst.write_text(text)
-        os.chmod(dst, 0o644)
-    for d, _, _ in os.walk(where):
-        os.chmod(d, 0o755)
-    return where
-
 
 @dataclass
 class ProcessRun:
@@ -315,12 +266,3 @@ def _empty_dir(where: Path) -> Path:
     where.mkdir(parents=True, exist_ok=True)
     os.chmod(where, 0o755)
     return where
-
-
-def cleanup_runtime_code() -> None:
-    """Remove this process's copy of the package code (tests; a worker keeps it)."""
-    global _code_dir
-    with _code_lock:
-        if _code_dir is not None:
-            shutil.rmtree(_code_dir, ignore_errors=True)
-            _code_dir = None

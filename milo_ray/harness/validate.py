@@ -34,6 +34,7 @@ import functools
 import json
 import logging
 import math
+import os
 import re
 import shlex
 import shutil
@@ -49,7 +50,6 @@ from typing import Any
 
 import numpy as np
 
-import milo_ray
 from milo_ray.harness._validate_child import ENTRIES
 from milo_ray.harness.model import Harness
 
@@ -285,20 +285,19 @@ def sandbox_factory_from(node: Any) -> Any:
     return factory
 
 
-def _package_dir() -> str:
-    return str(Path(milo_ray.__file__).resolve().parent)
-
-
 def _spec(task_id: str, host_dir: Path | None, memory_mb: int | None) -> Any:
     from milo_ray.execution.sandbox.base import SandboxSpec
     from milo_ray.execution.sandbox.interpreter import interpreter_env, interpreter_paths
+    from milo_ray.execution.sandbox.runtime_code import runtime_code_dir
 
-    readonly = [*interpreter_paths(), _package_dir()]
-    env = {**_CHILD_ENV, **interpreter_env()}
+    # The package as a private copy of its code (never the checkout, whose data holds the
+    # bundled tasks' tests and solutions), importable first.
+    code = str(runtime_code_dir())
+    readonly = [*interpreter_paths(), code]
+    env = {**_CHILD_ENV, **interpreter_env(), "PYTHONPATH": code}
     if host_dir is not None:
-        # The harness's files and the boot directory: read-only, at their host path.
+        # The harness's files: read-only, at their host path.
         readonly.append(str(host_dir))
-        env["PYTHONPATH"] = str(host_dir / "boot")
     return SandboxSpec(task_id=task_id, workdir=_WORKDIR, allow_internet=False, memory_mb=memory_mb, env=env,
                        host_readonly=tuple(readonly))
 
@@ -327,9 +326,11 @@ def _validate_in_sandbox(factory: Any, harness: Harness, entry: str, timeout_s: 
     scratch = Path(tempfile.mkdtemp(prefix="milo_ray_validate_scratch_"))
     sandbox = None
     try:
-        harness.write_to(host_dir / "src")
-        (host_dir / "boot").mkdir()
-        (host_dir / "boot" / "milo_ray").symlink_to(_package_dir())
+        from milo_ray.execution.sandbox.runtime_code import write_harness
+
+        # World-readable: the sandbox's commands run as an unprivileged user.
+        os.chmod(host_dir, 0o755)
+        write_harness(harness, host_dir / "src")
         try:
             sandbox = factory.open(_spec(f"validate-{harness.harness_id}", host_dir, memory_mb), scratch)
         except Exception as e:  # the sandbox, not the harness, failed

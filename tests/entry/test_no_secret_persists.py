@@ -164,8 +164,6 @@ def test_an_offline_run_of_every_method_persists_no_key(method, tmp_path, ray_tm
     _assert_clean(proc, run_dir)
 
 
-@pytest.mark.xfail(strict=True, reason="the rollout workers still receive the solver's key through Ray's "
-                   "runtime_env, which Ray writes to its runtime_env agent log; this passes once keys leave runtime_env")
 def test_rays_logs_hold_no_key(ray_tmp):
     if not any(ray_tmp.rglob("*.log")):
         pytest.skip("no Ray logs: run the litellm cases first (same module)")

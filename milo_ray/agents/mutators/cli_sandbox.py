@@ -97,6 +97,10 @@ class UnixRelay:
     def __init__(self, host: str, port: int) -> None:
         self.target = (host, int(port))
         self.dir = Path(tempfile.mkdtemp(prefix="milo-gw-"))
+        # The sandbox's commands run as an unprivileged user, who must be able to reach the
+        # socket: traverse-only on the directory (nothing to list), the socket itself open.
+        # What answers behind it still asks for a per-call token.
+        os.chmod(self.dir, 0o711)
         self.path = self.dir / SOCKET_NAME
         self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self._sock.bind(str(self.path))
