@@ -45,6 +45,9 @@ class RunContext:
     session: str = field(default_factory=lambda: uuid.uuid4().hex)
     model: ModelConfig | None = None
     agent_env: dict[str, str] = field(default_factory=dict)
+    # The run's ``sandbox`` config as a plain mapping: mutation children are import-checked
+    # in that kind of sandbox (None: the default, bwrap).
+    sandbox: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
         self.model = model_config(self.model if self.model is not None else {"id": self.model_id})

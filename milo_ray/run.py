@@ -284,6 +284,7 @@ def run_job(cfg: DictConfig) -> dict[str, Any]:
         elapsed_before_s=elapsed,
         agents=agents,
         agent_env=agent_env(agents),
+        sandbox=OmegaConf.to_container(cfg.sandbox, resolve=True) if cfg.get("sandbox") is not None else None,
         agent_calls=AgentCallLog(store, budget=scheduler.budget, resumed=resumed,
                                  caps=role_caps(OmegaConf.to_container(cfg.run.budget.roles, resolve=True))),
     )

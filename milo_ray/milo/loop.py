@@ -92,7 +92,8 @@ class MiloRun:
         # Children are checked against what the benchmark's artifact is: an agent harness
         # (build_agent) or an optimizer program (optimize).
         self.validation = ValidationOptions(self.forbidden, float(cfg.validate_timeout_s),
-                                            entry=getattr(self.bench, "artifact_entry", "build_agent"))
+                                            entry=getattr(self.bench, "artifact_entry", "build_agent"),
+                                            sandbox=ctx.sandbox)
         # On the driver's node: the actor packs each request's files (read from the
         # driver's disk) for mutation tasks that may run elsewhere.
         self.pool = MutatorPoolActor.options(scheduling_strategy=driver_node()).remote(

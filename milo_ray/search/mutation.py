@@ -78,6 +78,9 @@ class ValidationOptions:
     timeout_s: float = 60.0
     enabled: bool = True
     entry: str = "build_agent"
+    # The run's ``sandbox`` config (a plain mapping): the import check runs in that kind of
+    # sandbox (see harness.validate.sandbox_factory_from); None: the default (bwrap).
+    sandbox: Any = field(default=None, compare=False, hash=False)
 
 
 @dataclass(frozen=True)
@@ -329,18 +332,37 @@ def _validate(child: Harness, parent: Harness, options: ValidationOptions) -> st
         return "duplicate: identical to the parent"
     if not options.enabled:
         return None
-    key = (child.harness_id, tuple(options.forbidden), float(options.timeout_s), options.entry)
+    key = (child.harness_id, tuple(options.forbidden), float(options.timeout_s), options.entry,
+           json.dumps(options.sandbox, sort_keys=True, default=str))
     with _VERDICTS_LOCK:
         if key in _VERDICTS:
             return _VERDICTS[key]
     from milo_ray.harness.validate import validate
 
-    v = validate(child, forbidden_fragments=options.forbidden, timeout_s=options.timeout_s, entry=options.entry)
+    v = validate(child, forbidden_fragments=options.forbidden, timeout_s=options.timeout_s, entry=options.entry,
+                 sandbox=_validation_sandbox(options.sandbox))
     verdict = None if v.ok else v.reason
     if v.check not in _TRANSIENT_CHECKS:
         with _VERDICTS_LOCK:
             _VERDICTS[key] = verdict
     return verdict
+
+
+_SANDBOXES: dict[str, Any] = {}
+_SANDBOXES_LOCK = threading.Lock()
+
+
+def _validation_sandbox(node: Any) -> Any:
+    """The sandbox factory for ``node`` (the run's sandbox config), built once per process."""
+    if node is None:
+        return None
+    key = json.dumps(node, sort_keys=True, default=str)
+    with _SANDBOXES_LOCK:
+        if key not in _SANDBOXES:
+            from milo_ray.harness.validate import sandbox_factory_from
+
+            _SANDBOXES[key] = sandbox_factory_from(node)
+        return _SANDBOXES[key]
 
 
 # --------------------------------------------------------------------------- Ray callers

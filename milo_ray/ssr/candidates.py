@@ -80,14 +80,16 @@ def use_ray() -> bool:
 def generate_candidates(optimizer_spec: Any, jobs: Sequence[CandidateJob], *, forbidden: Sequence[str],
                         timeout_s: float, max_concurrent: int = 4,
                         time_cap_s: float = DEFAULT_TIME_CAP_S, scope: str | None = None,
-                        env: dict[str, str] | None = None, entry: str = "build_agent") -> list[CandidateOutcome]:
+                        env: dict[str, str] | None = None, entry: str = "build_agent",
+                        sandbox: dict[str, Any] | None = None) -> list[CandidateOutcome]:
     """Generate every candidate in parallel; outcomes in ``jobs`` order. ``timeout_s``
     limits each validation subprocess, ``time_cap_s`` each optimizer call; ``env``: the
     optimizer's key variables for its Ray tasks; ``entry``: the artifact's entry function
-    (``build_agent`` or ``optimize``) children are validated against."""
+    (``build_agent`` or ``optimize``) children are validated against; ``sandbox``: the run's
+    sandbox config, in which kind of sandbox they are."""
     if not jobs:
         return []
     outs = run_mutations(optimizer_spec, [j.request for j in jobs], time_cap_s=time_cap_s,
-                         validation=ValidationOptions(tuple(forbidden), timeout_s, entry=entry), max_concurrent=max_concurrent,
+                         validation=ValidationOptions(tuple(forbidden), timeout_s, entry=entry, sandbox=sandbox), max_concurrent=max_concurrent,
                          use_ray=use_ray(), scope=scope, env=env)
     return [CandidateOutcome.of(j, o) for j, o in zip(jobs, outs)]

@@ -72,8 +72,10 @@ class ChildMaker:
 
     def __init__(self, *, cfg: Any, seed: int, optimizer_spec: Any, optimizer_name: str, forbidden: Sequence[str],
                  tasks: dict[str, Any], store: Any, calls: Any, emit: Callable[[SSREvent], None], work: Path,
-                 scope: str | None = None, env: dict[str, str] | None = None, entry: str = "build_agent") -> None:
+                 scope: str | None = None, env: dict[str, str] | None = None, entry: str = "build_agent",
+                 sandbox: dict[str, Any] | None = None) -> None:
         self.cfg, self.seed, self.scope, self.env, self.entry = cfg, seed, scope, dict(env or {}), entry
+        self.sandbox = sandbox
         self.optimizer_spec, self.optimizer_name, self.forbidden = optimizer_spec, optimizer_name, forbidden
         self.tasks, self.store, self.calls, self.emit, self.work = tasks, store, calls, emit, work
 
@@ -121,7 +123,7 @@ class ChildMaker:
                                            timeout_s=self.cfg.validate_timeout_s,
                                            max_concurrent=self.cfg.max_concurrent_candidates,
                                            time_cap_s=self.cfg.optimizer_time_cap_s, scope=self.scope,
-                                           env=self.env, entry=self.entry)
+                                           env=self.env, entry=self.entry, sandbox=self.sandbox)
             for (i, d), o in zip(missing, outcomes):
                 self.calls.record("optimizer", o.usage, call_id=optimize_call_id(rnd, i, d),
                                   agent=self.optimizer_name, model=spec_model(self.optimizer_spec), candidate=i,

@@ -117,7 +117,8 @@ class _SSRRun:
                                    forbidden=forbidden_fragments_for(self.tasks.values()), tasks=self.tasks,
                                    store=self.store, calls=self.calls, emit=self.emit,
                                    work=Path(ctx.run_dir) / "workspace" / "ssr", scope=ctx.session,
-                                   env=ctx.agent_env, entry=getattr(self.bench, "artifact_entry", "build_agent"))
+                                   env=ctx.agent_env, entry=getattr(self.bench, "artifact_entry", "build_agent"),
+                                   sandbox=ctx.sandbox)
         self.harnesses: dict[str, Harness] = {}
         self.generated = 0
 
