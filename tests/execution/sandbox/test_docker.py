@@ -204,3 +204,26 @@ def test_commands_run_hardened(docker_sandbox) -> None:
     assert r.output.count("Read-only file system") + r.output.count("Permission denied") >= 2
     assert lines[-1] == "writable"
 
+
+
+def test_grading_container_carries_over_only_the_workspace(docker_sandbox, docker_task) -> None:
+    """What the agent left anywhere but its workspace -- a planted test in /tests, a file
+    in /tmp and /logs, a running process -- is not in the container the verifier gets."""
+    agent = docker_sandbox
+    agent.execute("echo work > /app/result; echo pwned > /tests/conftest.py; echo x > /tmp/left; "
+                  "mkdir -p /logs/verifier && echo 1 > /logs/verifier/reward.txt; rm /app/hello.txt; "
+                  "nohup sleep 404 >/dev/null 2>&1 &")
+    fresh = agent.fresh_for_grading()
+    volume = fresh._volumes[0]
+    try:
+        assert len(_containers(docker_task.task_id)) == 1  # the agent's container is gone
+        r = fresh.execute("cat /app/result; ls -A /tests /logs /tmp; ls /app; id -u")
+        assert r.output.split() == ["work", "/logs:", "/tests:", "/tmp:", "result", "65534"], r.output
+        # The emptied-out task file stays deleted: the volume is not refilled from the image.
+        assert not [p for p in _processes(fresh) if "sleep 404" in p]
+        with pytest.raises(RuntimeError, match="closed"):
+            agent.execute("true")
+    finally:
+        fresh.close()
+    volumes = subprocess.run(["docker", "volume", "ls", "-q"], capture_output=True, text=True).stdout.split()
+    assert volume not in volumes
