@@ -40,6 +40,16 @@ def test_from_override_replaces_external_images_and_keeps_stages() -> None:
         "from build AS test\nFROM base:local\nCOPY --from=build /x /x\n")
 
 
+def test_warm_harness_processes_under_docker_are_refused_naming_the_field(monkeypatch) -> None:
+    from milo_ray.execution.agent_executor import AgentExecutor
+
+    monkeypatch.setenv("MILO_TEST_SOLVER_KEY", "k")
+    model = {"solver": "openai/scripted", "api_base": "http://127.0.0.1:9", "api_key_env": "MILO_TEST_SOLVER_KEY"}
+    with pytest.raises(ValueError, match="executor.warm_processes=1: .*sandbox=docker"):
+        AgentExecutor(model=model, sandbox=DockerSandboxFactory(), warm_processes=1)
+    assert AgentExecutor(model=model, sandbox=DockerSandboxFactory()).sandbox.hosts_harness
+
+
 def test_unsupported_names_what_is_missing(tmp_path: Path) -> None:
     factory = DockerSandboxFactory(docker=("false",))
     assert "sandbox=bwrap" in factory.unsupported(SandboxSpec(task_id="t"))
