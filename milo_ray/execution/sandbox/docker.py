@@ -22,10 +22,18 @@ Offline hosts cannot pull the public image a task's Dockerfile starts ``FROM``; 
 factory's ``base_image_override`` replaces it at build time (tests and offline CI use
 :func:`milo_ray.testing.dockerd.local_base_image` with its ``host_mounts``).
 
+The harness process (``executor.agent=harness``) runs in the container too: the executor
+passes its read-only binds (the package's code copy, the harness files, the gateway's
+socket) to :meth:`DockerSandboxFactory.open`, which mounts them and probes once that the
+image runs this worker's interpreter (mounted from the host) as the commands' user;
+:meth:`DockerSandbox.process_command` is then a ``docker exec -i`` as that user. Grading:
+the workspace is a named volume, and :meth:`DockerSandbox.fresh_for_grading` replaces the
+agent's container by a fresh one from the same image that mounts only that volume.
+
 Containers carry the label ``milo-ray.sandbox=docker`` (and the task id and owner pid), so
 leftovers are found with ``docker ps -a --filter label=milo-ray.sandbox``. ``close()``
-removes the container; a ``weakref.finalize`` backstop removes it when the sandbox is
-garbage-collected unclosed or the interpreter exits (a rollout that crashed before
+removes the container (and its workspace volume unless a grading container took it); a
+``weakref.finalize`` backstop removes them when the sandbox is garbage-collected unclosed or the interpreter exits (a rollout that crashed before
 ``close``). Only a SIGKILLed process leaves its containers behind.
 """
 
@@ -39,7 +47,6 @@ import os
 import re
 import shlex
 import subprocess
-import sys
 import tarfile
 import threading
 import uuid
@@ -56,6 +63,7 @@ from deepagents.backends.protocol import (
 )
 
 from milo_ray.execution.sandbox.base import LOGS_DIR, SOLUTION_DIR, TESTS_DIR, Sandbox, SandboxSpec, resolve_timeout
+from milo_ray.execution.sandbox.docker_interpreter import PRIVATE_PARENTS, probe_interpreter, skeleton
 from milo_ray.execution.sandbox.process import run_capped
 
 log = logging.getLogger(__name__)
@@ -387,39 +395,6 @@ def _build_lock(tag: str) -> threading.Lock:
         return _BUILD_LOCKS.setdefault(tag, threading.Lock())
 
 
-# Prints the environment a ``docker exec`` into the container gets (the harness process's
-# commands get the same one), once it found the interpreter's packages (a stdlib that
-# loads is not enough: site-packages may lie behind a directory the user cannot enter).
-_ENV_PROBE = ("import importlib.util, json, os, sys\n"
-              "missing = [m for m in ('deepagents', 'langchain', 'litellm') if importlib.util.find_spec(m) is None]\n"
-              "if missing: sys.exit(f'cannot import {missing} (sys.path: {sys.path})')\n"
-              "print(json.dumps(dict(os.environ)))")
-# Home directories images keep private (0700) and the commands' user cannot enter anyway:
-# a host path mounted under one (an interpreter under /root, as pyenv installs it) is
-# reached through a world-readable skeleton of empty directories bound over it (a tmpfs
-# would not do: runc gives a tmpfs the mode of the directory it covers).
-_PRIVATE_PARENTS = ("/root",)
-_SKELETONS: dict[tuple[str, tuple[str, ...]], str] = {}
-_SKELETONS_GUARD = threading.Lock()
-
-
-def _skeleton(parent: str, mounts: tuple[str, ...]) -> str:
-    """A host directory (0755, made once per process) holding the empty directories on
-    the way to each of ``mounts`` below ``parent``: their mount points."""
-    key = (parent, mounts)
-    with _SKELETONS_GUARD:
-        if key not in _SKELETONS or not os.path.isdir(_SKELETONS[key]):
-            import tempfile
-
-            root = tempfile.mkdtemp(prefix="milo-docker-skeleton-")
-            for m in mounts:
-                os.makedirs(os.path.join(root, os.path.relpath(m, parent)), exist_ok=True)
-            for d, _, _ in os.walk(root):
-                os.chmod(d, 0o755)
-            _SKELETONS[key] = root
-        return _SKELETONS[key]
-
-
 class DockerSandboxFactory:
     """Opens :class:`DockerSandbox` es (the ``sandbox=docker`` config group).
 
@@ -557,10 +532,10 @@ class DockerSandboxFactory:
                 raise ValueError(f"task {spec.task_id}: spec.env key {key!r} is not a variable name")
             argv += ["-e", f"{key}={value}"]
         mounts = (*self.host_mounts, *(m for m in spec.host_readonly if m not in self.host_mounts))
-        for private in _PRIVATE_PARENTS:
+        for private in PRIVATE_PARENTS:
             below = tuple(sorted(m for m in mounts if m.startswith(private + "/")))
             if below:
-                argv += ["-v", f"{_skeleton(private, below)}:{private}:ro"]
+                argv += ["-v", f"{skeleton(private, below)}:{private}:ro"]
         for mount in mounts:
             argv += ["-v", f"{mount}:{mount}:ro"]
         for host, inside in (readonly_binds or {}).items():
@@ -584,7 +559,7 @@ class DockerSandboxFactory:
             if made.exit_code != 0:
                 raise RuntimeError(f"task {spec.task_id}: cannot create the sandbox directories: {made.output.strip()}")
             if readonly_binds:
-                env = self._probe_interpreter(spec, image, container)
+                env = probe_interpreter(self.docker, self.user, spec.task_id, image, container)
         except BaseException:
             _remove_container(self.docker, container, [volume])
             raise
@@ -592,26 +567,6 @@ class DockerSandboxFactory:
                              command_timeout_s=self.command_timeout_s, output_cap_bytes=self.output_cap_bytes,
                              user=self.user, factory=self, spec=spec, image=image, volume=volume,
                              readonly_binds=readonly_binds, env=env)
-
-    def _probe_interpreter(self, spec: SandboxSpec, image: str, container: str) -> dict[str, str]:
-        """The container's command environment, read by this worker's interpreter run
-        inside as the commands' user -- which is also the check that the image can run it
-        at all (an image whose C library is older than the host's cannot)."""
-        who = ("-u", self.user) if self.user else ()
-        run = run_capped([*self.docker, "exec", *who, container, sys.executable, "-I", "-c", _ENV_PROBE],
-                         timeout_s=_CONTROL_TIMEOUT_S, output_cap_bytes=_CONTROL_OUTPUT_CAP)
-        lines = run.output.strip().splitlines()
-        try:
-            env = json.loads(lines[-1]) if run.exit_code == 0 and lines else None
-        except ValueError:
-            env = None
-        if not isinstance(env, dict):
-            raise RuntimeError(
-                f"task {spec.task_id}: the image {image} cannot run the harness process: this worker's interpreter "
-                f"{sys.executable} (mounted read-only from the host) fails inside it (exit {run.exit_code}: "
-                f"{run.output.strip()[-500:]}); the image needs a C library at least as new as the host's -- use "
-                "sandbox=bwrap for this task, or executor.agent=oracle")
-        return {str(k): str(v) for k, v in env.items() if k != "HOSTNAME"}
 
     def _build(self, spec: SandboxSpec, scratch: Path) -> str:
         context = Path(spec.build_context)
