@@ -118,6 +118,11 @@ class AgentExecutor:
         self.keep_scratch = bool(keep_scratch)
         from milo_ray.execution.harness_process_pool import WarmPool
 
+        if int(warm_processes) > 0 and agent == "harness" and getattr(self.sandbox, "binds_at_open", False):
+            raise ValueError(f"executor.warm_processes={warm_processes}: warm harness processes need "
+                             "sandbox=bwrap (a container's mounts are fixed when it starts, before its rollout is "
+                             "known); set executor.warm_processes=0 for sandbox=docker")
+
         self.pool = WarmPool(self.sandbox, int(warm_processes) if agent == "harness" else 0, scratch_dir)
         self._secrets: dict[str, str] | None = None
         self._gateway: Any = None
@@ -152,7 +157,7 @@ class AgentExecutor:
                 problems.append(f"task {task.task_id}: no reference solution, so executor.agent=oracle cannot run it")
             elif self.agent == "harness" and not getattr(self.sandbox, "hosts_harness", False):
                 problems.append(f"task {task.task_id}: sandbox={getattr(self.sandbox, 'name', '?')} cannot host the "
-                                "harness process; use sandbox=bwrap")
+                                "harness process; use sandbox=bwrap or sandbox=docker")
         return problems
 
     # --- secrets and the gateway ----------------------------------------------------------
@@ -214,7 +219,8 @@ class AgentExecutor:
                 await asyncio.to_thread(sandbox.dirs.add_files, spec.copy_in)
                 spare.process.assign(harness)
             else:
-                sandbox = await asyncio.to_thread(self.sandbox.open, spec, scratch / "agent")
+                binds = await self._binds_at_open(harness, scratch)
+                sandbox = await asyncio.to_thread(self.sandbox.open, spec, scratch / "agent", **binds)
             try:
                 run = await self._act(harness, task, sandbox, scratch, spare.process if spare else None)
             except BaseException:
@@ -226,11 +232,37 @@ class AgentExecutor:
                 await asyncio.to_thread(shutil.rmtree, scratch, True)
         return run.result(harness.harness_id, task, rollout_idx, verdict, self.model_id)
 
+    async def _binds_at_open(self, harness: Any, scratch: Path) -> dict[str, Any]:
+        """The ``open`` arguments of a sandbox that takes the harness process's read-only
+        binds when it starts (Docker): the harness files are written first, and the
+        gateway is started, so that both exist to be mounted."""
+        if self.agent != "harness" or not getattr(self.sandbox, "binds_at_open", False):
+            return {}
+        from milo_ray.execution.harness_process_host import harness_binds, harness_dir_of
+        from milo_ray.execution.sandbox.runtime_code import write_harness
+
+        gateway = await self.gateway()
+        where = await asyncio.to_thread(write_harness, harness, harness_dir_of(scratch))
+        return {"readonly_binds": harness_binds(where, gateway.socket_path)}
+
     async def _grade(self, fmt: Any, task: Task, spec: Any, sandbox: Any, scratch: Path) -> Any:
         """Grade in a fresh sandbox on the agent's workspace, after every process of the
         agent's sandbox is dead (the fresh one shares nothing else with it: not its /tmp,
-        its home, its /logs). A sandbox whose workspace is not a host directory (Docker)
-        is graded in place once its processes are killed."""
+        its home, its /logs). bwrap: the workspace directory moves into a fresh sandbox;
+        Docker: the agent's container is removed and a fresh one from the same image
+        mounts its workspace volume. Any other sandbox (local) is graded in place once
+        its processes are killed."""
+        fresh_for_grading = getattr(sandbox, "fresh_for_grading", None)
+        if fresh_for_grading is not None:
+            try:
+                fresh = await asyncio.to_thread(fresh_for_grading)
+            except BaseException:
+                await asyncio.to_thread(sandbox.close)
+                raise
+            try:
+                return await asyncio.to_thread(fmt.verify, task, fresh)
+            finally:
+                await asyncio.to_thread(fresh.close)
         workspace = getattr(sandbox, "workspace_dir", None)
         if workspace is None:
             try:
@@ -259,7 +291,7 @@ class AgentExecutor:
 
         if not getattr(self.sandbox, "hosts_harness", False):
             raise ValueError(f"sandbox={getattr(self.sandbox, 'name', '?')} cannot host the harness process "
-                             "(executor.agent=harness); use sandbox=bwrap")
+                             "(executor.agent=harness); use sandbox=bwrap or sandbox=docker")
         gateway = await self.gateway()
         token_cap = int(task.token_cap) if task.token_cap and task.token_cap > 0 else None
         grant = gateway.issue(f"{harness.harness_id}/{task.task_id}", token_cap=token_cap,

@@ -68,8 +68,8 @@ class HarnessProcess:
         """``harness`` None: a warm process, started before its rollout is known
         (:meth:`start`); :meth:`assign` gives it its harness."""
         self.sandbox, self.harness = sandbox, harness
-        self.harness_dir = write_harness(harness, scratch / "harness") if harness is not None else \
-            _empty_dir(scratch / "harness")
+        where = harness_dir_of(scratch)
+        self.harness_dir = write_harness(harness, where) if harness is not None else _empty_dir(where)
         self.gateway_socket = gateway_socket
         self.proc: asyncio.subprocess.Process | None = None
         self.log = StepLog()
@@ -81,22 +81,27 @@ class HarnessProcess:
         self._started_at: float | None = None
 
     async def start(self) -> None:
-        binds = {str(runtime_code_dir()): INSIDE_CODE, str(self.harness_dir): INSIDE_HARNESS,
-                 self.gateway_socket: INSIDE_GATEWAY}
-        prefix, args, command = self.sandbox.process_command([sys.executable, "-I", "-c", _BOOT], binds)
+        prefix, args, command = self.sandbox.process_command([sys.executable, "-I", "-c", _BOOT],
+                                                             harness_binds(self.harness_dir, self.gateway_socket))
         from milo_ray.execution.sandbox.bwrap import LAUNCH_ENV
 
-        fd = os.memfd_create("bwrap-args")
-        try:
-            os.write(fd, b"".join(a.encode() + b"\0" for a in args))
-            os.lseek(fd, 0, os.SEEK_SET)
+        pipes = dict(stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+                     start_new_session=True, limit=MAX_LINE_BYTES)
+        if not args:
+            # Docker: a ``docker exec`` client, whose own environment never enters the
+            # container; it needs the worker's to find the daemon.
             self._launched = time.monotonic()
-            self.proc = await asyncio.create_subprocess_exec(
-                *prefix, "--args", str(fd), *command, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.PIPE, env=dict(LAUNCH_ENV), start_new_session=True, limit=MAX_LINE_BYTES,
-                pass_fds=(fd,))
-        finally:
-            os.close(fd)
+            self.proc = await asyncio.create_subprocess_exec(*prefix, *command, **pipes)
+        else:
+            fd = os.memfd_create("bwrap-args")
+            try:
+                os.write(fd, b"".join(a.encode() + b"\0" for a in args))
+                os.lseek(fd, 0, os.SEEK_SET)
+                self._launched = time.monotonic()
+                self.proc = await asyncio.create_subprocess_exec(*prefix, "--args", str(fd), *command,
+                                                                 env=dict(LAUNCH_ENV), pass_fds=(fd,), **pipes)
+            finally:
+                os.close(fd)
         self._readers = [asyncio.ensure_future(self._read_stdout()), asyncio.ensure_future(self._read_stderr())]
 
     def assign(self, harness: Any) -> None:
@@ -168,7 +173,8 @@ class HarnessProcess:
                 del self._stderr[:-STDERR_TAIL_BYTES]
 
     def kill(self) -> None:
-        """SIGKILL the process's group: bwrap, whose PID namespace dies with it."""
+        """SIGKILL the process's group: bwrap, whose PID namespace dies with it, or the
+        ``docker exec`` client (what it started in the container is :meth:`finish`'s)."""
         if self.proc is not None and self.proc.returncode is None:
             try:
                 os.killpg(self.proc.pid, signal.SIGKILL)
@@ -178,7 +184,9 @@ class HarnessProcess:
     async def finish(self) -> None:
         """Kill whatever is left, reap, and stop the readers."""
         self.kill()
-        self.sandbox.interrupt()
+        # Killing a ``docker exec`` client leaves its processes running in the container:
+        # the sandbox's interrupt kills them (a control call, so off the event loop).
+        await asyncio.to_thread(self.sandbox.interrupt)
         if self.proc is not None:
             try:
                 await asyncio.wait_for(self.proc.wait(), 10)
@@ -260,6 +268,17 @@ class HarnessProcess:
             code = self.proc.returncode if self.proc is not None else None
             run.error = f"the harness process ended without a result (exit status {code})"
         return run
+
+
+def harness_dir_of(scratch: Path) -> Path:
+    """Where a rollout's harness files go in its scratch directory."""
+    return scratch / "harness"
+
+
+def harness_binds(harness_dir: Path, gateway_socket: str) -> dict[str, str]:
+    """What the harness process sees read-only (host path -> sandbox path): the package's
+    code copy, the harness files and the gateway's socket."""
+    return {str(runtime_code_dir()): INSIDE_CODE, str(harness_dir): INSIDE_HARNESS, gateway_socket: INSIDE_GATEWAY}
 
 
 def _empty_dir(where: Path) -> Path:

@@ -22,10 +22,18 @@ Offline hosts cannot pull the public image a task's Dockerfile starts ``FROM``; 
 factory's ``base_image_override`` replaces it at build time (tests and offline CI use
 :func:`milo_ray.testing.dockerd.local_base_image` with its ``host_mounts``).
 
+The harness process (``executor.agent=harness``) runs in the container too: the executor
+passes its read-only binds (the package's code copy, the harness files, the gateway's
+socket) to :meth:`DockerSandboxFactory.open`, which mounts them and probes once that the
+image runs this worker's interpreter (mounted from the host) as the commands' user;
+:meth:`DockerSandbox.process_command` is then a ``docker exec -i`` as that user. Grading:
+the workspace is a named volume, and :meth:`DockerSandbox.fresh_for_grading` replaces the
+agent's container by a fresh one from the same image that mounts only that volume.
+
 Containers carry the label ``milo-ray.sandbox=docker`` (and the task id and owner pid), so
 leftovers are found with ``docker ps -a --filter label=milo-ray.sandbox``. ``close()``
-removes the container; a ``weakref.finalize`` backstop removes it when the sandbox is
-garbage-collected unclosed or the interpreter exits (a rollout that crashed before
+removes the container (and its workspace volume unless a grading container took it); a
+``weakref.finalize`` backstop removes them when the sandbox is garbage-collected unclosed or the interpreter exits (a rollout that crashed before
 ``close``). Only a SIGKILLed process leaves its containers behind.
 """
 
@@ -55,6 +63,7 @@ from deepagents.backends.protocol import (
 )
 
 from milo_ray.execution.sandbox.base import LOGS_DIR, SOLUTION_DIR, TESTS_DIR, Sandbox, SandboxSpec, resolve_timeout
+from milo_ray.execution.sandbox.docker_interpreter import PRIVATE_PARENTS, probe_interpreter, skeleton
 from milo_ray.execution.sandbox.process import run_capped
 
 log = logging.getLogger(__name__)
@@ -147,18 +156,65 @@ class DockerSandbox(Sandbox):
     :meth:`DockerSandboxFactory.open`."""
 
     def __init__(self, *, docker: tuple[str, ...], container: str, workdir: str, main_pid: str,
-                 command_timeout_s: float, output_cap_bytes: int, user: str | None = None) -> None:
+                 command_timeout_s: float, output_cap_bytes: int, user: str | None = None,
+                 factory: "DockerSandboxFactory | None" = None, spec: SandboxSpec | None = None,
+                 image: str | None = None, volume: str | None = None,
+                 readonly_binds: dict[str, str] | None = None, env: dict[str, str] | None = None) -> None:
         self._docker, self._container, self._workdir = docker, container, workdir
         self._as_user = ("-u", user) if user else ()
         self._main_pid = main_pid
         self._command_timeout_s, self._output_cap = command_timeout_s, output_cap_bytes
+        # What the harness process needs to know (see process_command).
+        self.command_timeout_s, self.output_cap_bytes = command_timeout_s, output_cap_bytes
+        self.spec = spec if spec is not None else SandboxSpec(task_id=container, workdir=workdir)
+        self._factory, self._image = factory, image
+        self._binds = dict(readonly_binds or {})
+        self._env = dict(env or {})
         self._closed = False
+        # The workspace's named volume, removed with the container unless a grading
+        # container took it over (fresh_for_grading); a list so the finalizer sees that.
+        self._volumes = [volume] if volume else []
         # Not a method of self: a finalizer holding the sandbox would keep it alive forever.
-        self._remover = weakref.finalize(self, _remove_container, docker, container)
+        self._remover = weakref.finalize(self, _remove_container, docker, container, self._volumes)
 
     @property
     def id(self) -> str:
         return self._container
+
+    @property
+    def env(self) -> dict[str, str]:
+        """The environment a command in the container gets (the image's, the task's and
+        ``HOME``), as read inside at open; empty when the container was opened without the
+        harness process's binds (nothing asked for it)."""
+        return dict(self._env)
+
+    def process_command(self, argv: list[str], readonly_binds: dict[str, str] | None = None
+                        ) -> tuple[list[str], list[str], list[str]]:
+        """How to run ``argv`` as one long-lived process in this container, as the
+        commands' user, in the workdir, with the container's environment:
+        ``(prefix, [], command)``; run ``prefix + command`` (a ``docker exec -i``). The
+        host's environment does not reach the process: ``docker exec`` passes none of
+        the client's variables. ``readonly_binds`` must be among those the container was
+        opened with (a container's mounts are fixed when it starts)."""
+        self._check_open()
+        missing = {h: i for h, i in (readonly_binds or {}).items() if self._binds.get(h) != i}
+        if missing:
+            raise RuntimeError(f"container {self._container} was not opened with the read-only binds {missing}; "
+                               "pass them as readonly_binds to DockerSandboxFactory.open")
+        prefix = [*self._docker, "exec", "-i", *self._as_user, "-w", self._workdir, self._container]
+        return prefix, [], list(argv)
+
+    def fresh_for_grading(self) -> "DockerSandbox":
+        """Remove this container (every process in it dies with it) and start a fresh one
+        from the same image with the same limits and only the workspace volume carried
+        over: the verifier sees nothing else the agent left (not its /tmp, /logs, /tests,
+        /solution, nor any process), and none of the harness process's binds."""
+        self._check_open()
+        if self._factory is None or not self._volumes:
+            raise RuntimeError(f"container {self._container} has no workspace volume to grade in a fresh container")
+        volume = self._volumes.pop()  # this container's removal keeps it now
+        self.close()
+        return self._factory._start(self.spec, self._image, volume=volume, reuse_volume=True)
 
     def execute(self, command: str, *, timeout: int | None = None) -> ExecuteResponse:
         """Run ``bash -c command`` in the workdir. ``timeout`` (seconds) None or 0 means the
@@ -264,15 +320,16 @@ class DockerSandbox(Sandbox):
         return run.exit_code == 0
 
 
-def _remove_container(docker: tuple[str, ...], container: str) -> None:
-    try:
-        done = subprocess.run([*docker, "rm", "-f", "-v", container], capture_output=True, text=True,
-                              timeout=_CONTROL_TIMEOUT_S)
-    except (OSError, subprocess.TimeoutExpired) as e:
-        log.warning("could not remove container %s: %s", container, e)
-        return
-    if done.returncode != 0 and "no such container" not in done.stderr.lower():
-        log.warning("could not remove container %s: %s", container, done.stderr.strip())
+def _remove_container(docker: tuple[str, ...], container: str, volumes: list[str] | None = None) -> None:
+    for argv, missing in (([*docker, "rm", "-f", "-v", container], "no such container"),
+                          *(([*docker, "volume", "rm", "-f", v], "no such volume") for v in (volumes or ()))):
+        try:
+            done = subprocess.run(argv, capture_output=True, text=True, timeout=_CONTROL_TIMEOUT_S)
+        except (OSError, subprocess.TimeoutExpired) as e:
+            log.warning("could not remove %s: %s", argv[-1], e)
+            continue
+        if done.returncode != 0 and missing not in done.stderr.lower():
+            log.warning("could not remove %s: %s", argv[-1], done.stderr.strip())
 
 
 def _find_main_pid(docker: tuple[str, ...], container: str) -> str:
@@ -354,6 +411,10 @@ class DockerSandboxFactory:
     """
 
     name = "docker"
+    # Can run a long-lived harness process inside (DockerSandbox.process_command); its
+    # read-only binds are given to open(), since a container's mounts are fixed at start.
+    hosts_harness = True
+    binds_at_open = True
 
     def __init__(self, *, command_timeout_s: float = 600.0, output_cap_bytes: int = 1_000_000,
                  build_timeout_s: float = 1800.0, base_image_override: str | None = None,
@@ -414,13 +475,25 @@ class DockerSandboxFactory:
         self._host_cpus = float(done.stdout.strip())
         return None
 
-    def open(self, spec: SandboxSpec, scratch: Path) -> DockerSandbox:
+    def open(self, spec: SandboxSpec, scratch: Path, readonly_binds: dict[str, str] | None = None) -> DockerSandbox:
+        """A running container for ``spec``. ``readonly_binds`` (host path -> container
+        path) are mounted read-only for a process started later with
+        :meth:`DockerSandbox.process_command` (a container's mounts are fixed at start);
+        with them, the container is probed once for running this worker's interpreter
+        (the harness process runs on it) and its environment is read."""
         reason = self.unsupported(spec)
         if reason is not None:
             raise RuntimeError(reason)
         if not spec.workdir.startswith("/"):
             raise ValueError(f"task {spec.task_id}: spec.workdir must be absolute, got {spec.workdir!r}")
         image = spec.docker_image or self._build(spec, Path(scratch))
+        # The workspace is a named volume (filled from the image at first mount), so that
+        # grading can mount it into a fresh container (DockerSandbox.fresh_for_grading).
+        volume = f"milo-ray-ws-{uuid.uuid4().hex[:16]}"
+        return self._start(spec, image, volume=volume, reuse_volume=False, readonly_binds=readonly_binds)
+
+    def _start(self, spec: SandboxSpec, image: str, *, volume: str, reuse_volume: bool,
+               readonly_binds: dict[str, str] | None = None) -> DockerSandbox:
         slug = re.sub(r"[^a-zA-Z0-9_.-]+", "-", spec.task_id).strip("-.")[:40] or "task"
         container = f"milo-ray-{slug}-{uuid.uuid4().hex[:12]}"
         argv = [*self.docker, "run", "-d", "--init", "--name", container,
@@ -435,8 +508,13 @@ class DockerSandboxFactory:
                 "--read-only", "--tmpfs", f"/tmp:rw,nosuid,nodev,size={self.tmpfs_mb}m",
                 "--security-opt", "no-new-privileges", "--cap-drop", "ALL",
                 *(a for c in ("CHOWN", "DAC_OVERRIDE", "FOWNER", "KILL") for a in ("--cap-add", c))]
-        for d in dict.fromkeys((spec.workdir, LOGS_DIR, TESTS_DIR, SOLUTION_DIR)):
-            argv += ["-v", d]
+        # The grading container mounts the agent's workspace as it is: ``nocopy``, or an
+        # emptied workspace would be refilled from the image.
+        argv += ["-v", f"{volume}:{spec.workdir}" + (":nocopy" if reuse_volume else ""),
+                 "--label", f"milo-ray.volume={volume}"]
+        for d in dict.fromkeys((LOGS_DIR, TESTS_DIR, SOLUTION_DIR)):
+            if d != spec.workdir:
+                argv += ["-v", d]
         if self.user is not None and "HOME" not in spec.env:
             argv += ["-e", "HOME=/tmp"]
         if not spec.allow_internet:
@@ -453,28 +531,42 @@ class DockerSandboxFactory:
             if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", key):
                 raise ValueError(f"task {spec.task_id}: spec.env key {key!r} is not a variable name")
             argv += ["-e", f"{key}={value}"]
-        for mount in (*self.host_mounts, *(m for m in spec.host_readonly if m not in self.host_mounts)):
+        mounts = (*self.host_mounts, *(m for m in spec.host_readonly if m not in self.host_mounts))
+        for private in PRIVATE_PARENTS:
+            below = tuple(sorted(m for m in mounts if m.startswith(private + "/")))
+            if below:
+                argv += ["-v", f"{skeleton(private, below)}:{private}:ro"]
+        for mount in mounts:
             argv += ["-v", f"{mount}:{mount}:ro"]
+        for host, inside in (readonly_binds or {}).items():
+            if not str(inside).startswith("/") or ":" in f"{host}{inside}":
+                raise ValueError(f"read-only bind {host} -> {inside}: both must be absolute paths without ':'")
+            argv += ["-v", f"{host}:{inside}:ro"]
         argv += [image, *_MAIN[1:]]
         started = run_capped(argv, timeout_s=_CONTROL_TIMEOUT_S, output_cap_bytes=_CONTROL_OUTPUT_CAP)
         if started.exit_code != 0:
-            _remove_container(self.docker, container)  # a created-but-not-started container
+            _remove_container(self.docker, container, [volume])  # a created-but-not-started container
             raise RuntimeError(f"task {spec.task_id}: docker run {image} failed: {started.output.strip()[-2000:]}")
+        env: dict[str, str] = {}
         try:
             main_pid = _find_main_pid(self.docker, container)
             dirs = " ".join(shlex.quote(d) for d in (spec.workdir, LOGS_DIR, TESTS_DIR, SOLUTION_DIR))
-            own = f" && chown -R {self.user} {shlex.quote(spec.workdir)}" if self.user else ""
+            # The grading container's workspace is the agent's, owned as the agent left it.
+            own = f" && chown -R {self.user} {shlex.quote(spec.workdir)}" if self.user and not reuse_volume else ""
             made = run_capped([*self.docker, "exec", "-u", "0", container, "sh", "-c",
                                f"mkdir -p {dirs} && chmod 0777 {LOGS_DIR} {TESTS_DIR} {SOLUTION_DIR}{own}"],
                               timeout_s=_CONTROL_TIMEOUT_S, output_cap_bytes=_CONTROL_OUTPUT_CAP)
             if made.exit_code != 0:
                 raise RuntimeError(f"task {spec.task_id}: cannot create the sandbox directories: {made.output.strip()}")
+            if readonly_binds:
+                env = probe_interpreter(self.docker, self.user, spec.task_id, image, container)
         except BaseException:
-            _remove_container(self.docker, container)
+            _remove_container(self.docker, container, [volume])
             raise
         return DockerSandbox(docker=self.docker, container=container, workdir=spec.workdir, main_pid=main_pid,
                              command_timeout_s=self.command_timeout_s, output_cap_bytes=self.output_cap_bytes,
-                             user=self.user)
+                             user=self.user, factory=self, spec=spec, image=image, volume=volume,
+                             readonly_binds=readonly_binds, env=env)
 
     def _build(self, spec: SandboxSpec, scratch: Path) -> str:
         context = Path(spec.build_context)

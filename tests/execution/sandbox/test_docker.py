@@ -40,6 +40,16 @@ def test_from_override_replaces_external_images_and_keeps_stages() -> None:
         "from build AS test\nFROM base:local\nCOPY --from=build /x /x\n")
 
 
+def test_warm_harness_processes_under_docker_are_refused_naming_the_field(monkeypatch) -> None:
+    from milo_ray.execution.agent_executor import AgentExecutor
+
+    monkeypatch.setenv("MILO_TEST_SOLVER_KEY", "k")
+    model = {"solver": "openai/scripted", "api_base": "http://127.0.0.1:9", "api_key_env": "MILO_TEST_SOLVER_KEY"}
+    with pytest.raises(ValueError, match="executor.warm_processes=1: .*sandbox=docker"):
+        AgentExecutor(model=model, sandbox=DockerSandboxFactory(), warm_processes=1)
+    assert AgentExecutor(model=model, sandbox=DockerSandboxFactory()).sandbox.hosts_harness
+
+
 def test_unsupported_names_what_is_missing(tmp_path: Path) -> None:
     factory = DockerSandboxFactory(docker=("false",))
     assert "sandbox=bwrap" in factory.unsupported(SandboxSpec(task_id="t"))
@@ -204,3 +214,26 @@ def test_commands_run_hardened(docker_sandbox) -> None:
     assert r.output.count("Read-only file system") + r.output.count("Permission denied") >= 2
     assert lines[-1] == "writable"
 
+
+
+def test_grading_container_carries_over_only_the_workspace(docker_sandbox, docker_task) -> None:
+    """What the agent left anywhere but its workspace -- a planted test in /tests, a file
+    in /tmp and /logs, a running process -- is not in the container the verifier gets."""
+    agent = docker_sandbox
+    agent.execute("echo work > /app/result; echo pwned > /tests/conftest.py; echo x > /tmp/left; "
+                  "mkdir -p /logs/verifier && echo 1 > /logs/verifier/reward.txt; rm /app/hello.txt; "
+                  "nohup sleep 404 >/dev/null 2>&1 &")
+    fresh = agent.fresh_for_grading()
+    volume = fresh._volumes[0]
+    try:
+        assert len(_containers(docker_task.task_id)) == 1  # the agent's container is gone
+        r = fresh.execute("cat /app/result; ls -A /tests /logs /tmp; ls /app; id -u")
+        assert r.output.split() == ["work", "/logs:", "/tests:", "/tmp:", "result", "65534"], r.output
+        # The emptied-out task file stays deleted: the volume is not refilled from the image.
+        assert not [p for p in _processes(fresh) if "sleep 404" in p]
+        with pytest.raises(RuntimeError, match="closed"):
+            agent.execute("true")
+    finally:
+        fresh.close()
+    volumes = subprocess.run(["docker", "volume", "ls", "-q"], capture_output=True, text=True).stdout.split()
+    assert volume not in volumes
