@@ -18,6 +18,8 @@ from typing import Any
 log = logging.getLogger(__name__)
 
 SLOT_RESOURCE = "sandbox_slot"
+# ray._private.ray_constants.DEBUG_AUTOSCALING_STATUS: where the autoscaler reports.
+_AUTOSCALING_STATUS_KEY = "__autoscaling_status"
 
 
 @dataclass(frozen=True)
@@ -60,11 +62,12 @@ def quiet_token_auth_notice() -> None:
 
 
 def start_local(
-    *, num_cpus: int | None = None, slots: int | None = 8, dashboard: bool = False, configure_logging: bool = True
+    *, num_cpus: int | None = None, slots: int | None = 8, dashboard: bool = False, configure_logging: bool = True,
+    slot_resource: str = SLOT_RESOURCE,
 ) -> ClusterInfo:
     """Start a private Ray instance in this process: never one that `ray start` left
-    running here. ``slots``: the ``sandbox_slot`` resource of the node (None: declare
-    none; a scheduler then gives every node its own ``slots_per_node``).
+    running here. ``slots``: how many of ``slot_resource`` (``sandbox_slot``) the node
+    declares, i.e. the rollouts it runs at once (None: declare none).
     ``configure_logging=False`` leaves the logging setup to the caller (pytest)."""
     import ray  # noqa: PLC0415 - keep `import milo_ray.execution` light
 
@@ -75,7 +78,7 @@ def start_local(
         address="local",
         num_cpus=num_cpus,
         include_dashboard=bool(dashboard),
-        resources={} if slots is None else {SLOT_RESOURCE: float(slots)},
+        resources={} if slots is None else {slot_resource: float(slots)},
         **_options(configure_logging),
     )
     return _info(started_here=True)
@@ -94,18 +97,39 @@ def connect(execution: Any) -> ClusterInfo:
     """Initialize Ray per ``execution`` (an ExecutionConfig-like object). Idempotent:
     a driver that is already connected (multirun jobs in one process) stays connected."""
     return _connect(execution.address, execution.join_running, execution.num_cpus, execution.slots_per_node,
-                    execution.dashboard)
+                    execution.dashboard, getattr(execution, "slot_resource", SLOT_RESOURCE))
 
 
-def ensure_connected(address: str | None = None) -> ClusterInfo:
+def ensure_connected(address: str | None = None, *, slots: int | None = None,
+                     slot_resource: str = SLOT_RESOURCE) -> ClusterInfo:
     """Connect unless connected already: join ``address`` (else ``RAY_ADDRESS``, else a
-    `ray start` instance on this machine), or start a private local instance that
-    declares no sandbox slots."""
-    return _connect(address, True, None, None, False)
+    `ray start` instance on this machine), or start a private local instance whose node
+    declares ``slots`` of ``slot_resource`` (None: none)."""
+    return _connect(address, True, None, slots, False, slot_resource)
+
+
+def cluster_autoscales() -> bool:
+    """Whether an autoscaler manages the connected cluster (it may add nodes with
+    sandbox slots that no node declares yet).
+
+    Ray's autoscaler publishes its report in the GCS key-value store each update; a
+    head started without an autoscaling config publishes only the load metrics."""
+    import json  # noqa: PLC0415
+
+    from ray.experimental.internal_kv import _internal_kv_get, _internal_kv_initialized  # noqa: PLC0415
+
+    try:
+        if not _internal_kv_initialized():
+            return False
+        raw = _internal_kv_get(_AUTOSCALING_STATUS_KEY)
+        return bool(raw) and "autoscaler_report" in json.loads(raw)
+    except Exception:  # pragma: no cover - the status format moved: assume a fixed cluster
+        log.debug("could not read the autoscaler status", exc_info=True)
+        return False
 
 
 def _connect(address: str | None, join_running: bool, num_cpus: int | None, slots: int | None,
-             dashboard: bool) -> ClusterInfo:
+             dashboard: bool, slot_resource: str = SLOT_RESOURCE) -> ClusterInfo:
     import ray  # noqa: PLC0415
 
     if ray.is_initialized():
@@ -115,7 +139,7 @@ def _connect(address: str | None, join_running: bool, num_cpus: int | None, slot
         address = _running_local_address()
     if address:
         return join(address)
-    return start_local(num_cpus=num_cpus, slots=slots, dashboard=dashboard)
+    return start_local(num_cpus=num_cpus, slots=slots, dashboard=dashboard, slot_resource=slot_resource)
 
 
 def _options(configure_logging: bool) -> dict[str, Any]:
