@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,6 +21,8 @@ log = logging.getLogger(__name__)
 SLOT_RESOURCE = "sandbox_slot"
 # ray._private.ray_constants.DEBUG_AUTOSCALING_STATUS: where the autoscaler reports.
 _AUTOSCALING_STATUS_KEY = "__autoscaling_status"
+# ray.autoscaler._private.util.format_readonly_node_type: a node of a cluster no autoscaler manages.
+_READONLY_NODE_TYPE = re.compile(r"node_[0-9a-f]+")
 
 
 @dataclass(frozen=True)
@@ -112,8 +115,10 @@ def cluster_autoscales() -> bool:
     """Whether an autoscaler manages the connected cluster (it may add nodes with
     sandbox slots that no node declares yet).
 
-    Ray's autoscaler publishes its report in the GCS key-value store each update; a
-    head started without an autoscaling config publishes only the load metrics."""
+    Ray's monitor publishes its autoscaler's report in the GCS key-value store each
+    update. A head started without an autoscaling config runs a read-only autoscaler
+    that names each node's type after the node (``node_<node id>``); a real one names
+    the node types of its cluster config (``ray.head.default``, ``worker``, ...)."""
     import json  # noqa: PLC0415
 
     from ray.experimental.internal_kv import _internal_kv_get, _internal_kv_initialized  # noqa: PLC0415
@@ -122,7 +127,11 @@ def cluster_autoscales() -> bool:
         if not _internal_kv_initialized():
             return False
         raw = _internal_kv_get(_AUTOSCALING_STATUS_KEY)
-        return bool(raw) and "autoscaler_report" in json.loads(raw)
+        report = json.loads(raw).get("autoscaler_report") if raw else None
+        if not report:
+            return False
+        types = set(report.get("active_nodes") or {}) | set(report.get("idle_nodes") or {})
+        return any(not _READONLY_NODE_TYPE.fullmatch(t) for t in types)
     except Exception:  # pragma: no cover - the status format moved: assume a fixed cluster
         log.debug("could not read the autoscaler status", exc_info=True)
         return False
