@@ -5,7 +5,8 @@ lines of what it observed (the last line is the summary).
     python multinode_driver.py sleep ADDRESS --n 24 --seconds 0.5 [--announce 4] ...
     python multinode_driver.py undeclared ADDRESS
 
-``--announce K`` prints ``{"running": K}`` once K rollouts are in flight, then waits for a
+``--barrier`` prints ``{"ready": true}`` once connected and waits for a line on stdin
+before it submits anything (so concurrent drivers start together). ``--announce K`` prints ``{"running": K}`` once K rollouts are in flight, then waits for a
 line on stdin before it goes on (the test changes the cluster in between).
 """
 
@@ -49,7 +50,7 @@ def scheduler(args, store) -> RolloutScheduler:
     tasks = [Task("sleep", "search", "x", 60.0, 1000, {"sleep_s": args.seconds})]
     s = RolloutScheduler({"_target_": "milo_ray.execution.fake.SleepExecutor"}, tasks, store, model_id="m",
                          run_id=store.run_id, progress=False, slot_resource=args.slot_resource,
-                         slots_per_worker=args.slots_per_worker, worker_idle_s=args.idle, max_retries=3,
+                         slots_per_worker=args.slots_per_worker, max_workers=args.max_workers, worker_idle_s=args.idle, max_retries=3,
                          retry_backoff_s=0.05)
     s.add_harness(H)
     return s
@@ -59,6 +60,10 @@ async def sleep_mode(args) -> dict:
     store = MemoryRunStore(run_id=args.run_id)
     sched = scheduler(args, store)
     requests = [RolloutRequest(H.harness_id, "sleep", i, seed=args.seed) for i in range(args.n)]
+    if args.barrier:
+        # Connected: wait until the test lets every driver start at once.
+        emit({"ready": True})
+        await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline)
     run = asyncio.ensure_future(sched.arun(requests))
     demand = 0.0
     if args.announce:
@@ -115,9 +120,11 @@ def main() -> None:
     p.add_argument("--run-id", default="multinode")
     p.add_argument("--slot-resource", default=SLOT_RESOURCE)
     p.add_argument("--slots-per-worker", type=int, default=None)
+    p.add_argument("--max-workers", type=int, default=None)
     p.add_argument("--idle", type=float, default=60.0)
     p.add_argument("--announce", type=int, default=0)
     p.add_argument("--wait-release", action="store_true")
+    p.add_argument("--barrier", action="store_true")
     args = p.parse_args()
     join(args.address, configure_logging=False)
     out = asyncio.run(sleep_mode(args)) if args.mode == "sleep" else undeclared_mode(args)

@@ -34,16 +34,23 @@ def _nodes(rows: list[dict]) -> set[str]:
 
 
 def test_two_drivers_on_one_cluster_never_exceed_a_nodes_slots_together(cluster):
-    # 2 x 16 rollouts of 0.5 s in workers of 2 slots: together they want 4x the 8 slots.
-    args = ["--n", "16", "--seconds", "0.5", "--slots-per-worker", "2"]
-    procs = [start_driver("sleep", cluster.address, *args, "--run-id", f"run{i}", "--seed", str(i)) for i in (1, 2)]
+    # Each run wants 3 workers of 2 slots: together 12 of the cluster's 8 slots, so
+    # both run at once (neither can take every slot) and they compete for slots.
+    args = ["--n", "24", "--seconds", "0.5", "--slots-per-worker", "2", "--max-workers", "3"]
+    procs = [start_driver("sleep", cluster.address, *args, "--barrier", "--run-id", f"run{i}", "--seed", str(i))
+             for i in (1, 2)]
+    for p in procs:
+        assert json.loads(p.stdout.readline()) == {"ready": True}, p.stderr.read()[-3000:]
+    for p in procs:
+        p.stdin.write("\n")
+        p.stdin.flush()
     outs = []
     for p in procs:
         stdout, stderr = p.communicate(timeout=240)
         assert p.returncode == 0, stderr[-3000:]
         outs.append(json.loads(stdout.strip().splitlines()[-1]))
     rows = [r for out in outs for r in out["rows"]]
-    assert len(rows) == 32 and all(r["error_kind"] is None for r in rows)
+    assert len(rows) == 48 and all(r["error_kind"] is None for r in rows)
     workers = {node_prefix(n) for n in cluster.workers}
     assert _nodes(rows) == workers  # both workers used, the slot-less head never
     # The two runs ran at the same time (so they competed for the same slots) ...
