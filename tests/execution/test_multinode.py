@@ -36,7 +36,7 @@ def _nodes(rows: list[dict]) -> set[str]:
 def test_two_drivers_on_one_cluster_never_exceed_a_nodes_slots_together(cluster):
     # Each run wants 3 workers of 2 slots: together 12 of the cluster's 8 slots, so
     # both run at once (neither can take every slot) and they compete for slots.
-    args = ["--n", "24", "--seconds", "0.5", "--slots-per-worker", "2", "--max-workers", "3"]
+    args = ["--n", "24", "--seconds", "1.0", "--slots-per-worker", "2", "--max-workers", "3"]
     procs = [start_driver("sleep", cluster.address, *args, "--barrier", "--run-id", f"run{i}", "--seed", str(i))
              for i in (1, 2)]
     for p in procs:
