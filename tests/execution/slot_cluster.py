@@ -94,7 +94,17 @@ def run_cli(address: str, run_dir: Path, *overrides: str, timeout: float = 600) 
     """``python -m milo_ray.run`` joined to the cluster."""
     cmd = [sys.executable, "-m", "milo_ray.run", f"execution.address={address}", f"run.dir={run_dir}",
            "run.progress=false", "run.report=false", *overrides]
+    run_dir.parent.mkdir(parents=True, exist_ok=True)
     return subprocess.run(cmd, capture_output=True, text=True, env=driver_env(), timeout=timeout, cwd=str(run_dir.parent))
+
+
+def start_cli(address: str, run_dir: Path, *overrides: str) -> subprocess.Popen:
+    """:func:`run_cli` without waiting."""
+    cmd = [sys.executable, "-m", "milo_ray.run", f"execution.address={address}", f"run.dir={run_dir}",
+           "run.progress=false", "run.report=false", *overrides]
+    run_dir.parent.mkdir(parents=True, exist_ok=True)
+    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=driver_env(),
+                            cwd=str(run_dir.parent))
 
 
 def peak_per_node(rows: list[dict]) -> dict[str, int]:
