@@ -46,6 +46,10 @@ def slot_demand() -> float:
     return sum(shape.get(SLOT_RESOURCE, 0.0) * count for shape, count in demand)
 
 
+def slotted_nodes() -> int:
+    return sum(1 for n in ray.nodes() if n["Alive"] and n["Resources"].get(SLOT_RESOURCE, 0) >= 1)
+
+
 def scheduler(args, store) -> RolloutScheduler:
     tasks = [Task("sleep", "search", "x", 60.0, 1000, {"sleep_s": args.seconds})]
     s = RolloutScheduler({"_target_": "milo_ray.execution.fake.SleepExecutor"}, tasks, store, model_id="m",
@@ -59,6 +63,15 @@ def scheduler(args, store) -> RolloutScheduler:
 async def sleep_mode(args) -> dict:
     store = MemoryRunStore(run_id=args.run_id)
     sched = scheduler(args, store)
+    slotted_at_start = slotted_nodes()
+    seen = [slotted_at_start]
+
+    async def watch_nodes() -> None:
+        while True:
+            seen.append(slotted_nodes())
+            await asyncio.sleep(0.5)
+
+    watcher = asyncio.ensure_future(watch_nodes())
     requests = [RolloutRequest(H.harness_id, "sleep", i, seed=args.seed) for i in range(args.n)]
     if args.barrier:
         # Connected: wait until the test lets every driver start at once.
@@ -89,11 +102,21 @@ async def sleep_mode(args) -> dict:
                 released_after = time.time() - done_at
                 break
             await asyncio.sleep(0.1)
+    scaled_down_after = None
+    if args.wait_scale_down:
+        # The autoscaler removes nodes idle past its idle_timeout_minutes.
+        while time.time() - done_at < 300:
+            if slotted_nodes() == 0:
+                scaled_down_after = time.time() - done_at
+                break
+            await asyncio.sleep(0.5)
+    watcher.cancel()
     events = collections.Counter(e["kind"] for e in store.read("events").to_pylist())
     rows = [{"node": r.node, "started_at": r.started_at, "finished_at": r.finished_at, "cache_key": r.cache_key,
              "attempts": r.attempts, "error_kind": r.error_kind} for r in results]
     sched.close()
     return {"rows": rows, "events": events, "released_after": released_after, "demand": demand,
+            "slotted_at_start": slotted_at_start, "slotted_seen": max(seen), "scaled_down_after": scaled_down_after,
             "nodes": {n["NodeID"][:8]: n["Resources"].get(SLOT_RESOURCE, 0.0) for n in ray.nodes() if n["Alive"]}}
 
 
@@ -125,6 +148,7 @@ def main() -> None:
     p.add_argument("--announce", type=int, default=0)
     p.add_argument("--wait-release", action="store_true")
     p.add_argument("--barrier", action="store_true")
+    p.add_argument("--wait-scale-down", action="store_true")
     args = p.parse_args()
     join(args.address, configure_logging=False)
     out = asyncio.run(sleep_mode(args)) if args.mode == "sleep" else undeclared_mode(args)

@@ -76,10 +76,12 @@ def node_prefix(node: object) -> str:
     return node.node_id[:8]
 
 
-def run_driver(mode: str, address: str, *args: str, timeout: float = 240) -> subprocess.CompletedProcess:
+def run_driver(mode: str, address: str, *args: str, timeout: float = 240,
+               env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     """Run ``multinode_driver.py MODE ADDRESS ARGS...`` to completion."""
     cmd = [sys.executable, str(HERE / "multinode_driver.py"), mode, address, *args]
-    return subprocess.run(cmd, capture_output=True, text=True, env=driver_env(), timeout=timeout, cwd=str(ROOT))
+    return subprocess.run(cmd, capture_output=True, text=True, env=env or driver_env(), timeout=timeout,
+                          cwd=str(ROOT))
 
 
 def start_driver(mode: str, address: str, *args: str) -> subprocess.Popen:
