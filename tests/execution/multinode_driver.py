@@ -89,7 +89,8 @@ async def sleep_mode(args) -> dict:
             if demand:
                 break
             await asyncio.sleep(0.1)
-        emit({"running": sched.progress.running, "demand": demand})
+        early = repr(run.exception()) if run.done() else None
+        emit({"running": sched.progress.running, "demand": demand, "ended_early": early})
         await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline)
     results = await run
     done_at = time.time()

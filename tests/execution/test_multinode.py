@@ -72,7 +72,7 @@ def test_a_node_added_mid_run_gets_rollouts_and_idle_workers_give_their_slots_ba
                         "--idle", "1", "--announce", "8", "--wait-release", "--run-id", "joiner")
     try:
         first = json.loads(proc.stdout.readline())
-        assert first["running"] == 2 * SLOTS
+        assert first["running"] == 2 * SLOTS, first
         # Rollouts are waiting: the pending workers' slots are the demand Ray reports to
         # the autoscaler (what makes it add a node).
         assert first["demand"] >= 2
@@ -99,7 +99,8 @@ def test_rollouts_lost_with_a_node_are_retried_on_the_nodes_that_remain(cluster)
     proc = start_driver("sleep", cluster.address, "--n", "32", "--seconds", "1.0", "--announce", str(2 * SLOTS),
                         "--run-id", "doomed")
     try:
-        assert json.loads(proc.stdout.readline())["running"] == 2 * SLOTS
+        first = json.loads(proc.stdout.readline())
+        assert first["running"] == 2 * SLOTS, first
         cluster.remove_worker(doomed)
         stdout, stderr = proc.communicate(input="\n", timeout=240)
     finally:
