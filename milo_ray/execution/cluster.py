@@ -111,21 +111,38 @@ def ensure_connected(address: str | None = None, *, slots: int | None = None,
     return _connect(address, True, None, slots, False, slot_resource)
 
 
-def cluster_autoscales() -> bool:
+def cluster_autoscales(wait_s: float = 0.0) -> bool:
     """Whether an autoscaler manages the connected cluster (it may add nodes with
     sandbox slots that no node declares yet).
 
     Ray's monitor publishes its autoscaler's report in the GCS key-value store each
-    update. A head started without an autoscaling config runs a read-only autoscaler
-    that names each node's type after the node (``node_<node id>``); a real one names
-    the node types of its cluster config (``ray.head.default``, ``worker``, ...)."""
+    update (every few seconds; ``wait_s``: how long to wait for a first report on a head
+    that just started). A head started without an autoscaling config runs a read-only
+    autoscaler that names each node's type after the node (``node_<node id>``); a real
+    one names the node types of its cluster config (``ray.head.default``, ``worker``...)."""
     import json  # noqa: PLC0415
+    import time  # noqa: PLC0415
 
     from ray.experimental.internal_kv import _internal_kv_get, _internal_kv_initialized  # noqa: PLC0415
 
     try:
         if not _internal_kv_initialized():
             return False
+        deadline = time.monotonic() + wait_s
+        raw = _internal_kv_get(_AUTOSCALING_STATUS_KEY)
+        while not raw and time.monotonic() < deadline:
+            time.sleep(0.5)
+            raw = _internal_kv_get(_AUTOSCALING_STATUS_KEY)
+        report = json.loads(raw).get("autoscaler_report") if raw else None
+        if report:
+            types = (set(report.get("active_nodes") or {}) | set(report.get("idle_nodes") or {})
+                     | set(report.get("pending_launches") or {}) | set((report.get("node_type_mapping") or {}).values()))
+        else:
+            types = _v2_node_types()
+        return any(t and not _READONLY_NODE_TYPE.fullmatch(t) for t in types)
+    except Exception:  # pragma: no cover - the status format moved: assume a fixed cluster
+        log.debug("could not read the autoscaler status", exc_info=True)
+        return False
         raw = _internal_kv_get(_AUTOSCALING_STATUS_KEY)
         report = json.loads(raw).get("autoscaler_report") if raw else None
         if not report:
@@ -135,6 +152,17 @@ def cluster_autoscales() -> bool:
     except Exception:  # pragma: no cover - the status format moved: assume a fixed cluster
         log.debug("could not read the autoscaler status", exc_info=True)
         return False
+
+
+def _v2_node_types() -> set[str]:
+    """Node type names Ray's autoscaler v2 reports (it keeps its state in the GCS, not
+    in the key-value report); empty when no v2 autoscaler runs."""
+    import ray  # noqa: PLC0415
+    from ray.autoscaler.v2.sdk import get_cluster_status  # noqa: PLC0415
+
+    status = get_cluster_status(ray.get_runtime_context().gcs_address, timeout=10)
+    nodes = list(status.active_nodes) + list(status.idle_nodes)
+    return {n.ray_node_type_name for n in nodes} | {r.ray_node_type_name for r in status.pending_launches}
 
 
 def _connect(address: str | None, join_running: bool, num_cpus: int | None, slots: int | None,

@@ -47,6 +47,9 @@ _MIN_PENDING = 2
 # Workers that die before they are ready, in a row, before the pool gives up (a broken
 # runtime environment would otherwise be retried forever).
 _MAX_START_FAILURES = 3
+# How long a driver on a cluster without slotted nodes waits for the autoscaler's first
+# report (Ray's monitor writes one every AUTOSCALER_UPDATE_INTERVAL_S, 5 s by default).
+_AUTOSCALER_REPORT_WAIT_S = 10.0
 
 
 class NoSlotsError(RuntimeError):
@@ -165,8 +168,12 @@ class WorkerPool:
             ensure_connected(self.address, slots=self.slots_per_node, slot_resource=self.slot_resource)
             if self._config_ref is None:
                 self._config_ref = ray.put(self.executor_config)
-            self.plan = plan_slots(ray.nodes(), slot_resource=self.slot_resource, slots_per_node=self.slots_per_node,
-                                   slots_per_worker=self.slots_per_worker, autoscaling=cluster_autoscales())
+            nodes = ray.nodes()
+            # Whether an autoscaler may add slotted nodes matters only when none has slots yet.
+            declared = any(n.get("Alive") and n.get("Resources", {}).get(self.slot_resource, 0) >= 1 for n in nodes)
+            autoscaling = not declared and cluster_autoscales(wait_s=_AUTOSCALER_REPORT_WAIT_S)
+            self.plan = plan_slots(nodes, slot_resource=self.slot_resource, slots_per_node=self.slots_per_node,
+                                   slots_per_worker=self.slots_per_worker, autoscaling=autoscaling)
 
     def scale(self, wanted_slots: int) -> None:
         """Have workers for ``wanted_slots`` (rollouts in flight plus those that could

@@ -34,15 +34,18 @@ def emit(obj: dict) -> None:
     print(json.dumps(obj), flush=True)
 
 
-def slot_demand() -> float:
-    """Sandbox slots the cluster's pending work asks for, as the GCS reports it to the
-    autoscaler (its load metrics), summed over the waiting resource shapes."""
+def autoscaler_report() -> dict:
+    """What Ray's monitor last reported for the autoscaler (its load metrics included)."""
     from ray.experimental.internal_kv import _internal_kv_get
 
     raw = _internal_kv_get("__autoscaling_status")
-    if not raw:
-        return 0.0
-    demand = json.loads(raw).get("load_metrics_report", {}).get("resource_demand") or []
+    return json.loads(raw) if raw else {}
+
+
+def slot_demand() -> float:
+    """Sandbox slots the cluster's pending work asks for, as the GCS reports it to the
+    autoscaler (its load metrics), summed over the waiting resource shapes."""
+    demand = autoscaler_report().get("load_metrics_report", {}).get("resource_demand") or []
     return sum(shape.get(SLOT_RESOURCE, 0.0) * count for shape, count in demand)
 
 
@@ -103,12 +106,13 @@ async def sleep_mode(args) -> dict:
                 released_after = time.time() - done_at
                 break
             await asyncio.sleep(0.1)
-    scaled_down_after = None
-    if args.wait_scale_down:
-        # The autoscaler removes nodes idle past its idle_timeout_minutes.
-        while time.time() - done_at < 300:
-            if slotted_nodes() == 0:
-                scaled_down_after = time.time() - done_at
+    idle_reported_after = None
+    if args.wait_idle_report:
+        # The autoscaler's load metrics once the workers are gone: no slot used, none asked for.
+        while time.time() - done_at < 120:
+            usage = autoscaler_report().get("load_metrics_report", {}).get("usage", {}).get(SLOT_RESOURCE)
+            if usage and usage[0] == 0 and slot_demand() == 0:
+                idle_reported_after = time.time() - done_at
                 break
             await asyncio.sleep(0.5)
     watcher.cancel()
@@ -117,7 +121,7 @@ async def sleep_mode(args) -> dict:
              "attempts": r.attempts, "error_kind": r.error_kind} for r in results]
     sched.close()
     return {"rows": rows, "events": events, "released_after": released_after, "demand": demand,
-            "slotted_at_start": slotted_at_start, "slotted_seen": max(seen), "scaled_down_after": scaled_down_after,
+            "slotted_at_start": slotted_at_start, "slotted_seen": max(seen), "idle_reported_after": idle_reported_after,
             "nodes": {n["NodeID"][:8]: n["Resources"].get(SLOT_RESOURCE, 0.0) for n in ray.nodes() if n["Alive"]}}
 
 
@@ -149,7 +153,7 @@ def main() -> None:
     p.add_argument("--announce", type=int, default=0)
     p.add_argument("--wait-release", action="store_true")
     p.add_argument("--barrier", action="store_true")
-    p.add_argument("--wait-scale-down", action="store_true")
+    p.add_argument("--wait-idle-report", action="store_true")
     args = p.parse_args()
     join(args.address, configure_logging=False)
     out = asyncio.run(sleep_mode(args)) if args.mode == "sleep" else undeclared_mode(args)
