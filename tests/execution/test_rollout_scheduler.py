@@ -54,7 +54,10 @@ def _events(store, kind: str) -> list[dict]:
 @pytest.fixture(scope="module")
 def shared(ray_local):
     store = MemoryRunStore(run_id="sched-tests")
-    sched = _scheduler(store, group_limits={"cap2": 2, "cap3": 3}, max_retries=2, retry_backoff_s=0.01)
+    # Its idle worker gives the instance's slots back at once, so the tests' own
+    # schedulers (which queue for the same slots) do not wait for it.
+    sched = _scheduler(store, group_limits={"cap2": 2, "cap3": 3}, max_retries=2, retry_backoff_s=0.01,
+                       worker_idle_s=0.2)
     yield sched, store
     sched.close()
 
