@@ -40,7 +40,6 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
-import threading
 import time
 from collections import Counter
 from dataclasses import dataclass
@@ -190,7 +189,6 @@ class RolloutScheduler:
         self._jobs: dict[str, _Job] = {}  # key -> unfinished job (queued, in flight or backing off)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._own_loop: asyncio.AbstractEventLoop | None = None
-        self._own_thread: threading.Thread | None = None
         self._closed = False
 
     # --- public API -------------------------------------------------------------------
@@ -213,8 +211,6 @@ class RolloutScheduler:
         self._dispatch.set_limit(group, limit)
         if _loop_running() and asyncio.get_running_loop() is self._loop:
             self._pump()
-        elif self._loop is not None and self._loop is self._own_loop and self._loop.is_running():
-            self._loop.call_soon_threadsafe(self._pump)  # the private loop's thread dispatches
 
     def add_harness(self, harness: Any) -> None:
         """Make a harness known (before any request names it); shipped to each worker once."""
@@ -272,20 +268,8 @@ class RolloutScheduler:
                 "use `await scheduler.arun(requests)` (or `async for r in scheduler.astream(requests)`) there"
             )
         if self._own_loop is None or self._own_loop.is_closed():
-            # The private loop runs on a thread of its own for the scheduler's life, so
-            # idle workers are released (and their slots returned to the cluster) between
-            # calls too, not only while a call runs: a scheduler kept for later must not
-            # hold slots that another run on the cluster waits for.
             self._own_loop = asyncio.new_event_loop()
-            self._own_thread = threading.Thread(target=self._own_loop.run_forever, name="rollout-scheduler",
-                                                daemon=True)
-            self._own_thread.start()
-        future = asyncio.run_coroutine_threadsafe(self.arun(requests, count_budget=count_budget), self._own_loop)
-        try:
-            return future.result()
-        except BaseException:
-            future.cancel()  # e.g. Ctrl-C while waiting: the batch stops with the caller
-            raise
+        return self._own_loop.run_until_complete(self.arun(requests, count_budget=count_budget))
 
     def worker_actors(self) -> dict[str, Any]:
         """Ready worker actor handles by ``node-label/worker-key`` (diagnostics and fault injection)."""
@@ -299,11 +283,7 @@ class RolloutScheduler:
         self._pool.close()
         self.progress.close()
         if self._own_loop is not None and not self._own_loop.is_closed():
-            self._own_loop.call_soon_threadsafe(self._own_loop.stop)
-            if self._own_thread is not None and self._own_thread is not threading.current_thread():
-                self._own_thread.join(timeout=10)
-            if not self._own_loop.is_running():
-                self._own_loop.close()
+            self._own_loop.close()
 
     def __enter__(self) -> "RolloutScheduler":
         return self
@@ -378,6 +358,11 @@ class RolloutScheduler:
                 )
             self._loop = loop
             self._pool.bind_loop()
+            # Idle timers of the previous loop died with it: start them again on this one.
+            for worker in list(self._workers.values()):
+                if not worker.inflight:
+                    worker.idle_since = None
+                    self._idle(worker)
         return loop
 
     # --- workers ----------------------------------------------------------------------
