@@ -102,8 +102,18 @@ class ExecutionConfig:
     join_running: with address None, join a Ray instance started on this machine with
         `ray start` (so concurrent multirun jobs share it) instead of starting a private one.
     num_cpus: CPUs of a locally started instance (None: all).
-    slots_per_node: sandbox slots per node (custom resource ``sandbox_slot``); the
-        rollout concurrency of each node's worker.
+    slots_per_node: sandbox slots (the Ray resource ``slot_resource``) the node of a
+        locally started instance declares; on a one-node instance that declares none,
+        the rollouts that node runs at once.
+    slot_resource: the Ray resource a node declares per sandbox it can run (``ray start
+        --resources='{"sandbox_slot": 8}'``); each running rollout holds one, so the
+        autoscaler sees the demand and concurrent runs never oversubscribe a node.
+    slots_per_worker: slots of one rollout worker actor (one process running that many
+        rollouts as coroutines); None: ``slots_per_node``. Capped at the smallest slot
+        count a node declares; a node's slots are best a multiple of it.
+    max_workers: cap on the worker actors of one run (None: as many as its queue fills).
+    worker_idle_s: a worker with no rollout for this long is released, its slots with it
+        (so the autoscaler can remove an idle node).
     group_limit: max concurrent rollouts of a group that sets no limit of its own: an
         SSR race, one harness of ``method=eval``, MILO's seed and final evaluations
         (None: only the slots limit). MILO islands use ``method.island_concurrency``.
@@ -115,6 +125,10 @@ class ExecutionConfig:
     join_running: bool = True
     num_cpus: Optional[int] = None
     slots_per_node: int = 8
+    slot_resource: str = "sandbox_slot"
+    slots_per_worker: Optional[int] = None
+    max_workers: Optional[int] = None
+    worker_idle_s: float = 60.0
     group_limit: Optional[int] = None
     max_retries: int = 3
     dashboard: bool = False

@@ -251,9 +251,14 @@ def check_settings(cfg: Any) -> None:
                         "would never be reached; set model.usd_per_mtok_input and model.usd_per_mtok_output, "
                         "or cap run.budget.tokens instead")
     for name, low, nullable in (("slots_per_node", 1, False), ("num_cpus", 1, True), ("group_limit", 1, True),
-                                ("max_retries", 0, False)):
+                                ("max_retries", 0, False), ("slots_per_worker", 1, True), ("max_workers", 1, True)):
         value = ex[name]
         if value is None and nullable:
             continue
         if value is None or value < low:
             raise UserError(f"execution.{name}={value}: must be an integer >= {low}" + (" (or null)" if nullable else ""))
+    if ex.worker_idle_s is None or ex.worker_idle_s < 0:
+        raise UserError(f"execution.worker_idle_s={ex.worker_idle_s}: must be >= 0 seconds")
+    if not ex.slot_resource:
+        raise UserError("execution.slot_resource is empty: name the Ray resource each node declares per sandbox "
+                        "(default sandbox_slot)")

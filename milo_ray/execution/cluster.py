@@ -12,12 +12,17 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 from dataclasses import dataclass
 from typing import Any
 
 log = logging.getLogger(__name__)
 
 SLOT_RESOURCE = "sandbox_slot"
+# ray._private.ray_constants.DEBUG_AUTOSCALING_STATUS: where the autoscaler reports.
+_AUTOSCALING_STATUS_KEY = "__autoscaling_status"
+# ray.autoscaler._private.util.format_readonly_node_type: a node of a cluster no autoscaler manages.
+_READONLY_NODE_TYPE = re.compile(r"node_[0-9a-f]+")
 
 
 @dataclass(frozen=True)
@@ -60,11 +65,12 @@ def quiet_token_auth_notice() -> None:
 
 
 def start_local(
-    *, num_cpus: int | None = None, slots: int | None = 8, dashboard: bool = False, configure_logging: bool = True
+    *, num_cpus: int | None = None, slots: int | None = 8, dashboard: bool = False, configure_logging: bool = True,
+    slot_resource: str = SLOT_RESOURCE,
 ) -> ClusterInfo:
     """Start a private Ray instance in this process: never one that `ray start` left
-    running here. ``slots``: the ``sandbox_slot`` resource of the node (None: declare
-    none; a scheduler then gives every node its own ``slots_per_node``).
+    running here. ``slots``: how many of ``slot_resource`` (``sandbox_slot``) the node
+    declares, i.e. the rollouts it runs at once (None: declare none).
     ``configure_logging=False`` leaves the logging setup to the caller (pytest)."""
     import ray  # noqa: PLC0415 - keep `import milo_ray.execution` light
 
@@ -75,7 +81,7 @@ def start_local(
         address="local",
         num_cpus=num_cpus,
         include_dashboard=bool(dashboard),
-        resources={} if slots is None else {SLOT_RESOURCE: float(slots)},
+        resources={} if slots is None else {slot_resource: float(slots)},
         **_options(configure_logging),
     )
     return _info(started_here=True)
@@ -94,18 +100,73 @@ def connect(execution: Any) -> ClusterInfo:
     """Initialize Ray per ``execution`` (an ExecutionConfig-like object). Idempotent:
     a driver that is already connected (multirun jobs in one process) stays connected."""
     return _connect(execution.address, execution.join_running, execution.num_cpus, execution.slots_per_node,
-                    execution.dashboard)
+                    execution.dashboard, getattr(execution, "slot_resource", SLOT_RESOURCE))
 
 
-def ensure_connected(address: str | None = None) -> ClusterInfo:
+def ensure_connected(address: str | None = None, *, slots: int | None = None,
+                     slot_resource: str = SLOT_RESOURCE) -> ClusterInfo:
     """Connect unless connected already: join ``address`` (else ``RAY_ADDRESS``, else a
-    `ray start` instance on this machine), or start a private local instance that
-    declares no sandbox slots."""
-    return _connect(address, True, None, None, False)
+    `ray start` instance on this machine), or start a private local instance whose node
+    declares ``slots`` of ``slot_resource`` (None: none)."""
+    return _connect(address, True, None, slots, False, slot_resource)
+
+
+def cluster_autoscales(wait_s: float = 0.0) -> bool:
+    """Whether an autoscaler manages the connected cluster (it may add nodes with
+    sandbox slots that no node declares yet).
+
+    Ray's monitor publishes its autoscaler's report in the GCS key-value store each
+    update (every few seconds; ``wait_s``: how long to wait for a first report on a head
+    that just started). A head started without an autoscaling config runs a read-only
+    autoscaler that names each node's type after the node (``node_<node id>``); a real
+    one names the node types of its cluster config (``ray.head.default``, ``worker``...)."""
+    import json  # noqa: PLC0415
+    import time  # noqa: PLC0415
+
+    from ray.experimental.internal_kv import _internal_kv_get, _internal_kv_initialized  # noqa: PLC0415
+
+    try:
+        if not _internal_kv_initialized():
+            return False
+        deadline = time.monotonic() + wait_s
+        raw = _internal_kv_get(_AUTOSCALING_STATUS_KEY)
+        while not raw and time.monotonic() < deadline:
+            time.sleep(0.5)
+            raw = _internal_kv_get(_AUTOSCALING_STATUS_KEY)
+        report = json.loads(raw).get("autoscaler_report") if raw else None
+        if report:
+            types = (set(report.get("active_nodes") or {}) | set(report.get("idle_nodes") or {})
+                     | set(report.get("pending_launches") or {}) | set((report.get("node_type_mapping") or {}).values()))
+        else:
+            types = _v2_node_types()
+        return any(t and not _READONLY_NODE_TYPE.fullmatch(t) for t in types)
+    except Exception:  # pragma: no cover - the status format moved: assume a fixed cluster
+        log.debug("could not read the autoscaler status", exc_info=True)
+        return False
+        raw = _internal_kv_get(_AUTOSCALING_STATUS_KEY)
+        report = json.loads(raw).get("autoscaler_report") if raw else None
+        if not report:
+            return False
+        types = set(report.get("active_nodes") or {}) | set(report.get("idle_nodes") or {})
+        return any(not _READONLY_NODE_TYPE.fullmatch(t) for t in types)
+    except Exception:  # pragma: no cover - the status format moved: assume a fixed cluster
+        log.debug("could not read the autoscaler status", exc_info=True)
+        return False
+
+
+def _v2_node_types() -> set[str]:
+    """Node type names Ray's autoscaler v2 reports (it keeps its state in the GCS, not
+    in the key-value report); empty when no v2 autoscaler runs."""
+    import ray  # noqa: PLC0415
+    from ray.autoscaler.v2.sdk import get_cluster_status  # noqa: PLC0415
+
+    status = get_cluster_status(ray.get_runtime_context().gcs_address, timeout=10)
+    nodes = list(status.active_nodes) + list(status.idle_nodes)
+    return {n.ray_node_type_name for n in nodes} | {r.ray_node_type_name for r in status.pending_launches}
 
 
 def _connect(address: str | None, join_running: bool, num_cpus: int | None, slots: int | None,
-             dashboard: bool) -> ClusterInfo:
+             dashboard: bool, slot_resource: str = SLOT_RESOURCE) -> ClusterInfo:
     import ray  # noqa: PLC0415
 
     if ray.is_initialized():
@@ -115,7 +176,7 @@ def _connect(address: str | None, join_running: bool, num_cpus: int | None, slot
         address = _running_local_address()
     if address:
         return join(address)
-    return start_local(num_cpus=num_cpus, slots=slots, dashboard=dashboard)
+    return start_local(num_cpus=num_cpus, slots=slots, dashboard=dashboard, slot_resource=slot_resource)
 
 
 def _options(configure_logging: bool) -> dict[str, Any]:

@@ -1,7 +1,7 @@
 """The rollout scheduler's dispatch rules, as a plain object (no Ray).
 
 :class:`Dispatch` owns the queues of work waiting to run and decides, given the free
-sandbox slots of each node, which item runs where. The scheduler carries the
+sandbox slots of each worker (or node), which item runs where. The scheduler carries the
 decisions out (DESIGN §5.2: policies return decisions, the driver acts on them). The
 rules:
 
@@ -14,12 +14,12 @@ rules:
 * **Group caps**: never more than the group's limit in flight (``set_limit``;
   ``default_limit`` for a group without one; None = only the slots bound it). A limit
   lowered below what is in flight stops that group until enough of it is done.
-* **Most free node**: each item goes to the node with the most free slots at that
-  moment, which spreads a batch across nodes; ties go to the smallest node id, so
-  the placement does not depend on the order nodes were listed in.
+* **Most free worker**: each item goes to the worker with the most free slots at that
+  moment, which spreads a batch across workers (and so across nodes); ties go to the
+  smallest key, so the placement does not depend on the order workers were listed in.
 
-Every pick costs O(nodes) per placed item plus O(groups) per turn: the node counts
-are small (a cluster's nodes), and the turns are bounded by the free slots.
+Every pick costs O(workers) per placed item plus O(groups) per turn: the worker counts
+are small (a few per node), and the turns are bounded by the free slots.
 """
 
 from __future__ import annotations
@@ -115,6 +115,15 @@ class Dispatch(Generic[T]):
 
     def queued(self) -> int:
         return sum(len(q) for q in self._queues.values())
+
+    def runnable(self) -> int:
+        """Queued items that could start now if there were slots: each group's queue,
+        cut to what its limit still allows (what the pool sizes its workers for)."""
+        total = 0
+        for group, queue in self._queues.items():
+            limit = self.limit(group)
+            total += len(queue) if limit is None else max(0, min(len(queue), limit - self._in_flight[group]))
+        return total
 
     def in_flight(self, group: str) -> int:
         return self._in_flight[group]

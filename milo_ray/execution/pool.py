@@ -1,37 +1,107 @@
-"""The scheduler's workers: one :class:`~milo_ray.execution.workers.RolloutWorker` per
-node with sandbox slots, as seen from the driver.
+"""The scheduler's workers: how many :class:`~milo_ray.execution.workers.RolloutWorker`
+actors a run has, and what was shipped to each, as seen from the driver.
 
-:class:`WorkerPool` owns which nodes have a worker and what was shipped to each: it
-connects to Ray and starts the workers on first use, looks for nodes that joined the
-cluster at most every ``_REDISCOVER_S`` seconds after that, retires a worker that died
-or wedged and starts a new one if its node is still alive, and ships each harness (as
-one object ref) and each task to a worker once. Which rollouts run where, and what
-their outcomes become, is the scheduler's business.
+Sandbox slots are a Ray resource (``sandbox_slot``, declared by each node that runs
+rollouts). Every worker holds a fixed number of them (``slots_per_worker``) for its
+life and has no node affinity, so Ray decides where it runs:
+
+* the pool asks for workers as the scheduler's queue needs them (:meth:`WorkerPool.scale`,
+  up to ``max_workers``); a worker Ray cannot place yet stays *pending*, and pending
+  actors are the resource demand the autoscaler acts on (it adds a node with slots);
+* a node that joins is put to work as soon as Ray places a pending worker on it;
+* two runs on one cluster together never hold more slots than a node has;
+* a worker whose rollouts are done for ``worker_idle_s`` is released (its slots with
+  it), and pending workers the queue no longer needs are cancelled at once, so idle
+  nodes can be scaled down.
+
+When no node declares the slot resource, :func:`plan_slots` decides what happens: an
+autoscaling cluster gets the demand anyway (the autoscaler may add such a node), a
+one-node instance runs ``slots_per_node`` rollouts on its node (a pinned worker that
+claims nothing: a caller that started Ray without slots), and a cluster of several
+nodes is refused with the fix. Which rollouts run on which worker, and what their
+outcomes become, is the scheduler's business.
 """
 
 from __future__ import annotations
 
 import asyncio
-import time
-from typing import Any, Mapping
+import itertools
+import logging
+import math
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping, Sequence
 
 import ray
+from ray.exceptions import RayError
 
-from milo_ray.execution.cluster import ensure_connected
+from milo_ray.execution.cluster import cluster_autoscales, ensure_connected
 from milo_ray.execution.shipping import publish_all
 from milo_ray.execution.types import Task
-from milo_ray.execution.workers import Item, WorkerNode, discover_nodes, start_worker
+from milo_ray.execution.workers import Item, WorkerHandle, await_ready, create_worker
 
-# How often new work looks for nodes that joined the cluster since the last look.
-_REDISCOVER_S = 60.0
+log = logging.getLogger(__name__)
+
+# Pending workers at a time: at least this many, else as many as are ready, so the
+# demand shown to Ray (and the autoscaler) doubles as workers come up instead of
+# queueing one actor per queued rollout.
+_MIN_PENDING = 2
+# Workers that die before they are ready, in a row, before the pool gives up (a broken
+# runtime environment would otherwise be retried forever).
+_MAX_START_FAILURES = 3
+# How long a driver on a cluster without slotted nodes waits for the autoscaler's first
+# report (Ray's monitor writes one every AUTOSCALER_UPDATE_INTERVAL_S, 5 s by default).
+_AUTOSCALER_REPORT_WAIT_S = 10.0
+
+
+class NoSlotsError(RuntimeError):
+    """No node of the cluster declares the slot resource and none can be added."""
+
+
+@dataclass(frozen=True)
+class SlotPlan:
+    """How the pool's workers get their slots: ``worker_slots`` each, holding them as
+    ``slot_resource`` (placed by Ray), or pinned to ``pin_node`` claiming nothing."""
+
+    worker_slots: int
+    slot_resource: str | None
+    pin_node: str | None = None
+
+    @property
+    def max_workers(self) -> int | None:
+        return 1 if self.pin_node is not None else None
+
+
+def plan_slots(nodes: Sequence[Mapping[str, Any]], *, slot_resource: str, slots_per_node: int,
+               slots_per_worker: int | None, autoscaling: bool) -> SlotPlan:
+    """The pool's slot plan for a cluster whose nodes (``ray.nodes()`` entries) are
+    ``nodes``. A worker has ``slots_per_worker`` slots (None: ``slots_per_node``), at
+    most the smallest slot count a node declares, so every slotted node can host one."""
+    alive = [n for n in nodes if n.get("Alive")]
+    declared = [int(n.get("Resources", {}).get(slot_resource, 0)) for n in alive]
+    declared = [d for d in declared if d >= 1]
+    size = int(slots_per_worker or slots_per_node)
+    if declared:
+        return SlotPlan(min(size, min(declared)), slot_resource)
+    if autoscaling:
+        return SlotPlan(size, slot_resource)
+    if len(alive) == 1:
+        log.warning("the Ray instance declares no %r resource: its one node runs slots_per_node=%d rollouts "
+                    "(execution.slots_per_node)", slot_resource, slots_per_node)
+        return SlotPlan(int(slots_per_node), None, pin_node=alive[0]["NodeID"])
+    raise NoSlotsError(
+        f"none of the {len(alive)} nodes of the Ray cluster declares the resource {slot_resource!r} "
+        "(execution.slot_resource), so no rollout could run anywhere: start the nodes that run rollouts with "
+        f"`ray start --resources='{{\"{slot_resource}\": N}}'` (N sandboxes per node; cluster.yaml sets it per "
+        "node type), or set execution.slot_resource to the resource your nodes declare"
+    )
 
 
 class WorkerPool:
     """``harnesses`` is the scheduler's registry (harness_id -> harness), read when a
     harness is first shipped. ``address`` is used to connect only when Ray is not
-    initialised yet. The other arguments are the scheduler's, passed on to
-    :func:`~milo_ray.execution.workers.discover_nodes` and
-    :func:`~milo_ray.execution.workers.start_worker`."""
+    initialised yet. ``on_ready`` is called whenever a worker became ready or went
+    away (the scheduler re-dispatches); ``on_fatal(exc)`` when no worker can ever start
+    (the executor cannot be built from its config, workers die while starting)."""
 
     def __init__(
         self,
@@ -39,8 +109,9 @@ class WorkerPool:
         harnesses: Mapping[str, Any],
         *,
         slots_per_node: int,
+        slots_per_worker: int | None,
+        max_workers: int | None,
         slot_resource: str,
-        claim_slots: bool,
         time_cap_grace: float,
         address: str | None,
         worker_env: Mapping[str, str] | None = None,
@@ -49,89 +120,154 @@ class WorkerPool:
         self.worker_env = dict(worker_env or {})
         self.harnesses = harnesses
         self.slots_per_node = slots_per_node
+        self.slots_per_worker = slots_per_worker
+        self.max_workers = max_workers
         self.slot_resource = slot_resource
-        self.claim_slots = claim_slots
         self.time_cap_grace = time_cap_grace
         self.address = address
-        self.nodes: dict[str, WorkerNode] = {}
+        self.workers: dict[str, WorkerHandle] = {}
+        self.plan: SlotPlan | None = None
+        self.on_ready: Callable[[], None] = lambda: None
+        self.on_fatal: Callable[[BaseException], None] = lambda exc: None
+        self.fatal: BaseException | None = None
+        self._keys = itertools.count()
+        self._start_failures = 0
         self._harness_refs: dict[str, Any] = {}
         self._config_ref: Any = None
-        self._discovered_at = 0.0
         self._start_lock: asyncio.Lock | None = None
 
     def bind_loop(self) -> None:
-        """Forget the previous event loop's lock and pollers (the scheduler moved loops)."""
+        """Forget the previous event loop's lock and pollers (the scheduler moved loops).
+        Workers still pending on the old loop are cancelled: their waiters died with it."""
         self._start_lock = asyncio.Lock()
-        for node in self.nodes.values():
-            node.poller = None
-
-    def any_alive(self) -> bool:
-        return any(n.alive for n in self.nodes.values())
+        for worker in list(self.workers.values()):
+            worker.poller = None
+            if not worker.ready:
+                self.retire(worker)
 
     def free_slots(self) -> dict[str, int]:
-        """Free slots by node id, for the nodes that have any."""
-        return {n.node_id: free for n in self.nodes.values() if (free := n.free()) > 0}
+        """Free slots by worker key, for the ready workers that have any."""
+        return {w.key: free for w in self.workers.values() if (free := w.free()) > 0}
 
     def actors(self) -> dict[str, Any]:
-        return {n.label: n.actor for n in self.nodes.values() if n.actor is not None}
+        """Ready workers' actors by ``node-label/worker-key``."""
+        return {f"{w.label}/{w.key}": w.actor for w in self.workers.values() if w.ready and w.actor is not None}
+
+    def capacity(self) -> int:
+        """Slots of the ready and pending workers."""
+        return sum(w.slots for w in self.workers.values())
 
     async def ensure_started(self) -> None:
-        """Start workers on the nodes that have none: on first use, then at most every
-        ``_REDISCOVER_S`` seconds so nodes that joined the cluster are put to work."""
+        """Connect to Ray and decide the slot plan (once); raises :class:`NoSlotsError`
+        for a cluster where no rollout could run, or the fatal error of an earlier start."""
         assert self._start_lock is not None, "bind_loop() first"
+        if self.fatal is not None:
+            raise self.fatal
         async with self._start_lock:
-            if self.any_alive() and time.monotonic() - self._discovered_at < _REDISCOVER_S:
+            if self.plan is not None:
                 return
-            ensure_connected(self.address)
+            ensure_connected(self.address, slots=self.slots_per_node, slot_resource=self.slot_resource)
             if self._config_ref is None:
                 self._config_ref = ray.put(self.executor_config)
-            self._discovered_at = time.monotonic()
-            fresh = [
-                n
-                for n in discover_nodes(self.slot_resource, self.slots_per_node, claim_slots=self.claim_slots)
-                if n.node_id not in self.nodes or not self.nodes[n.node_id].alive
-            ]
-            for node in fresh:
-                self.nodes[node.node_id] = node
-            await asyncio.gather(*(self._start(n) for n in fresh))
-            if not self.any_alive():
-                raise RuntimeError("no Ray node could host a rollout worker; see the log for each node's error")
+            nodes = ray.nodes()
+            # Whether an autoscaler may add slotted nodes matters only when none has slots yet.
+            declared = any(n.get("Alive") and n.get("Resources", {}).get(self.slot_resource, 0) >= 1 for n in nodes)
+            autoscaling = not declared and cluster_autoscales(wait_s=_AUTOSCALER_REPORT_WAIT_S)
+            self.plan = plan_slots(nodes, slot_resource=self.slot_resource, slots_per_node=self.slots_per_node,
+                                   slots_per_worker=self.slots_per_worker, autoscaling=autoscaling)
 
-    async def _start(self, node: WorkerNode) -> None:
-        error = await start_worker(node, self._config_ref, self.time_cap_grace, self.slot_resource,
-                                   env=self.worker_env)
+    def scale(self, wanted_slots: int) -> None:
+        """Have workers for ``wanted_slots`` (rollouts in flight plus those that could
+        start now): ask Ray for more workers when short (a few pending at a time, up to
+        ``max_workers``), cancel pending ones that are no longer needed. Ready workers
+        are never stopped here (idle ones are released by :meth:`release`)."""
+        if self.plan is None or self.fatal is not None:
+            return
+        size = self.plan.worker_slots
+        pending = [w for w in self.workers.values() if not w.ready]
+        short = wanted_slots - self.capacity()
+        if short > 0:
+            caps = [math.ceil(short / size), max(_MIN_PENDING, len(self.workers) - len(pending)) - len(pending)]
+            for cap in (self.max_workers, self.plan.max_workers):
+                if cap is not None:
+                    caps.append(cap - len(self.workers))
+            for _ in range(max(min(caps), 0)):
+                self._spawn()
+            return
+        for worker in reversed(pending):  # the newest first
+            if self.capacity() - worker.slots < wanted_slots:
+                break
+            self.retire(worker)
+
+    def _spawn(self) -> None:
+        assert self.plan is not None
+        worker = WorkerHandle(key=f"w{next(self._keys)}", slots=self.plan.worker_slots)
+        create_worker(worker, self._config_ref, self.time_cap_grace, slot_resource=self.plan.slot_resource,
+                      pin_node=self.plan.pin_node)
+        self.workers[worker.key] = worker
+        asyncio.ensure_future(self._come_up(worker))
+
+    async def _come_up(self, worker: WorkerHandle) -> None:
+        try:
+            error = await await_ready(worker, env=self.worker_env)
+        except RayError as exc:
+            if self.workers.get(worker.key) is not worker:
+                return  # cancelled by the pool
+            self.workers.pop(worker.key, None)
+            self._start_failures += 1
+            log.warning("rollout worker %s died before it was ready: %s", worker.key, exc)
+            if self._start_failures >= _MAX_START_FAILURES:
+                self._fail(RuntimeError(f"{self._start_failures} rollout workers in a row died while starting; "
+                                        f"the last: {exc}"))
+            self.on_ready()
+            return
+        if self.workers.get(worker.key) is not worker:
+            ray.kill(worker.actor)  # cancelled while it came up
+            return
         if error:
-            raise RuntimeError(f"the rollout worker could not build the executor from executor_config:\n{error}")
+            self.retire(worker)
+            self._fail(RuntimeError(f"the rollout worker could not build the executor from executor_config:\n{error}"))
+            return
+        self._start_failures = 0
+        self.on_ready()
 
-    def retire(self, node: WorkerNode) -> None:
-        """Stop using the node's worker at once (it has no free slots from now on)."""
-        old, node.actor = node.actor, None
+    def _fail(self, exc: BaseException) -> None:
+        self.fatal = exc
+        for worker in [w for w in self.workers.values() if not w.ready]:
+            self.retire(worker)
+        self.on_fatal(exc)
+
+    def can_place(self) -> bool:
+        """Whether a worker could still be placed somewhere (now or by the autoscaler)."""
+        if self.plan is None:
+            return True
+        alive = [n for n in ray.nodes() if n.get("Alive")]
+        if self.plan.pin_node is not None:
+            return any(n["NodeID"] == self.plan.pin_node for n in alive)
+        return cluster_autoscales() or any(n.get("Resources", {}).get(self.slot_resource, 0) >= 1 for n in alive)
+
+    def retire(self, worker: WorkerHandle) -> None:
+        """Stop using the worker at once and kill its actor (its slots go back to Ray)."""
+        self.workers.pop(worker.key, None)
+        old, worker.actor = worker.actor, None
         if old is not None:
             ray.kill(old)  # harmless when dead; stops a wedged one
 
-    async def restart(self, node: WorkerNode) -> None:
-        """Start a new worker on a node whose worker was retired, if the node is still
-        alive; otherwise the node is marked gone."""
-        if any(n["NodeID"] == node.node_id and n.get("Alive") for n in ray.nodes()):
-            await self._start(node)
-        else:
-            node.alive = False
-
-    def ship(self, node: WorkerNode, items: list[Item], tasks: Mapping[str, Task]) -> None:
-        """Start ``items`` on the node's worker in one call, with the harnesses and tasks
-        it has not received yet. Fire and forget: a failed submit surfaces as a failed
-        poll (a dead actor)."""
+    def ship(self, worker: WorkerHandle, items: list[Item], tasks: Mapping[str, Task]) -> None:
+        """Start ``items`` on the worker in one call, with the harnesses and tasks it has
+        not received yet. Fire and forget: a failed submit surfaces as a failed poll (a
+        dead actor)."""
         refs: dict[str, Any] = {}
         new_tasks: dict[str, Task] = {}
         for _, harness_id, task_id, _, _ in items:
-            if harness_id not in node.harnesses and harness_id not in refs:
+            if harness_id not in worker.harnesses and harness_id not in refs:
                 refs[harness_id] = self._harness_ref(harness_id)
-            if task_id not in node.tasks and task_id not in new_tasks:
+            if task_id not in worker.tasks and task_id not in new_tasks:
                 # A task's files (a Harbor directory) travel as object refs, put once.
                 new_tasks[task_id] = publish_all(tasks[task_id])
-        node.actor.submit.remote(items, refs, new_tasks)
-        node.harnesses.update(refs)
-        node.tasks.update(new_tasks)
+        worker.actor.submit.remote(items, refs, new_tasks)
+        worker.harnesses.update(refs)
+        worker.tasks.update(new_tasks)
 
     def _harness_ref(self, harness_id: str) -> Any:
         # One ray.put per harness: every worker that needs it reads the same object.
@@ -140,6 +276,6 @@ class WorkerPool:
         return self._harness_refs[harness_id]
 
     def close(self) -> None:
-        """Kill every worker."""
-        for node in self.nodes.values():
-            self.retire(node)
+        """Kill every worker, pending ones too."""
+        for worker in list(self.workers.values()):
+            self.retire(worker)

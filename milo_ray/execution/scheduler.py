@@ -2,16 +2,17 @@
 
 The scheduler is the driver-side half of rollout execution (DESIGN §2). It owns:
 
-* **dispatch** -- one :class:`~milo_ray.execution.workers.RolloutWorker` async actor
-  per node with sandbox slots (the custom resource ``sandbox_slot``, or
-  ``slots_per_node`` when the cluster declares none), pinned to its node. Requests wait
-  in per-group FIFO queues on the driver; :class:`~milo_ray.execution.dispatch.Dispatch`
-  decides which goes to which node's free slot (round-robin across groups, within each
-  group's limit, onto the node with the most free slots) and the scheduler carries
-  that out. Batches go out in one actor call and finished outcomes come back in one
-  long poll, so results stream in as they finish with no batch barrier. Nodes that
-  join the cluster get a worker the next time work arrives (checked once a minute;
-  :class:`~milo_ray.execution.pool.WorkerPool`);
+* **dispatch** -- :class:`~milo_ray.execution.workers.RolloutWorker` async actors,
+  each holding ``slots_per_worker`` of the Ray resource ``sandbox_slot`` and placed by
+  Ray wherever slots are free; the scheduler asks for as many as its queue needs and
+  releases them when they idle (:class:`~milo_ray.execution.pool.WorkerPool`), so the
+  autoscaler sees the demand, concurrent runs share nodes without oversubscribing
+  them, and a node that joins gets a waiting worker at once. Requests wait in
+  per-group FIFO queues on the driver; :class:`~milo_ray.execution.dispatch.Dispatch`
+  decides which goes to which worker's free slot (round-robin across groups, within
+  each group's limit, onto the worker with the most free slots) and the scheduler
+  carries that out. Batches go out in one actor call and finished outcomes come back
+  in one long poll, so results stream in as they finish with no batch barrier;
 * **the cache** -- a request's identity is ``RolloutRequest.key(model_id)``; a key runs
   at most once per run: concurrent duplicates share one execution, keys finished in
   this process or already in the store (resume) are returned without executing
@@ -23,7 +24,7 @@ The scheduler is the driver-side half of rollout execution (DESIGN §2). It owns
   evaluations) are tallied on ``uncounted`` instead;
 * **faults** -- an executor that raises, or a worker actor / node that dies, is an
   infrastructure failure: the rollout is retried with exponential backoff on a
-  recreated worker, each retry recorded as a ``rollout_retry`` event, and after
+  new worker, each retry recorded as a ``rollout_retry`` event, and after
   ``max_retries`` the result is recorded with ``error_kind="infra"``
   (:mod:`~milo_ray.execution.outcomes`). Harness and task failures are returned
   results, i.e. scores, and are never retried;
@@ -60,7 +61,7 @@ from milo_ray.execution.outcomes import (
 from milo_ray.execution.pool import WorkerPool
 from milo_ray.execution.progress import RolloutProgress
 from milo_ray.execution.types import RolloutRequest, RolloutResult, Task
-from milo_ray.execution.workers import Item, Outcome, WorkerNode, aget
+from milo_ray.execution.workers import Item, Outcome, WorkerHandle, aget
 
 log = logging.getLogger(__name__)
 
@@ -94,12 +95,15 @@ class RolloutScheduler:
     ``executor_config`` is a ``_target_`` mapping (or a picklable executor object) that
     each worker builds once. ``tasks`` are the tasks requests may name. ``budget``
     defaults to an uncapped ledger; on construction it is charged with the rollouts
-    already in ``store`` (resume). Slots per node come from the node's ``slot_resource``
-    (``sandbox_slot``); when no node declares it, every alive node gets
-    ``slots_per_node``. ``claim_slots=True`` makes each worker hold its node's slots as a
-    Ray resource, so concurrent schedulers on one shared cluster queue for the slots
-    instead of oversubscribing the sandboxes (a second scheduler then waits until the
-    first is closed). ``group_limits`` caps rollouts in flight per ``RolloutRequest.group``
+    already in ``store`` (resume). Each worker holds ``slots_per_worker`` (None:
+    ``slots_per_node``; at most the smallest slot count a node declares) of the Ray
+    resource ``slot_resource`` (``sandbox_slot``) while it lives, so concurrent
+    schedulers on one cluster queue for the slots instead of oversubscribing the
+    sandboxes; at most ``max_workers`` workers (None: as many as the queue fills), each
+    released after ``worker_idle_s`` without a rollout. A one-node Ray instance that
+    declares no slots runs ``slots_per_node`` rollouts there; a locally started one
+    declares ``slots_per_node`` (see :mod:`~milo_ray.execution.pool` for the rules).
+    ``group_limits`` caps rollouts in flight per ``RolloutRequest.group``
     (``default_group_limit`` for unlisted groups; None = only the slots limit); change
     them later with :meth:`set_group_limit`.
     ``max_retries`` infrastructure retries per rollout, the n-th after
@@ -110,7 +114,7 @@ class RolloutScheduler:
     ``usd_per_mtok``: (input, output) USD per million tokens; it prices every result
     whose executor reported no cost of its own (None: such results cost 0).
     ``worker_env``: environment variables the rollout workers get through Ray's runtime
-    environment (the model's API key; see :func:`~milo_ray.execution.workers.start_worker`).
+    environment (the model's API key; see :func:`~milo_ray.execution.workers.await_ready`).
     """
 
     def __init__(
@@ -131,7 +135,9 @@ class RolloutScheduler:
         progress: bool | RolloutProgress | None = None,
         address: str | None = None,
         slot_resource: str = SLOT_RESOURCE,
-        claim_slots: bool = False,
+        slots_per_worker: int | None = None,
+        max_workers: int | None = None,
+        worker_idle_s: float = 60.0,
         usd_per_mtok: tuple[float, float] | None = None,
         worker_env: Mapping[str, str] | None = None,
     ) -> None:
@@ -144,6 +150,14 @@ class RolloutScheduler:
         # Spend of batches run with count_budget=False (never capped).
         self.uncounted = BudgetLedger()
         _positive_int("slots_per_node", slots_per_node)
+        for name, value in (("slots_per_worker", slots_per_worker), ("max_workers", max_workers)):
+            if value is not None:
+                _positive_int(name, value)
+        if not isinstance(slot_resource, str) or not slot_resource:
+            raise ValueError(f"RolloutScheduler: slot_resource={slot_resource!r} must name a Ray resource")
+        if not worker_idle_s >= 0:
+            raise ValueError(f"RolloutScheduler: worker_idle_s={worker_idle_s!r} must be >= 0 seconds")
+        self.worker_idle_s = float(worker_idle_s)
         self._dispatch: Dispatch[_Job] = Dispatch(default_group_limit, group_limits)
         self.retry = RetryPolicy(max_retries, float(retry_backoff_s))
         if time_cap_grace < 1.0:
@@ -161,9 +175,12 @@ class RolloutScheduler:
 
         self._harnesses: dict[str, Any] = {}
         self._pool = WorkerPool(executor_config, self._harnesses, slots_per_node=slots_per_node,
-                                slot_resource=slot_resource, claim_slots=bool(claim_slots),
-                                time_cap_grace=self.time_cap_grace, address=address, worker_env=worker_env)
-        self._nodes = self._pool.nodes  # node id -> WorkerNode, the rollouts in flight there
+                                slots_per_worker=slots_per_worker, max_workers=max_workers,
+                                slot_resource=slot_resource, time_cap_grace=self.time_cap_grace, address=address,
+                                worker_env=worker_env)
+        self._pool.on_ready = self._pump
+        self._pool.on_fatal = self._abandon_pending
+        self._workers = self._pool.workers  # worker key -> WorkerHandle, the rollouts in flight there
         self._cache = ResultCache(store)
         # Resume: rollouts stored before this scheduler existed were spent already.
         self.budget.restore_from_rollouts(store.read("rollouts"))
@@ -255,7 +272,7 @@ class RolloutScheduler:
         return self._own_loop.run_until_complete(self.arun(requests, count_budget=count_budget))
 
     def worker_actors(self) -> dict[str, Any]:
-        """Live worker actor handles by node label (diagnostics and fault injection)."""
+        """Ready worker actor handles by ``node-label/worker-key`` (diagnostics and fault injection)."""
         return self._pool.actors()
 
     def close(self) -> None:
@@ -341,34 +358,56 @@ class RolloutScheduler:
                 )
             self._loop = loop
             self._pool.bind_loop()
+            # Idle timers of the previous loop died with it: start them again on this one.
+            for worker in list(self._workers.values()):
+                if not worker.inflight:
+                    worker.idle_since = None
+                    self._idle(worker)
         return loop
 
     # --- workers ----------------------------------------------------------------------
-    async def _replace_worker(self, node: WorkerNode, exc: BaseException) -> None:
-        """The worker died or wedged: its rollouts become infrastructure failures and a
-        new worker is started on the same node if the node is still alive."""
-        self._pool.retire(node)
-        jobs = list(node.inflight.values())
-        node.inflight.clear()
+    def _lose_worker(self, worker: WorkerHandle, exc: BaseException) -> None:
+        """The worker died or wedged (or its node is gone): its rollouts become
+        infrastructure failures; the queue asks Ray for a new worker wherever slots are."""
+        self._pool.retire(worker)
+        jobs = list(worker.inflight.values())
+        worker.inflight.clear()
         for job in jobs:
             self._dispatch.done(job.request.group)
-        self.store.event("rollout_worker_lost", {"node": node.label, "error": repr(exc), "in_flight": len(jobs)})
-        self._record([r for job in jobs if (r := self._infra_failure(job, f"worker lost: {exc!r}", node)) is not None])
-        await self._pool.restart(node)
-        if not self._pool.any_alive():
+        self.store.event("rollout_worker_lost", {"node": worker.label, "worker": worker.key, "error": repr(exc),
+                                                 "in_flight": len(jobs)})
+        self._record([r for job in jobs if (r := self._infra_failure(job, f"worker lost: {exc!r}", worker)) is not None])
+        if not self._pool.can_place():
             self._abandon_pending(RuntimeError("every node with sandbox slots is gone; no rollout can run"))
         self._pump()
 
+    def _idle(self, worker: WorkerHandle) -> None:
+        """The worker finished its last rollout: release it after ``worker_idle_s``
+        unless work reaches it first."""
+        if worker.inflight or worker.idle_since is not None or self._loop is None:
+            return
+        stamp = worker.idle_since = time.monotonic()
+        self._loop.call_later(self.worker_idle_s, self._release_if_idle, worker, stamp)
+
+    def _release_if_idle(self, worker: WorkerHandle, stamp: float) -> None:
+        if worker.idle_since == stamp and not worker.inflight and self._workers.get(worker.key) is worker:
+            self._pool.retire(worker)
+            self.store.event("rollout_worker_released", {"node": worker.label, "worker": worker.key,
+                                                         "idle_s": self.worker_idle_s})
+
     # --- dispatch ---------------------------------------------------------------------
     def _pump(self) -> None:
-        """Send the jobs the dispatch rules pick for the free slots, one batch per node."""
+        """Send the jobs the dispatch rules pick for the free slots, one batch per
+        worker, then size the pool to what is in flight and could start."""
+        if self._closed:
+            return
         while True:
             picks = self._dispatch.pick(self._pool.free_slots())
             if not picks:
-                return
+                break
             batches: dict[str, list[_Job]] = {}
             dropped = False
-            for node_id, job in picks:
+            for key, job in picks:
                 if job.ledger.spend_exhausted():
                     # Its slot is offered again on the next pass.
                     self._dispatch.done(job.request.group)
@@ -377,37 +416,41 @@ class RolloutScheduler:
                     continue
                 job.item_id = next(self._items)
                 job.attempts += 1
-                self._nodes[node_id].inflight[job.item_id] = job
-                batches.setdefault(node_id, []).append(job)
-            for node_id, jobs in batches.items():
-                self._send(self._nodes[node_id], jobs)
+                self._workers[key].inflight[job.item_id] = job
+                batches.setdefault(key, []).append(job)
+            for key, jobs in batches.items():
+                self._send(self._workers[key], jobs)
             if not dropped:
-                return
+                break
+        in_flight = sum(len(w.inflight) for w in self._workers.values())
+        self._pool.scale(in_flight + self._dispatch.runnable())
 
-    def _send(self, node: WorkerNode, jobs: list[_Job]) -> None:
+    def _send(self, node: WorkerHandle, jobs: list[_Job]) -> None:
         items: list[Item] = [(j.item_id, j.request.harness_id, j.request.task_id, j.request.rollout_idx,
                               j.request.seed) for j in jobs]
+        node.idle_since = None
         self._pool.ship(node, items, self.tasks)
         self.progress.started(len(jobs))
         if node.poller is None or node.poller.done():
             node.poller = asyncio.ensure_future(self._poll(node))
             node.poller.add_done_callback(self._poller_done)
 
-    async def _poll(self, node: WorkerNode) -> None:
-        """The node's only poller: long-polls its current worker while rollouts are in
-        flight there, and replaces the worker (then keeps polling the new one) when it dies."""
+    async def _poll(self, node: WorkerHandle) -> None:
+        """The worker's only poller: long-polls it while rollouts are in flight there;
+        a worker that dies or wedges is given up (its rollouts are retried elsewhere)."""
         while node.inflight and node.actor is not None:
-            actor, generation = node.actor, node.generation
+            actor = node.actor
             try:
                 outcomes = await asyncio.wait_for(aget(actor.poll.remote(_POLL_WAIT_S)), _POLL_WAIT_S + _STALL_S)
             except (RayError, asyncio.TimeoutError) as exc:
-                if node.generation == generation:
-                    await self._replace_worker(node, exc)
-                continue
-            if node.generation != generation:
-                continue  # outcomes of a replaced worker were already settled as failures
+                if node.actor is actor:
+                    self._lose_worker(node, exc)
+                return
+            if node.actor is not actor:
+                return  # given up meanwhile: its rollouts were already settled as failures
             self._on_outcomes(node, outcomes)
             self._pump()  # slots freed by retried rollouts
+        self._idle(node)
 
     def _poller_done(self, task: asyncio.Task) -> None:
         # A poller only ends by exception on a scheduler bug (or a worker that cannot be
@@ -419,7 +462,7 @@ class RolloutScheduler:
         exc = task.exception()
         # The callers re-raise exc with its traceback; the log only says it happened.
         log.error("rollout poller failed: %s: %s", type(exc).__name__, exc)
-        for node in self._nodes.values():
+        for node in self._workers.values():
             for job in node.inflight.values():
                 self._dispatch.done(job.request.group)
             node.inflight.clear()
@@ -430,7 +473,7 @@ class RolloutScheduler:
             self._drop(job, RuntimeError(f"the rollout poller failed: {type(exc).__name__}: {exc}"))
 
     # --- outcomes ---------------------------------------------------------------------
-    def _on_outcomes(self, node: WorkerNode, outcomes: list[Outcome]) -> None:
+    def _on_outcomes(self, node: WorkerHandle, outcomes: list[Outcome]) -> None:
         finished: list[RolloutResult] = []
         for o in outcomes:
             job = node.inflight.pop(o.item_id, None)
@@ -462,7 +505,7 @@ class RolloutScheduler:
             r = job.request
             self.agent_calls.record_solver_calls(calls, cache_key=job.key, harness_id=r.harness_id, round=r.round)
 
-    def _infra_failure(self, job: _Job, error: str, node: WorkerNode) -> RolloutResult | None:
+    def _infra_failure(self, job: _Job, error: str, node: WorkerHandle) -> RolloutResult | None:
         """Schedule a retry (None) or, past the limit, build the final infra result."""
         r = job.request
         delay = self.retry.backoff(job.attempts)
@@ -494,7 +537,7 @@ class RolloutScheduler:
         self._dispatch.requeue(job.request.group, job)
         self._pump()
 
-    def _fill(self, job: _Job, result: RolloutResult, node: WorkerNode, started: float, finished: float) -> RolloutResult:
+    def _fill(self, job: _Job, result: RolloutResult, node: WorkerHandle, started: float, finished: float) -> RolloutResult:
         r = job.request
         return fill_bookkeeping(
             result, r, run_id=self.run_id, split=r.split or self.tasks[r.task_id].split, node=node.label,
@@ -539,7 +582,7 @@ class RolloutScheduler:
     def _abandon_pending(self, exc: BaseException) -> None:
         """Fail every job that is not in flight (queued or waiting out a retry backoff)."""
         self._dispatch.clear()
-        inflight = {id(j) for n in self._nodes.values() for j in n.inflight.values()}
+        inflight = {id(j) for n in self._workers.values() for j in n.inflight.values()}
         for job in [j for j in self._jobs.values() if id(j) not in inflight]:
             self._drop(job, exc)
 

@@ -1,11 +1,11 @@
-"""The per-node rollout worker: an async Ray actor running rollouts as coroutines.
+"""The rollout worker: an async Ray actor running rollouts as coroutines.
 
-One :class:`RolloutWorker` actor lives on each node that has sandbox slots. It builds
-the executor once from config, caches harnesses (by ``harness_id``) and tasks (by
-``task_id``) that the driver ships to it once, and runs up to ``slots`` rollouts at a
-time as asyncio tasks in its event loop. A rollout is I/O-bound (model calls,
-sandbox commands), so one process per node serves all its slots; a Ray task per
-rollout would cost a worker process per concurrent rollout.
+A :class:`RolloutWorker` actor holds a fixed number of sandbox slots (a Ray resource,
+``sandbox_slot``) for its life. It builds the executor once from config, caches
+harnesses (by ``harness_id``) and tasks (by ``task_id``) that the driver ships to it
+once, and runs up to ``slots`` rollouts at a time as asyncio tasks in its event loop.
+A rollout is I/O-bound (model calls, sandbox commands), so one process serves several
+slots; a Ray task per rollout would cost a worker process per concurrent rollout.
 
 The protocol with the driver is two calls, both batched so the per-call cost is
 amortised over many rollouts:
@@ -22,9 +22,11 @@ is marked as capped. An executor that raises is reported as an infrastructure fa
 (the driver decides about retries); a ``SystemExit`` from it is a harness failure. The actor is a thin shell around
 :class:`WorkerCore`, which is plain asyncio and testable without Ray.
 
-The driver-side half of a worker's life is here too: :func:`discover_nodes` decides
-which nodes host one and with how many slots, :func:`start_worker` pins a worker to its
-node (``NodeAffinitySchedulingStrategy``) and waits until it has built its executor.
+The driver-side half of a worker's life is here too: :class:`WorkerHandle` is the
+driver's record of one worker, :func:`create_worker` asks Ray for it (its slots as a
+resource request, no node affinity: Ray places it where slots are free) and
+:func:`await_ready` waits until it is placed and has built its executor. How many
+workers a run has is :class:`~milo_ray.execution.pool.WorkerPool`'s business.
 """
 
 from __future__ import annotations
@@ -41,17 +43,14 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 import ray
-from ray.exceptions import RayError
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from milo_ray.execution.cluster import SLOT_RESOURCE
 from milo_ray.execution.types import RolloutResult, Task
 
 log = logging.getLogger(__name__)
 
 # Actor calls beyond the rollout slots: submit/poll/ready must never queue behind rollouts.
 _CONTROL_CALLS = 4
-_WORKER_START_TIMEOUT_S = 120.0
 
 # (item_id, harness_id, task_id, rollout_idx, seed): what the driver sends per rollout.
 Item = tuple[int, str, str, int, int]
@@ -315,7 +314,8 @@ class _RolloutWorkerShell:
             self.error = traceback.format_exc()
 
     async def ready(self) -> dict[str, Any]:
-        return {"error": self.error, "node_id": ray.get_runtime_context().get_node_id(), "pid": os.getpid()}
+        return {"error": self.error, "node_id": ray.get_runtime_context().get_node_id(),
+                "ip": ray.util.get_node_ip_address(), "pid": os.getpid()}
 
     async def set_secrets(self, env: dict[str, str]) -> None:
         """The driver's key variables for the executor (kept in its memory only)."""
@@ -336,84 +336,83 @@ class _RolloutWorkerShell:
         return 0 if self.core is None else self.core.in_flight()
 
 
-# num_cpus=0: the worker waits on I/O; the node's capacity is its sandbox slots.
+# num_cpus=0: the worker waits on I/O; its capacity is the sandbox slots it holds.
 RolloutWorker = ray.remote(num_cpus=0)(_RolloutWorkerShell)
 
 
-# --- driver side: which nodes host a worker, and starting one -------------------------
+# --- driver side: one worker as the driver sees it, and starting one ----------------
 
 
 @dataclass(eq=False)
-class WorkerNode:
-    """The driver's view of one node's worker: its actor, what was shipped to it, and
-    the rollouts in flight there (item id -> the scheduler's job)."""
+class WorkerHandle:
+    """The driver's view of one worker actor: its slots, where Ray placed it, what was
+    shipped to it, and the rollouts in flight there (item id -> the scheduler's job).
 
-    node_id: str
-    label: str
+    A worker is *pending* from its creation until Ray placed it and it built its
+    executor (``ready``); a pending worker's resource request is the demand the
+    autoscaler sees. ``label`` names the node it runs on (``ip:node-id-prefix``), which
+    is what every result records as its ``node``."""
+
+    key: str
     slots: int
-    claim_slots: bool
     actor: Any = None
-    generation: int = 0  # bumped each time a (re)started worker comes up
+    ready: bool = False
+    node_id: str = ""
+    label: str = ""
     harnesses: set[str] = field(default_factory=set)
     tasks: set[str] = field(default_factory=set)
     inflight: dict[int, Any] = field(default_factory=dict)
-    poller: Any = None  # the asyncio task long-polling this node
-    alive: bool = True
+    poller: Any = None  # the asyncio task long-polling this worker
+    idle_since: float | None = None  # monotonic time its last rollout ended (None: busy or never used)
 
     def free(self) -> int:
-        return self.slots - len(self.inflight) if (self.alive and self.actor is not None) else 0
+        return self.slots - len(self.inflight) if (self.ready and self.actor is not None) else 0
 
 
-def discover_nodes(slot_resource: str, slots_per_node: int, *, claim_slots: bool) -> list[WorkerNode]:
-    """Alive nodes that declare ``slot_resource`` (their slot count is its total); when
-    none declares it, every alive node with ``slots_per_node`` slots."""
-    alive = [n for n in ray.nodes() if n.get("Alive")]
-    with_slots = [n for n in alive if n.get("Resources", {}).get(slot_resource, 0) >= 1]
-    if not alive:
-        raise RuntimeError("the Ray cluster has no alive nodes")
-    out = []
-    for n in with_slots or alive:
-        slots = int(n["Resources"][slot_resource]) if with_slots else slots_per_node
-        label = f"{n.get('NodeManagerAddress', '?')}:{n['NodeID'][:8]}"
-        out.append(WorkerNode(n["NodeID"], label, slots, claim_slots and bool(with_slots)))
-    return out
+def node_label(node_id: str, ip: str) -> str:
+    return f"{ip or '?'}:{node_id[:8]}"
 
 
-async def start_worker(node: WorkerNode, config_ref: Any, time_cap_grace: float, slot_resource: str,
-                       env: Mapping[str, str] | None = None) -> str | None:
-    """Start a worker pinned to ``node`` and wait until it is up. Returns the executor
-    construction error (a config problem, not retried) or None; a worker that cannot be
-    placed or dies while starting marks the node as not alive.
+def create_worker(worker: WorkerHandle, config_ref: Any, time_cap_grace: float, *, slot_resource: str | None,
+                  pin_node: str | None) -> None:
+    """Create the worker's actor (placement is Ray's business; this does not wait).
 
-    ``env``: the key variables the worker's executor needs (the model's API key, named by
-    ``model.api_key_env``): handed to the started worker as an argument of one actor
-    call (:meth:`_RolloutWorkerShell.set_secrets`) -- never through Ray's runtime
-    environment (which Ray logs) or the worker's environment, and never through the
-    executor config, which is stored in the manifest."""
+    ``slot_resource``: the actor holds ``worker.slots`` of it for its whole life, so Ray
+    places it only where that many slots are free, two runs never oversubscribe a node,
+    and a worker that cannot be placed is pending demand. ``pin_node``: instead, pin it
+    to that node without a resource request (a one-node instance that declares no slots).
+
+    Secrets are not given here: the key variables the worker's executor needs (the
+    model's API key, named by ``model.api_key_env``) are handed to the started worker by
+    :func:`await_ready`, as an argument of one actor call
+    (:meth:`_RolloutWorkerShell.set_secrets`) -- never through Ray's runtime environment
+    (which Ray logs) or the worker's environment, and never through the executor config,
+    which is stored in the manifest."""
     opts: dict[str, Any] = {
-        "scheduling_strategy": NodeAffinitySchedulingStrategy(node.node_id, soft=False),
-        "max_concurrency": node.slots + _CONTROL_CALLS,
+        "max_concurrency": worker.slots + _CONTROL_CALLS,
         "max_restarts": 0,
     }
-    if node.claim_slots:
-        opts["resources"] = {slot_resource: node.slots}
-    actor = RolloutWorker.options(**opts).remote(config_ref, node.slots, time_cap_grace)
-    try:
-        info = await asyncio.wait_for(aget(actor.ready.remote()), _WORKER_START_TIMEOUT_S)
-    except (RayError, asyncio.TimeoutError) as exc:
-        ray.kill(actor)
-        node.alive = False
-        log.error("rollout worker on %s did not start: %s", node.label, exc)
-        return None
+    if pin_node is not None:
+        opts["scheduling_strategy"] = NodeAffinitySchedulingStrategy(pin_node, soft=False)
+    if slot_resource is not None:
+        opts["resources"] = {slot_resource: worker.slots}
+    worker.actor = RolloutWorker.options(**opts).remote(config_ref, worker.slots, time_cap_grace)
+
+
+async def await_ready(worker: WorkerHandle, env: Mapping[str, str] | None = None) -> str | None:
+    """Wait until Ray placed the worker and it built its executor; no timeout, since
+    a pending worker may wait for the autoscaler or for another run's slots. Returns the
+    executor construction error (a config problem) or None. Raises RayError when the
+    actor died first (its node was lost, or the pool cancelled it). ``env``: the key
+    variables its executor needs, handed over once it is up."""
+    info = await aget(worker.actor.ready.remote())
     if info["error"]:
-        ray.kill(actor)
         return info["error"]
     if env:
-        await aget(actor.set_secrets.remote(dict(env)))
-    node.actor = actor
-    node.generation += 1
-    node.harnesses.clear()
-    node.tasks.clear()
+        await aget(worker.actor.set_secrets.remote(dict(env)))
+    worker.node_id = info["node_id"]
+    worker.label = node_label(info["node_id"], info.get("ip", ""))
+    worker.ready = True
     return None
 
 

@@ -32,7 +32,7 @@ class InFlightProbe(RolloutScheduler):
         self.max_in_flight_per_group: Counter[str] = Counter()
 
     def _send(self, node, jobs):
-        self.max_in_flight = max(self.max_in_flight, sum(len(n.inflight) for n in self._nodes.values()))
+        self.max_in_flight = max(self.max_in_flight, sum(len(w.inflight) for w in self._workers.values()))
         for group, running in self._dispatch.in_flight_by_group().items():
             self.max_in_flight_per_group[group] = max(self.max_in_flight_per_group[group], running)
         super()._send(node, jobs)

@@ -35,7 +35,7 @@ s = RolloutScheduler({"_target_": "milo_ray.execution.fake.SleepExecutor"}, [Tas
                      MemoryRunStore(run_id="r"), model_id="m", run_id="r", slots_per_node=3, progress=False)
 s.add_harness(h)
 (r,) = s.run([RolloutRequest(h.harness_id, "t", 0, seed=1)])
-print(r.score, [n.slots for n in s._nodes.values()], ray.cluster_resources().get("sandbox_slot"))
+print(r.score, [w.slots for w in s._workers.values()], ray.cluster_resources().get("sandbox_slot"))
 """
 
 
@@ -44,5 +44,6 @@ def test_a_scheduler_used_before_ray_started_starts_it_with_its_own_slots_per_no
     proc = subprocess.run([sys.executable, "-c", SCHEDULER_FIRST], capture_output=True, text=True, env=env,
                           cwd=tmp_path, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    # The instance declares no sandbox slots, so the scheduler's slots_per_node counts.
-    assert proc.stdout.split() == ["1.0", "[3]", "None"]
+    # The instance it starts declares the scheduler's slots_per_node as its sandbox slots,
+    # and the scheduler's worker holds them.
+    assert proc.stdout.split() == ["1.0", "[3]", "3.0"]

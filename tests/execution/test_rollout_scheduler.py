@@ -38,8 +38,15 @@ def _req(task_id: str, idx: int = 0, harness: Harness = H_A, **kw) -> RolloutReq
     return RolloutRequest(harness.harness_id, task_id, idx, seed=11, **kw)
 
 
+# The module's shared scheduler holds the instance's sandbox slots while it lives; the
+# tests' own schedulers run on a slot resource no node declares (a pinned worker that
+# claims nothing), so they never queue behind it.
+UNCLAIMED = "slot_resource_no_node_declares"
+
+
 def _scheduler(store, **kw) -> RolloutScheduler:
     kw.setdefault("progress", False)
+    kw.setdefault("slot_resource", UNCLAIMED)
     s = RolloutScheduler(EXECUTOR, TASKS, store, model_id="m", run_id=store.run_id, **kw)
     s.add_harness(H_A)
     s.add_harness(H_B)
@@ -54,7 +61,8 @@ def _events(store, kind: str) -> list[dict]:
 @pytest.fixture(scope="module")
 def shared(ray_local):
     store = MemoryRunStore(run_id="sched-tests")
-    sched = _scheduler(store, group_limits={"cap2": 2, "cap3": 3}, max_retries=2, retry_backoff_s=0.01)
+    sched = _scheduler(store, group_limits={"cap2": 2, "cap3": 3}, max_retries=2, retry_backoff_s=0.01,
+                       slot_resource="sandbox_slot")
     yield sched, store
     sched.close()
 
@@ -236,7 +244,7 @@ def test_token_cap_stops_new_rollouts_and_keeps_finished_ones(ray_local):
     store = MemoryRunStore(run_id="tokens")
     executor = {"_target_": "milo_ray.execution.fake.SleepExecutor", "input_tokens": 7, "output_tokens": 3}
     sched = RolloutScheduler(executor, TASKS, store, model_id="m", run_id="tokens", progress=False,
-                             budget=BudgetLedger(tokens=50), default_group_limit=1)
+                             budget=BudgetLedger(tokens=50), default_group_limit=1, slot_resource=UNCLAIMED)
     sched.add_harness(H_A)
     with pytest.raises(BudgetExceeded) as info:
         sched.run([_req("fast", i) for i in range(9)])
@@ -256,7 +264,7 @@ def test_model_prices_cost_unpriced_results_and_the_usd_cap_stops_new_rollouts(r
     executor = {"_target_": "milo_ray.execution.fake.SleepExecutor", "input_tokens": 7, "output_tokens": 3}
     sched = RolloutScheduler(executor, TASKS, store, model_id="m", run_id="usd", progress=False,
                              budget=BudgetLedger(cost_usd=0.000044 * 3), default_group_limit=1,
-                             usd_per_mtok=(2.0, 10.0))
+                             usd_per_mtok=(2.0, 10.0), slot_resource=UNCLAIMED)
     sched.add_harness(H_A)
     with pytest.raises(BudgetExceeded) as info:
         sched.run([_req("fast", i) for i in range(6)])
@@ -268,7 +276,7 @@ def test_model_prices_cost_unpriced_results_and_the_usd_cap_stops_new_rollouts(r
     priced = {"_target_": "milo_ray.execution.fake.SleepExecutor", "input_tokens": 7, "output_tokens": 3,
               "cost_usd": 0.5}
     sched = RolloutScheduler(priced, TASKS, MemoryRunStore(run_id="own"), model_id="m", run_id="own", progress=False,
-                             usd_per_mtok=(2.0, 10.0))
+                             usd_per_mtok=(2.0, 10.0), slot_resource=UNCLAIMED)
     sched.add_harness(H_A)
     assert sched.run([_req("fast", 0)])[0].cost_usd == 0.5
     sched.close()

@@ -76,6 +76,6 @@ def test_a_dead_poller_releases_every_reservation_and_poisons_no_key(sched, monk
         s.run([_req("ok", 2), _req("ok", 3)])
     monkeypatch.undo()
     assert s.budget.reserved == 0 and not s._jobs
-    assert all(not n.inflight for n in s._nodes.values())
+    assert all(not n.inflight for n in s._workers.values())
     results = s.run([_req("ok", 2), _req("ok", 3)])
     assert [r.score for r in results] == [1.0, 1.0]
