@@ -23,29 +23,21 @@ from pathlib import Path
 from typing import Any, Mapping
 from urllib.parse import quote
 
-# The model config fields a mutation gateway takes (as in a backend's ``llm`` block).
-LLM_FIELDS = ("model", "api_base", "api_key_env", "temperature", "max_output_tokens", "request_timeout_s",
-              "max_retries", "retry_base_s", "retry_max_s", "rpm", "tpm", "usd_per_mtok_input",
-              "usd_per_mtok_output", "extra_body")
 API_PATHS = {"openai": "/openai/v1", "anthropic": "/anthropic"}
 START_TIMEOUT_S = 120.0
 
 
 class MutationGateway:
-    """See the module docstring. ``llm``: the model every call is sent to (``model``,
-    ``api_base``, ``api_key_env``, prices, retries: a backend's ``llm`` fields); the
-    CLI's own choice of model is ignored."""
+    """See the module docstring. ``llm``: the model every call is sent to, a search role's
+    ``llm`` block (:class:`~milo_ray.agents.role_llm.RoleLLM`: ``model``, ``api_base``,
+    ``api_key_env``, prices, retries, rate limits); the CLI's own choice of model is
+    ignored."""
 
     def __init__(self, llm: Mapping[str, Any]) -> None:
-        llm = dict(llm or {})
-        unknown = sorted(set(llm) - set(LLM_FIELDS))
-        if unknown:
-            raise ValueError(f"MutationGateway: llm has unknown fields {unknown}; known: {list(LLM_FIELDS)}")
-        if not llm.get("model"):
-            raise ValueError("MutationGateway: llm.model is required (the model the CLI's calls are sent to, "
-                             "e.g. anthropic/claude-sonnet-4-5)")
-        cfg = {k: v for k, v in llm.items() if k != "model" and v is not None}
-        cfg["solver"] = str(llm["model"])
+        from milo_ray.agents.role_llm import RoleLLM
+
+        # The same fields, defaults and checks as every search role's ``llm`` block.
+        cfg = RoleLLM.of(llm, where="gateway.llm").model_config()
         self.cfg = cfg
         self._gateway: Any = None
         self._loop: asyncio.AbstractEventLoop | None = None
