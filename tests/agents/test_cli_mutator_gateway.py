@@ -53,7 +53,10 @@ for pid in os.listdir("/proc"):
         pass
 found += [k for k, v in os.environ.items() if {CANARY_KEY!r} in v]
 open(out, "w").write(open(parent).read() + {CHANGED!r})
-seen = {{"text": first["content"][0]["text"], "streamed_events": streamed.count("event: "), "found": found}}
+events = [json.loads(l[5:]) for l in streamed.splitlines() if l.startswith("data:")]
+deltas = "".join(e["delta"].get("text", "") for e in events if e["type"] == "content_block_delta")
+seen = {{"text": first["content"][0]["text"], "streamed": [e["type"] for e in events], "streamed_text": deltas,
+        "found": found}}
 print(json.dumps({{"type": "result", "subtype": "success", "is_error": False, "result": json.dumps(seen),
                   "total_cost_usd": 0.0, "usage": {{"input_tokens": 999999, "output_tokens": 999999}}}}))
 """
@@ -72,7 +75,7 @@ def setting(tmp_path, monkeypatch):
     script = [reply("model says hello", prompt_tokens=11, completion_tokens=3),
               reply("streamed hello", prompt_tokens=7, completion_tokens=4)]
     with ScriptedOpenAIServer(script) as srv:
-        gw = MutationGateway({"model": "hosted_vllm/scripted", "api_base": srv.url, "api_key_env": "UPSTREAM_KEY",
+        gw = MutationGateway({"model": "openai/scripted", "api_base": srv.url, "api_key_env": "UPSTREAM_KEY",
                               "usd_per_mtok_input": 1.0, "usd_per_mtok_output": 2.0, "max_retries": 0})
         yield gw, srv, tmp_path
         gw.close()
@@ -105,7 +108,8 @@ def test_claude_code_calls_messages_through_the_mutation_gateway_metered_and_key
     assert out.child is not None, out.error
     assert out.child.source == req.parent.source + CHANGED
     seen = json.loads(out.report)
-    assert seen["text"] == "model says hello" and seen["streamed_events"] >= 3
+    assert seen["text"] == "model says hello" and seen["streamed_text"] == "streamed hello"
+    assert seen["streamed"][0] == "message_start" and seen["streamed"][-2:] == ["message_delta", "message_stop"]
     # The mutation's usage is what the upstream billed, not what the CLI printed.
     billed = [(r.prompt_tokens, r.completion_tokens) for r in srv.answered]
     assert billed == [(11, 3), (7, 4)]

@@ -88,29 +88,52 @@ async def complete(cfg: Any, key: str | None, body: Mapping[str, Any], limiter: 
 
 async def stream(cfg: Any, key: str | None, body: Mapping[str, Any], limiter: Any,
                  usage_out: dict[str, int]) -> AsyncIterator[bytes]:
-    """A streamed Messages call: yields the server-sent-event bytes as they come (retried
-    only until the stream opens). Usage is read from the ``message_start`` and
-    ``message_delta`` events into ``usage_out`` (``input_tokens``, ``output_tokens``,
-    ``retries``): the largest figure each reports, as Anthropic's are running totals."""
-    retries = [0]
-    kwargs = request_kwargs(cfg, key, body)
-    kwargs["stream"] = True
-    response = await _open(cfg, kwargs, limiter, retries)
-    usage_out["retries"] = retries[0]
-    tin = tout = 0
-    pending = b""
-    async for chunk in response:
-        data = chunk if isinstance(chunk, bytes) else str(chunk).encode()
-        pending += data
-        *events, pending = pending.split(b"\n\n")
-        for event in events:
-            for line in event.splitlines():
-                if line.startswith(b"data:"):
-                    try:
-                        cin, cout = _usage(json.loads(line[5:]))
-                    except ValueError:
-                        continue
-                    tin, tout = max(tin, cin), max(tout, cout)
-        yield data
-    usage_out["input_tokens"], usage_out["output_tokens"] = tin, tout
-    _report(limiter, tin + tout)
+    """A streamed Messages call, served from one non-streamed upstream call replayed as
+    the Messages API's server-sent events. Why not stream upstream: a stream's usage is
+    only as good as the provider's and litellm's translation of its last events (an
+    OpenAI-style stream carries none unless asked), and the gateway's figures are the
+    mutation's spend; a CLI mutator loses only the time to its first token.
+    ``usage_out`` receives ``input_tokens``, ``output_tokens`` and ``retries``."""
+    answer = await complete(cfg, key, body, limiter)
+    usage_out.update(input_tokens=answer.input_tokens, output_tokens=answer.output_tokens, retries=answer.retries)
+    for event in replay(answer.body):
+        yield event
+
+
+def _event(kind: str, data: Mapping[str, Any]) -> bytes:
+    return f"event: {kind}\ndata: {json.dumps({'type': kind, **data}, default=str)}\n\n".encode()
+
+
+def replay(message: Mapping[str, Any]) -> list[bytes]:
+    """The server-sent events of a stream that delivers ``message`` (a Messages response)."""
+    usage = dict(message.get("usage") or {})
+    start = {k: v for k, v in message.items() if k not in ("content", "stop_reason", "stop_sequence")}
+    start.update(content=[], stop_reason=None, stop_sequence=None, usage={**usage, "output_tokens": 0})
+    events = [_event("message_start", {"message": start})]
+    for index, block in enumerate(message.get("content") or []):
+        block = dict(block)
+        kind = block.get("type")
+        if kind == "text":
+            events.append(_event("content_block_start", {"index": index, "content_block": {"type": "text", "text": ""}}))
+            events.append(_event("content_block_delta", {"index": index, "delta": {"type": "text_delta",
+                                                                                    "text": block.get("text", "")}}))
+        elif kind == "tool_use":
+            events.append(_event("content_block_start", {"index": index, "content_block": {**block, "input": {}}}))
+            events.append(_event("content_block_delta", {"index": index, "delta": {
+                "type": "input_json_delta", "partial_json": json.dumps(block.get("input") or {})}}))
+        elif kind == "thinking":
+            events.append(_event("content_block_start", {"index": index, "content_block": {
+                "type": "thinking", "thinking": "", "signature": ""}}))
+            events.append(_event("content_block_delta", {"index": index, "delta": {
+                "type": "thinking_delta", "thinking": block.get("thinking", "")}}))
+            if block.get("signature"):
+                events.append(_event("content_block_delta", {"index": index, "delta": {
+                    "type": "signature_delta", "signature": block["signature"]}}))
+        else:  # a block without deltas (e.g. redacted thinking) starts whole
+            events.append(_event("content_block_start", {"index": index, "content_block": block}))
+        events.append(_event("content_block_stop", {"index": index}))
+    events.append(_event("message_delta", {"delta": {"stop_reason": message.get("stop_reason"),
+                                                     "stop_sequence": message.get("stop_sequence")},
+                                           "usage": {"output_tokens": int(usage.get("output_tokens") or 0)}}))
+    events.append(_event("message_stop", {}))
+    return events

@@ -218,6 +218,10 @@ def _import_litellm() -> None:
 
     # litellm prints a feedback banner on every failed request; the error is recorded.
     litellm.suppress_debug_info = True
+    # Anthropic-messages calls to an OpenAI-style provider go out as chat completions, the
+    # API every other call of the gateway uses (and the one every OpenAI-compatible server
+    # serves), not as Responses-API calls.
+    litellm.use_chat_completions_url_for_anthropic_messages = True
 
 
 def _sse(chunk: dict[str, Any]) -> bytes:
