@@ -133,3 +133,15 @@ def test_a_route_the_gateway_does_not_serve_is_refused_with_what_it_serves(setti
     assert status == 501 and "/v1/messages" in payload and "trusted_host" in payload
     status, _ = _post(gw, "/anthropic/v1/messages", "not-a-token")
     assert status == 401 and not srv.answered
+
+
+def test_a_started_gateway_ships_as_its_config_alone(setting):
+    import pickle
+
+    gw, _, _ = setting
+    with use_secrets({"UPSTREAM_KEY": CANARY_KEY}):
+        gw.issue_token(role="mutator", caller="test")  # started, holding the key
+    assert gw._gateway._key == CANARY_KEY
+    copy = pickle.loads(pickle.dumps(gw))
+    assert copy.cfg == gw.cfg and copy._gateway is None
+    assert CANARY_KEY not in pickle.dumps(gw).decode("latin-1")

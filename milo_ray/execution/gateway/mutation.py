@@ -8,7 +8,8 @@ It implements the CLI mutators' gateway protocol
 issues a grant for one agent call, ``revoke_token`` ends it, and :meth:`metered` is what
 the calls of a token cost -- the mutation's tokens and USD, whatever the CLI reports.
 
-The gateway runs on an event loop of its own, in a daemon thread, started on first use.
+The gateway runs on an event loop of its own, in a daemon thread, started on first use
+and kept for the process's later mutations (``close`` stops it and removes its socket).
 The key is read when a token is issued (:func:`milo_ray.agents.llm.secret` of the model's
 key variable: the secrets the task was handed, else this process's environment), so a
 gateway reused by several mutations of one worker uses each task's key.
@@ -17,6 +18,7 @@ gateway reused by several mutations of one worker uses each task's key.
 from __future__ import annotations
 
 import asyncio
+import shutil
 import tempfile
 import threading
 from pathlib import Path
@@ -95,6 +97,7 @@ class MutationGateway:
         if gw is not None and loop is not None:
             asyncio.run_coroutine_threadsafe(gw.close(), loop).result(30)
             loop.call_soon_threadsafe(loop.stop)
+            shutil.rmtree(Path(gw.socket_path).parent, ignore_errors=True)
 
     # --- running ----------------------------------------------------------------------------
     @staticmethod
