@@ -47,6 +47,10 @@ Usage, as the CLIs report it (checked against their documentation, late 2025):
   in ``{"type": "item.completed", "item": {"type": "agent_message", "text"}}`` (older
   releases: ``item_type: assistant_message``). Codex reports no USD.
 
+A sandboxed CLI whose gateway meters its calls (``metered(token)``, as
+:class:`milo_ray.execution.gateway.mutation.MutationGateway` does) is charged what the
+gateway recorded -- tokens and USD -- instead of what it printed.
+
 USD: the CLI's own figure when it gives one; else tokens priced by
 ``usd_per_mtok_input/output`` or by ``model`` (litellm's prices, through
 :func:`milo_ray.agents.llm.price`); else None (unknown is never free). A run killed at
