@@ -184,6 +184,10 @@ def _llm_specs(agents: Mapping[str, Any]) -> list[tuple[str, str, Any]]:
     """(role, config path, llm block) of every agent spec that talks to a model."""
     out = [("mutators", f"backend.agents.mutators[{i}].llm", s["llm"])
            for i, s in enumerate(agents.get("mutators") or []) if isinstance(s, Mapping) and "llm" in s]
+    # A CLI mutator's model gateway holds the model the CLI is served (its key goes to the task).
+    out += [("mutators", f"backend.agents.mutators[{i}].gateway.llm", s["gateway"]["llm"])
+            for i, s in enumerate(agents.get("mutators") or [])
+            if isinstance(s, Mapping) and isinstance(s.get("gateway"), Mapping) and "llm" in s["gateway"]]
     for role in AGENT_ROLES[1:]:
         spec = agents.get(role)
         if isinstance(spec, Mapping) and "llm" in spec:

@@ -135,11 +135,19 @@ def test_ssr_runs_with_every_role_real(tmp_path):
     _assert_spend_reconciles(run_dir, srv, ["solver", "judge", "optimizer"])
 
 
-# A stand-in for Claude Code: like the real CLI it gets only the prompt, finds the paths
-# in it, writes the child and prints its JSON result with usage and cost.
+# A stand-in for Claude Code: like the real CLI it gets only the prompt, asks its model
+# through ANTHROPIC_BASE_URL (the mutation's gateway, from inside its sandbox), finds the
+# paths in the prompt, writes the child and prints its JSON result with usage and cost --
+# figures of its own, which the gateway's metering replaces.
 FAKE_CLAUDE = f"""#!{sys.executable}
-import hashlib, json, re, sys
+import hashlib, json, os, re, sys, urllib.request
 prompt = sys.argv[sys.argv.index("-p") + 1]
+req = urllib.request.Request(os.environ["ANTHROPIC_BASE_URL"] + "/v1/messages", method="POST",
+                             data=json.dumps({{"model": "claude", "max_tokens": 1000,
+                                              "messages": [{{"role": "user", "content": prompt}}]}}).encode(),
+                             headers={{"Authorization": "Bearer " + os.environ["ANTHROPIC_AUTH_TOKEN"],
+                                       "Content-Type": "application/json"}})
+urllib.request.urlopen(req, timeout=60).read()
 out = re.search(r"Write the complete child harness to `([^`]+)`", prompt).group(1)
 parent = re.search(r"The parent harness: `([^`]+)`", prompt).group(1)
 tag = hashlib.sha256(prompt.encode()).hexdigest()[:12]
@@ -151,7 +159,7 @@ print(json.dumps({{"type": "result", "subtype": "success", "is_error": False, "n
 """
 
 
-def test_milo_with_a_cli_mutator_records_the_usage_the_cli_reports(tmp_path):
+def test_milo_with_a_sandboxed_cli_mutator_records_the_usage_its_gateway_metered(tmp_path):
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     (bin_dir / "claude").write_text(FAKE_CLAUDE)
@@ -165,10 +173,12 @@ def test_milo_with_a_cli_mutator_records_the_usage_the_cli_reports(tmp_path):
     assert proc.returncode == 0, proc.stderr[-4000:]
     mutations = [c for c in _rows(run_dir, "agent_calls") if c["role"] == "mutator"]
     assert len(mutations) == 2
+    # Claude Code ran sandboxed against its mutation's gateway: its spend is what the
+    # server billed, at the backend's price, not the figures it printed.
     for c in mutations:
-        assert (c["agent"], c["input_tokens"], c["output_tokens"], c["error"]) == ("claude-code", 2000, 250, None)
-        assert c["cost_usd"] == pytest.approx(0.0421)
+        assert (c["agent"], c["error"]) == ("claude-code", None) and c["input_tokens"] != 2000
+        assert c["cost_usd"] == pytest.approx((c["input_tokens"] + c["output_tokens"]) * PRICE / 1e6)
+    assert _spend_by_role(run_dir)["mutator"] == srv.billed_by_model()[MODELS["mutator"]]
     children = [h for h in _rows(run_dir, "harnesses") if h["origin"] == "mutation"]
     assert len(children) == 2 and all(h["mutator"] == "claude-code" and h["validation_error"] is None
                                       for h in children)
-    assert "mutator" not in srv.billed_by_model()  # the CLI, not the server, did the mutating

@@ -13,12 +13,13 @@ from milo_ray.execution.gateway.server import ModelGateway
 KEY = "sk-gateway-test-key"
 
 
-async def _upstream(port_box: list):
+async def _upstream(port_box: list, seen: list):
     from aiohttp import web
 
     async def chat(request):
         body = await request.json()
         auth = request.headers.get("Authorization", "")
+        seen.append((body, auth))
         if "fail" in json.dumps(body["messages"]):
             # A provider error that quotes the credentials it was given.
             return web.json_response({"error": {"message": f"bad credentials {auth}"}}, status=401)
@@ -49,12 +50,13 @@ async def _upstream(port_box: list):
     return runner
 
 
-async def _post(socket_path: str, token: str | None, body: dict) -> tuple[int, str]:
+async def _post(socket_path: str, token: str | None, body: dict,
+                path: str = "/v1/chat/completions") -> tuple[int, str]:
     import aiohttp
 
     headers = {"Authorization": f"Bearer {token}"} if token else {}
     async with aiohttp.ClientSession(connector=aiohttp.UnixConnector(path=socket_path)) as s:
-        async with s.post("http://gateway/v1/chat/completions", headers=headers, json=body) as r:
+        async with s.post(f"http://gateway{path}", headers=headers, json=body) as r:
             return r.status, await r.text()
 
 
@@ -62,9 +64,10 @@ async def _post(socket_path: str, token: str | None, body: dict) -> tuple[int, s
 def outcome(tmp_path):
     async def go():
         port: list = []
-        upstream = await _upstream(port)
+        seen: list = []
+        upstream = await _upstream(port, seen)
         cfg = {"solver": "openai/m", "api_base": f"http://127.0.0.1:{port[0]}/v1", "max_retries": 0,
-               "usd_per_mtok_input": 1.0, "usd_per_mtok_output": 1.0}
+               "usd_per_mtok_input": 1.0, "usd_per_mtok_output": 1.0, "max_output_tokens": 50}
         gw = ModelGateway(cfg, tmp_path / "gw.sock")
         gw.set_key(KEY)
         await gw.start()
@@ -77,6 +80,19 @@ def outcome(tmp_path):
                "none": await _post(gw.socket_path, None, {"messages": msgs}),
                "fail": await _post(gw.socket_path, grant.token, {"messages": [{"role": "user", "content": "fail"}]})}
         out["calls"], out["upstream_error"] = list(grant.calls), grant.upstream_error
+        # The Anthropic Messages route, on a grant of its own.
+        grant = gw.issue("m", call_cap=10)
+        seen.clear()
+        path = "/anthropic/v1/messages"
+        ask = {"model": "claude-opus-chosen-by-the-client", "max_tokens": 9999, "messages": msgs}
+        out["messages"] = await _post(gw.socket_path, grant.token, ask, path)
+        out["messages_seen"] = list(seen)
+        out["messages_stream"] = await _post(gw.socket_path, grant.token, {**ask, "stream": True}, path)
+        out["messages_fail"] = await _post(gw.socket_path, grant.token,
+                                           {**ask, "messages": [{"role": "user", "content": "fail"}]}, path)
+        out["messages_unknown"] = await _post(gw.socket_path, "not-a-token", ask, path)
+        out["responses"] = await _post(gw.socket_path, grant.token, {"input": "hi"}, "/openai/v1/responses")
+        out["messages_calls"] = list(grant.calls)
         await gw.close()
         await upstream.cleanup()
         return out
@@ -111,3 +127,37 @@ def test_an_upstream_error_never_echoes_the_key(outcome):
     assert status == 401 and "bad credentials" in text
     assert KEY not in text and KEY not in (outcome["upstream_error"] or "") and outcome["upstream_error"]
     assert KEY not in json.dumps(outcome["calls"])
+
+
+def test_a_messages_call_goes_to_the_configured_model_clamped_with_the_key_and_is_metered(outcome):
+    status, text = outcome["messages"]
+    assert status == 200, text
+    answer = json.loads(text)
+    assert answer["type"] == "message" and answer["content"][0]["text"] == "hi"
+    ((body, auth),) = outcome["messages_seen"]
+    # The client chose neither the model nor more tokens than the config allows; the key
+    # went upstream, never back.
+    assert body["model"] == "m" and body["max_tokens"] == 50 and auth == f"Bearer {KEY}"
+    assert KEY not in text
+    plain, streamed, failed = outcome["messages_calls"]
+    assert (plain["input_tokens"], plain["output_tokens"], plain["cost_usd"]) == (5, 1, pytest.approx(6e-6))
+    assert (streamed["input_tokens"], streamed["output_tokens"]) == (5, 1)
+    assert failed["error"] and KEY not in failed["error"]
+
+
+def test_a_streamed_messages_call_is_delivered_as_messages_events(outcome):
+    status, text = outcome["messages_stream"]
+    assert status == 200
+    events = [json.loads(line[5:]) for line in text.splitlines() if line.startswith("data:")]
+    kinds = [e["type"] for e in events]
+    assert kinds == ["message_start", "content_block_start", "content_block_delta", "content_block_stop",
+                     "message_delta", "message_stop"]
+    assert events[2]["delta"] == {"type": "text_delta", "text": "hi"}
+    assert events[-2]["usage"]["output_tokens"] == 1
+
+
+def test_messages_refusals_and_the_unserved_responses_api(outcome):
+    assert outcome["messages_fail"][0] == 401 and KEY not in outcome["messages_fail"][1]
+    assert outcome["messages_unknown"][0] == 401
+    status, text = outcome["responses"]
+    assert status == 501 and "Responses API" in text and "/v1/messages" in text

@@ -47,6 +47,10 @@ Usage, as the CLIs report it (checked against their documentation, late 2025):
   in ``{"type": "item.completed", "item": {"type": "agent_message", "text"}}`` (older
   releases: ``item_type: assistant_message``). Codex reports no USD.
 
+A sandboxed CLI whose gateway meters its calls (``metered(token)``, as
+:class:`milo_ray.execution.gateway.mutation.MutationGateway` does) is charged what the
+gateway recorded -- tokens and USD -- instead of what it printed.
+
 USD: the CLI's own figure when it gives one; else tokens priced by
 ``usd_per_mtok_input/output`` or by ``model`` (litellm's prices, through
 :func:`milo_ray.agents.llm.price`); else None (unknown is never free). A run killed at
@@ -61,6 +65,7 @@ worker) is only ended by its own exit, so the mutator's cap must come first.
 from __future__ import annotations
 
 import collections
+import dataclasses
 import errno
 import logging
 import os
@@ -322,7 +327,7 @@ class CliMutator:
         token = None
         try:
             url = gateway.base_url(vars_["api"])
-            host, port = gateway_address(url)
+            target = gateway_address(url)
             ws = prepare(request, scratch / "workspace", agent_root=SANDBOX_ROOT)
             from milo_ray.agents.prompts import render_from
 
@@ -339,12 +344,15 @@ class CliMutator:
             env[vars_["base_url_env"]] = inside_url(url)
             for name in vars_["token_env"]:
                 env[name] = token
-            with UnixRelay(host, port) as relay:
+            with UnixRelay(target) as relay:
                 run = run_in_sandbox(argv, scratch=scratch, env=env,
                                      readonly=readonly_paths(exe, self.sandbox_readonly, ws.external_dirs()),
                                      relay=relay, stdout=paths["stdout.txt"], stderr=paths["stderr.txt"],
                                      time_cap_s=self.time_cap_s)
-            return self._outcome(request, run, ws, paths, t0)
+            # A gateway that meters its calls says what the CLI spent (the CLI's own
+            # report is what an untrusted program prints).
+            metered = gateway.metered(token) if callable(getattr(gateway, "metered", None)) else None
+            return self._outcome(request, run, ws, paths, t0, metered=metered)
         finally:
             if token is not None:
                 gateway.revoke_token(token)
@@ -354,19 +362,26 @@ class CliMutator:
             shutil.rmtree(scratch, ignore_errors=True)
 
     def _outcome(self, request: MutationRequest, run: Any, ws: Any, paths: dict[str, Path],
-                 t0: float) -> MutationResult:
-        """The result of a finished CLI run (on the host or in the sandbox)."""
+                 t0: float, metered: dict[str, Any] | None = None) -> MutationResult:
+        """The result of a finished CLI run (on the host or in the sandbox); ``metered``:
+        the gateway's account of its calls, which replaces the CLI's own."""
         workdir = Path(request.workdir)
         seconds = time.monotonic() - t0
         stdout = _read(paths["stdout.txt"])
         parsed = parse_output(stdout, self.usage_format)
+        if metered is not None:
+            parsed = dataclasses.replace(parsed, input_tokens=int(metered["input_tokens"]),
+                                         output_tokens=int(metered["output_tokens"]),
+                                         cost_usd=metered["cost_usd"], tokens_reported=True)
         report = (parsed.final_message or _tail(stdout, REPORT_CHARS)).strip()[:REPORT_CHARS]
         if run.launch_error is not None:
             why = f"could not start {self.argv[0]!r}: {run.launch_error}"
             return MutationResult(None, error=why, usage=AgentUsage(cost_usd=0.0, seconds=seconds, error=why))
         if run.timed_out:
             why = f"timed out after {self.time_cap_s:g}s"
-            usage = AgentUsage(parsed.input_tokens, parsed.output_tokens, cost_usd=None, seconds=seconds, error=why)
+            usage = AgentUsage(parsed.input_tokens, parsed.output_tokens,
+                               cost_usd=metered["cost_usd"] if metered is not None else None, seconds=seconds,
+                               error=why)
             return MutationResult(None, report=report, error=why, usage=usage)
         usage = AgentUsage(parsed.input_tokens, parsed.output_tokens, cost_usd=self._cost(parsed),
                            seconds=seconds)

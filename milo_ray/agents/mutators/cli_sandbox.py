@@ -35,7 +35,7 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol, Sequence, runtime_checkable
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import unquote, urlsplit, urlunsplit
 
 # The loopback port the relay listens on inside the sandbox (its own network namespace:
 # no other process can hold it).
@@ -73,9 +73,12 @@ class ModelGateway(Protocol):
     def revoke_token(self, token: str) -> None: ...
 
 
-def gateway_address(url: str) -> tuple[str, int]:
-    """(host, port) of an ``http://`` gateway URL; ``ValueError`` otherwise."""
+def gateway_address(url: str) -> tuple[str, int] | str:
+    """(host, port) of an ``http://`` gateway URL, or the socket path of an
+    ``http+unix://<percent-encoded socket path>/...`` one; ``ValueError`` otherwise."""
     parts = urlsplit(url)
+    if parts.scheme == "http+unix" and parts.netloc:
+        return unquote(parts.netloc)
     if parts.scheme != "http" or not parts.hostname:
         raise ValueError(f"gateway base URL {url!r}: must be an http:// URL of a host-side gateway "
                          "(the sandbox relays plain TCP to it)")
@@ -92,10 +95,12 @@ def inside_url(url: str) -> str:
 
 class UnixRelay:
     """Host side: a Unix socket in a fresh private directory whose every connection is
-    forwarded to ``(host, port)``. Usable as a context manager; ``close`` stops it."""
+    forwarded to ``target``: ``(host, port)``, or the path of the gateway's own Unix
+    socket (whose directory stays private: only this relay's is shown to the sandbox).
+    Usable as a context manager; ``close`` stops it."""
 
-    def __init__(self, host: str, port: int) -> None:
-        self.target = (host, int(port))
+    def __init__(self, target: tuple[str, int] | str) -> None:
+        self.target = target if isinstance(target, str) else (target[0], int(target[1]))
         self.dir = Path(tempfile.mkdtemp(prefix="milo-gw-"))
         # The sandbox's commands run as an unprivileged user, who must be able to reach the
         # socket: traverse-only on the directory (nothing to list), the socket itself open.
@@ -120,7 +125,12 @@ class UnixRelay:
 
     def _forward(self, conn: socket.socket) -> None:
         try:
-            upstream = socket.create_connection(self.target, timeout=30)
+            if isinstance(self.target, str):
+                upstream = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+                upstream.settimeout(30)
+                upstream.connect(self.target)
+            else:
+                upstream = socket.create_connection(self.target, timeout=30)
         except OSError:
             conn.close()
             return

@@ -1,5 +1,5 @@
-"""The model gateway: an OpenAI-compatible ``/v1/chat/completions`` endpoint on a Unix
-socket, run by the rollout worker on its own event loop, holding the provider key.
+"""The model gateway: an OpenAI-compatible ``/v1/chat/completions`` endpoint (and an
+Anthropic ``/v1/messages`` one, :mod:`.messages`) on a Unix socket, run by the rollout worker on its own event loop, holding the provider key.
 
 Sandboxed harnesses reach it through the socket bound into their sandbox (relayed to a
 loopback port inside, :mod:`milo_ray.execution.harness_process_backend`), with the bearer
@@ -60,9 +60,15 @@ class ModelGateway:
         # litellm takes seconds to import: never on the event loop the rollouts share.
         await asyncio.to_thread(_import_litellm)
         app = web.Application(client_max_size=MAX_REQUEST_BYTES)
-        app.router.add_post("/v1/chat/completions", self._chat)
+        # OpenAI clients are given ``.../v1`` or ``.../openai/v1`` as their base URL,
+        # Anthropic clients ``.../anthropic`` (they append ``/v1/messages``).
+        for prefix in ("", "/openai"):
+            app.router.add_post(f"{prefix}/v1/chat/completions", self._chat)
+            app.router.add_post(f"{prefix}/v1/responses", self._responses)
+            app.router.add_get(f"{prefix}/v1/models", self._models)
         app.router.add_post("/chat/completions", self._chat)
-        app.router.add_get("/v1/models", self._models)
+        for prefix in ("", "/anthropic"):
+            app.router.add_post(f"{prefix}/v1/messages", self._messages)
         self._runner = web.AppRunner(app, access_log=None)
         await self._runner.setup()
         Path(self.socket_path).parent.mkdir(parents=True, exist_ok=True)
@@ -111,7 +117,27 @@ class ModelGateway:
         token = auth[7:].strip() if auth.lower().startswith("bearer ") else request.headers.get("api-key")
         return self.grants.find(token)
 
+    async def _responses(self, request: Any) -> Any:
+        from aiohttp import web
+
+        # Not served: a Responses-API client (Codex) needs it; say so plainly rather than
+        # answer 404 to a client that would retry or report a bare "not found".
+        return _error(web, Refusal(501, "unsupported_api",
+                                   "this model gateway serves /v1/chat/completions and /v1/messages, not the OpenAI "
+                                   "Responses API (/v1/responses); point the client at chat completions, or run it "
+                                   "with trusted_host: true"))
+
     async def _chat(self, request: Any) -> Any:
+        return await self._serve(request, upstream)
+
+    async def _messages(self, request: Any) -> Any:
+        from milo_ray.execution.gateway import messages
+
+        return await self._serve(request, messages)
+
+    async def _serve(self, request: Any, api: Any) -> Any:
+        """One call of ``api`` (:mod:`.upstream` for chat completions, :mod:`.messages`
+        for Anthropic messages): token, caps, validation, forwarding, metering."""
         from aiohttp import web
 
         grant = self._grant(request)
@@ -124,15 +150,15 @@ class ModelGateway:
             body = await request.json()
             if not isinstance(body, dict):
                 raise upstream.BadRequest("the body must be a JSON object")
-            upstream.request_kwargs(self.cfg, None, body)  # validate before anything is spent
+            api.request_kwargs(self.cfg, None, body)  # validate before anything is spent
         except (ValueError, upstream.BadRequest) as exc:
             grant.release()
             return _error(web, Refusal(400, "bad_request", f"bad request: {exc}"))
         if body.get("stream"):
-            return await self._stream(request, grant, body)
+            return await self._stream(request, grant, body, api)
         started, mono = time.time(), time.monotonic()
         try:
-            answer = await upstream.complete(self.cfg, self._key, body, self._limiter_for())
+            answer = await api.complete(self.cfg, self._key, body, self._limiter_for())
         except Exception as exc:
             return self._failed(web, grant, exc, started, mono)
         grant.record(upstream.call_row(self.cfg, started_at=started, started_mono=mono,
@@ -149,12 +175,15 @@ class ModelGateway:
         status = status if isinstance(status, int) and 400 <= status < 600 else 502
         return _error(web, Refusal(status, "upstream", f"model endpoint: {text}"))
 
-    async def _stream(self, request: Any, grant: Grant, body: dict[str, Any]) -> Any:
+    async def _stream(self, request: Any, grant: Grant, body: dict[str, Any], api: Any) -> Any:
         from aiohttp import web
 
         started, mono = time.time(), time.monotonic()
         usage: dict[str, int] = {}
-        chunks = upstream.stream(self.cfg, self._key, body, self._limiter_for(), usage)
+        chunks = api.stream(self.cfg, self._key, body, self._limiter_for(), usage)
+        # Chat-completion chunks come as dicts (sent as SSE here, ended by [DONE]); the
+        # Messages stream comes as the provider's own SSE bytes, passed through as is.
+        framed = api is upstream
         try:
             first = await chunks.__anext__()
         except StopAsyncIteration:
@@ -166,10 +195,11 @@ class ModelGateway:
         error = None
         try:
             if first is not None:
-                await response.write(_sse(first))
+                await response.write(_sse(first) if framed else first)
                 async for chunk in chunks:
-                    await response.write(_sse(chunk))
-            await response.write(b"data: [DONE]\n\n")
+                    await response.write(_sse(chunk) if framed else chunk)
+            if framed:
+                await response.write(b"data: [DONE]\n\n")
         except Exception as exc:  # the provider or the caller dropped the stream midway
             error = self._scrub(f"{type(exc).__name__}: {exc}")[:500]
         grant.record(upstream.call_row(self.cfg, started_at=started, started_mono=mono,
@@ -188,6 +218,10 @@ def _import_litellm() -> None:
 
     # litellm prints a feedback banner on every failed request; the error is recorded.
     litellm.suppress_debug_info = True
+    # Anthropic-messages calls to an OpenAI-style provider go out as chat completions, the
+    # API every other call of the gateway uses (and the one every OpenAI-compatible server
+    # serves), not as Responses-API calls.
+    litellm.use_chat_completions_url_for_anthropic_messages = True
 
 
 def _sse(chunk: dict[str, Any]) -> bytes:
