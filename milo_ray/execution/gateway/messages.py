@@ -16,7 +16,7 @@ import json
 from typing import Any, AsyncIterator, Mapping
 
 from milo_ray.agents.llm import _field
-from milo_ray.execution.gateway.upstream import Answer, BadRequest, _report, _retrying
+from milo_ray.execution.gateway.upstream import Answer, BadRequest, _report, call_retried
 
 # Messages-API fields a client may set; everything else comes from the model config.
 ALLOWED_FIELDS = ("messages", "system", "tools", "tool_choice", "temperature", "top_p", "top_k",
@@ -61,29 +61,17 @@ def _usage(obj: Any) -> tuple[int, int]:
     return tin, int(usage.get("output_tokens") or 0)
 
 
-async def _open(cfg: Any, kwargs: dict[str, Any], limiter: Any, retries: list[int]) -> Any:
-    import litellm
-
-    try:
-        async for attempt in _retrying(cfg, retries):
-            with attempt:
-                if limiter is not None:
-                    await limiter.aacquire()
-                return await litellm.anthropic.messages.acreate(**kwargs)
-    except BaseException as exc:
-        exc._gateway_retries = retries[0]  # type: ignore[attr-defined]
-        raise
-
-
 async def complete(cfg: Any, key: str | None, body: Mapping[str, Any], limiter: Any) -> Answer:
     """One non-streamed Messages call, retried per the config."""
-    retries = [0]
-    response = await _open(cfg, request_kwargs(cfg, key, body), limiter, retries)
+    import litellm
+
+    response, retries = await call_retried(cfg, request_kwargs(cfg, key, body), limiter,
+                                           litellm.anthropic.messages.acreate)
     answer = response if isinstance(response, dict) else json.loads(json.dumps(
         response.model_dump() if hasattr(response, "model_dump") else dict(response), default=str))
     tin, tout = _usage(answer)
     _report(limiter, tin + tout)
-    return Answer(answer, tin, tout, retries[0])
+    return Answer(answer, tin, tout, retries)
 
 
 async def stream(cfg: Any, key: str | None, body: Mapping[str, Any], limiter: Any,

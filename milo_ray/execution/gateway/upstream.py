@@ -96,20 +96,27 @@ async def complete(cfg: Any, key: str | None, body: Mapping[str, Any], limiter: 
     """One non-streamed call, retried per the config."""
     import litellm
 
-    kwargs = request_kwargs(cfg, key, body)
+    response, retries = await call_retried(cfg, request_kwargs(cfg, key, body), limiter, litellm.acompletion)
+    tin, tout = _usage(response)
+    _report(limiter, tin + tout)
+    return Answer(_as_dict(response), tin, tout, retries)
+
+
+async def call_retried(cfg: Any, kwargs: dict[str, Any], limiter: Any, fn: Any) -> tuple[Any, int]:
+    """``fn(**kwargs)`` retried per the config, each attempt behind the rate limiter;
+    returns its answer and the retries it took. A final failure carries the retry count
+    (``_gateway_retries``) so the call's record can say how hard it was tried."""
     retries = [0]
     try:
         async for attempt in _retrying(cfg, retries):
             with attempt:
                 if limiter is not None:
                     await limiter.aacquire()
-                response = await litellm.acompletion(**kwargs)
+                response = await fn(**kwargs)
     except BaseException as exc:
         exc._gateway_retries = retries[0]  # type: ignore[attr-defined]
         raise
-    tin, tout = _usage(response)
-    _report(limiter, tin + tout)
-    return Answer(_as_dict(response), tin, tout, retries[0])
+    return response, retries[0]
 
 
 async def stream(cfg: Any, key: str | None, body: Mapping[str, Any], limiter: Any,
@@ -122,17 +129,7 @@ async def stream(cfg: Any, key: str | None, body: Mapping[str, Any], limiter: An
 
     kwargs = request_kwargs(cfg, key, body)
     kwargs.update(stream=True, stream_options={"include_usage": True})
-    retries = [0]
-    try:
-        async for attempt in _retrying(cfg, retries):
-            with attempt:
-                if limiter is not None:
-                    await limiter.aacquire()
-                response = await litellm.acompletion(**kwargs)
-    except BaseException as exc:
-        exc._gateway_retries = retries[0]  # type: ignore[attr-defined]
-        raise
-    usage_out["retries"] = retries[0]
+    response, usage_out["retries"] = await call_retried(cfg, kwargs, limiter, litellm.acompletion)
     tin = tout = 0
     async for chunk in response:
         cin, cout = _usage(chunk)
