@@ -126,10 +126,10 @@ MUTATIONS: tuple[Mutation, ...] = (
     ),
     Mutation(
         "worker-key-in-runtime-env", "milo_ray/execution/workers.py",
-        "    if node.claim_slots:\n        opts[\"resources\"]",
-        "    if env:\n        opts[\"runtime_env\"] = {\"env_vars\": dict(env)}\n    if node.claim_slots:\n        opts[\"resources\"]",
+        "    if pin_node is not None:\n        opts[\"scheduling_strategy\"]",
+        "    opts[\"runtime_env\"] = {\"env_vars\": dict(os.environ)}\n    if pin_node is not None:\n        opts[\"scheduling_strategy\"]",
         ("tests/security/test_keys_in_ray.py",),
-        "the provider key reaches the rollout workers through runtime_env, which Ray logs",
+        "the driver's environment, provider key included, reaches the rollout workers through runtime_env, which Ray logs",
     ),
     Mutation(
         "budget-ledger-check-off", "milo_ray/execution/budget.py",
@@ -347,7 +347,7 @@ def run_tests(copy: Path, tests: tuple[str, ...], timeout: float) -> tuple[int, 
            "PYTHONDONTWRITEBYTECODE": "1"}
     t0 = time.monotonic()
     try:
-        proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", *tests],
+        proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", "-m", "", *tests],
                               cwd=copy, env=env, capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired:
         return -1, time.monotonic() - t0, "timed out"
