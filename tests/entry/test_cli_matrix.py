@@ -20,6 +20,9 @@ import pytest
 
 from milo_ray.run import CONF_DIR
 
+# A cluster, containers or whole command-line runs: the slow suite (pytest -m slow; .ci/run runs it).
+pytestmark = pytest.mark.slow
+
 RUNNER = Path(__file__).with_name("cli_jobs.py")
 METHODS = sorted(p.stem for p in (Path(CONF_DIR) / "method").glob("*.yaml"))
 # Training (or search) split sizes: SSR's budget covers one refresh plus one race.

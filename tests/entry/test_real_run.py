@@ -21,7 +21,8 @@ from milo_ray.testing.openai_server import ScriptedOpenAIServer
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "execution"))
 from real_tasks import make_task, solving_policy  # noqa: E402
 
-pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap is not installed")
+pytestmark = [pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap is not installed"),
+              pytest.mark.slow]  # cold harness processes / whole runs / a cluster: see .ci/run
 
 SECRETS = {"OPENAI_API_KEY": "sk-test-9f8e7d6c5b4a39281706", "MY_SERVICE_TOKEN": "tok-0a1b2c3d4e5f60718293",
            "DB_SECRET": "hunter2-is-not-a-password-77", "HF_API_KEY_2": "hf_zyxwvutsrqponm123456"}

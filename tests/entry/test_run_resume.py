@@ -14,6 +14,9 @@ from pathlib import Path
 import duckdb
 import pytest
 
+# A cluster, containers or whole command-line runs: the slow suite (pytest -m slow; .ci/run runs it).
+pytestmark = pytest.mark.slow
+
 ENV = {**os.environ, "LITELLM_LOCAL_MODEL_COST_MAP": "True", "HF_HUB_OFFLINE": "1"}
 EVAL_ARGS = ["method=eval", "method.k=8", "method.split=test", "benchmark=surrogate_swepro",
              "run.progress=false", "run.report=false", "execution.num_cpus=2"]

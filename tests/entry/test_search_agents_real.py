@@ -27,7 +27,8 @@ from milo_ray.testing.scripted_roles import by_model, judge_policy, orchestrator
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "execution"))
 from real_tasks import solving_policy  # noqa: E402
 
-pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap is not installed")
+pytestmark = [pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap is not installed"),
+              pytest.mark.slow]  # cold harness processes / whole runs / a cluster: see .ci/run
 
 # Role -> the model name it is given, and so the name the server bills it under.
 MODELS = {"solver": "solver", "mutator": "mutator", "orchestrator": "orchestrator", "judge": "judge",

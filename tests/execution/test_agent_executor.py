@@ -121,6 +121,7 @@ def test_harness_that_does_not_import_is_a_harness_failure(suite):
     assert res.error_kind == "harness" and res.score == 0.0 and "no_such_module_anywhere" in res.error
 
 
+@pytest.mark.slow  # a cold harness process per seed
 @pytest.mark.parametrize("seed", SEED_NAMES)
 def test_every_seed_harness_runs_a_task_against_the_scripted_model(suite, seed):
     harness = load_seeds([seed])[0]

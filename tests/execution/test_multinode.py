@@ -19,6 +19,9 @@ import pytest
 from shared_runs import SSR_TINY
 from slot_cluster import SlotCluster, node_prefix, peak_per_node, run_cli, run_driver, start_cli, start_driver
 
+# A cluster, containers or whole command-line runs: the slow suite (pytest -m slow; .ci/run runs it).
+pytestmark = pytest.mark.slow
+
 SLOTS = 4
 
 

@@ -18,6 +18,9 @@ from rich.console import Console
 from milo_ray.execution.progress import RolloutProgress
 from milo_ray.execution.types import RolloutResult
 
+# A cluster, containers or whole command-line runs: the slow suite (pytest -m slow; .ci/run runs it).
+pytestmark = pytest.mark.slow
+
 
 def _result(**kw) -> RolloutResult:
     return RolloutResult("h", "t", 0, score=kw.pop("score", 1.0), **kw)

@@ -44,7 +44,8 @@ def _can_hide() -> bool:
     return probe.returncode == 0
 
 
-pytestmark = pytest.mark.skipif(not _can_hide(), reason="needs unshare -m with tmpfs mounts (root) and bwrap")
+pytestmark = [pytest.mark.skipif(not _can_hide(), reason="needs unshare -m with tmpfs mounts (root) and bwrap"),
+              pytest.mark.slow]  # cold harness processes / whole runs / a cluster: see .ci/run
 
 
 @pytest.fixture(scope="module")

@@ -17,6 +17,9 @@ import pytest
 
 from milo_role_budget_runner import TOKENS
 
+# A cluster, containers or whole command-line runs: the slow suite (pytest -m slow; .ci/run runs it).
+pytestmark = pytest.mark.slow
+
 RUNNER = Path(__file__).with_name("milo_role_budget_runner.py")
 
 

@@ -21,7 +21,8 @@ from milo_ray.testing.openai_server import ScriptedOpenAIServer, reply
 
 from hostile import CALL_LOOP, HUNG_IMPORT, make_secret_task, recon_harness
 
-pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap is not installed")
+pytestmark = [pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap is not installed"),
+              pytest.mark.slow]  # cold harness processes / whole runs / a cluster: see .ci/run
 
 KEY_ENV = "MILO_SECURITY_SOLVER_KEY"
 KEY = "sk-canary-" + uuid.uuid4().hex

@@ -17,6 +17,9 @@ import pytest
 from conftest import EVAL_TINY, run_sweep
 from milo_ray import results
 
+# A cluster, containers or whole command-line runs: the slow suite (pytest -m slow; .ci/run runs it).
+pytestmark = pytest.mark.slow
+
 
 def _jobs(url: str) -> list:
     """The jobs submitted to the head at ``url`` (not drivers that merely connected)."""

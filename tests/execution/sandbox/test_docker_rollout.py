@@ -32,6 +32,9 @@ BASH_TOKENS, DONE_TOKENS = (300, 40), (500, 8)
 # printed to its stderr (the rollout's ``harness_stderr``).
 PROBE = '''
 import json as _j, os as _o, sys as _s
+
+# A cluster, containers or whole command-line runs: the slow suite (pytest -m slow; .ci/run runs it).
+pytestmark = pytest.mark.slow
 def _shadow():
     try:
         open("/etc/shadow").read(1)
