@@ -26,7 +26,6 @@ tokens, costs and caps of the rollout are the gateway's, not this process's.
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 import json
 import os
 import sys
@@ -94,23 +93,12 @@ def build_model(job: dict[str, Any], api_base: str) -> Any:
 
 
 def load_module(harness_dir: str, harness_id: str, multi_file: bool) -> Any:
-    from milo_ray.harness.model import ENTRY_FILE
+    from milo_ray.harness.loader import HarnessLoadError, import_entry
 
-    if multi_file and harness_dir not in sys.path:
-        sys.path.append(harness_dir)
-    name = f"milo_harness_{harness_id}"
-    spec = importlib.util.spec_from_file_location(name, os.path.join(harness_dir, ENTRY_FILE))
-    if spec is None or spec.loader is None:
-        raise _Fail(f"{ENTRY_FILE} cannot be imported")
-    module = importlib.util.module_from_spec(spec)
     try:
-        spec.loader.exec_module(module)
-    except BaseException as exc:  # SyntaxError, ImportError, SystemExit at import...
-        raise _Fail(f"importing {ENTRY_FILE} failed: {type(exc).__name__}: {exc}") from None
-    if not callable(getattr(module, "build_agent", None)):
-        raise _Fail(f"{ENTRY_FILE} has no callable build_agent(model, backend)")
-    sys.modules[name] = module
-    return module
+        return import_entry(harness_dir, f"milo_harness_{harness_id}", multi_file=multi_file)
+    except HarnessLoadError as exc:
+        raise _Fail(str(exc)) from None
 
 
 class _Fail(Exception):

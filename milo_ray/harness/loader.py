@@ -40,19 +40,27 @@ def load_harness(harness: Any, root: str | Path) -> ModuleType:
             dst = where / rel
             dst.parent.mkdir(parents=True, exist_ok=True)
             dst.write_text(text)
-        if len(harness.files) > 1 and str(where) not in sys.path:
-            sys.path.append(str(where))
-        name = f"milo_harness_{hid}"
-        spec = importlib.util.spec_from_file_location(name, where / ENTRY_FILE)
-        if spec is None or spec.loader is None:
-            raise HarnessLoadError(f"{ENTRY_FILE} cannot be imported from {where}")
-        module = importlib.util.module_from_spec(spec)
-        try:
-            spec.loader.exec_module(module)
-        except BaseException as exc:  # SyntaxError, ImportError, SystemExit at import...
-            raise HarnessLoadError(f"importing {ENTRY_FILE} failed: {type(exc).__name__}: {exc}") from None
-        if not callable(getattr(module, "build_agent", None)):
-            raise HarnessLoadError(f"{ENTRY_FILE} has no callable build_agent(model, backend)")
-        sys.modules[name] = module
+        module = import_entry(where, f"milo_harness_{hid}", multi_file=len(harness.files) > 1)
         _modules[hid] = module
         return module
+
+
+def import_entry(where: str | Path, name: str, *, multi_file: bool) -> ModuleType:
+    """Import ``where/harness.py`` as module ``name`` and check it defines a callable
+    ``build_agent``; raises :class:`HarnessLoadError` saying why not. A multi-file
+    harness's directory goes on ``sys.path`` after the framework's own entries, so its
+    siblings import as a package's would and cannot shadow the framework."""
+    if multi_file and str(where) not in sys.path:
+        sys.path.append(str(where))
+    spec = importlib.util.spec_from_file_location(name, Path(where) / ENTRY_FILE)
+    if spec is None or spec.loader is None:
+        raise HarnessLoadError(f"{ENTRY_FILE} cannot be imported")
+    module = importlib.util.module_from_spec(spec)
+    try:
+        spec.loader.exec_module(module)
+    except BaseException as exc:  # SyntaxError, ImportError, SystemExit at import...
+        raise HarnessLoadError(f"importing {ENTRY_FILE} failed: {type(exc).__name__}: {exc}") from None
+    if not callable(getattr(module, "build_agent", None)):
+        raise HarnessLoadError(f"{ENTRY_FILE} has no callable build_agent(model, backend)")
+    sys.modules[name] = module
+    return module
