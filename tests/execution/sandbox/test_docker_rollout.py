@@ -21,6 +21,9 @@ from milo_ray.execution.sandbox.docker import DockerSandbox
 from milo_ray.harness.seeds import load_seeds
 from milo_ray.testing.openai_server import ScriptedOpenAIServer, reply, tool_call
 
+# Containers and cold harness processes: the slow suite (pytest -m slow; .ci/run runs it).
+pytestmark = pytest.mark.slow
+
 TASK = "csv-to-json"
 KEY_ENV = "MILO_TEST_SOLVER_KEY"
 KEY = "sk-docker-canary-key"
@@ -32,9 +35,6 @@ BASH_TOKENS, DONE_TOKENS = (300, 40), (500, 8)
 # printed to its stderr (the rollout's ``harness_stderr``).
 PROBE = '''
 import json as _j, os as _o, sys as _s
-
-# A cluster, containers or whole command-line runs: the slow suite (pytest -m slow; .ci/run runs it).
-pytestmark = pytest.mark.slow
 def _shadow():
     try:
         open("/etc/shadow").read(1)
