@@ -24,7 +24,8 @@ from milo_ray.testing.openai_server import ScriptedOpenAIServer, reply, tool_cal
 from milo_ray.testing.scripted_agents import instructions, mutator_policy, tool_results
 from milo_ray.testing.scripted_roles import by_model
 
-pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap is not installed")
+pytestmark = [pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap is not installed"),
+              pytest.mark.slow]  # a whole command-line MILO run with real agent rollouts (~2 min)
 
 # The scripted solver's answer: the lse_adam seed program (marked), except on tasks whose
 # parent is the subgradient program, where it leaves a program that cannot import.
