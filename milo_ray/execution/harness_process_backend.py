@@ -26,6 +26,7 @@ from typing import Any
 from deepagents.backends.protocol import ExecuteResponse, FileDownloadResponse, FileUploadResponse
 from deepagents.backends.sandbox import BaseSandbox
 
+from milo_ray.execution.sandbox.base import resolve_timeout
 from milo_ray.execution.sandbox.process import run_capped
 
 
@@ -46,9 +47,7 @@ class SandboxShell(BaseSandbox):
     def execute(self, command: str, *, timeout: int | None = None) -> ExecuteResponse:
         if not command or not isinstance(command, str):
             return ExecuteResponse(output="Error: Command must be a non-empty string.", exit_code=1)
-        if timeout is not None and timeout < 0:
-            raise ValueError(f"execute timeout must be >= 0 seconds (0 or None: the sandbox default), got {timeout}")
-        timeout_s = float(timeout) if timeout else self._timeout_s
+        timeout_s = resolve_timeout(timeout, self._timeout_s)
         run = run_capped([self._shell, "-c", command], timeout_s=timeout_s, output_cap_bytes=self._cap,
                          env=self._env, cwd=self.workdir)
         if run.timed_out:
