@@ -263,7 +263,7 @@ async def _graft_child(run: PopulationView, did: str, i: int, m: dict[str, Any],
         parent=run.harness(a), parent_dir=Path(a.harness_path).parent,
         evidence_dir=Path(a.evidence_path) if a.evidence_path else wd, memory_markdown="", workdir=wd,
         seed=derive_seed(run.ctx.seed, "graft", did, i),
-        context={"mode": "graft", "co_parent_source": run.harness(b).source, "co_parent_dir": str(Path(b.harness_path).parent),
+        context={"mode": "graft", "node_id": f"{did}-g{i}", "co_parent_source": run.harness(b).source, "co_parent_dir": str(Path(b.harness_path).parent),
                  "donor_island": donor, "dest_island": dst, "diagnosis": run.state.decisions[did].decision["diagnosis"],
                  "why": m.get("why", "")},
     )

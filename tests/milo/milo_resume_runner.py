@@ -93,8 +93,8 @@ class LoggedOrchestrator:
         return self.inner.decide(snapshot_markdown, state, seed)
 
     def graft(self, request):
-        did, _, i = request.workdir.name.rpartition("-")  # workspace/mutations/graft/<decision>-<move>
-        log_call(self.call_log, {"session": self.session, "agent": "orchestrator.graft", "work": f"{did}-g{i}",
+        # The workdir a graft runs in is private to its task; the request names the node it makes.
+        log_call(self.call_log, {"session": self.session, "agent": "orchestrator.graft", "work": request.context["node_id"],
                                  "pid": os.getpid()})
         return self.inner.graft(request)
 
