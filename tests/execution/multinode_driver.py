@@ -85,9 +85,10 @@ async def sleep_mode(args) -> dict:
     if args.announce:
         while sched.progress.running < args.announce and not run.done():
             await asyncio.sleep(0.02)
-        # The demand the autoscaler would act on while rollouts wait for slots (the
-        # load metrics refresh about once a second).
-        for _ in range(40):
+        # The demand the autoscaler would act on while rollouts wait for slots. Ray's
+        # monitor publishes its load metrics every few seconds (AUTOSCALER_UPDATE_INTERVAL_S,
+        # 5 s), later on a loaded machine, so the queue must outlast a few of its rounds.
+        for _ in range(200):
             demand = max(demand, slot_demand())
             if demand:
                 break

@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -66,6 +67,20 @@ class SlotCluster:
         while len(self.workers) < n:
             self.workers.append(self.add_worker())
         self.cluster.wait_for_nodes()
+        self.wait_for_free_slots(n * self.slots)
+
+    def wait_for_free_slots(self, expected: float, timeout: float = 60) -> None:
+        """Wait until the cluster holds ``expected`` sandbox slots and all are free: the
+        actors of a driver that just exited give theirs back asynchronously, and the next
+        test must start on a settled cluster."""
+        state = self.cluster.global_state
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if state.cluster_resources().get("sandbox_slot") == expected == state.available_resources().get("sandbox_slot"):
+                return
+            time.sleep(0.2)
+        raise TimeoutError(f"the cluster did not settle at {expected} free sandbox slots: "
+                           f"{state.available_resources()} of {state.cluster_resources()}")
 
     def shutdown(self) -> None:
         self.cluster.shutdown()

@@ -71,7 +71,9 @@ def test_two_drivers_on_one_cluster_never_exceed_a_nodes_slots_together(cluster)
 
 
 def test_a_node_added_mid_run_gets_rollouts_and_idle_workers_give_their_slots_back(cluster):
-    proc = start_driver("sleep", cluster.address, "--n", "64", "--seconds", "1.0", "--slots-per-worker", "2",
+    # 64 rollouts of 2 s on 8 slots keep rollouts waiting for about 16 s: several rounds of
+    # the monitor that reports the demand.
+    proc = start_driver("sleep", cluster.address, "--n", "64", "--seconds", "2.0", "--slots-per-worker", "2",
                         "--idle", "1", "--announce", "8", "--wait-release", "--run-id", "joiner")
     try:
         first = json.loads(proc.stdout.readline())
