@@ -21,24 +21,26 @@ DONE_TOKENS = (180, 8)     # usage of the closing answer
 
 
 def make_task(root: Path, name: str, *, instruction: str | None = None, agent_timeout_s: float = 60,
-              verifier_timeout_s: float = 30) -> Path:
-    """A Harbor task asking for ``ANSWER`` in /app/answer.txt (reward 1 when it is there)."""
+              verifier_timeout_s: float = 30, answer: str = ANSWER, difficulty: str = "easy",
+              test_sh: str | None = None) -> Path:
+    """A Harbor task asking for ``answer`` in /app/answer.txt (reward 1 when it is there);
+    ``test_sh`` replaces the shell verifier."""
     d = root / name
     (d / "environment").mkdir(parents=True)
     (d / "tests").mkdir()
     (d / "solution").mkdir()
-    (d / "instruction.md").write_text(instruction or f"Write the number {ANSWER} into /app/answer.txt.\n")
+    (d / "instruction.md").write_text(instruction or f"Write the number {answer} into /app/answer.txt.\n")
     (d / "task.toml").write_text(
-        'version = "1.0"\n\n[metadata]\ndifficulty = "easy"\n\n'
+        f'version = "1.0"\n\n[metadata]\ndifficulty = "{difficulty}"\n\n'
         f"[agent]\ntimeout_sec = {agent_timeout_s}\n\n[verifier]\ntimeout_sec = {verifier_timeout_s}\n\n"
         "[environment]\ncpus = 1\nmemory_mb = 1024\nallow_internet = false\n")
     (d / "environment" / "Dockerfile").write_text("FROM python:3.11-slim\nWORKDIR /app\nCOPY notes.txt /app/notes.txt\n")
     (d / "environment" / "notes.txt").write_text("the answer goes to /app/answer.txt\n")
-    (d / "tests" / "test.sh").write_text(
+    (d / "tests" / "test.sh").write_text(test_sh or (
         "#!/bin/bash\nmkdir -p /logs/verifier\n"
-        f'if [ "$(cat /app/answer.txt 2>/dev/null | tr -d "[:space:]")" = "{ANSWER}" ]; then\n'
-        "  echo 1 > /logs/verifier/reward.txt\nelse\n  echo 0 > /logs/verifier/reward.txt\nfi\n")
-    (d / "solution" / "solve.sh").write_text(f"#!/bin/bash\necho {ANSWER} > /app/answer.txt\n")
+        f'if [ "$(cat /app/answer.txt 2>/dev/null | tr -d "[:space:]")" = "{answer}" ]; then\n'
+        "  echo 1 > /logs/verifier/reward.txt\nelse\n  echo 0 > /logs/verifier/reward.txt\nfi\n"))
+    (d / "solution" / "solve.sh").write_text(f"#!/bin/bash\necho {answer} > /app/answer.txt\n")
     return d
 
 

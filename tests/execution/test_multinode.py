@@ -70,24 +70,37 @@ def test_two_drivers_on_one_cluster_never_exceed_a_nodes_slots_together(cluster)
     assert max(peaks.values()) <= SLOTS, peaks
 
 
-def test_a_node_added_mid_run_gets_rollouts_and_idle_workers_give_their_slots_back(cluster):
-    # 64 rollouts of 2 s on 8 slots keep rollouts waiting for about 16 s: several rounds of
-    # the monitor that reports the demand.
-    proc = start_driver("sleep", cluster.address, "--n", "64", "--seconds", "2.0", "--slots-per-worker", "2",
-                        "--idle", "1", "--announce", "8", "--wait-release", "--run-id", "joiner")
+def _change_cluster_mid_run(cluster: SlotCluster, change, *driver_args: str) -> dict:
+    """Start a sleeping-rollout driver, wait until every slot runs a rollout, call
+    ``change(first_report)`` (which changes the cluster), let the driver go on and return
+    its summary."""
+    proc = start_driver("sleep", cluster.address, *driver_args)
     try:
         first = json.loads(proc.stdout.readline())
         assert first["running"] == 2 * SLOTS, first
-        # Rollouts are waiting: the pending workers' slots are the demand Ray reports to
-        # the autoscaler (what makes it add a node).
-        assert first["demand"] >= 2
-        joined = cluster.add_worker()
+        change(first)
         stdout, stderr = proc.communicate(input="\n", timeout=240)  # go on
     finally:
         if proc.poll() is None:
             proc.kill()
     assert proc.returncode == 0, stderr[-3000:]
-    out = json.loads(stdout.strip().splitlines()[-1])
+    return json.loads(stdout.strip().splitlines()[-1])
+
+
+def test_a_node_added_mid_run_gets_rollouts_and_idle_workers_give_their_slots_back(cluster):
+    # 64 rollouts of 2 s on 8 slots keep rollouts waiting for about 16 s: several rounds of
+    # the monitor that reports the demand.
+    joined = []
+
+    def add_a_node(first: dict) -> None:
+        # Rollouts are waiting: the pending workers' slots are the demand Ray reports to
+        # the autoscaler (what makes it add a node).
+        assert first["demand"] >= 2
+        joined.append(cluster.add_worker())
+
+    out = _change_cluster_mid_run(cluster, add_a_node, "--n", "64", "--seconds", "2.0", "--slots-per-worker", "2",
+                                  "--idle", "1", "--announce", "8", "--wait-release", "--run-id", "joiner")
+    joined = joined[0]
     rows = out["rows"]
     assert len(rows) == 64 and all(r["error_kind"] is None for r in rows)
     assert node_prefix(joined) in _nodes(rows), _nodes(rows)
@@ -101,18 +114,8 @@ def test_a_node_added_mid_run_gets_rollouts_and_idle_workers_give_their_slots_ba
 
 def test_rollouts_lost_with_a_node_are_retried_on_the_nodes_that_remain(cluster):
     doomed = cluster.workers[-1]
-    proc = start_driver("sleep", cluster.address, "--n", "32", "--seconds", "1.0", "--announce", str(2 * SLOTS),
-                        "--run-id", "doomed")
-    try:
-        first = json.loads(proc.stdout.readline())
-        assert first["running"] == 2 * SLOTS, first
-        cluster.remove_worker(doomed)
-        stdout, stderr = proc.communicate(input="\n", timeout=240)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    assert proc.returncode == 0, stderr[-3000:]
-    out = json.loads(stdout.strip().splitlines()[-1])
+    out = _change_cluster_mid_run(cluster, lambda first: cluster.remove_worker(doomed), "--n", "32", "--seconds", "1.0",
+                                  "--announce", str(2 * SLOTS), "--run-id", "doomed")
     rows = out["rows"]
     assert len(rows) == 32 and all(r["error_kind"] is None for r in rows)
     retried = [r for r in rows if r["attempts"] > 1]

@@ -10,33 +10,25 @@ trajectory; each test reads one part of that report.
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 from milo_ray.harness.model import Harness
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "execution"))
+from real_tasks import make_task  # noqa: E402
 
 SECRET_ANSWER = "7319"
 
 
 def make_secret_task(root: Path, name: str = "secret", *, agent_timeout_s: float = 60) -> Path:
-    d = root / name
-    (d / "environment").mkdir(parents=True)
-    (d / "tests").mkdir()
-    (d / "solution").mkdir()
-    (d / "instruction.md").write_text("Write the secret number into /app/answer.txt.\n")
-    (d / "task.toml").write_text(
-        'version = "1.0"\n\n[metadata]\ndifficulty = "hard"\n\n'
-        f"[agent]\ntimeout_sec = {agent_timeout_s}\n\n[verifier]\ntimeout_sec = 30\n\n"
-        "[environment]\ncpus = 1\nmemory_mb = 1024\nallow_internet = false\n")
-    (d / "environment" / "Dockerfile").write_text("FROM python:3.11-slim\nWORKDIR /app\nCOPY notes.txt /app/notes.txt\n")
-    (d / "environment" / "notes.txt").write_text("the answer goes to /app/answer.txt\n")
     # The verifier runs python, as most real ones do (so a hook planted where python looks
     # would run in the verifier, if the verifier shared the agent's home or /tmp).
-    (d / "tests" / "test.sh").write_text(
-        "#!/bin/bash\nmkdir -p /logs/verifier\ncd /tmp\n"
-        "python3 -c \"import os; a = open('/app/answer.txt').read().strip() if os.path.exists('/app/answer.txt') "
-        f"else ''; open('/logs/verifier/reward.txt', 'w').write('1' if a == '{SECRET_ANSWER}' else '0')\"\n")
-    (d / "solution" / "solve.sh").write_text(f"#!/bin/bash\necho {SECRET_ANSWER} > /app/answer.txt\n")
-    return d
+    test_sh = ("#!/bin/bash\nmkdir -p /logs/verifier\ncd /tmp\n"
+               "python3 -c \"import os; a = open('/app/answer.txt').read().strip() if os.path.exists('/app/answer.txt') "
+               f"else ''; open('/logs/verifier/reward.txt', 'w').write('1' if a == '{SECRET_ANSWER}' else '0')\"\n")
+    return make_task(root, name, instruction="Write the secret number into /app/answer.txt.\n",
+                     agent_timeout_s=agent_timeout_s, answer=SECRET_ANSWER, difficulty="hard", test_sh=test_sh)
 
 
 _AGENT = '''
