@@ -53,8 +53,9 @@ FILE_LIMIT_MB = 64
 # releases) and reads its provider from config: the arguments define a provider of its
 # own (``model_providers.milo_gateway``) so that it never falls back to OpenAI's endpoint,
 # its login or its WebSocket transport, and leave retrying to the gateway (whose retries
-# are the run's policy). Its own sandbox is bypassed: it would nest a second bwrap inside
-# this one, which an unprivileged user cannot create, and this sandbox is the boundary.
+# are the run's policy). Its own sandbox is bypassed, as Codex documents for a run that is
+# sandboxed from outside: this sandbox is the boundary, and a second one nested inside it
+# works only where the host lets an unprivileged user create namespaces within it.
 CODEX_PROVIDER = "milo_gateway"
 PRESET_GATEWAY: dict[str, dict[str, Any]] = {
     "claude": {"api": "anthropic", "base_url_env": "ANTHROPIC_BASE_URL", "token_env": ("ANTHROPIC_AUTH_TOKEN",),
