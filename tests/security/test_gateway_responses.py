@@ -67,7 +67,7 @@ def test_a_plain_call_goes_to_the_configured_model_and_is_metered_as_the_upstrea
     token = gw.issue_token(role="mutator", caller="plain")
     since = len(srv.answered)
     got = client(token).responses.create(model="gpt-the-client-wants", input="say something", max_output_tokens=999,
-                                         instructions="be brief",
+                                         instructions="be brief", tool_choice={"type": "web_search"},
                                          tools=[SHELL, {"type": "web_search"}, {"type": "file_search",
                                                                                "vector_store_ids": ["vs_1"]}])
     assert got.output_text == "plain answer"
@@ -77,6 +77,7 @@ def test_a_plain_call_goes_to_the_configured_model_and_is_metered_as_the_upstrea
     # (web search, file search) never left the gateway.
     assert sent["model"] == "scripted" and sent["max_tokens"] == 64
     assert [t["function"]["name"] for t in sent["tools"]] == ["shell"] and "web_search_options" not in sent
+    assert sent.get("tool_choice") in (None, "auto")
     assert sent["messages"][0] == {"role": "system", "content": "be brief"}
     metered = gw.metered(token)
     assert (metered["input_tokens"], metered["output_tokens"]) == _billed(srv, since) == (11, 3)

@@ -62,6 +62,9 @@ def request_kwargs(cfg: Any, key: str | None, body: Mapping[str, Any]) -> dict[s
         if not kwargs["tools"]:
             del kwargs["tools"]
             kwargs.pop("tool_choice", None)
+    choice = kwargs.get("tool_choice")
+    if isinstance(choice, Mapping) and choice.get("type") not in (*CLIENT_TOOL_TYPES, "allowed_tools"):
+        del kwargs["tool_choice"]  # it names a provider-run tool, dropped above
     kwargs.update(model=str(_field(cfg, "solver")), store=False, use_chat_completions_api=True,
                   drop_params=True, max_retries=0, num_retries=0)
     if key:
