@@ -311,6 +311,13 @@ MUTATIONS: tuple[Mutation, ...] = (
         "a sandboxed CLI mutator reaches the host's network besides the gateway",
     ),
     Mutation(
+        "responses-unmetered", "milo_ray/execution/gateway/responses.py",
+        "    return Answer(answer, tin, tout, retries)", "    return Answer(answer, 0, 0, retries)",
+        ("tests/security/test_gateway_responses.py",
+         "tests/agents/test_cli_mutator_codex.py::test_codex_runs_sandboxed_against_the_gateway_keyless_and_is_charged_what_the_gateway_metered"),
+        "a Responses-API call (Codex's) is forwarded but not metered: the mutation looks free",
+    ),
+    Mutation(
         "cli-token-not-revoked", "milo_ray/agents/mutators/cli.py",
         "                gateway.revoke_token(token)", "                pass",
         ("tests/agents/test_cli_mutator_sandbox.py",),

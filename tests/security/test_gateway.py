@@ -91,8 +91,13 @@ def outcome(tmp_path):
         out["messages_fail"] = await _post(gw.socket_path, grant.token,
                                            {**ask, "messages": [{"role": "user", "content": "fail"}]}, path)
         out["messages_unknown"] = await _post(gw.socket_path, "not-a-token", ask, path)
-        out["responses"] = await _post(gw.socket_path, grant.token, {"input": "hi"}, "/openai/v1/responses")
         out["messages_calls"] = list(grant.calls)
+        # The Responses route, on a grant of its own (tests/security/test_gateway_responses.py has the rest).
+        grant = gw.issue("r", call_cap=10)
+        seen.clear()
+        out["responses"] = await _post(gw.socket_path, grant.token, {"input": "fail", "model": "x"},
+                                       "/openai/v1/responses")
+        out["responses_seen"], out["responses_calls"] = list(seen), list(grant.calls)
         await gw.close()
         await upstream.cleanup()
         return out
@@ -156,8 +161,15 @@ def test_a_streamed_messages_call_is_delivered_as_messages_events(outcome):
     assert events[-2]["usage"]["output_tokens"] == 1
 
 
-def test_messages_refusals_and_the_unserved_responses_api(outcome):
+def test_messages_refusals(outcome):
     assert outcome["messages_fail"][0] == 401 and KEY not in outcome["messages_fail"][1]
     assert outcome["messages_unknown"][0] == 401
+
+
+def test_a_responses_call_goes_upstream_with_the_key_and_its_error_never_echoes_it(outcome):
     status, text = outcome["responses"]
-    assert status == 501 and "Responses API" in text and "/v1/messages" in text
+    ((body, auth),) = outcome["responses_seen"]
+    assert body["model"] == "m" and auth == f"Bearer {KEY}"
+    assert status == 401 and "bad credentials" in text and KEY not in text
+    (failed,) = outcome["responses_calls"]
+    assert failed["error"] and KEY not in failed["error"]

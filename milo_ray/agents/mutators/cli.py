@@ -22,7 +22,8 @@ Where the CLI runs (a CLI reads task-derived text and runs commands: it is untru
   files read-only, a scratch HOME, a clean environment, no network but a relay to the run's
   model ``gateway``, to which the CLI's provider base URL points, with a per-call token the
   gateway issues and revokes instead of a key (Claude Code: ``ANTHROPIC_BASE_URL`` and
-  ``ANTHROPIC_AUTH_TOKEN``; Codex: ``OPENAI_BASE_URL`` and ``OPENAI_API_KEY``; a custom
+  ``ANTHROPIC_AUTH_TOKEN``, the Messages API; Codex: a ``model_providers`` entry given with
+  ``-c`` -- the gateway's URL, the Responses API, the token in ``OPENAI_API_KEY``; a custom
   ``command`` names its variables in ``base_url_env``/``token_env``). No key is given to it:
   ``pass_env`` may not name a credential;
 * with ``trusted_host: true`` only, on the host as the user (for a CLI that cannot be
@@ -82,7 +83,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from milo_ray.agents.mutators.cli_sandbox import (PRESET_GATEWAY, ModelGateway, UnixRelay, gateway_address,
-                                                  inside_url, readonly_paths, run_in_sandbox)
+                                                  gateway_args, inside_url, readonly_paths, run_in_sandbox)
 from milo_ray.agents.mutators.cli_usage import USAGE_FORMATS, CliUsage, parse_output
 from milo_ray.agents.mutators.workspace import collect, prepare, template_for
 from milo_ray.agents.protocols import MutationRequest, MutationResult
@@ -91,19 +92,23 @@ from milo_ray.agents.usage import AgentUsage
 PLACEHOLDERS = ("prompt", "prompt_file", "workspace", "output_path", "model")
 
 # Presets: argv templates of the two CLIs the search is used with. ``--permission-mode
-# acceptEdits`` lets Claude Code write files without asking (``-p`` cannot ask);
-# Codex's default sandbox for ``exec`` is read-only, ``workspace-write`` lets it write
-# under its working directory (the workspace) and read everywhere.
+# acceptEdits`` lets Claude Code write files without asking (``-p`` cannot ask).
+# ``host_args`` are added on the host only (``trusted_host``): there Codex's own sandbox is
+# all there is, and its default for ``exec`` is read-only; ``workspace-write`` lets it write
+# under its working directory (the workspace) and read everywhere. In the bwrap sandbox the
+# preset's gateway arguments (:data:`~.cli_sandbox.PRESET_GATEWAY`) are added instead.
 PRESETS: dict[str, dict[str, Any]] = {
     "claude": {
         "command": ["claude", "-p", "{prompt}", "--output-format", "json", "--permission-mode", "acceptEdits"],
         "model_args": ["--model", "{model}"],
+        "host_args": [],
         "read_dir_flag": "--add-dir",
         "usage_format": "claude_json",
     },
     "codex": {
-        "command": ["codex", "exec", "--json", "--skip-git-repo-check", "--sandbox", "workspace-write", "{prompt}"],
+        "command": ["codex", "exec", "--json", "--skip-git-repo-check", "{prompt}"],
         "model_args": ["-m", "{model}"],
+        "host_args": ["--sandbox", "workspace-write"],
         "read_dir_flag": None,
         "usage_format": "codex_jsonl",
     },
@@ -170,7 +175,8 @@ class CliMutator:
             if preset not in PRESETS:
                 raise ValueError(f"CliMutator: preset={preset!r}; expected one of {sorted(PRESETS)}")
             p = PRESETS[preset]
-            argv = list(p["command"]) + (list(p["model_args"]) if model else [])
+            argv = (list(p["command"]) + (list(p["model_args"]) if model else [])
+                    + (list(p["host_args"]) if trusted_host else []))
             read_dir_flag = p["read_dir_flag"]
             usage_format = usage_format or p["usage_format"]
         else:
@@ -335,7 +341,7 @@ class CliMutator:
             paths["prompt.md"].write_text(prompt, encoding="utf-8")
             (scratch / "logs").mkdir(exist_ok=True)
             (scratch / "logs" / "prompt.md").write_text(prompt, encoding="utf-8")
-            argv = self._argv(exe, prompt, "/logs/prompt.md", ws)
+            argv = self._argv(exe, prompt, "/logs/prompt.md", ws) + gateway_args(vars_, inside_url(url))
             token = gateway.issue_token(role="mutator", caller=self.name)
             env = {k: os.environ[k] for k in ("LANG",) if k in os.environ}
             env.update({k: os.environ[k] for k in self.pass_env if k in os.environ})

@@ -14,9 +14,10 @@ network. Its one way out is the gateway:
   be connected to), and :data:`RELAY_SCRIPT`, started before the CLI, listens on
   ``127.0.0.1:<port>`` inside the sandbox's own network namespace and forwards to the socket;
 * the CLI's provider base URL points at that loopback address (Claude Code:
-  ``ANTHROPIC_BASE_URL`` + ``ANTHROPIC_AUTH_TOKEN``; Codex: ``OPENAI_BASE_URL`` +
-  ``OPENAI_API_KEY``/``CODEX_API_KEY``), and the token it presents is one the gateway issued
-  for this call alone and revokes when the call ends.
+  ``ANTHROPIC_BASE_URL`` + ``ANTHROPIC_AUTH_TOKEN``; Codex: a ``model_providers`` entry of
+  its config, given with ``-c``, whose ``base_url`` is that address, ``wire_api`` the
+  Responses API and ``env_key`` ``OPENAI_API_KEY``), and the token it presents is one the
+  gateway issued for this call alone and revokes when the call ends.
 
 The gateway is any object with the :class:`ModelGateway` protocol (the run's host-side
 gateway, or a test's fake). Only ``http://`` gateways on the host are supported: the relay
@@ -43,16 +44,42 @@ SANDBOX_PORT = 18080
 SOCKET_NAME = "gateway.sock"
 # Largest file the CLI may write (RLIMIT_FSIZE): its transcript and stderr land in /logs.
 FILE_LIMIT_MB = 64
-# How each preset reaches a gateway: the API flavour it speaks and the variables that take
-# the base URL and the token. ANTHROPIC_API_KEY is set empty: any value would take
-# precedence over ANTHROPIC_AUTH_TOKEN (and bypass the gateway's token).
+# How each preset reaches a gateway: the API flavour it speaks, the variables that take
+# the base URL and the token, and arguments that point it there (``{base_url}``: the URL as
+# the CLI sees it, ``{token_env}``: the token's variable). ANTHROPIC_API_KEY is set empty:
+# any value would take precedence over ANTHROPIC_AUTH_TOKEN (and bypass the gateway's token).
+#
+# Codex speaks only the Responses API (``wire_api = "chat"`` is refused by current
+# releases) and reads its provider from config: the arguments define a provider of its
+# own (``model_providers.milo_gateway``) so that it never falls back to OpenAI's endpoint,
+# its login or its WebSocket transport, and leave retrying to the gateway (whose retries
+# are the run's policy). Its own sandbox is bypassed, as Codex documents for a run that is
+# sandboxed from outside: this sandbox is the boundary, and a second one nested inside it
+# works only where the host lets an unprivileged user create namespaces within it.
+CODEX_PROVIDER = "milo_gateway"
 PRESET_GATEWAY: dict[str, dict[str, Any]] = {
     "claude": {"api": "anthropic", "base_url_env": "ANTHROPIC_BASE_URL", "token_env": ("ANTHROPIC_AUTH_TOKEN",),
                "extra": {"ANTHROPIC_API_KEY": "", "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
-                         "DISABLE_AUTOUPDATER": "1"}},
-    "codex": {"api": "openai", "base_url_env": "OPENAI_BASE_URL", "token_env": ("OPENAI_API_KEY", "CODEX_API_KEY"),
-              "extra": {}},
+                         "DISABLE_AUTOUPDATER": "1"},
+               "args": ()},
+    "codex": {"api": "openai", "base_url_env": "OPENAI_BASE_URL", "token_env": ("OPENAI_API_KEY",),
+              "extra": {},
+              "args": ("--dangerously-bypass-approvals-and-sandbox",
+                       "-c", f'model_provider="{CODEX_PROVIDER}"',
+                       "-c", f'model_providers.{CODEX_PROVIDER}.name="milo model gateway"',
+                       "-c", f'model_providers.{CODEX_PROVIDER}.base_url="{{base_url}}"',
+                       "-c", f'model_providers.{CODEX_PROVIDER}.env_key="{{token_env}}"',
+                       "-c", f'model_providers.{CODEX_PROVIDER}.wire_api="responses"',
+                       "-c", f"model_providers.{CODEX_PROVIDER}.supports_websockets=false",
+                       "-c", f"model_providers.{CODEX_PROVIDER}.request_max_retries=0",
+                       "-c", f"model_providers.{CODEX_PROVIDER}.stream_max_retries=0")},
 }
+
+
+def gateway_args(vars_: dict[str, Any], base_url: str) -> list[str]:
+    """The preset's arguments that point its CLI at the gateway (see :data:`PRESET_GATEWAY`)."""
+    return [a.replace("{base_url}", base_url).replace("{token_env}", vars_["token_env"][0])
+            for a in vars_.get("args", ())]
 
 
 @runtime_checkable
@@ -227,12 +254,15 @@ class SandboxedRun:
 
 def readonly_paths(exe: str, extra: Sequence[str], external: Sequence[str]) -> list[str]:
     """Host paths the CLI's sandbox shows read-only besides the system directories: the
-    CLI's install directory (where its executable really lives), this interpreter (a
-    script CLI's shebang), ``extra`` (``sandbox_readonly``) and the lineage files the
-    snapshot names."""
+    CLI's install directory (where its executable really lives; for a CLI installed from
+    npm, the ``node_modules`` directory holding its package, whose launcher finds the
+    platform binary in a sibling package), this interpreter (a script CLI's shebang),
+    ``extra`` (``sandbox_readonly``) and the lineage files the snapshot names."""
     from milo_ray.execution.sandbox.interpreter import interpreter_paths
 
-    paths = [os.path.dirname(os.path.realpath(exe)), os.path.dirname(os.path.abspath(exe))]
+    real = os.path.realpath(exe)
+    paths = [os.path.dirname(real), os.path.dirname(os.path.abspath(exe))]
+    paths += [str(d) for d in Path(real).parents if d.name == "node_modules"][:1]
     paths += interpreter_paths() + [str(p) for p in extra] + list(external)
     out: list[str] = []
     for p in paths:

@@ -1,5 +1,6 @@
 """The model gateway: an OpenAI-compatible ``/v1/chat/completions`` endpoint (and an
-Anthropic ``/v1/messages`` one, :mod:`.messages`) on a Unix socket, run by the rollout worker on its own event loop, holding the provider key.
+Anthropic ``/v1/messages`` one, :mod:`.messages`, and an OpenAI Responses ``/v1/responses``
+one, :mod:`.responses`) on a Unix socket, run by the rollout worker on its own event loop, holding the provider key.
 
 Sandboxed harnesses reach it through the socket bound into their sandbox (relayed to a
 loopback port inside, :mod:`milo_ray.execution.harness_process_backend`), with the bearer
@@ -118,14 +119,9 @@ class ModelGateway:
         return self.grants.find(token)
 
     async def _responses(self, request: Any) -> Any:
-        from aiohttp import web
+        from milo_ray.execution.gateway import responses
 
-        # Not served: a Responses-API client (Codex) needs it; say so plainly rather than
-        # answer 404 to a client that would retry or report a bare "not found".
-        return _error(web, Refusal(501, "unsupported_api",
-                                   "this model gateway serves /v1/chat/completions and /v1/messages, not the OpenAI "
-                                   "Responses API (/v1/responses); point the client at chat completions, or run it "
-                                   "with trusted_host: true"))
+        return await self._serve(request, responses)
 
     async def _chat(self, request: Any) -> Any:
         return await self._serve(request, upstream)
