@@ -176,3 +176,11 @@ def test_each_call_gets_its_own_token(tmp_path, captured):
     assert len(set(tokens)) == 2
     # Each call is charged its own calls only.
     assert [(o.usage.input_tokens, o.usage.output_tokens) for o in (first, second)] == [(2300, 480)] * 2
+
+
+def test_a_missing_key_is_named_before_any_model_call(tmp_path, captured):
+    with KeyRecordingServer(sa.mutator_policy) as srv:
+        out = DeepAgentsMutator(llm(srv)).mutate(make_request(tmp_path))
+    assert out.child is None and f"the environment variable {KEY_ENV} is not set" in out.error, out.error
+    assert out.error.startswith("mutator setup failed: ") and not srv.requests and not captured
+    assert out.usage.cost_usd == 0.0 and out.usage.tokens == 0

@@ -130,6 +130,7 @@ class DeepAgentsMutator:
         return MutationGateway.shared(self.llm)
 
     def _run(self, request: MutationRequest, template: str) -> MutationResult:
+        from milo_ray.agents.llm import check_credentials
         from milo_ray.agents.prompts import render_from
         from milo_ray.execution.sandbox.base import SandboxSpec
         from milo_ray.execution.trajectory import TrajectoryRecorder
@@ -147,6 +148,8 @@ class DeepAgentsMutator:
                 factory = _factory(ws.external_dirs(), self.sandbox_kwargs)
                 spec = SandboxSpec(task_id=f"mutation-{request.seed}", workdir=AGENT_ROOT, allow_internet=False)
                 sandbox = factory.open(spec, scratch)
+                # A missing key is named here, not as an opaque refusal of the provider's.
+                check_credentials(self.llm.model_config())
                 # The token is revoked when this block ends: a call the agent left running
                 # past its cap is refused from then on, and the usage below is final.
                 with metered_chat_model(self.llm, self.gateway(), role="mutator",
