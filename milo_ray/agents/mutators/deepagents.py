@@ -69,6 +69,8 @@ log = logging.getLogger(__name__)
 AGENT_ROOT = "/workspace"
 TEMPLATES = ("mutate", "mutate_optimizer", "graft", "ssr_optimize", "ssr_optimize_optimizer")
 TRANSCRIPT_SUFFIX = ".transcript.json"
+# The search role each set of instructions serves (the label of the call's gateway grant).
+_ROLES = {"graft": "orchestrator", "ssr_optimize": "optimizer", "ssr_optimize_optimizer": "optimizer"}
 # Per-command limit of the agent's shell: a mutation's commands are reads, greps and an
 # import check, never long jobs; the mutator's own cap bounds the whole run anyway.
 DEFAULT_SANDBOX = {"command_timeout_s": 300.0}
@@ -150,9 +152,10 @@ class DeepAgentsMutator:
                 sandbox = factory.open(spec, scratch)
                 # A missing key is named here, not as an opaque refusal of the provider's.
                 check_credentials(self.llm.model_config())
-                # The token is revoked when this block ends: a call the agent left running
-                # past its cap is refused from then on, and the usage below is final.
-                with metered_chat_model(self.llm, self.gateway(), role="mutator",
+                # The token is revoked when this block ends: nothing the agent left behind
+                # can call the model with it. The usage read below counts every call the
+                # gateway finished (one still in flight past the cap leaves USD unknown).
+                with metered_chat_model(self.llm, self.gateway(), role=_ROLES.get(template, "mutator"),
                                         caller=f"{self.name}:{template}") as call:
                     agent = self._agent(call.model, sandbox)
                     error = _run_coroutine(lambda: self._drive(agent, prompt, transcript, sandbox))
