@@ -323,6 +323,13 @@ MUTATIONS: tuple[Mutation, ...] = (
         ("tests/agents/test_cli_mutator_sandbox.py",),
         "a CLI mutator's per-call gateway token stays valid after its call",
     ),
+    Mutation(
+        "search-agent-model-direct", "milo_ray/agents/role_llm.py",
+        'model = gateway_chat_model(llm.model_config(), base_url=gateway.local_url("openai"), token=token)',
+        "from milo_ray.agents.llm import build_chat_model; model = build_chat_model(llm.model_config())",
+        ("tests/agents/test_search_agents_gateway.py",),
+        "the search's coding agents (mutator, graft, SSR optimizer) call the provider with the key, unmetered",
+    ),
 )
 
 

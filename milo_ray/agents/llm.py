@@ -4,8 +4,9 @@ later, the search's own LLM agents.
 Owns :func:`api_key` (credentials come only from the environment variable the config
 names; a missing one is a one-line error naming it), :func:`build_chat_model` (a
 ``SolverChatLiteLLM``, the LangChain ``ChatLiteLLM`` with the config's retries, backoff,
-request timeout and shared rate limit), :func:`retryable` (which failures are retried)
-and :func:`usage_of` / :func:`price` (an answer's :class:`AgentUsage`: tokens from
+request timeout and shared rate limit), :func:`gateway_chat_model` (the same class
+pointed at a model gateway with a per-call token instead of a key), :func:`retryable`
+(which failures are retried) and :func:`usage_of` / :func:`price` (an answer's :class:`AgentUsage`: tokens from
 ``usage_metadata``, USD from the config's prices, else litellm's local price map, else
 unknown). Per-call records for the trajectory and ``agent_calls`` come from
 :mod:`milo_ray.agents.solver_calls`; the limiter from :mod:`milo_ray.agents.rate_limit`.
@@ -138,6 +139,29 @@ def build_chat_model(cfg: Any, *, rate_limiter: Any = "config", callbacks: list[
         kwargs["model_kwargs"] = {"extra_body": extra}
     if callbacks:
         kwargs["callbacks"] = list(callbacks)
+    return _solver_class()(**kwargs)
+
+
+def gateway_chat_model(cfg: Any, *, base_url: str, token: str) -> Any:
+    """A :class:`SolverChatLiteLLM` for ``cfg``'s model that reaches it only through a
+    model gateway: ``base_url`` (the gateway's OpenAI-compatible ``.../v1``) and ``token``
+    (the gateway's per-call grant) as its key, never the provider's key or endpoint. The
+    gateway holds those, retries and rate-limits the provider and meters every call, so
+    this client does neither: no retries (each would multiply the gateway's), no limiter,
+    and a request timeout that covers the gateway's own retries inside one request."""
+    solver = _field(cfg, "solver")
+    if not solver:
+        raise ValueError("model.solver: not set; give a litellm model string such as openai/NAME")
+    kwargs: dict[str, Any] = {"model": str(solver), "custom_llm_provider": "openai", "api_base": base_url,
+                              "api_key": token, "temperature": _field(cfg, "temperature"),
+                              "max_retries": 0, "request_limiter": None}
+    if _field(cfg, "max_output_tokens") is not None:
+        kwargs["max_tokens"] = int(_field(cfg, "max_output_tokens"))
+    timeout = _field(cfg, "request_timeout_s")
+    if timeout is not None:
+        retries = int(_field(cfg, "max_retries", 3))
+        kwargs["request_timeout"] = (float(timeout) * (retries + 1) + retries * float(_field(cfg, "retry_max_s", 60.0))
+                                     + 60.0)
     return _solver_class()(**kwargs)
 
 

@@ -3,8 +3,10 @@ the same litellm client, retries, shared rate limit and pricing as the solver.
 
 Owns :class:`RoleLLM` (one role's model settings, checked with errors that name the
 field), :func:`chat_model` (its LangChain chat model, built by
-:func:`milo_ray.agents.llm.build_chat_model`), :func:`ask` (one chat call and what it
-cost) and :func:`total_usage` (the spend of many calls as one ``agent_calls`` row).
+:func:`milo_ray.agents.llm.build_chat_model`), :func:`metered_chat_model` (the chat
+model of one agent call that reaches the role's model only through a model gateway, and
+what the gateway metered for it), :func:`ask` (one chat call and what it cost) and
+:func:`total_usage` (the spend of many calls as one ``agent_calls`` row).
 
 ``backend=litellm`` gives every role the same model (``backend.model``,
 ``backend.api_base``, ``backend.api_key_env``...); a role's spec may override any field
@@ -16,9 +18,10 @@ on first use.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from dataclasses import asdict, dataclass, fields
-from typing import Any, Mapping, Sequence
+from typing import Any, Iterator, Mapping, Protocol, Sequence
 
 from milo_ray.agents.usage import AgentUsage
 
@@ -85,6 +88,62 @@ def chat_model(llm: RoleLLM, *, callbacks: list[Any] | None = None) -> Any:
     from milo_ray.agents.llm import build_chat_model
 
     return build_chat_model(llm.model_config(), callbacks=callbacks)
+
+
+class MeteringGateway(Protocol):
+    """A model gateway as an in-process agent uses it
+    (:class:`milo_ray.execution.gateway.mutation.MutationGateway`): ``local_url(api)`` is
+    its OpenAI-compatible ``http://.../v1`` base, ``issue_token`` a grant for one agent
+    call, ``revoke_token`` ends it (the gateway refuses it from then on), ``metered`` and
+    ``calls`` are what its calls cost as the gateway recorded them."""
+
+    def local_url(self, api: str = "openai") -> str: ...
+
+    def issue_token(self, *, role: str, caller: str) -> str: ...
+
+    def revoke_token(self, token: str) -> None: ...
+
+    def metered(self, token: str) -> dict[str, Any] | None: ...
+
+    def calls(self, token: str) -> list[dict[str, Any]]: ...
+
+
+class MeteredCall:
+    """One agent call's chat model (``model``: keyless, holding only ``token``) and its
+    spend as the gateway metered it."""
+
+    def __init__(self, gateway: MeteringGateway, token: str, model: Any) -> None:
+        self.gateway, self.token, self.model = gateway, token, model
+
+    def usage(self, *, seconds: float, error: str | None = None) -> AgentUsage:
+        """The call's usage from the gateway's ledger: tokens, USD (None when a call is
+        unpriced or was still in flight when read), retries; the caller's wall clock."""
+        m = self.gateway.metered(self.token) or {}
+        return AgentUsage(int(m.get("input_tokens") or 0), int(m.get("output_tokens") or 0),
+                          m.get("cost_usd") if m else None, seconds=float(seconds),
+                          retries=int(m.get("retries") or 0), error=error)
+
+    def calls(self) -> list[dict[str, Any]]:
+        """Every model call of the token (``SolverCall.as_dict()`` rows), as metered."""
+        return self.gateway.calls(self.token)
+
+
+@contextlib.contextmanager
+def metered_chat_model(llm: RoleLLM, gateway: MeteringGateway, *, role: str, caller: str) -> Iterator[MeteredCall]:
+    """The role's chat model for one agent call, reaching its model only through
+    ``gateway`` with a token issued for this call (the chat model never holds the key or
+    the endpoint; see :func:`milo_ray.agents.llm.gateway_chat_model`). The token is
+    revoked when the block ends, so whatever the agent left running is refused from then
+    on; read the usage after the block. Every search agent that runs a model loop in this
+    process builds its chat model here."""
+    from milo_ray.agents.llm import gateway_chat_model
+
+    token = gateway.issue_token(role=role, caller=caller)
+    try:
+        model = gateway_chat_model(llm.model_config(), base_url=gateway.local_url("openai"), token=token)
+        yield MeteredCall(gateway, token, model)
+    finally:
+        gateway.revoke_token(token)
 
 
 def recorder(llm: RoleLLM) -> Any:

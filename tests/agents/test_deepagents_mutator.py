@@ -134,7 +134,7 @@ def test_the_backend_refusal_sees_through_dot_dot_and_prefixes():
 def test_an_agent_slower_than_its_cap_is_stopped_quickly(tmp_path):
     req = make_request(tmp_path)
     with ScriptedOpenAIServer(sa.slow_policy(60.0)) as srv:
-        DeepAgentsMutator(spec(srv)["llm"]).chat_model()  # warm the model client's imports outside the clock
+        DeepAgentsMutator(spec(srv)["llm"]).gateway().local_url()  # start the gateway (litellm) outside the clock
         t0 = time.monotonic()
         out = run_mutation(spec(srv, time_cap_s=2.0), req, time_cap_s=20, validation=NO_VALIDATION)
         elapsed = time.monotonic() - t0
@@ -192,7 +192,7 @@ def test_lineage_nodes_named_by_the_snapshot_are_readable_at_their_host_paths(tm
 def test_the_constructor_checks_its_fields_without_calling_the_model():
     llm = {"model": "openai/scripted", "api_base": "http://127.0.0.1:9", "api_key_env": KEY}
     m = DeepAgentsMutator(llm)
-    assert m.name == "deepagents:openai/scripted" and m._model is None
+    assert m.name == "deepagents:openai/scripted"
     with pytest.raises(ValueError, match="mutator.instructions"):
         DeepAgentsMutator(llm, instructions="rewrite")
     with pytest.raises(ValueError, match="mutator.sandbox"):

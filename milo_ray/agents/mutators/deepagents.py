@@ -13,18 +13,24 @@ One call, step by step:
 2. a bwrap sandbox (no network) mounts it at ``/workspace`` as its working directory,
    with the host's system read-only and the lineage nodes the snapshot names
    (:meth:`Workspace.external_dirs`) read-only at their own paths;
-3. the agent gets the instructions as its task and a backend whose file tools
+3. the agent's chat model reaches the role's model only through this process's model
+   gateway (:class:`~milo_ray.execution.gateway.mutation.MutationGateway`, built by
+   :func:`~milo_ray.agents.role_llm.metered_chat_model`): a loopback ``http://`` base URL
+   and a token issued for this call, revoked when it ends; the key stays in the gateway;
+4. the agent gets the instructions as its task and a backend whose file tools
    (``write_file``, ``edit_file``, ``delete``, uploads) refuse every path outside
    ``/workspace/out``; shell commands can still change the workspace's copies, which
    :meth:`Workspace.child` then names in its rejection reason;
-4. it runs streamed under ``time_cap_s`` (past it: cancelled, every process in the
+5. it runs streamed under ``time_cap_s`` (past it: cancelled, every process in the
    sandbox killed, ``timed out after Xs``) and ``recursion_limit`` graph steps;
-5. the child is read from ``out/`` and copied to ``request.workdir``; the transcript
-   (every message with its time, and every model call) goes next to the workdir as
-   ``<workdir>.transcript.json``.
+6. the child is read from ``out/`` and copied to ``request.workdir``; the transcript
+   (every message with its time, and every model call as the gateway metered it) goes
+   next to the workdir as ``<workdir>.transcript.json``.
 
 Nothing here raises for a bad child or a failing model: the :class:`MutationResult`
-says why, with the usage of every call made so far.
+says why, with the usage of every call made so far -- the gateway's account of the
+token's calls (tokens, USD, retries), not what the agent or langchain reports; USD is
+unknown (None) when a call was still in flight as the call ended.
 """
 
 from __future__ import annotations
@@ -39,7 +45,6 @@ import tempfile
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import replace
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
@@ -52,11 +57,11 @@ from deepagents.backends.protocol import (
     WriteResult,
 )
 from deepagents.backends.sandbox import BaseSandbox
-from langchain_core.callbacks import BaseCallbackHandler
 
 from milo_ray.agents.mutators.workspace import OUT, collect, prepare, template_for
 from milo_ray.agents.protocols import MutationRequest, MutationResult
-from milo_ray.agents.role_llm import RoleLLM, chat_model, recorder, total_usage
+from milo_ray.agents.role_llm import MeteredCall, RoleLLM, metered_chat_model
+from milo_ray.agents.usage import AgentUsage
 from milo_ray.execution.sandbox.bwrap import DEFAULT_HOST_READONLY, BwrapSandboxFactory
 
 log = logging.getLogger(__name__)
@@ -64,6 +69,8 @@ log = logging.getLogger(__name__)
 AGENT_ROOT = "/workspace"
 TEMPLATES = ("mutate", "mutate_optimizer", "graft", "ssr_optimize", "ssr_optimize_optimizer")
 TRANSCRIPT_SUFFIX = ".transcript.json"
+# The search role each set of instructions serves (the label of the call's gateway grant).
+_ROLES = {"graft": "orchestrator", "ssr_optimize": "optimizer", "ssr_optimize_optimizer": "optimizer"}
 # Per-command limit of the agent's shell: a mutation's commands are reads, greps and an
 # import check, never long jobs; the mutator's own cap bounds the whole run anyway.
 DEFAULT_SANDBOX = {"command_timeout_s": 300.0}
@@ -72,8 +79,9 @@ DEFAULT_SANDBOX = {"command_timeout_s": 300.0}
 class DeepAgentsMutator:
     """Mutator protocol implementation driving a deepagents coding agent.
 
-    llm: the role's model (a :class:`RoleLLM` mapping; checked here, the model itself is
-        built on the first call). name: display name (default ``deepagents:<model>``).
+    llm: the role's model (a :class:`RoleLLM` mapping; checked here). The gateway holds
+        it and its key; each call's chat model holds only that call's token.
+    name: display name (default ``deepagents:<model>``).
     instructions: one of :data:`TEMPLATES`; None picks per request.
     time_cap_s: wall-clock cap of one agent run. recursion_limit: its graph-step cap.
     sandbox: keyword arguments of :class:`BwrapSandboxFactory` (e.g. ``command_timeout_s``,
@@ -106,8 +114,6 @@ class DeepAgentsMutator:
         self.time_cap_s = float(time_cap_s)
         self.recursion_limit = int(recursion_limit)
         self.keep_workspace = bool(keep_workspace)
-        self._model: Any = None
-        self._model_lock = threading.Lock()
 
     # --- the protocol -----------------------------------------------------------------
     def mutate(self, request: MutationRequest) -> MutationResult:
@@ -118,24 +124,24 @@ class DeepAgentsMutator:
         return self._run(request, self.instructions or "graft")
 
     # --- one call ---------------------------------------------------------------------
-    def chat_model(self) -> Any:
-        # Built once per instance: it holds the HTTP client and the shared rate limiter.
-        with self._model_lock:
-            if self._model is None:
-                self._model = chat_model(self.llm)
-            return self._model
+    def gateway(self) -> Any:
+        """The model gateway this agent's calls go through: this process's gateway for
+        the role's model (started on first use; it holds the key, the agent never does)."""
+        from milo_ray.execution.gateway.mutation import MutationGateway
+
+        return MutationGateway.shared(self.llm)
 
     def _run(self, request: MutationRequest, template: str) -> MutationResult:
+        from milo_ray.agents.llm import check_credentials
         from milo_ray.agents.prompts import render_from
         from milo_ray.execution.sandbox.base import SandboxSpec
         from milo_ray.execution.trajectory import TrajectoryRecorder
 
         t0 = time.monotonic()
-        rec = recorder(self.llm)
-        started = _CallStarts()
         transcript = TrajectoryRecorder()
         scratch = Path(tempfile.mkdtemp(prefix="milo-mutator-"))
         sandbox: Any = None
+        call: MeteredCall | None = None
         error: str | None = None
         try:
             try:
@@ -144,26 +150,35 @@ class DeepAgentsMutator:
                 factory = _factory(ws.external_dirs(), self.sandbox_kwargs)
                 spec = SandboxSpec(task_id=f"mutation-{request.seed}", workdir=AGENT_ROOT, allow_internet=False)
                 sandbox = factory.open(spec, scratch)
-                agent = self._agent(sandbox)
-            except Exception as e:  # the workspace or sandbox could not be set up: no child, no crash
+                # A missing key is named here, not as an opaque refusal of the provider's.
+                check_credentials(self.llm.model_config())
+                # The token is revoked when this block ends: nothing the agent left behind
+                # can call the model with it. The usage read below counts every call the
+                # gateway finished (one still in flight past the cap leaves USD unknown).
+                with metered_chat_model(self.llm, self.gateway(), role=_ROLES.get(template, "mutator"),
+                                        caller=f"{self.name}:{template}") as call:
+                    agent = self._agent(call.model, sandbox)
+                    error = _run_coroutine(lambda: self._drive(agent, prompt, transcript, sandbox))
+            except Exception as e:  # the workspace, sandbox or gateway could not be set up: no child, no crash
                 error = f"mutator setup failed: {type(e).__name__}: {e}"[:2000]
-            else:
-                error = _run_coroutine(lambda: self._drive(agent, prompt, [rec, started], transcript, sandbox))
             seconds = time.monotonic() - t0
             report = _final_text(transcript.messages)
-            _save_transcript(request, template, transcript, rec, error, seconds)
+            calls = call.calls() if call is not None else []
+            _save_transcript(request, template, transcript, calls, error, seconds)
+
+            def usage(why: str | None) -> AgentUsage:
+                # The gateway's ledger, never what the agent or langchain says it spent.
+                if call is None:
+                    return AgentUsage(cost_usd=0.0, seconds=seconds, error=why)
+                return call.usage(seconds=seconds, error=why)
+
             if error is not None:
-                usage = total_usage(rec.calls(), seconds=seconds, error=error)
-                if started.count > len(rec.calls()):
-                    # A call cut off by the cap may still be billed: its spend is unknown.
-                    usage = replace(usage, cost_usd=None)
-                return MutationResult(None, error=error, report=report, usage=usage)
+                return MutationResult(None, error=error, report=report, usage=usage(error))
             child, why = ws.child()
             if child is None:
-                return MutationResult(None, error=why, report=report,
-                                      usage=total_usage(rec.calls(), seconds=seconds, error=why))
+                return MutationResult(None, error=why, report=report, usage=usage(why))
             collect(ws, request.workdir)
-            return MutationResult(child, report=report, usage=total_usage(rec.calls(), seconds=seconds))
+            return MutationResult(child, report=report, usage=usage(None))
         finally:
             if sandbox is not None:
                 sandbox.close()
@@ -172,18 +187,18 @@ class DeepAgentsMutator:
             else:
                 shutil.rmtree(scratch, ignore_errors=True)
 
-    def _agent(self, sandbox: Any) -> Any:
+    def _agent(self, model: Any, sandbox: Any) -> Any:
         from deepagents import create_deep_agent
 
-        return create_deep_agent(self.chat_model(), [], backend=OutOnlyBackend(sandbox, f"{AGENT_ROOT}/{OUT}"))
+        return create_deep_agent(model, [], backend=OutOnlyBackend(sandbox, f"{AGENT_ROOT}/{OUT}"))
 
-    async def _drive(self, agent: Any, prompt: str, callbacks: list[Any], transcript: Any, sandbox: Any) -> str | None:
+    async def _drive(self, agent: Any, prompt: str, transcript: Any, sandbox: Any) -> str | None:
         """Run the agent to its end under the caps; None, or why it stopped short."""
         from langgraph.errors import GraphRecursionError
 
         from milo_ray.execution.agent_executor import is_endpoint_error
 
-        config = {"recursion_limit": self.recursion_limit, "callbacks": callbacks}
+        config = {"recursion_limit": self.recursion_limit}
 
         async def consume() -> None:
             inputs = {"messages": [{"role": "user", "content": prompt}]}
@@ -280,20 +295,6 @@ def _factory(readable: Sequence[str], kwargs: Mapping[str, Any]) -> BwrapSandbox
 
 # --------------------------------------------------------------------------- helpers
 
-class _CallStarts(BaseCallbackHandler):
-    """How many chat calls started (the recorder keeps only finished ones)."""
-
-    raise_error = False
-
-    def __init__(self) -> None:
-        self.count = 0
-        self._lock = threading.Lock()
-
-    def on_chat_model_start(self, serialized: Any, messages: Any, **kwargs: Any) -> None:
-        with self._lock:
-            self.count += 1
-
-
 def _run_coroutine(make: Any) -> Any:
     """Run ``make()`` to completion on a fresh event loop; from a thread that already
     runs one (an async caller), on a helper thread."""
@@ -323,11 +324,11 @@ def transcript_path(request: MutationRequest) -> Path:
     return wd.parent / f"{wd.name}{TRANSCRIPT_SUFFIX}"
 
 
-def _save_transcript(request: MutationRequest, template: str, transcript: Any, rec: Any, error: str | None,
-                     seconds: float) -> None:
+def _save_transcript(request: MutationRequest, template: str, transcript: Any, calls: list[dict[str, Any]],
+                     error: str | None, seconds: float) -> None:
     path = transcript_path(request)
     doc = {"instructions": template, "started_at": transcript.started, "seconds": round(seconds, 3),
-           "error": error, "messages": transcript.steps(), "calls": rec.as_dicts()}
+           "error": error, "messages": transcript.steps(), "calls": calls}
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}")

@@ -1,23 +1,35 @@
-"""The model gateway of a CLI mutation: a :class:`~.server.ModelGateway` started inside
-the process that runs the CLI (the mutation's Ray task), holding the key that task was
-handed, so that the sandboxed CLI gets a per-call token and never the key.
+"""The model gateway of a search agent: a :class:`~.server.ModelGateway` started inside
+the process that runs the agent (the mutation's Ray task), holding the key that task was
+handed, so that the agent gets a per-call token and never the key.
 
-It implements the CLI mutators' gateway protocol
-(:class:`milo_ray.agents.mutators.cli_sandbox.ModelGateway`): ``base_url(api)`` is an
-``http+unix://`` URL of its socket (the CLI's relay forwards to it), ``issue_token``
-issues a grant for one agent call, ``revoke_token`` ends it, and :meth:`metered` is what
-the calls of a token cost -- the mutation's tokens and USD, whatever the CLI reports.
+Two kinds of agent use it:
+
+* a sandboxed CLI mutator (:class:`milo_ray.agents.mutators.cli.CliMutator`), through its
+  gateway protocol (:class:`milo_ray.agents.mutators.cli_sandbox.ModelGateway`):
+  ``base_url(api)`` is an ``http+unix://`` URL of its socket (the CLI's relay forwards to
+  it);
+* the in-process LLM coding agent (the deepagents mutator, which is also MILO's graft agent
+  and SSR's optimizer), whose chat model gets ``local_url(api)``, an ``http://`` URL on a
+  loopback port of the same gateway (litellm speaks no Unix sockets), and the token as its
+  key (:func:`milo_ray.agents.role_llm.metered_chat_model`).
+
+For both, ``issue_token`` issues a grant for one agent call, ``revoke_token`` ends it, and
+:meth:`metered` / :meth:`calls` are what the calls of a token cost -- the call's tokens,
+USD, retries and per-call rows, whatever the agent reports about itself.
 
 The gateway runs on an event loop of its own, in a daemon thread, started on first use
-and kept for the process's later mutations (``close`` stops it and removes its socket).
-The key is read when a token is issued (:func:`milo_ray.agents.llm.secret` of the model's
-key variable: the secrets the task was handed, else this process's environment), so a
-gateway reused by several mutations of one worker uses each task's key.
+and kept for the process's later calls (``close`` stops it and removes its socket).
+:meth:`MutationGateway.shared` gives one per model config and process, so that the
+agents of every run a long-lived worker serves share one. The key is read when a token is
+issued (:func:`milo_ray.agents.llm.secret` of the model's key variable: the secrets the
+task was handed, else this process's environment), so a gateway reused by several calls
+of one worker uses each task's key.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import shutil
 import tempfile
 import threading
@@ -29,11 +41,24 @@ API_PATHS = {"openai": "/openai/v1", "anthropic": "/anthropic"}
 START_TIMEOUT_S = 120.0
 
 
+_SHARED: dict[str, "MutationGateway"] = {}
+_SHARED_LOCK = threading.Lock()
+
+
 class MutationGateway:
     """See the module docstring. ``llm``: the model every call is sent to, a search role's
     ``llm`` block (:class:`~milo_ray.agents.role_llm.RoleLLM`: ``model``, ``api_base``,
-    ``api_key_env``, prices, retries, rate limits); the CLI's own choice of model is
+    ``api_key_env``, prices, retries, rate limits); the agent's own choice of model is
     ignored."""
+
+    @classmethod
+    def shared(cls, llm: Any) -> "MutationGateway":
+        """This process's gateway for ``llm`` (one per distinct model config, never closed:
+        it lives as long as the worker that serves the agents)."""
+        gw = cls(llm)
+        key = json.dumps(gw.cfg, sort_keys=True, default=str)
+        with _SHARED_LOCK:
+            return _SHARED.setdefault(key, gw)
 
     def __init__(self, llm: Mapping[str, Any]) -> None:
         from milo_ray.agents.role_llm import RoleLLM
@@ -43,6 +68,7 @@ class MutationGateway:
         self.cfg = cfg
         self._gateway: Any = None
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._loopback = ""  # the loopback base URL (local_url), once started
         self._lock = threading.Lock()
 
     # A mutator is shipped to its task before it runs: the gateway starts there.
@@ -52,6 +78,7 @@ class MutationGateway:
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.cfg = state["cfg"]
         self._gateway, self._loop, self._lock = None, None, threading.Lock()
+        self._loopback = ""
 
     # --- the protocol ---------------------------------------------------------------------
     def base_url(self, api: str) -> str:
@@ -59,6 +86,14 @@ class MutationGateway:
             raise ValueError(f"MutationGateway: api={api!r}; expected one of {sorted(API_PATHS)}")
         gw = self._started()
         return f"http+unix://{quote(gw.socket_path, safe='')}{API_PATHS[api]}"
+
+    def local_url(self, api: str = "openai") -> str:
+        """The same gateway over ``http://`` on a loopback port, for a client in this
+        process (the agent's tools run in a sandbox without network: they cannot reach it)."""
+        if api not in API_PATHS:
+            raise ValueError(f"MutationGateway: api={api!r}; expected one of {sorted(API_PATHS)}")
+        self._started()
+        return f"{self._loopback}{API_PATHS[api]}"
 
     def issue_token(self, *, role: str, caller: str) -> str:
         from milo_ray.agents.llm import key_env, secret
@@ -77,18 +112,27 @@ class MutationGateway:
 
     def metered(self, token: str) -> dict[str, Any] | None:
         """The calls made with ``token``: ``input_tokens``, ``output_tokens``, ``cost_usd``
-        (None when any call is unpriced), ``calls`` and the first ``error``; None for a
+        (None when any call is unpriced, or one is still in flight: its spend is not known
+        yet), ``calls``, ``retries``, ``in_flight`` and the first ``error``; None for a
         token this gateway did not issue."""
         gw = self._gateway
         grant = gw.grants.find(token) if gw is not None else None
         if grant is None:
             return None
-        calls = list(grant.calls)
+        calls, in_flight = list(grant.calls), int(grant.in_flight)
         costs = [c.get("cost_usd") for c in calls]
         return {"input_tokens": sum(int(c["input_tokens"]) for c in calls),
                 "output_tokens": sum(int(c["output_tokens"]) for c in calls),
-                "cost_usd": None if any(c is None for c in costs) else float(sum(costs)),
-                "calls": len(calls), "error": next((c["error"] for c in calls if c.get("error")), None)}
+                "cost_usd": None if in_flight or any(c is None for c in costs) else float(sum(costs)),
+                "calls": len(calls), "retries": sum(int(c.get("retries") or 0) for c in calls),
+                "in_flight": in_flight, "error": next((c["error"] for c in calls if c.get("error")), None)}
+
+    def calls(self, token: str) -> list[dict[str, Any]]:
+        """The calls of ``token`` as the gateway recorded them (``SolverCall.as_dict()``
+        rows: model, times, tokens, USD, retries, error), in the order they finished."""
+        gw = self._gateway
+        grant = gw.grants.find(token) if gw is not None else None
+        return [] if grant is None else [dict(c) for c in grant.calls]
 
     def close(self) -> None:
         with self._lock:
@@ -115,10 +159,12 @@ class MutationGateway:
             from milo_ray.execution.gateway.server import ModelGateway
 
             # A private directory (0700): the socket is reached through the CLI's relay only.
+            # The loopback port serves this process's own agent (see local_url).
             directory = tempfile.mkdtemp(prefix="milo-mutation-gw-")
             gw = ModelGateway(self.cfg, Path(directory) / "gateway.sock")
             loop = asyncio.new_event_loop()
             threading.Thread(target=loop.run_forever, name="mutation-gateway", daemon=True).start()
             asyncio.run_coroutine_threadsafe(gw.start(), loop).result(START_TIMEOUT_S)
+            self._loopback = asyncio.run_coroutine_threadsafe(gw.listen_loopback(), loop).result(START_TIMEOUT_S)
             self._gateway, self._loop = gw, loop
             return gw

@@ -81,6 +81,19 @@ class ModelGateway:
         os.chmod(self.socket_path, 0o666)
         self.loop = asyncio.get_running_loop()
 
+    async def listen_loopback(self) -> str:
+        """Also serve on a loopback TCP port (after :meth:`start`), for a client in this
+        process that speaks only HTTP over TCP (litellm); returns its ``http://`` base.
+        Like the socket, it is open to any local process; the token is the authorization."""
+        import socket
+
+        from aiohttp import web
+
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.bind(("127.0.0.1", 0))
+        await web.SockSite(self._runner, sock).start()
+        return "http://127.0.0.1:%d" % sock.getsockname()[1]
+
     async def close(self) -> None:
         if self._runner is not None:
             await self._runner.cleanup()
