@@ -75,12 +75,13 @@ def test_the_ledger_pushes_only_the_spend_the_gateways_did_not_meter():
 # --- two gateways, one counter, a real Ray actor --------------------------------------
 
 
-async def _loop_calls(socket_path: str, token: str, statuses: list[int]) -> None:
-    """A harness loop that calls the model forever, until the gateway refuses it."""
+async def _loop_calls(socket_path: str, token: str, statuses: list[int], most: int = 100) -> None:
+    """A harness loop that calls the model until the gateway refuses it (or, should the
+    gateway never refuse, ``most`` times: far past the budget, so the test fails fast)."""
     import aiohttp
 
     async with aiohttp.ClientSession(connector=aiohttp.UnixConnector(path=socket_path)) as s:
-        while True:
+        for _ in range(most):
             async with s.post("http://gateway/v1/chat/completions", headers={"Authorization": f"Bearer {token}"},
                               json={"messages": [{"role": "user", "content": "again"}]}) as r:
                 statuses.append(r.status)
@@ -126,6 +127,47 @@ def test_two_gateways_share_the_run_budget_and_stop_paying_within_the_bound(tmp_
     assert snap["calls"] == billed == sum(len(g.calls) for g in grants)
     assert snap["cost_usd"] == pytest.approx(billed * CALL_USD)
     assert snap["exhausted"] is not None
+
+
+# --- the worker: which rollouts carry the run's budget ---------------------------------
+
+
+class _SeesBudget:
+    """An executor that reports the run budget its rollout was given."""
+
+    async def aexecute(self, harness, task, rollout_idx, seed):
+        from milo_ray.execution.gateway.run_budget import current_rollout_budget
+        from milo_ray.execution.types import RolloutResult
+
+        budget = current_rollout_budget.get()
+        if budget is not None:
+            budget.charge(1100, CALL_USD)  # what a gateway does for each call
+        return RolloutResult(harness.harness_id, task.task_id, rollout_idx, score=float(budget is not None))
+
+
+def test_only_budgeted_rollouts_carry_the_run_budget_and_their_metered_spend_comes_back():
+    from milo_ray.execution.types import Task
+    from milo_ray.execution.workers import WorkerCore
+    from milo_ray.harness.model import Harness
+
+    harness = Harness.from_source("def build_agent(model, backend):\n    return None\n")
+    task = Task("t", "search", "do it", 30.0, 1000, {})
+    core = WorkerCore(_SeesBudget(), slots=2, time_cap_grace=1.25)
+    core.run_budget = counter = RunSpend(cost_usd=1.0)
+
+    async def go():
+        items = [(0, harness.harness_id, "t", 0, 1), (1, harness.harness_id, "t", 1, 1)]
+        await core.submit(items, {harness.harness_id: harness}, {"t": task}, unbudgeted=[1])
+        out = []
+        while len(out) < 2:
+            out += await core.poll(5.0)
+        return {o.item_id: o for o in out}
+
+    by_id = asyncio.run(go())
+    assert by_id[0].result.score == 1.0 and by_id[0].metered == (1100, pytest.approx(CALL_USD))
+    # A final evaluation (unbudgeted) is never refused nor charged to the run.
+    assert by_id[1].result.score == 0.0 and by_id[1].metered == (0, 0.0)
+    assert counter.calls == 1
 
 
 # --- whole rollouts: harness processes in bwrap, the scheduler, resume -----------------
