@@ -194,6 +194,9 @@ class RolloutScheduler:
         # its model calls needs one (the offline executors keep the ledger's rule alone).
         self._wants_run_budget = self.budget.caps_spend and _meters_model_calls(executor_config)
         self.run_budget: Any = None
+        # Keys of rollouts the run's budget stopped midway: a batch holding one was cut
+        # short by the budget, so its caller gets BudgetExceeded (with every result).
+        self._budget_stopped: set[str] = set()
 
         self._items = itertools.count()
         self._jobs: dict[str, _Job] = {}  # key -> unfinished job (queued, in flight or backing off)
@@ -241,7 +244,9 @@ class RolloutScheduler:
     async def arun(self, requests: Iterable[RolloutRequest], *, count_budget: bool = True) -> list[RolloutResult]:
         """Results in request order. Raises :class:`BudgetExceeded` before starting
         anything if the uncached part does not fit the execution budget, or after
-        in-flight work settled if a token/cost cap stopped the batch midway.
+        in-flight work settled if a token/cost cap stopped the batch midway (queued
+        rollouts dropped, or running ones stopped at the gateway: ``partial`` then holds
+        every result, the stopped ones included).
 
         ``count_budget=False`` runs the batch outside the run's budget (e.g. a final
         test-split evaluation); its spend is tallied on ``uncounted`` instead."""
@@ -265,6 +270,8 @@ class RolloutScheduler:
             if fut.exception() is not None:
                 failure = failure or fut.exception()
                 continue
+            if fut.result().cache_key in self._budget_stopped and failure is None:
+                failure = BudgetExceeded("the run's token/USD budget stopped rollouts of this batch midway")
             for _ in range(count[fut]):
                 yield fut.result()
         if failure is not None:
@@ -362,6 +369,9 @@ class RolloutScheduler:
             exc = fut.exception()
             if exc is None:
                 partial[i] = fut.result()
+                if partial[i].cache_key in self._budget_stopped and stop is None:
+                    stop = BudgetExceeded(f"the run's token/USD budget stopped rollouts midway "
+                                          f"({self.budget.exhausted_by or 'spent'})")
             elif not isinstance(exc, BudgetExceeded):
                 raise exc
             else:
@@ -504,6 +514,8 @@ class RolloutScheduler:
             self._dispatch.done(job.request.group)
             if o.run_budget_refused is not None and job.ledger is self.budget:
                 self._run_budget_spent(o.run_budget_refused)
+                if o.result is not None:
+                    self._budget_stopped.add(job.key)
             infra_error = attempt_error(o)
             job.metered = (0, 0.0)
             if infra_error is not None:

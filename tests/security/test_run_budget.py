@@ -170,7 +170,76 @@ def test_only_budgeted_rollouts_carry_the_run_budget_and_their_metered_spend_com
     assert counter.calls == 1
 
 
-# --- whole rollouts: harness processes in bwrap, the scheduler, resume -----------------
+# --- the scheduler, two workers, one counter; resume ----------------------------------
+
+
+def _loop_scheduler(srv, store, cap, tasks):
+    from milo_ray.execution.scheduler import RolloutScheduler
+
+    executor = {"_target_": "milo_ray.testing.gateway_loop.GatewayLoopExecutor", "model": model_cfg(srv.url),
+                "most_calls": 40}
+    # One slot per worker: the two rollouts run on two workers (two processes, two gateways).
+    return RolloutScheduler(executor, tasks, store, "openai/scripted", "budget", budget=BudgetLedger(cost_usd=cap),
+                            progress=False, slots_per_worker=1, max_retries=0, worker_env={KEY_ENV: KEY})
+
+
+def _stopped_batch(sched, requests):
+    with pytest.raises(BudgetExceeded) as stopped:
+        sched.run(requests)
+    return [stopped.value.partial[i] for i in range(len(requests))]
+
+
+def test_running_rollouts_stop_at_the_run_budget_and_a_resumed_run_starts_from_the_stored_spend(ray_local):
+    from milo_ray.execution.types import RolloutRequest, Task
+    from milo_ray.harness.model import Harness
+    from milo_ray.store import MemoryRunStore
+
+    h = Harness.from_source("def build_agent(model, backend):\n    return None\n")
+    tasks = {t: Task(t, "search", "loop", 60.0, 10**9, {}) for t in ("a", "b")}
+    store = MemoryRunStore(run_id="budget")
+    cap = 8 * CALL_USD + CALL_USD / 2
+    with ScriptedOpenAIServer(_policy) as srv:
+        sched = _loop_scheduler(srv, store, cap, tasks)
+        try:
+            sched.add_harness(h)
+            # Both rollouts are running when the budget runs out: the batch is cut short
+            # (BudgetExceeded), and each result is recorded as a score.
+            first = _stopped_batch(sched, [RolloutRequest(h.harness_id, t, 0, seed=1) for t in tasks])
+            paid_first = len(srv.answered)
+            with pytest.raises(BudgetExceeded):  # nothing new starts
+                sched.run([RolloutRequest(h.harness_id, "a", 1, seed=1)])
+            # A final evaluation runs outside the budget: never refused, never charged.
+            final = sched.run([RolloutRequest(h.harness_id, "a", 9, seed=1)], count_budget=False)
+            exhausted_by = sched.budget.exhausted_by
+        finally:
+            sched.close()
+
+        # Resume with a larger cap: the counter starts from the stored spend, so only the
+        # new headroom (about three calls) is paid for, not the whole new cap.
+        cap2 = cap + 3 * CALL_USD
+        resumed = _loop_scheduler(srv, store, cap2, tasks)
+        try:
+            resumed.add_harness(h)
+            again = _stopped_batch(resumed, [RolloutRequest(h.harness_id, t, 2, seed=1) for t in tasks])
+        finally:
+            resumed.close()
+        paid_total = len(srv.answered) - 40  # less the final evaluation's 40 calls
+
+    for res in first + again:
+        assert res.trace is None and res.error_kind is None and res.score == 0.0  # a score, not a crash
+        assert store.get_blob(res.trace_ref)["trajectory"]["final"]["status"] == "run_budget"
+    assert store.get_blob(final[0].trace_ref)["trajectory"]["final"]["status"] == "call_cap"
+    assert exhausted_by is not None and "run.budget.cost_usd" in exhausted_by
+    assert [e for e in store.read("events").to_pylist() if e["kind"] == "run_budget_exhausted"]
+    # Within the bound: the cap, plus one call in flight per looping rollout.
+    assert cap <= paid_first * CALL_USD <= cap + 2 * CALL_USD
+    assert cap2 <= paid_total * CALL_USD <= cap2 + 2 * CALL_USD
+    # What the budgeted rollouts recorded is what the provider billed for them.
+    stored = [r for r in store.read("rollouts").to_pylist() if r["budgeted"]]
+    assert sum(r["cost_usd"] for r in stored) == pytest.approx(paid_total * CALL_USD)
+
+
+# --- whole rollouts: harness processes in bwrap -----------------------------------------
 
 
 SANDBOX = {"_target_": "milo_ray.execution.sandbox.bwrap.BwrapSandboxFactory"}
@@ -187,9 +256,9 @@ def _scheduler(srv, suite, store, cap):
                             worker_env={KEY_ENV: KEY})
 
 
-@pytest.mark.slow  # two cold harness processes per phase, two Ray workers (about 40 s on 2 cores)
+@pytest.mark.slow  # two cold harness processes on two Ray workers (about a minute on 2 cores)
 @pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap is not installed")
-def test_looping_rollouts_stop_at_the_run_budget_and_a_resumed_run_starts_from_the_stored_spend(tmp_path, ray_local):
+def test_sandboxed_harness_loops_stop_at_the_run_budget(tmp_path, ray_local):
     from hostile import CALL_LOOP, make_secret_task
 
     from milo_ray.benchmarks.harbor import HarborBenchmark
@@ -205,37 +274,16 @@ def test_looping_rollouts_stop_at_the_run_budget_and_a_resumed_run_starts_from_t
         sched = _scheduler(srv, suite, store, cap)
         try:
             sched.add_harness(CALL_LOOP)
-            results = sched.run([RolloutRequest(CALL_LOOP.harness_id, t, 0, seed=1) for t in ("a", "b")])
-            with pytest.raises(BudgetExceeded):  # the run stops cleanly: nothing new starts
-                sched.run([RolloutRequest(CALL_LOOP.harness_id, "a", 1, seed=1)])
-            exhausted_by = sched.budget.exhausted_by
+            results = _stopped_batch(sched, [RolloutRequest(CALL_LOOP.harness_id, t, 0, seed=1) for t in ("a", "b")])
         finally:
             sched.close()
-        first = len(srv.answered)
-
-        # Resume with a larger cap: the counter starts from the stored spend, so only
-        # about three more calls are paid for, not the whole new cap.
-        cap2 = cap + 3 * CALL_USD
-        resumed = _scheduler(srv, suite, store, cap2)
-        try:
-            resumed.add_harness(CALL_LOOP)
-            again = resumed.run([RolloutRequest(CALL_LOOP.harness_id, t, 2, seed=1) for t in ("a", "b")])
-        finally:
-            resumed.close()
-        total = len(srv.answered)
-
-    for res in results + again:
-        trace = res.trace or store.get_blob(res.trace_ref)
+        paid = len(srv.answered)
+    for res in results:
+        trace = store.get_blob(res.trace_ref)
         assert trace["trajectory"]["final"]["status"] == "run_budget", res.error
-        assert res.error_kind is None and res.score == 0.0  # a score, not a crash
-    assert exhausted_by is not None and "run.budget.cost_usd" in exhausted_by
-    assert [e for e in store.read("events").to_pylist() if e["kind"] == "run_budget_exhausted"]
-    # Within the bound: the cap, plus one call in flight per looping rollout.
-    assert cap <= first * CALL_USD <= cap + 2 * CALL_USD
-    assert cap2 <= total * CALL_USD <= cap2 + 2 * CALL_USD
-    # What the rollouts recorded is what the provider billed.
-    stored = store.read("rollouts").to_pylist()
-    assert sum(r["cost_usd"] for r in stored) == pytest.approx(total * CALL_USD)
+        assert res.error_kind is None and res.score == 0.0
+    assert cap <= paid * CALL_USD <= cap + 2 * CALL_USD
+    assert sum(r.cost_usd for r in results) == pytest.approx(paid * CALL_USD)
 
 
 @pytest.fixture(autouse=True)
