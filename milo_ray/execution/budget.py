@@ -25,16 +25,22 @@ executor, no token/USD cap) the caps stop new rollouts only, as described above.
 
 from __future__ import annotations
 
+import logging
 import math
 import threading
 from typing import Any
+
+log = logging.getLogger(__name__)
 
 
 def _send(counter: Any, method: str, *args: Any) -> None:
     """Call ``method`` on the shared counter: a Ray actor handle (not awaited), or a plain
     ``RunSpend`` in one process."""
     fn = getattr(counter, method)
-    fn.remote(*args) if hasattr(fn, "remote") else fn(*args)
+    try:
+        fn.remote(*args) if hasattr(fn, "remote") else fn(*args)
+    except Exception as exc:  # the counter is gone (Ray shut down): the gateways fail closed
+        log.warning("the run's budget counter did not take %s%r: %s", method, args, exc)
 
 
 class BudgetExceeded(RuntimeError):
@@ -185,9 +191,11 @@ class BudgetLedger:
     def share(self, counter: Any) -> None:
         """Link the run's shared budget counter (a ``RunSpendActor`` handle): it starts
         from everything spent so far (on resume, the stored spend) and from now on
-        receives every spend the gateways do not meter themselves."""
+        receives every spend the gateways do not meter themselves. None: unlink."""
         with self._lock:
             self._shared = counter
+            if counter is None:
+                return
             self._push_locked(self._tokens_used, self._cost_used)
             if self._spend_exhausted_locked():
                 _send(counter, "exhaust", self._exhausted_by or "the run's token/USD budget was spent before")

@@ -298,6 +298,16 @@ class RolloutScheduler:
             return
         self._closed = True
         self._pool.close()
+        if self.run_budget is not None:
+            # The counter dies with the run's rollouts; the ledger keeps its own record.
+            self.budget.share(None)
+            try:
+                import ray
+
+                ray.kill(self.run_budget)
+            except Exception:  # Ray already shut down: the actor went with it
+                pass
+            self.run_budget = None
         self.progress.close()
         if self._own_loop is not None and not self._own_loop.is_closed():
             self._own_loop.close()
@@ -649,7 +659,6 @@ class RolloutScheduler:
 def _meters_model_calls(executor_config: Any) -> bool:
     """Whether the executor's model calls go through a gateway that charges the run's
     budget counter (its class says so with ``meters_model_calls``)."""
-    target = None
     if isinstance(executor_config, Mapping) or type(executor_config).__name__ == "DictConfig":
         target = executor_config.get("_target_")
         if not isinstance(target, str):

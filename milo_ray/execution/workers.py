@@ -32,6 +32,7 @@ workers a run has is :class:`~milo_ray.execution.pool.WorkerPool`'s business.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import functools
 import logging
 import math
@@ -180,7 +181,10 @@ class WorkerCore:
             self._threads = ThreadPoolExecutor(max_workers=2 * self.slots, thread_name_prefix="rollout")
         loop = asyncio.get_running_loop()
         began = loop.create_future()
-        fn = functools.partial(_guard_thread, loop, began, self.executor.execute, harness, task, rollout_idx, seed)
+        # In a copy of this rollout's context, as a task would be: its share of the run's
+        # budget (current_rollout_budget) reaches a blocking executor too.
+        fn = functools.partial(contextvars.copy_context().run, _guard_thread, loop, began, self.executor.execute,
+                               harness, task, rollout_idx, seed)
         return loop.run_in_executor(self._threads, fn), began
 
     async def _run(self, item: Item, budget: RolloutBudget | None = None) -> None:

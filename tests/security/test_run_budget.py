@@ -173,14 +173,15 @@ def test_only_budgeted_rollouts_carry_the_run_budget_and_their_metered_spend_com
 # --- the scheduler, two workers, one counter; resume ----------------------------------
 
 
-def _loop_scheduler(srv, store, cap, tasks):
+def _loop_scheduler(srv, store, cap, tasks, slots_per_worker=1):
     from milo_ray.execution.scheduler import RolloutScheduler
 
     executor = {"_target_": "milo_ray.testing.gateway_loop.GatewayLoopExecutor", "model": model_cfg(srv.url),
                 "most_calls": 40}
     # One slot per worker: the two rollouts run on two workers (two processes, two gateways).
     return RolloutScheduler(executor, tasks, store, "openai/scripted", "budget", budget=BudgetLedger(cost_usd=cap),
-                            progress=False, slots_per_worker=1, max_retries=0, worker_env={KEY_ENV: KEY})
+                            progress=False, slots_per_worker=slots_per_worker, max_retries=0,
+                            worker_env={KEY_ENV: KEY})
 
 
 def _stopped_batch(sched, requests):
@@ -217,7 +218,7 @@ def test_running_rollouts_stop_at_the_run_budget_and_a_resumed_run_starts_from_t
         # Resume with a larger cap: the counter starts from the stored spend, so only the
         # new headroom (about three calls) is paid for, not the whole new cap.
         cap2 = cap + 3 * CALL_USD
-        resumed = _loop_scheduler(srv, store, cap2, tasks)
+        resumed = _loop_scheduler(srv, store, cap2, tasks, slots_per_worker=2)  # one worker: starts faster
         try:
             resumed.add_harness(h)
             again = _stopped_batch(resumed, [RolloutRequest(h.harness_id, t, 2, seed=1) for t in tasks])

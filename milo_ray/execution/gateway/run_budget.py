@@ -183,7 +183,10 @@ class RolloutBudget:
         self.tokens += int(tokens)
         self.cost_usd += float(cost_usd or 0.0)
         if self._remote:
-            self.counter.charge.remote(int(tokens), cost_usd)  # runs even with its ref dropped
+            try:
+                self.counter.charge.remote(int(tokens), cost_usd)  # runs even with its ref dropped
+            except Exception:  # the counter is gone: the next admission refuses (fail closed)
+                pass
         else:
             self.counter.charge(int(tokens), cost_usd)
 
