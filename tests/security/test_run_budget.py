@@ -290,3 +290,44 @@ def test_sandboxed_harness_loops_stop_at_the_run_budget(tmp_path, ray_local):
 @pytest.fixture(autouse=True)
 def _key(monkeypatch):
     monkeypatch.setenv(KEY_ENV, KEY)
+
+
+# --- a method whose wave the budget cut short stops cleanly ------------------------------
+
+
+class _BudgetStopsSecondWave:
+    """Stands in for the rollout scheduler: answers the first wave, then the run's budget
+    stops the second midway (as the gateway's counter does)."""
+
+    def __init__(self) -> None:
+        self.waves = 0
+
+    def add_harness(self, h) -> None:
+        pass
+
+    def run(self, requests):
+        from milo_ray.execution.types import RolloutResult
+
+        self.waves += 1
+        results = {i: RolloutResult(r.harness_id, r.task_id, r.rollout_idx, score=1.0) for i, r in enumerate(requests)}
+        if self.waves == 2:
+            raise BudgetExceeded("the run's token/USD budget stopped rollouts midway", partial=results)
+        return list(results.values())
+
+
+def test_eval_stops_with_its_budget_status_when_the_budget_cuts_a_wave_short(tmp_path):
+    import time
+
+    from milo_ray.benchmarks.surrogate import SurrogateBenchmark
+    from milo_ray.context import RunContext
+    from milo_ray.evaluation import EvalMethod
+    from milo_ray.store import MemoryRunStore
+
+    sched = _BudgetStopsSecondWave()
+    ctx = RunContext(run_id="t", run_dir=tmp_path, seed=0, store=MemoryRunStore(run_id="t"),
+                     benchmark=SurrogateBenchmark(preset="surrogate_deepswe", seed=0), scheduler=sched, model_id="m",
+                     deadline=time.monotonic() + 3600)
+    summary = EvalMethod(k=3, split="test", names=["minimal"]).run(ctx)
+    assert sched.waves == 2
+    assert (summary["k"], summary["k_requested"], summary["stop_reason"]) == (1, 3, "budget")
+    assert summary["harnesses"][0]["k"] == 1
