@@ -55,6 +55,7 @@ from milo_ray.execution.budget import BudgetExceeded, BudgetLedger
 from milo_ray.execution.cache import ResultCache
 from milo_ray.execution.cluster import SLOT_RESOURCE
 from milo_ray.execution.dispatch import Dispatch, GroupLimits
+from milo_ray.execution.gateway.run_budget import meters_model_calls, start_run_spend, stop_run_spend
 from milo_ray.execution.outcomes import (
     RetryPolicy,
     attempt_error,
@@ -192,7 +193,7 @@ class RolloutScheduler:
         self.budget.restore_from_rollouts(store.read("rollouts"))
         # The run's budget counter at the gateways: only a capped run whose executor meters
         # its model calls needs one (the offline executors keep the ledger's rule alone).
-        self._wants_run_budget = self.budget.caps_spend and _meters_model_calls(executor_config)
+        self._wants_run_budget = self.budget.caps_spend and meters_model_calls(executor_config)
         self.run_budget: Any = None
         # Keys of rollouts the run's budget stopped midway: a batch holding one was cut
         # short by the budget, so its caller gets BudgetExceeded (with every result).
@@ -253,7 +254,7 @@ class RolloutScheduler:
         futures = await self._submit(list(requests), count_budget)
         if futures:
             await asyncio.wait(set(futures))
-        return self._collect(futures)
+        return self._collect(futures, count_budget)
 
     async def astream(
         self, requests: Iterable[RolloutRequest], *, count_budget: bool = True
@@ -270,7 +271,7 @@ class RolloutScheduler:
             if fut.exception() is not None:
                 failure = failure or fut.exception()
                 continue
-            if fut.result().cache_key in self._budget_stopped and failure is None:
+            if count_budget and fut.result().cache_key in self._budget_stopped and failure is None:
                 failure = BudgetExceeded("the run's token/USD budget stopped rollouts of this batch midway")
             for _ in range(count[fut]):
                 yield fut.result()
@@ -301,12 +302,7 @@ class RolloutScheduler:
         if self.run_budget is not None:
             # The counter dies with the run's rollouts; the ledger keeps its own record.
             self.budget.share(None)
-            try:
-                import ray
-
-                ray.kill(self.run_budget)
-            except Exception:  # Ray already shut down: the actor went with it
-                pass
+            stop_run_spend(self.run_budget)
             self.run_budget = None
         self.progress.close()
         if self._own_loop is not None and not self._own_loop.is_closed():
@@ -366,20 +362,18 @@ class RolloutScheduler:
         asked for (each worker is handed it as it comes up); it starts from the ledger's
         spend (on resume, the stored spend)."""
         if self._wants_run_budget and self.run_budget is None:
-            from milo_ray.execution.gateway.run_budget import start_run_spend
-
             self.run_budget = start_run_spend(self.budget.tokens, self.budget.cost_usd)
             self.budget.share(self.run_budget)
             self._pool.run_budget = self.run_budget
 
-    def _collect(self, futures: list[asyncio.Future]) -> list[RolloutResult]:
+    def _collect(self, futures: list[asyncio.Future], count_budget: bool = True) -> list[RolloutResult]:
         partial: dict[int, RolloutResult] = {}
         stop: BaseException | None = None
         for i, fut in enumerate(futures):
             exc = fut.exception()
             if exc is None:
                 partial[i] = fut.result()
-                if partial[i].cache_key in self._budget_stopped and stop is None:
+                if count_budget and partial[i].cache_key in self._budget_stopped and stop is None:
                     stop = BudgetExceeded(f"the run's token/USD budget stopped rollouts midway "
                                           f"({self.budget.exhausted_by or 'spent'})")
             elif not isinstance(exc, BudgetExceeded):
@@ -654,24 +648,6 @@ class RolloutScheduler:
         self.progress.dropped()
         if not job.future.done():
             job.future.set_exception(exc)
-
-
-def _meters_model_calls(executor_config: Any) -> bool:
-    """Whether the executor's model calls go through a gateway that charges the run's
-    budget counter (its class says so with ``meters_model_calls``)."""
-    if isinstance(executor_config, Mapping) or type(executor_config).__name__ == "DictConfig":
-        target = executor_config.get("_target_")
-        if not isinstance(target, str):
-            return False
-        from hydra.utils import get_class
-
-        try:
-            cls: Any = get_class(target)
-        except Exception:  # a bad target is reported when the worker builds the executor
-            return False
-    else:
-        cls = type(executor_config)
-    return bool(getattr(cls, "meters_model_calls", False))
 
 
 def _loop_running() -> bool:

@@ -152,6 +152,37 @@ def start_run_spend(tokens: int | None, cost_usd: float | None) -> Any:
     return ray.remote(num_cpus=0, max_restarts=0)(RunSpendActor).remote(tokens, cost_usd)
 
 
+def stop_run_spend(counter: Any) -> None:
+    """Kill the run's counter (the scheduler closes); harmless once Ray is shut down."""
+    try:
+        import ray
+
+        ray.kill(counter)
+    except Exception:  # Ray already shut down: the actor went with it
+        pass
+
+
+def meters_model_calls(executor_config: Any) -> bool:
+    """Whether the executor's model calls go through a gateway that charges the run's
+    counter: its class says so with ``meters_model_calls`` (``executor_config``: a
+    ``_target_`` mapping or a built executor)."""
+    from collections.abc import Mapping
+
+    if isinstance(executor_config, Mapping) or type(executor_config).__name__ == "DictConfig":
+        target = executor_config.get("_target_")
+        if not isinstance(target, str):
+            return False
+        from hydra.utils import get_class
+
+        try:
+            cls: Any = get_class(target)
+        except Exception:  # a bad target is reported when the worker builds the executor
+            return False
+    else:
+        cls = type(executor_config)
+    return bool(getattr(cls, "meters_model_calls", False))
+
+
 class RolloutBudget:
     """One budgeted rollout's access to the run's counter (see the module docstring).
 
