@@ -32,10 +32,10 @@ spend restored on resume) into the counter, and reads the counter's verdict back
 rollouts it ends (:attr:`RolloutBudget.refused`).
 
 Worst-case overrun: a call is admitted while the counter is under its caps and charged
-when it returns, so what a run can spend beyond its cap is the cost of the calls that were
-admitted before the counter reached it and had not yet been charged -- at most one call
-per model call in flight in the whole run at that moment (each bounded by the model's
-``max_output_tokens`` and its context), never a further call.
+when it returns, so what a run can spend beyond its cap is the cost of the calls admitted
+before the counter reached it and not yet charged then -- the model calls in flight across
+the run at that moment, each bounded by its input and the model's ``max_output_tokens`` --
+and never a further call.
 """
 
 from __future__ import annotations
