@@ -5,7 +5,6 @@ cost. Against a scripted model that bills a known cost per call and a real local
 from __future__ import annotations
 
 import asyncio
-import os
 import shutil
 import uuid
 
