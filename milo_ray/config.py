@@ -45,7 +45,9 @@ class BudgetConfig:
     """Caps on what a run may spend. ``executions`` counts rollouts (cached ones are
     free); None means unlimited. ``tokens`` and ``cost_usd`` count rollouts and every
     agent call of the search (the ``agent_calls`` table) and stop new work once
-    reached. ``roles``: per-role caps, e.g. ``run.budget.roles.judge.tokens=2000000``
+    reached; with an executor whose model calls go through the gateway
+    (``executor=deepagents``) they also stop the running rollouts' calls (stop reason
+    ``run_budget``; docs/security.md states the overrun bound). ``roles``: per-role caps, e.g. ``run.budget.roles.judge.tokens=2000000``
     (roles: solver, mutator, orchestrator, judge, optimizer, embedder); reaching one
     stops new work of that role, and the run ends with its incumbent."""
 

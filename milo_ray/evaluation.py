@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 from milo_ray.context import RunContext
+from milo_ray.execution.budget import BudgetExceeded
 from milo_ray.execution.types import RolloutRequest, RolloutResult
 from milo_ray.harness.model import Harness
 from milo_ray.search.final_test import true_score
@@ -63,14 +64,21 @@ class EvalMethod:
             recorder.record(h, origin="seed", admitted=True)
         results: list[RolloutResult] = []
         k_done = 0
+        stop = "finished"
         for i in range(self.k):
             if ctx.out_of_time():
+                stop = "time limit"
                 break
-            results += ctx.scheduler.run([RolloutRequest(h.harness_id, t, i, ctx.seed, split=self.split, method="eval",
-                                                         group=h.name or h.harness_id)
-                                          for h in seeds for t in task_ids])
+            try:
+                results += ctx.scheduler.run([RolloutRequest(h.harness_id, t, i, ctx.seed, split=self.split,
+                                                             method="eval", group=h.name or h.harness_id)
+                                              for h in seeds for t in task_ids])
+            except BudgetExceeded:
+                # The run's budget ran out before or during this wave (its rollouts are
+                # stored): the summary reports the waves that completed.
+                stop = "budget"
+                break
             k_done = i + 1
-        stop = "finished" if k_done == self.k else "time limit"
         by_harness: dict[str, list[RolloutResult]] = {}
         for r in results:
             by_harness.setdefault(r.harness_id, []).append(r)

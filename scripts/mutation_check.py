@@ -137,6 +137,27 @@ MUTATIONS: tuple[Mutation, ...] = (
         ("tests/execution/test_budget_ledger.py",),
         "the execution budget admits rollouts past the cap",
     ),
+    # The run's budget at the gateway (tests/security/test_run_budget.py).
+    Mutation(
+        "gateway-run-budget-off", "milo_ray/execution/gateway/server.py",
+        "            if spent is not None:\n                return _error(web, grant.refuse_for_run_budget(spent))",
+        "            if False:\n                return _error(web, grant.refuse_for_run_budget(spent))",
+        ("tests/security/test_run_budget.py::test_two_gateways_share_the_run_budget_and_stop_paying_within_the_bound",),
+        "a rollout goes on paying for model calls after the run's USD budget is spent",
+    ),
+    Mutation(
+        "run-budget-resumes-from-zero", "milo_ray/execution/budget.py",
+        "            self._push_locked(self._tokens_used, self._cost_used)", "            pass",
+        ("tests/security/test_run_budget.py::test_the_ledger_pushes_only_the_spend_the_gateways_did_not_meter",),
+        "a resumed run's gateways count its budget from zero, not from the stored spend",
+    ),
+    Mutation(
+        "final-evaluation-budgeted", "milo_ray/execution/workers.py",
+        "if self.run_budget is not None and item[0] not in skip else None",
+        "if self.run_budget is not None else None",
+        ("tests/security/test_run_budget.py::test_only_budgeted_rollouts_carry_the_run_budget_and_their_metered_spend_comes_back",),
+        "a final evaluation's model calls are refused once the search spent the budget",
+    ),
     Mutation(
         "racing-budget-gate-off", "milo_ray/ssr/racing.py",
         "if remaining_budget is not None and need > remaining_budget:", "if False:",

@@ -22,6 +22,10 @@ Caps, each recorded in the trajectory's ``final.status``:
 * ``task.token_cap`` bounds the tokens of the rollout's model calls, counted by the
   gateway: once reached the rollout ends (``token_cap``);
 * ``max_model_calls`` bounds the number of model calls (``call_cap``);
+* the run's token/USD budget (``run.budget.tokens`` / ``cost_usd``), counted across every
+  worker of the run by :mod:`~milo_ray.execution.gateway.run_budget`: once it is spent the
+  gateway refuses the rollout's next call and the rollout ends (``run_budget``). Only a
+  rollout the scheduler counts against the budget carries it (not a final evaluation);
 * the sandbox bounds every command (its per-command timeout and output cap).
 
 Failures: a harness that does not import, whose ``build_agent`` raises, whose agent
@@ -85,6 +89,10 @@ class AgentExecutor:
     scratch_dir: where per-rollout scratch directories go (None: the system temp dir);
         keep_scratch: keep them after the rollout (for debugging a task or sandbox).
     """
+
+    # Every model call goes through this executor's gateway, which charges the run's
+    # budget counter call by call (the scheduler starts one for a run with a token/USD cap).
+    meters_model_calls = True
 
     def __init__(self, model: Any = None, sandbox: Any = None, agent: str = "harness", recursion_limit: int = 150,
                  scratch_dir: str | None = None, keep_scratch: bool = False, max_model_calls: int | None = 500,
@@ -292,10 +300,12 @@ class AgentExecutor:
         if not getattr(self.sandbox, "hosts_harness", False):
             raise ValueError(f"sandbox={getattr(self.sandbox, 'name', '?')} cannot host the harness process "
                              "(executor.agent=harness); use sandbox=bwrap or sandbox=docker")
+        from milo_ray.execution.gateway.run_budget import current_rollout_budget
+
         gateway = await self.gateway()
         token_cap = int(task.token_cap) if task.token_cap and task.token_cap > 0 else None
         grant = gateway.issue(f"{harness.harness_id}/{task.task_id}", token_cap=token_cap,
-                              call_cap=self.max_model_calls)
+                              call_cap=self.max_model_calls, run_budget=current_rollout_budget.get())
         try:
             process = warm or HarnessProcess(sandbox, harness, scratch, gateway.socket_path)
             job = process.job(task, token=grant.token, recursion_limit=self.recursion_limit,

@@ -11,13 +11,36 @@ scheduler stops starting new rollouts (in-flight ones finish and are recorded).
 Infrastructure retries of one rollout are one execution: the method asked for one
 rollout and receives one result. Cached results cost nothing. On resume the ledger
 is rebuilt from the rollouts already in the store (see :meth:`BudgetLedger.restore`).
+
+Within a rollout: when the rollouts' model calls go through a metering gateway, the
+ledger is linked to the run's shared counter (:meth:`BudgetLedger.share`,
+:mod:`milo_ray.execution.gateway.run_budget`), which every worker's gateway checks
+before each call and charges after it, so the token/USD caps also stop rollouts that
+are already running. The ledger stays the run's record and pushes into the counter the
+spend the gateways did not meter (restored spend, the search agents' calls, rollouts of
+an executor without a gateway); it learns the counter's verdict from the rollouts the
+counter stopped (:meth:`BudgetLedger.mark_exhausted`). Without a link (an offline
+executor, no token/USD cap) the caps stop new rollouts only, as described above.
 """
 
 from __future__ import annotations
 
+import logging
 import math
 import threading
 from typing import Any
+
+log = logging.getLogger(__name__)
+
+
+def _send(counter: Any, method: str, *args: Any) -> None:
+    """Call ``method`` on the shared counter: a Ray actor handle (not awaited), or a plain
+    ``RunSpend`` in one process."""
+    fn = getattr(counter, method)
+    try:
+        fn.remote(*args) if hasattr(fn, "remote") else fn(*args)
+    except Exception as exc:  # the counter is gone (Ray shut down): the gateways fail closed
+        log.warning("the run's budget counter did not take %s%r: %s", method, args, exc)
 
 
 class BudgetExceeded(RuntimeError):
@@ -52,6 +75,8 @@ class BudgetLedger:
         self._reserved = 0
         self._tokens_used = 0
         self._cost_used = 0.0
+        self._shared: Any = None  # the run's budget counter (a RunSpendActor handle)
+        self._exhausted_by: str | None = None  # why the shared counter stopped the run
 
     # --- reading -------------------------------------------------------------------
     @property
@@ -87,9 +112,19 @@ class BudgetLedger:
             return self._spend_exhausted_locked()
 
     def _spend_exhausted_locked(self) -> bool:
-        return (self.tokens is not None and self._tokens_used >= self.tokens) or (
+        return self._exhausted_by is not None or (self.tokens is not None and self._tokens_used >= self.tokens) or (
             self.cost_usd is not None and self._cost_used >= self.cost_usd
         )
+
+    @property
+    def caps_spend(self) -> bool:
+        """Whether a token or USD cap is set (what a shared counter would enforce)."""
+        return self.tokens is not None or self.cost_usd is not None
+
+    @property
+    def exhausted_by(self) -> str | None:
+        """Why the shared counter stopped the run's model calls (None: it did not)."""
+        return self._exhausted_by
 
     def can_afford(self, n: int) -> bool:
         """Whether ``n`` more executions could be reserved right now."""
@@ -107,6 +142,7 @@ class BudgetLedger:
                 "reserved": self._reserved,
                 "tokens_used": self._tokens_used,
                 "cost_used_usd": self._cost_used,
+                "exhausted_by": self._exhausted_by,
             }
 
     # --- mutating ------------------------------------------------------------------
@@ -130,8 +166,10 @@ class BudgetLedger:
                 )
             self._reserved += n
 
-    def commit(self, *, tokens: int = 0, cost_usd: float = 0.0) -> None:
-        """Turn one reservation into a spent execution carrying its tokens and cost."""
+    def commit(self, *, tokens: int = 0, cost_usd: float = 0.0, metered: tuple[int, float] = (0, 0.0)) -> None:
+        """Turn one reservation into a spent execution carrying its tokens and cost.
+        ``metered``: the part of it the rollout's gateway already charged to the shared
+        counter (so only the rest is pushed there)."""
         with self._lock:
             if self._reserved <= 0:
                 raise RuntimeError("BudgetLedger.commit without a matching reserve()")
@@ -139,14 +177,42 @@ class BudgetLedger:
             self._executions_used += 1
             self._tokens_used += int(tokens)
             self._cost_used += float(cost_usd)
+            self._push_locked(int(tokens) - int(metered[0]), float(cost_usd) - float(metered[1]))
 
-    def charge(self, *, tokens: int = 0, cost_usd: float | None = 0.0) -> None:
-        """Count spend that is not a rollout (an agent call of the search): it uses up the
-        token and USD caps but no execution. An unpriced call (``cost_usd`` None) counts
-        its tokens only."""
+    def charge(self, *, tokens: int = 0, cost_usd: float | None = 0.0, metered: tuple[int, float] = (0, 0.0)) -> None:
+        """Count spend that is not a rollout (an agent call of the search, a failed
+        attempt's calls): it uses up the token and USD caps but no execution. An unpriced
+        call (``cost_usd`` None) counts its tokens only. ``metered``: as in :meth:`commit`."""
         with self._lock:
             self._tokens_used += int(tokens)
             self._cost_used += float(cost_usd or 0.0)
+            self._push_locked(int(tokens) - int(metered[0]), float(cost_usd or 0.0) - float(metered[1]))
+
+    def share(self, counter: Any) -> None:
+        """Link the run's shared budget counter (a ``RunSpendActor`` handle): it starts
+        from everything spent so far (on resume, the stored spend) and from now on
+        receives every spend the gateways do not meter themselves. None: unlink."""
+        with self._lock:
+            self._shared = counter
+            if counter is None:
+                return
+            self._push_locked(self._tokens_used, self._cost_used)
+            if self._spend_exhausted_locked():
+                _send(counter, "exhaust", self._exhausted_by or "the run's token/USD budget was spent before")
+
+    def mark_exhausted(self, reason: str) -> None:
+        """The shared counter refused a rollout's model call: the budget is spent for the
+        whole run (no new rollout starts, the search stops), whatever this ledger's own
+        tally says (the refused call's rollout may have been charged less than the cap)."""
+        with self._lock:
+            if self._exhausted_by is None:
+                self._exhausted_by = reason
+
+    def _push_locked(self, tokens: int, cost_usd: float) -> None:
+        # Fire and forget: the counter runs this driver's calls in order; what it has not
+        # received yet is spend the driver learned after the fact anyway.
+        if self._shared is not None and (tokens > 0 or cost_usd > 0):
+            _send(self._shared, "add", max(0, tokens), max(0.0, cost_usd))
 
     def release(self, n: int = 1) -> None:
         """Give back reservations of rollouts that never started."""
@@ -161,6 +227,7 @@ class BudgetLedger:
             self._executions_used += int(executions)
             self._tokens_used += int(tokens)
             self._cost_used += float(cost_usd)
+            self._push_locked(int(tokens), float(cost_usd))
 
     def restore_from_rollouts(self, rollouts: Any) -> None:
         """Charge every budgeted row of a stored ``rollouts`` table (a pyarrow Table):

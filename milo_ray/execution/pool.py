@@ -130,6 +130,9 @@ class WorkerPool:
         self.on_ready: Callable[[], None] = lambda: None
         self.on_fatal: Callable[[BaseException], None] = lambda exc: None
         self.fatal: BaseException | None = None
+        # The run's budget counter, handed to each worker as it comes up (set by the
+        # scheduler before the first worker is asked for; None: no counter).
+        self.run_budget: Any = None
         self._keys = itertools.count()
         self._start_failures = 0
         self._harness_refs: dict[str, Any] = {}
@@ -209,7 +212,7 @@ class WorkerPool:
 
     async def _come_up(self, worker: WorkerHandle) -> None:
         try:
-            error = await await_ready(worker, env=self.worker_env)
+            error = await await_ready(worker, env=self.worker_env, run_budget=self.run_budget)
         except RayError as exc:
             if self.workers.get(worker.key) is not worker:
                 return  # cancelled by the pool
@@ -253,10 +256,11 @@ class WorkerPool:
         if old is not None:
             ray.kill(old)  # harmless when dead; stops a wedged one
 
-    def ship(self, worker: WorkerHandle, items: list[Item], tasks: Mapping[str, Task]) -> None:
+    def ship(self, worker: WorkerHandle, items: list[Item], tasks: Mapping[str, Task],
+             unbudgeted: Sequence[int] = ()) -> None:
         """Start ``items`` on the worker in one call, with the harnesses and tasks it has
-        not received yet. Fire and forget: a failed submit surfaces as a failed poll (a
-        dead actor)."""
+        not received yet (``unbudgeted``: the item ids run outside the run's budget).
+        Fire and forget: a failed submit surfaces as a failed poll (a dead actor)."""
         refs: dict[str, Any] = {}
         new_tasks: dict[str, Task] = {}
         for _, harness_id, task_id, _, _ in items:
@@ -265,7 +269,7 @@ class WorkerPool:
             if task_id not in worker.tasks and task_id not in new_tasks:
                 # A task's files (a Harbor directory) travel as object refs, put once.
                 new_tasks[task_id] = publish_all(tasks[task_id])
-        worker.actor.submit.remote(items, refs, new_tasks)
+        worker.actor.submit.remote(items, refs, new_tasks, list(unbudgeted))
         worker.harnesses.update(refs)
         worker.tasks.update(new_tasks)
 

@@ -20,8 +20,12 @@ The scheduler is the driver-side half of rollout execution (DESIGN §2). It owns
 * **the budget** -- the uncached part of a request batch is reserved on the
   :class:`~milo_ray.execution.budget.BudgetLedger` before anything starts
   (:class:`BudgetExceeded` otherwise) and committed as results arrive; once a token or
-  cost cap is reached no queued rollout starts. ``count_budget=False`` batches (final
-  evaluations) are tallied on ``uncounted`` instead;
+  cost cap is reached no queued rollout starts. When the executor meters its model calls
+  (a gateway) and a token/USD cap is set, the scheduler also starts the run's shared
+  budget counter (:mod:`~milo_ray.execution.gateway.run_budget`) and hands it to every
+  worker, so a spent budget stops the running rollouts' calls too: those rollouts end
+  with the stop reason ``run_budget`` and the ledger is marked spent. ``count_budget=False``
+  batches (final evaluations) are tallied on ``uncounted`` instead and never refused;
 * **faults** -- an executor that raises, or a worker actor / node that dies, is an
   infrastructure failure: the rollout is retried with exponential backoff on a
   new worker, each retry recorded as a ``rollout_retry`` event, and after
@@ -51,6 +55,7 @@ from milo_ray.execution.budget import BudgetExceeded, BudgetLedger
 from milo_ray.execution.cache import ResultCache
 from milo_ray.execution.cluster import SLOT_RESOURCE
 from milo_ray.execution.dispatch import Dispatch, GroupLimits
+from milo_ray.execution.gateway.run_budget import meters_model_calls, start_run_spend, stop_run_spend
 from milo_ray.execution.outcomes import (
     RetryPolicy,
     attempt_error,
@@ -82,6 +87,8 @@ class _Job:
     ledger: BudgetLedger  # the ledger it was reserved on (the run budget or the uncounted one)
     attempts: int = 0
     item_id: int = -1
+    # What the final attempt's gateway charged to the run's budget counter (tokens, USD).
+    metered: tuple[int, float] = (0, 0.0)
 
 
 def _positive_int(name: str, value: Any) -> None:
@@ -184,6 +191,13 @@ class RolloutScheduler:
         self._cache = ResultCache(store)
         # Resume: rollouts stored before this scheduler existed were spent already.
         self.budget.restore_from_rollouts(store.read("rollouts"))
+        # The run's budget counter at the gateways: only a capped run whose executor meters
+        # its model calls needs one (the offline executors keep the ledger's rule alone).
+        self._wants_run_budget = self.budget.caps_spend and meters_model_calls(executor_config)
+        self.run_budget: Any = None
+        # Keys of rollouts the run's budget stopped midway: a batch holding one was cut
+        # short by the budget, so its caller gets BudgetExceeded (with every result).
+        self._budget_stopped: set[str] = set()
 
         self._items = itertools.count()
         self._jobs: dict[str, _Job] = {}  # key -> unfinished job (queued, in flight or backing off)
@@ -231,14 +245,16 @@ class RolloutScheduler:
     async def arun(self, requests: Iterable[RolloutRequest], *, count_budget: bool = True) -> list[RolloutResult]:
         """Results in request order. Raises :class:`BudgetExceeded` before starting
         anything if the uncached part does not fit the execution budget, or after
-        in-flight work settled if a token/cost cap stopped the batch midway.
+        in-flight work settled if a token/cost cap stopped the batch midway (queued
+        rollouts dropped, or running ones stopped at the gateway: ``partial`` then holds
+        every result, the stopped ones included).
 
         ``count_budget=False`` runs the batch outside the run's budget (e.g. a final
         test-split evaluation); its spend is tallied on ``uncounted`` instead."""
         futures = await self._submit(list(requests), count_budget)
         if futures:
             await asyncio.wait(set(futures))
-        return self._collect(futures)
+        return self._collect(futures, count_budget)
 
     async def astream(
         self, requests: Iterable[RolloutRequest], *, count_budget: bool = True
@@ -255,6 +271,8 @@ class RolloutScheduler:
             if fut.exception() is not None:
                 failure = failure or fut.exception()
                 continue
+            if count_budget and fut.result().cache_key in self._budget_stopped and failure is None:
+                failure = BudgetExceeded("the run's token/USD budget stopped rollouts of this batch midway")
             for _ in range(count[fut]):
                 yield fut.result()
         if failure is not None:
@@ -281,6 +299,11 @@ class RolloutScheduler:
             return
         self._closed = True
         self._pool.close()
+        if self.run_budget is not None:
+            # The counter dies with the run's rollouts; the ledger keeps its own record.
+            self.budget.share(None)
+            stop_run_spend(self.run_budget)
+            self.run_budget = None
         self.progress.close()
         if self._own_loop is not None and not self._own_loop.is_closed():
             self._own_loop.close()
@@ -327,19 +350,32 @@ class RolloutScheduler:
         if new:
             try:
                 await self._pool.ensure_started()
+                self._start_run_budget()
             except BaseException as exc:
                 self._abandon_pending(exc)
                 raise
             self._pump()
         return futures
 
-    def _collect(self, futures: list[asyncio.Future]) -> list[RolloutResult]:
+    def _start_run_budget(self) -> None:
+        """Start the run's shared budget counter once Ray is up, before any worker is
+        asked for (each worker is handed it as it comes up); it starts from the ledger's
+        spend (on resume, the stored spend)."""
+        if self._wants_run_budget and self.run_budget is None:
+            self.run_budget = start_run_spend(self.budget.tokens, self.budget.cost_usd)
+            self.budget.share(self.run_budget)
+            self._pool.run_budget = self.run_budget
+
+    def _collect(self, futures: list[asyncio.Future], count_budget: bool = True) -> list[RolloutResult]:
         partial: dict[int, RolloutResult] = {}
         stop: BaseException | None = None
         for i, fut in enumerate(futures):
             exc = fut.exception()
             if exc is None:
                 partial[i] = fut.result()
+                if count_budget and partial[i].cache_key in self._budget_stopped and stop is None:
+                    stop = BudgetExceeded(f"the run's token/USD budget stopped rollouts midway "
+                                          f"({self.budget.exhausted_by or 'spent'})")
             elif not isinstance(exc, BudgetExceeded):
                 raise exc
             else:
@@ -429,7 +465,7 @@ class RolloutScheduler:
         items: list[Item] = [(j.item_id, j.request.harness_id, j.request.task_id, j.request.rollout_idx,
                               j.request.seed) for j in jobs]
         node.idle_since = None
-        self._pool.ship(node, items, self.tasks)
+        self._pool.ship(node, items, self.tasks, unbudgeted=[j.item_id for j in jobs if j.ledger is not self.budget])
         self.progress.started(len(jobs))
         if node.poller is None or node.poller.done():
             node.poller = asyncio.ensure_future(self._poll(node))
@@ -480,27 +516,44 @@ class RolloutScheduler:
             if job is None:
                 continue
             self._dispatch.done(job.request.group)
+            if o.run_budget_refused is not None and job.ledger is self.budget:
+                self._run_budget_spent(o.run_budget_refused)
+                if o.result is not None:
+                    self._budget_stopped.add(job.key)
             infra_error = attempt_error(o)
+            job.metered = (0, 0.0)
             if infra_error is not None:
-                self._failed_attempt_calls(job, o.model_calls)
+                self._failed_attempt_calls(job, o.model_calls, o.metered)
                 result = self._infra_failure(job, infra_error, node)
                 if result is None:
                     continue
             elif o.capped:
+                # Its calls were charged at the gateway; the timed-out result carries none.
+                job.metered = o.metered
                 result = timed_out_result(job.request, self.tasks[job.request.task_id], o, self.time_cap_grace)
             else:
                 result = o.result
+                job.metered = o.metered
             finished.append(self._fill(job, result, node, o.started_at, o.finished_at))
         self._record(finished)
 
-    def _failed_attempt_calls(self, job: _Job, calls: list[dict[str, Any]]) -> None:
+    def _run_budget_spent(self, reason: str) -> None:
+        """The run's counter refused a rollout's model call: no new rollout starts (the
+        queued ones are dropped at the next dispatch) and the search stops."""
+        if self.budget.exhausted_by is None:
+            self.budget.mark_exhausted(reason)
+            self.store.event("run_budget_exhausted", {"reason": reason, "ledger": self.budget.snapshot()})
+
+    def _failed_attempt_calls(self, job: _Job, calls: list[dict[str, Any]],
+                              metered: tuple[int, float] = (0, 0.0)) -> None:
         """The model calls of an attempt that failed: paid for, but no stored result will
-        carry them. They are charged to the run's budget and recorded (role solver)."""
+        carry them. They are charged to the run's budget and recorded (role solver).
+        ``metered``: what the attempt's gateway already charged to the run's counter."""
         if not calls:
             return
         if job.ledger is self.budget:
             tokens = sum(int(c.get("input_tokens") or 0) + int(c.get("output_tokens") or 0) for c in calls)
-            self.budget.charge(tokens=tokens, cost_usd=sum(c.get("cost_usd") or 0.0 for c in calls))
+            self.budget.charge(tokens=tokens, cost_usd=sum(c.get("cost_usd") or 0.0 for c in calls), metered=metered)
         if self.agent_calls is not None:
             r = job.request
             self.agent_calls.record_solver_calls(calls, cache_key=job.key, harness_id=r.harness_id, round=r.round)
@@ -551,7 +604,9 @@ class RolloutScheduler:
         if not results:
             return
         for res in results:
-            self._jobs[res.cache_key].ledger.commit(tokens=res.input_tokens + res.output_tokens, cost_usd=res.cost_usd or 0.0)
+            job = self._jobs[res.cache_key]
+            job.ledger.commit(tokens=res.input_tokens + res.output_tokens, cost_usd=res.cost_usd or 0.0,
+                              metered=job.metered)
         # Dispatch before writing: the next submission is on the critical path of every
         # wave of rollouts, the store write is not.
         self._pump()

@@ -32,6 +32,7 @@ workers a run has is :class:`~milo_ray.execution.pool.WorkerPool`'s business.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import functools
 import logging
 import math
@@ -40,11 +41,12 @@ import time
 import traceback
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any, Collection, Mapping
 
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
+from milo_ray.execution.gateway.run_budget import RolloutBudget, current_rollout_budget
 from milo_ray.execution.types import RolloutResult, Task
 
 log = logging.getLogger(__name__)
@@ -72,6 +74,10 @@ class Outcome:
     finished_at: float
     # Model calls a failed attempt made (an executor's InfraFailure carries them).
     model_calls: list[dict[str, Any]] = field(default_factory=list)
+    # What the attempt's gateway already charged to the run's budget counter (tokens, USD),
+    # and why that counter refused one of its calls (None: it did not).
+    metered: tuple[int, float] = (0, 0.0)
+    run_budget_refused: str | None = None
 
 
 def build_executor(executor_config: Any) -> Any:
@@ -116,14 +122,19 @@ class WorkerCore:
         self._wake: asyncio.Event | None = None
         self._done: list[Outcome] = []
         self._running: set[asyncio.Task] = set()
+        # The run's budget counter (a RunSpendActor handle, set by the driver; None: the
+        # run has no token/USD cap, or its executor meters no model calls).
+        self.run_budget: Any = None
 
     def _loop_state(self) -> None:
         if self._sem is None:
             self._sem = asyncio.Semaphore(self.slots)
             self._wake = asyncio.Event()
 
-    async def submit(self, items: list[Item], harness_refs: dict[str, Any], tasks: dict[str, Any]) -> int:
+    async def submit(self, items: list[Item], harness_refs: dict[str, Any], tasks: dict[str, Any],
+                     unbudgeted: Collection[int] = ()) -> int:
         """Register the shipped harnesses/tasks and start the rollouts; returns at once.
+        ``unbudgeted``: item ids run outside the run's budget (final evaluations).
 
         Nothing here awaits: the driver marks a harness or task as shipped when it sends
         the first submit naming it, and a later submit may arrive while that object is
@@ -133,8 +144,10 @@ class WorkerCore:
             self._register(self.harnesses, "harness", hid, ref)
         for tid, task in tasks.items():
             self._register(self.tasks, "task", tid, task)
+        skip = set(unbudgeted)
         for item in items:
-            t = asyncio.create_task(self._run(item))
+            budget = RolloutBudget(self.run_budget) if self.run_budget is not None and item[0] not in skip else None
+            t = asyncio.create_task(self._run(item, budget))
             self._running.add(t)
             t.add_done_callback(self._running.discard)
         return len(self._running)
@@ -168,12 +181,18 @@ class WorkerCore:
             self._threads = ThreadPoolExecutor(max_workers=2 * self.slots, thread_name_prefix="rollout")
         loop = asyncio.get_running_loop()
         began = loop.create_future()
-        fn = functools.partial(_guard_thread, loop, began, self.executor.execute, harness, task, rollout_idx, seed)
+        # In a copy of this rollout's context, as a task would be: its share of the run's
+        # budget (current_rollout_budget) reaches a blocking executor too.
+        fn = functools.partial(contextvars.copy_context().run, _guard_thread, loop, began, self.executor.execute,
+                               harness, task, rollout_idx, seed)
         return loop.run_in_executor(self._threads, fn), began
 
-    async def _run(self, item: Item) -> None:
+    async def _run(self, item: Item, budget: RolloutBudget | None = None) -> None:
         item_id, harness_id, task_id, rollout_idx, seed = item
         assert self._sem is not None and self._wake is not None
+        # This task's own context: the executor's gateway finds the rollout's share of the
+        # run's budget here (the executor call below runs in a copy of it).
+        current_rollout_budget.set(budget)
         async with self._sem:
             started = time.time()
             result: RolloutResult | None = None
@@ -230,7 +249,9 @@ class WorkerCore:
                 infra_error = f"{type(exc).__name__}: {exc}"
                 model_calls = list(getattr(exc, "model_calls", None) or [])
             finished = time.time()
-        self._done.append(Outcome(item_id, result, infra_error, capped, started, finished, model_calls))
+        self._done.append(Outcome(item_id, result, infra_error, capped, started, finished, model_calls,
+                                  metered=budget.metered if budget else (0, 0.0),
+                                  run_budget_refused=budget.refused if budget else None))
         self._wake.set()
 
     async def poll(self, max_wait_s: float) -> list[Outcome]:
@@ -324,9 +345,16 @@ class _RolloutWorkerShell:
         if callable(set_secrets):
             set_secrets(env)
 
-    async def submit(self, items: list[Item], harness_refs: dict[str, Any], tasks: dict[str, Task]) -> int:
+    async def set_run_budget(self, counter: Any) -> None:
+        """The run's budget counter (a RunSpendActor handle), which every budgeted rollout's
+        gateway checks before each model call and charges after it."""
         assert self.core is not None, self.error
-        return await self.core.submit(items, harness_refs, tasks)
+        self.core.run_budget = counter
+
+    async def submit(self, items: list[Item], harness_refs: dict[str, Any], tasks: dict[str, Task],
+                     unbudgeted: Collection[int] = ()) -> int:
+        assert self.core is not None, self.error
+        return await self.core.submit(items, harness_refs, tasks, unbudgeted)
 
     async def poll(self, max_wait_s: float) -> list[Outcome]:
         assert self.core is not None, self.error
@@ -399,17 +427,21 @@ def create_worker(worker: WorkerHandle, config_ref: Any, time_cap_grace: float, 
     worker.actor = RolloutWorker.options(**opts).remote(config_ref, worker.slots, time_cap_grace)
 
 
-async def await_ready(worker: WorkerHandle, env: Mapping[str, str] | None = None) -> str | None:
+async def await_ready(worker: WorkerHandle, env: Mapping[str, str] | None = None,
+                      run_budget: Any = None) -> str | None:
     """Wait until Ray placed the worker and it built its executor; no timeout, since
     a pending worker may wait for the autoscaler or for another run's slots. Returns the
     executor construction error (a config problem) or None. Raises RayError when the
     actor died first (its node was lost, or the pool cancelled it). ``env``: the key
-    variables its executor needs, handed over once it is up."""
+    variables its executor needs, handed over once it is up; ``run_budget``: the run's
+    budget counter, handed over before any rollout reaches the worker."""
     info = await aget(worker.actor.ready.remote())
     if info["error"]:
         return info["error"]
     if env:
         await aget(worker.actor.set_secrets.remote(dict(env)))
+    if run_budget is not None:
+        await aget(worker.actor.set_run_budget.remote(run_budget))
     worker.node_id = info["node_id"]
     worker.label = node_label(info["node_id"], info.get("ip", ""))
     worker.ready = True

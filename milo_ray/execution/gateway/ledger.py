@@ -5,8 +5,12 @@ the gateway that issued it, and after the rollout ended) and the rollout's caps:
 task's token cap and the executor's cap on model calls. The gateway asks
 :meth:`Grant.admit` before forwarding a call and tells :meth:`Grant.record` what the
 call cost; the calls recorded here are the rollout's tokens and USD, whatever the harness
-says about itself. When a cap is reached the grant stops (``stop_reason``) and wakes
-whoever waits on :attr:`Grant.stopped` -- the executor, which then ends the rollout.
+says about itself. A budgeted rollout's grant also carries its share of the run's budget
+(:class:`~milo_ray.execution.gateway.run_budget.RolloutBudget`): every recorded call is
+charged to the run's counter, and the gateway asks that counter before it forwards a call.
+When a cap is reached the grant stops (``stop_reason``: ``token_cap``, ``call_cap`` or
+``run_budget``) and wakes whoever waits on :attr:`Grant.stopped` -- the executor, which
+then ends the rollout.
 
 Decisions only: nothing here does I/O.
 """
@@ -25,7 +29,7 @@ class Refusal:
     """Why a call is not forwarded: an HTTP status and a message for the caller."""
 
     status: int
-    reason: str  # "unknown_token" | "ended" | "token_cap" | "call_cap"
+    reason: str  # "unknown_token" | "ended" | "token_cap" | "call_cap" | "run_budget"
     message: str
 
 
@@ -33,9 +37,12 @@ class Grant:
     """One rollout's right to call the model (see the module docstring).
 
     ``token_cap``: input + output tokens after which the rollout stops (None: none);
-    ``call_cap``: model calls it may make (None: none)."""
+    ``call_cap``: model calls it may make (None: none); ``run_budget``: the rollout's
+    :class:`~milo_ray.execution.gateway.run_budget.RolloutBudget` (None: the rollout is
+    not counted against the run's budget)."""
 
-    def __init__(self, label: str, *, token_cap: int | None = None, call_cap: int | None = None) -> None:
+    def __init__(self, label: str, *, token_cap: int | None = None, call_cap: int | None = None,
+                 run_budget: Any = None) -> None:
         if token_cap is not None and token_cap < 1:
             raise ValueError(f"Grant: token_cap={token_cap} must be >= 1 or None")
         if call_cap is not None and call_cap < 1:
@@ -43,6 +50,7 @@ class Grant:
         self.token = secrets.token_urlsafe(32)
         self.label = label
         self.token_cap, self.call_cap = token_cap, call_cap
+        self.run_budget = run_budget
         self.calls: list[dict[str, Any]] = []
         self.in_flight = 0
         self.ended = False
@@ -74,6 +82,9 @@ class Grant:
         with self._lock:
             if self.ended:
                 return Refusal(401, "ended", "this rollout has ended; its gateway token is no longer valid")
+            if self.stop_reason == "run_budget":
+                return Refusal(429, "run_budget", "the run's token/USD budget is spent; no further model calls are "
+                                                  "paid for")
             if self.stop_reason is not None:
                 return Refusal(429, self.stop_reason, f"this rollout reached its {self._cap_text(self.stop_reason)}")
             if self.call_cap is not None and len(self.calls) + self.in_flight >= self.call_cap:
@@ -87,6 +98,8 @@ class Grant:
         with self._lock:
             self.in_flight = max(0, self.in_flight - 1)
             self.calls.append(call)
+            if self.run_budget is not None:
+                self.run_budget.charge(int(call["input_tokens"]) + int(call["output_tokens"]), call.get("cost_usd"))
             if upstream_error is not None:
                 self.upstream_error = upstream_error
             used = sum(int(c["input_tokens"]) + int(c["output_tokens"]) for c in self.calls)
@@ -97,6 +110,15 @@ class Grant:
         """A call admitted but never forwarded (the request was malformed)."""
         with self._lock:
             self.in_flight = max(0, self.in_flight - 1)
+
+    def refuse_for_run_budget(self, reason: str) -> Refusal:
+        """The run's budget refused a call admitted by :meth:`admit`: it is not forwarded,
+        and the rollout stops (``run_budget``)."""
+        with self._lock:
+            self.in_flight = max(0, self.in_flight - 1)
+            if self.stop_reason is None:
+                self._stop_locked("run_budget")
+        return Refusal(429, "run_budget", f"{reason}; no further model calls are paid for")
 
     def end(self) -> None:
         """The rollout is over: refuse the token from now on."""
@@ -126,8 +148,9 @@ class GrantBook:
         self._grants: dict[str, Grant] = {}
         self._lock = threading.Lock()
 
-    def issue(self, label: str, *, token_cap: int | None = None, call_cap: int | None = None) -> Grant:
-        grant = Grant(label, token_cap=token_cap, call_cap=call_cap)
+    def issue(self, label: str, *, token_cap: int | None = None, call_cap: int | None = None,
+              run_budget: Any = None) -> Grant:
+        grant = Grant(label, token_cap=token_cap, call_cap=call_cap, run_budget=run_budget)
         with self._lock:
             self._grants[grant.token] = grant
         return grant

@@ -5,7 +5,8 @@ one, :mod:`.responses`) on a Unix socket, run by the rollout worker on its own e
 Sandboxed harnesses reach it through the socket bound into their sandbox (relayed to a
 loopback port inside, :mod:`milo_ray.execution.harness_process_backend`), with the bearer
 token of their rollout's :class:`~milo_ray.execution.gateway.ledger.Grant`. For each call
-the gateway checks the token (unknown or ended: 401) and the grant's caps (429), forwards
+the gateway checks the token (unknown or ended: 401), the grant's caps and the run's
+budget (:mod:`.run_budget`; 429), forwards
 the request through :mod:`.upstream` (streamed or not), and records what the call cost on
 the grant. The key never leaves this process: it is handed to the gateway as an argument
 (:meth:`ModelGateway.set_key`), never read from or written to an environment variable,
@@ -99,8 +100,9 @@ class ModelGateway:
             await self._runner.cleanup()
             self._runner = None
 
-    def issue(self, label: str, *, token_cap: int | None = None, call_cap: int | None = None) -> Grant:
-        grant = self.grants.issue(label, token_cap=token_cap, call_cap=call_cap)
+    def issue(self, label: str, *, token_cap: int | None = None, call_cap: int | None = None,
+              run_budget: Any = None) -> Grant:
+        grant = self.grants.issue(label, token_cap=token_cap, call_cap=call_cap, run_budget=run_budget)
         grant.bind_loop()
         self.grants.forget_ended()
         return grant
@@ -163,6 +165,12 @@ class ModelGateway:
         except (ValueError, upstream.BadRequest) as exc:
             grant.release()
             return _error(web, Refusal(400, "bad_request", f"bad request: {exc}"))
+        if grant.run_budget is not None:
+            # The run's counter, shared by every worker's gateway: asked before each call,
+            # charged after it (Grant.record), so a spent budget stops paying at once.
+            spent = await grant.run_budget.admit()
+            if spent is not None:
+                return _error(web, grant.refuse_for_run_budget(spent))
         if body.get("stream"):
             return await self._stream(request, grant, body, api)
         started, mono = time.time(), time.monotonic()
