@@ -28,6 +28,7 @@ import asyncio
 import itertools
 import logging
 import math
+import time
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
 
@@ -96,6 +97,11 @@ def plan_slots(nodes: Sequence[Mapping[str, Any]], *, slot_resource: str, slots_
     )
 
 
+def _positive_int(name: str, value: Any) -> None:
+    if not isinstance(value, int) or value < 1:
+        raise ValueError(f"RolloutScheduler: {name}={value!r} must be a positive integer")
+
+
 class WorkerPool:
     """``harnesses`` is the scheduler's registry (harness_id -> harness), read when a
     harness is first shipped. ``address`` is used to connect only when Ray is not
@@ -115,7 +121,17 @@ class WorkerPool:
         time_cap_grace: float,
         address: str | None,
         worker_env: Mapping[str, str] | None = None,
+        worker_idle_s: float = 60.0,
     ) -> None:
+        _positive_int("slots_per_node", slots_per_node)
+        for name, value in (("slots_per_worker", slots_per_worker), ("max_workers", max_workers)):
+            if value is not None:
+                _positive_int(name, value)
+        if not isinstance(slot_resource, str) or not slot_resource:
+            raise ValueError(f"RolloutScheduler: slot_resource={slot_resource!r} must name a Ray resource")
+        if not worker_idle_s >= 0:
+            raise ValueError(f"RolloutScheduler: worker_idle_s={worker_idle_s!r} must be >= 0 seconds")
+        self.worker_idle_s = float(worker_idle_s)
         self.executor_config = executor_config
         self.worker_env = dict(worker_env or {})
         self.harnesses = harnesses
@@ -129,6 +145,8 @@ class WorkerPool:
         self.plan: SlotPlan | None = None
         self.on_ready: Callable[[], None] = lambda: None
         self.on_fatal: Callable[[BaseException], None] = lambda exc: None
+        self.on_released: Callable[[WorkerHandle], None] = lambda worker: None
+        self._loop: asyncio.AbstractEventLoop | None = None
         self.fatal: BaseException | None = None
         # The run's budget counter, handed to each worker as it comes up (set by the
         # scheduler before the first worker is asked for; None: no counter).
@@ -139,14 +157,32 @@ class WorkerPool:
         self._config_ref: Any = None
         self._start_lock: asyncio.Lock | None = None
 
-    def bind_loop(self) -> None:
-        """Forget the previous event loop's lock and pollers (the scheduler moved loops).
-        Workers still pending on the old loop are cancelled: their waiters died with it."""
+    def bind_loop(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Forget the previous event loop's lock, pollers and idle timers (the scheduler
+        moved loops). Workers still pending on the old loop are cancelled: their waiters
+        died with it; idle ones start their idle time again on this loop."""
+        self._loop = loop
         self._start_lock = asyncio.Lock()
         for worker in list(self.workers.values()):
             worker.poller = None
             if not worker.ready:
                 self.retire(worker)
+            elif not worker.inflight:
+                worker.idle_since = None
+                self.idle(worker)
+
+    def idle(self, worker: WorkerHandle) -> None:
+        """The worker finished its last rollout: release it after ``worker_idle_s``
+        unless work reaches it first (``on_released`` then hears of it)."""
+        if worker.inflight or worker.idle_since is not None or self._loop is None:
+            return
+        stamp = worker.idle_since = time.monotonic()
+        self._loop.call_later(self.worker_idle_s, self._release_if_idle, worker, stamp)
+
+    def _release_if_idle(self, worker: WorkerHandle, stamp: float) -> None:
+        if worker.idle_since == stamp and not worker.inflight and self.workers.get(worker.key) is worker:
+            self.retire(worker)
+            self.on_released(worker)
 
     def free_slots(self) -> dict[str, int]:
         """Free slots by worker key, for the ready workers that have any."""

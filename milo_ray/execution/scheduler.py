@@ -20,12 +20,8 @@ The scheduler is the driver-side half of rollout execution (DESIGN §2). It owns
 * **the budget** -- the uncached part of a request batch is reserved on the
   :class:`~milo_ray.execution.budget.BudgetLedger` before anything starts
   (:class:`BudgetExceeded` otherwise) and committed as results arrive; once a token or
-  cost cap is reached no queued rollout starts. When the executor meters its model calls
-  (a gateway) and a token/USD cap is set, the scheduler also starts the run's shared
-  budget counter (:mod:`~milo_ray.execution.gateway.run_budget`) and hands it to every
-  worker, so a spent budget stops the running rollouts' calls too: those rollouts end
-  with the stop reason ``run_budget`` and the ledger is marked spent. ``count_budget=False``
-  batches (final evaluations) are tallied on ``uncounted`` instead and never refused;
+  cost cap is reached no queued rollout starts, and the gateways' shared counter stops
+  the running ones' model calls (:mod:`~milo_ray.execution.spend`);
 * **faults** -- an executor that raises, or a worker actor / node that dies, is an
   infrastructure failure: the rollout is retried with exponential backoff on a
   new worker, each retry recorded as a ``rollout_retry`` event, and after
@@ -55,7 +51,6 @@ from milo_ray.execution.budget import BudgetExceeded, BudgetLedger
 from milo_ray.execution.cache import ResultCache
 from milo_ray.execution.cluster import SLOT_RESOURCE
 from milo_ray.execution.dispatch import Dispatch, GroupLimits
-from milo_ray.execution.gateway.run_budget import meters_model_calls, start_run_spend, stop_run_spend
 from milo_ray.execution.outcomes import (
     RetryPolicy,
     attempt_error,
@@ -65,6 +60,7 @@ from milo_ray.execution.outcomes import (
 )
 from milo_ray.execution.pool import WorkerPool
 from milo_ray.execution.progress import RolloutProgress
+from milo_ray.execution.spend import SchedulerSpend
 from milo_ray.execution.types import RolloutRequest, RolloutResult, Task
 from milo_ray.execution.workers import Item, Outcome, WorkerHandle, aget
 
@@ -91,11 +87,6 @@ class _Job:
     metered: tuple[int, float] = (0, 0.0)
 
 
-def _positive_int(name: str, value: Any) -> None:
-    if not isinstance(value, int) or value < 1:
-        raise ValueError(f"RolloutScheduler: {name}={value!r} must be a positive integer")
-
-
 class RolloutScheduler:
     """Runs rollouts on Ray, streams results into the store, caches, budgets, retries.
 
@@ -120,8 +111,8 @@ class RolloutScheduler:
     ``address`` is used to connect only when Ray is not initialised yet.
     ``usd_per_mtok``: (input, output) USD per million tokens; it prices every result
     whose executor reported no cost of its own (None: such results cost 0).
-    ``worker_env``: environment variables the rollout workers get through Ray's runtime
-    environment (the model's API key; see :func:`~milo_ray.execution.workers.await_ready`).
+    ``worker_env``: variables each rollout worker is handed by an actor call as it comes up
+    (the model gateway's keys; see :func:`~milo_ray.execution.workers.await_ready`).
     """
 
     def __init__(
@@ -153,18 +144,10 @@ class RolloutScheduler:
         self.store = store
         self.model_id = model_id
         self.run_id = run_id
-        self.budget = budget if budget is not None else BudgetLedger()
-        # Spend of batches run with count_budget=False (never capped).
-        self.uncounted = BudgetLedger()
-        _positive_int("slots_per_node", slots_per_node)
-        for name, value in (("slots_per_worker", slots_per_worker), ("max_workers", max_workers)):
-            if value is not None:
-                _positive_int(name, value)
-        if not isinstance(slot_resource, str) or not slot_resource:
-            raise ValueError(f"RolloutScheduler: slot_resource={slot_resource!r} must name a Ray resource")
-        if not worker_idle_s >= 0:
-            raise ValueError(f"RolloutScheduler: worker_idle_s={worker_idle_s!r} must be >= 0 seconds")
-        self.worker_idle_s = float(worker_idle_s)
+        # The run's budget, the uncounted ledger of count_budget=False batches and the
+        # gateways' shared counter.
+        self.spend = SchedulerSpend(budget if budget is not None else BudgetLedger(), executor_config, store)
+        self.budget, self.uncounted = self.spend.budget, self.spend.uncounted
         self._dispatch: Dispatch[_Job] = Dispatch(default_group_limit, group_limits)
         self.retry = RetryPolicy(max_retries, float(retry_backoff_s))
         if time_cap_grace < 1.0:
@@ -184,20 +167,15 @@ class RolloutScheduler:
         self._pool = WorkerPool(executor_config, self._harnesses, slots_per_node=slots_per_node,
                                 slots_per_worker=slots_per_worker, max_workers=max_workers,
                                 slot_resource=slot_resource, time_cap_grace=self.time_cap_grace, address=address,
-                                worker_env=worker_env)
+                                worker_env=worker_env, worker_idle_s=worker_idle_s)
         self._pool.on_ready = self._pump
         self._pool.on_fatal = self._abandon_pending
+        self._pool.on_released = lambda worker: self.store.event(
+            "rollout_worker_released", {"node": worker.label, "worker": worker.key, "idle_s": self._pool.worker_idle_s})
         self._workers = self._pool.workers  # worker key -> WorkerHandle, the rollouts in flight there
         self._cache = ResultCache(store)
         # Resume: rollouts stored before this scheduler existed were spent already.
         self.budget.restore_from_rollouts(store.read("rollouts"))
-        # The run's budget counter at the gateways: only a capped run whose executor meters
-        # its model calls needs one (the offline executors keep the ledger's rule alone).
-        self._wants_run_budget = self.budget.caps_spend and meters_model_calls(executor_config)
-        self.run_budget: Any = None
-        # Keys of rollouts the run's budget stopped midway: a batch holding one was cut
-        # short by the budget, so its caller gets BudgetExceeded (with every result).
-        self._budget_stopped: set[str] = set()
 
         self._items = itertools.count()
         self._jobs: dict[str, _Job] = {}  # key -> unfinished job (queued, in flight or backing off)
@@ -271,8 +249,8 @@ class RolloutScheduler:
             if fut.exception() is not None:
                 failure = failure or fut.exception()
                 continue
-            if count_budget and fut.result().cache_key in self._budget_stopped and failure is None:
-                failure = BudgetExceeded("the run's token/USD budget stopped rollouts of this batch midway")
+            if failure is None:
+                failure = self.spend.stopped_midway(fut.result().cache_key, count_budget)
             for _ in range(count[fut]):
                 yield fut.result()
         if failure is not None:
@@ -299,11 +277,7 @@ class RolloutScheduler:
             return
         self._closed = True
         self._pool.close()
-        if self.run_budget is not None:
-            # The counter dies with the run's rollouts; the ledger keeps its own record.
-            self.budget.share(None)
-            stop_run_spend(self.run_budget)
-            self.run_budget = None
+        self.spend.stop_counter()
         self.progress.close()
         if self._own_loop is not None and not self._own_loop.is_closed():
             self._own_loop.close()
@@ -332,7 +306,7 @@ class RolloutScheduler:
                 new[k] = r
         # Reserve the whole uncached part atomically, before any await: nothing starts
         # unless all of it fits, and concurrent callers cannot double-book a key.
-        ledger = self.budget if count_budget else self.uncounted
+        ledger = self.spend.ledger(count_budget)
         ledger.reserve(len(new))
         for k, r in new.items():
             job = _Job(k, r, loop.create_future(), ledger)
@@ -350,21 +324,13 @@ class RolloutScheduler:
         if new:
             try:
                 await self._pool.ensure_started()
-                self._start_run_budget()
+                # Each worker is handed the run's counter as it comes up.
+                self._pool.run_budget = self.spend.start_counter()
             except BaseException as exc:
                 self._abandon_pending(exc)
                 raise
             self._pump()
         return futures
-
-    def _start_run_budget(self) -> None:
-        """Start the run's shared budget counter once Ray is up, before any worker is
-        asked for (each worker is handed it as it comes up); it starts from the ledger's
-        spend (on resume, the stored spend)."""
-        if self._wants_run_budget and self.run_budget is None:
-            self.run_budget = start_run_spend(self.budget.tokens, self.budget.cost_usd)
-            self.budget.share(self.run_budget)
-            self._pool.run_budget = self.run_budget
 
     def _collect(self, futures: list[asyncio.Future], count_budget: bool = True) -> list[RolloutResult]:
         partial: dict[int, RolloutResult] = {}
@@ -373,9 +339,7 @@ class RolloutScheduler:
             exc = fut.exception()
             if exc is None:
                 partial[i] = fut.result()
-                if count_budget and partial[i].cache_key in self._budget_stopped and stop is None:
-                    stop = BudgetExceeded(f"the run's token/USD budget stopped rollouts midway "
-                                          f"({self.budget.exhausted_by or 'spent'})")
+                stop = stop or self.spend.stopped_midway(partial[i].cache_key, count_budget)
             elif not isinstance(exc, BudgetExceeded):
                 raise exc
             else:
@@ -393,12 +357,7 @@ class RolloutScheduler:
                     "drive one scheduler from one loop at a time"
                 )
             self._loop = loop
-            self._pool.bind_loop()
-            # Idle timers of the previous loop died with it: start them again on this one.
-            for worker in list(self._workers.values()):
-                if not worker.inflight:
-                    worker.idle_since = None
-                    self._idle(worker)
+            self._pool.bind_loop(loop)
         return loop
 
     # --- workers ----------------------------------------------------------------------
@@ -416,20 +375,6 @@ class RolloutScheduler:
         if not self._pool.can_place():
             self._abandon_pending(RuntimeError("every node with sandbox slots is gone; no rollout can run"))
         self._pump()
-
-    def _idle(self, worker: WorkerHandle) -> None:
-        """The worker finished its last rollout: release it after ``worker_idle_s``
-        unless work reaches it first."""
-        if worker.inflight or worker.idle_since is not None or self._loop is None:
-            return
-        stamp = worker.idle_since = time.monotonic()
-        self._loop.call_later(self.worker_idle_s, self._release_if_idle, worker, stamp)
-
-    def _release_if_idle(self, worker: WorkerHandle, stamp: float) -> None:
-        if worker.idle_since == stamp and not worker.inflight and self._workers.get(worker.key) is worker:
-            self._pool.retire(worker)
-            self.store.event("rollout_worker_released", {"node": worker.label, "worker": worker.key,
-                                                         "idle_s": self.worker_idle_s})
 
     # --- dispatch ---------------------------------------------------------------------
     def _pump(self) -> None:
@@ -465,7 +410,7 @@ class RolloutScheduler:
         items: list[Item] = [(j.item_id, j.request.harness_id, j.request.task_id, j.request.rollout_idx,
                               j.request.seed) for j in jobs]
         node.idle_since = None
-        self._pool.ship(node, items, self.tasks, unbudgeted=[j.item_id for j in jobs if j.ledger is not self.budget])
+        self._pool.ship(node, items, self.tasks, unbudgeted=[j.item_id for j in jobs if not self.spend.counts(j.ledger)])
         self.progress.started(len(jobs))
         if node.poller is None or node.poller.done():
             node.poller = asyncio.ensure_future(self._poll(node))
@@ -486,7 +431,7 @@ class RolloutScheduler:
                 return  # given up meanwhile: its rollouts were already settled as failures
             self._on_outcomes(node, outcomes)
             self._pump()  # slots freed by retried rollouts
-        self._idle(node)
+        self._pool.idle(node)
 
     def _poller_done(self, task: asyncio.Task) -> None:
         # A poller only ends by exception on a scheduler bug (or a worker that cannot be
@@ -516,10 +461,8 @@ class RolloutScheduler:
             if job is None:
                 continue
             self._dispatch.done(job.request.group)
-            if o.run_budget_refused is not None and job.ledger is self.budget:
-                self._run_budget_spent(o.run_budget_refused)
-                if o.result is not None:
-                    self._budget_stopped.add(job.key)
+            if o.run_budget_refused is not None and self.spend.counts(job.ledger):
+                self.spend.counter_refused(job.key, o.run_budget_refused, has_result=o.result is not None)
             infra_error = attempt_error(o)
             job.metered = (0, 0.0)
             if infra_error is not None:
@@ -537,13 +480,6 @@ class RolloutScheduler:
             finished.append(self._fill(job, result, node, o.started_at, o.finished_at))
         self._record(finished)
 
-    def _run_budget_spent(self, reason: str) -> None:
-        """The run's counter refused a rollout's model call: no new rollout starts (the
-        queued ones are dropped at the next dispatch) and the search stops."""
-        if self.budget.exhausted_by is None:
-            self.budget.mark_exhausted(reason)
-            self.store.event("run_budget_exhausted", {"reason": reason, "ledger": self.budget.snapshot()})
-
     def _failed_attempt_calls(self, job: _Job, calls: list[dict[str, Any]],
                               metered: tuple[int, float] = (0, 0.0)) -> None:
         """The model calls of an attempt that failed: paid for, but no stored result will
@@ -551,9 +487,7 @@ class RolloutScheduler:
         ``metered``: what the attempt's gateway already charged to the run's counter."""
         if not calls:
             return
-        if job.ledger is self.budget:
-            tokens = sum(int(c.get("input_tokens") or 0) + int(c.get("output_tokens") or 0) for c in calls)
-            self.budget.charge(tokens=tokens, cost_usd=sum(c.get("cost_usd") or 0.0 for c in calls), metered=metered)
+        self.spend.charge_failed_attempt(job.ledger, calls, metered)
         if self.agent_calls is not None:
             r = job.request
             self.agent_calls.record_solver_calls(calls, cache_key=job.key, harness_id=r.harness_id, round=r.round)
@@ -595,7 +529,7 @@ class RolloutScheduler:
         return fill_bookkeeping(
             result, r, run_id=self.run_id, split=r.split or self.tasks[r.task_id].split, node=node.label,
             started=started, finished=finished, cache_key=job.key, attempts=job.attempts,
-            budgeted=job.ledger is self.budget, usd_per_mtok=self.usd_per_mtok,
+            budgeted=self.spend.counts(job.ledger), usd_per_mtok=self.usd_per_mtok,
         )
 
     def _record(self, results: list[RolloutResult]) -> None:

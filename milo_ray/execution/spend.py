@@ -1,0 +1,82 @@
+"""The scheduler's side of the run's spend: which ledger a batch is reserved on, the
+run's shared budget counter at the model gateways, and the rollouts that counter stopped.
+
+A batch counted against the run's budget is reserved on the run's
+:class:`~milo_ray.execution.budget.BudgetLedger`; a ``count_budget=False`` batch (a final
+evaluation) on ``uncounted``, which is never capped. When the executor meters its model
+calls (a gateway) and a token/USD cap is set, one counter
+(:mod:`~milo_ray.execution.gateway.run_budget`) is started for the run and handed to
+every worker, so a spent budget stops the running rollouts' calls too; a rollout it
+stopped midway is remembered, so the batch holding it ends in
+:class:`~milo_ray.execution.budget.BudgetExceeded` (with every result).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterable
+
+from milo_ray.execution.budget import BudgetExceeded, BudgetLedger
+from milo_ray.execution.gateway.run_budget import meters_model_calls, start_run_spend, stop_run_spend
+
+
+class SchedulerSpend:
+    """The run's ``budget`` ledger, the ``uncounted`` one, and the gateways' counter."""
+
+    def __init__(self, budget: BudgetLedger, executor_config: Any, store: Any) -> None:
+        self.budget = budget
+        self.uncounted = BudgetLedger()
+        self._store = store
+        # Only a capped run whose executor meters its model calls needs a counter (the
+        # offline executors keep the ledger's rule alone).
+        self._wants_counter = budget.caps_spend and meters_model_calls(executor_config)
+        self.counter: Any = None
+        self._stopped: set[str] = set()
+
+    def ledger(self, count_budget: bool) -> BudgetLedger:
+        return self.budget if count_budget else self.uncounted
+
+    def counts(self, ledger: BudgetLedger) -> bool:
+        """Whether a job reserved on ``ledger`` is counted against the run's budget."""
+        return ledger is self.budget
+
+    def start_counter(self) -> Any:
+        """Start the run's counter (once, after Ray is up; None when the run needs none):
+        it starts from the ledger's spend -- on resume, the stored spend."""
+        if self._wants_counter and self.counter is None:
+            self.counter = start_run_spend(self.budget.tokens, self.budget.cost_usd)
+            self.budget.share(self.counter)
+        return self.counter
+
+    def stop_counter(self) -> None:
+        """The counter dies with the run's rollouts; the ledger keeps its own record."""
+        if self.counter is not None:
+            self.budget.share(None)
+            stop_run_spend(self.counter)
+            self.counter = None
+
+    def counter_refused(self, key: str, reason: str, *, has_result: bool) -> None:
+        """The counter refused a model call of rollout ``key``: no new rollout starts (the
+        ledger is spent; the queued ones are dropped at the next dispatch) and, when the
+        rollout still produced a result, its batch is cut short by the budget."""
+        if self.budget.exhausted_by is None:
+            self.budget.mark_exhausted(reason)
+            self._store.event("run_budget_exhausted", {"reason": reason, "ledger": self.budget.snapshot()})
+        if has_result:
+            self._stopped.add(key)
+
+    def charge_failed_attempt(self, ledger: BudgetLedger, calls: Iterable[dict[str, Any]],
+                              metered: tuple[int, float]) -> None:
+        """Charge the model calls of an attempt that failed (paid for, but no stored result
+        carries them); ``metered`` is what its gateway already charged to the counter."""
+        if ledger is not self.budget:
+            return
+        calls = list(calls)
+        tokens = sum(int(c.get("input_tokens") or 0) + int(c.get("output_tokens") or 0) for c in calls)
+        self.budget.charge(tokens=tokens, cost_usd=sum(c.get("cost_usd") or 0.0 for c in calls), metered=metered)
+
+    def stopped_midway(self, key: str, count_budget: bool) -> BudgetExceeded | None:
+        """The error a counted batch ends in when the counter stopped its rollout ``key``."""
+        if count_budget and key in self._stopped:
+            return BudgetExceeded(f"the run's token/USD budget stopped rollouts midway "
+                                  f"({self.budget.exhausted_by or 'spent'})")
+        return None
