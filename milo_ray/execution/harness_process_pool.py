@@ -223,6 +223,18 @@ class WarmPool:
                 _close(spare.sandbox, spare.scratch)
         self._spares.clear()
 
+    async def aclose(self) -> None:
+        """:meth:`close` on the spares' own loop: also waits until their processes are reaped."""
+        tasks = list(self._tasks)
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        spares = [s for v in self._spares.values() for s in v]
+        self._spares.clear()
+        for spare in spares:
+            await spare.process.finish()
+            await asyncio.to_thread(_close, spare.sandbox, spare.scratch)
+
     def spares(self) -> int:
         """Spares held now (started or importing), all shapes."""
         return sum(len(s) for s in self._spares.values())
