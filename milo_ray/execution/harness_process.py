@@ -85,6 +85,58 @@ def preimport() -> None:
     import milo_ray.harness.loader  # noqa: F401
 
 
+def warm_up() -> None:
+    """Build and run a throwaway deep agent (one ``write_todos`` call, then an answer)
+    against a scripted model on this sandbox's loopback, before the job: what langchain,
+    langgraph, deepagents and the HTTP client do once per process (lazy imports, schema
+    and graph caches) is then done before the rollout's agent is built. It is the
+    framework's own code on fixed data; nothing of it survives but those caches (the
+    agent, its model and its server are discarded, and it touches no file)."""
+    import http.server
+    import threading
+
+    from deepagents import create_deep_agent
+
+    from milo_ray.execution.harness_process_backend import SandboxShell
+
+    answers = [{"tool_calls": [{"id": "warm-1", "type": "function", "function": {
+        "name": "write_todos", "arguments": json.dumps({"todos": [{"content": "warm up", "status": "completed"}]})}}]},
+        {"content": "done"}]
+
+    class Scripted(http.server.BaseHTTPRequestHandler):
+        def do_POST(self) -> None:  # noqa: N802 (http.server's naming)
+            self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            message = {"role": "assistant", "content": None, **(answers.pop(0) if answers else {"content": "done"})}
+            body = json.dumps({"id": "warm", "model": "warm", "choices": [{"index": 0, "message": message,
+                               "finish_reason": "stop"}], "usage": {"prompt_tokens": 1, "completion_tokens": 1}})
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body.encode())
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Scripted)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        model = build_model({"model": {"solver": "warm-up"}, "token": "warm-up"},
+                            f"http://127.0.0.1:{server.server_address[1]}/v1")
+        agent = create_deep_agent(model=model, tools=[], backend=SandboxShell(
+            workdir="/", env={}, timeout_s=10, output_cap_bytes=1000))
+
+        async def run() -> None:
+            async for state in agent.astream({"messages": [{"role": "user", "content": "warm up"}]},
+                                             config={"recursion_limit": 10}, stream_mode="values"):
+                StepStreamer(_Out(open(os.devnull, "w"))).observe(state)
+
+        asyncio.run(run())
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
 def build_model(job: dict[str, Any], api_base: str) -> Any:
     from milo_ray.execution.harness_process_model import GatewayChatModel
 
@@ -170,6 +222,10 @@ def main() -> None:
     except BaseException as exc:
         out.send(t="final", status="harness_error", error=f"the harness runtime failed to import: {exc!r}")
         os._exit(3)
+    try:
+        warm_up()
+    except Exception:  # only slower: the rollout's agent does the first-time work instead
+        traceback.print_exc()
     out.send(t="ready")
     line = sys.stdin.readline()
     if not line:

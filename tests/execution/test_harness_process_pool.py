@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import sys
 import threading
+import time
 
 import pytest
 
@@ -61,7 +62,8 @@ SPEC = SandboxSpec(task_id="t1")
 
 
 async def _until(cond, what: str) -> None:
-    for _ in range(GIVE_UP_S * 100):
+    deadline = time.monotonic() + GIVE_UP_S
+    while time.monotonic() < deadline:
         if cond():
             return
         await asyncio.sleep(0.01)
