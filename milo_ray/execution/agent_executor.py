@@ -215,7 +215,7 @@ class AgentExecutor:
         spare = None
         pooled = bool(self.pool.size and getattr(self.sandbox, "hosts_harness", False))
         if pooled:
-            spare = self.pool.take(spec, (await self.gateway()).socket_path)
+            spare = await self.pool.take(spec, (await self.gateway()).socket_path)
         try:
             return await self._execute(harness, task, rollout_idx, fmt, spec, spare)
         finally:

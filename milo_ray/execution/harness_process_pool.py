@@ -83,6 +83,7 @@ class WarmPool:
         self._peak: dict[str, int] = {}
         self._opening: dict[str, int] = {}  # being started, not yet in _spares
         self._importing = 0  # started (in _spares or handed out), imports not yet done
+        self._waiters: dict[str, list[asyncio.Future]] = {}  # rollouts waiting for a spare being opened
         self._tasks: set[asyncio.Task] = set()
         self._socket = ""
         self.handed_out = 0  # spares given to rollouts (each once)
@@ -99,10 +100,13 @@ class WarmPool:
         return int(self.mode)
 
     # --- a rollout's side ---------------------------------------------------------------------
-    def take(self, spec: Any, gateway_socket: str | None = None) -> Spare | None:
+    async def take(self, spec: Any, gateway_socket: str | None = None) -> Spare | None:
         """A live spare of ``spec``'s shape on this loop (possibly still importing), or None;
         counts the rollout as in flight until :meth:`release` and starts replacements.
-        A spare is removed from the pool as it is handed out: no other rollout gets it."""
+        With none held but one being opened that no other rollout waits for, it waits for
+        that one (begun earlier, it is ready sooner than a process of its own, and it does
+        not start the same imports twice). A spare is removed from the pool as it is handed
+        out: no other rollout gets it."""
         if self.size == 0:
             return None
         if gateway_socket is not None:
@@ -119,9 +123,15 @@ class WarmPool:
                 found = spare
                 break
             self._discard(spare)
+        if found is None and self._opening.get(key, 0) > len(self._waiters.get(key, [])):
+            waiter = asyncio.get_running_loop().create_future()
+            self._waiters.setdefault(key, []).append(waiter)
+            self._fill()
+            found = await waiter  # None: that start failed
+        else:
+            self._fill()
         if found is not None:
             self.handed_out += 1
-        self._fill()
         return found
 
     def release(self, spec: Any) -> None:
@@ -163,7 +173,9 @@ class WarmPool:
             # Directories and the sandbox (mounts, cgroup) in a thread: never on the loop.
             scratch, sandbox, process = await asyncio.to_thread(self._open, spec)
             await process.start()
-            self._spares.setdefault(key, []).append(Spare(sandbox, process, scratch, asyncio.get_running_loop()))
+            spare = Spare(sandbox, process, scratch, asyncio.get_running_loop())
+            if not self._hand_to_waiter(key, spare):
+                self._spares.setdefault(key, []).append(spare)
             self._opening[key] -= 1
             self._importing += 1
             listed = True
@@ -188,7 +200,17 @@ class WarmPool:
                 self._importing -= 1
             else:
                 self._opening[key] -= 1
+                self._hand_to_waiter(key, None)  # it goes cold instead
         self._fill()
+
+    def _hand_to_waiter(self, key: str, spare: Spare | None) -> bool:
+        waiters = self._waiters.get(key, [])
+        while waiters:
+            waiter = waiters.pop(0)
+            if not waiter.done():  # a rollout cancelled while waiting leaves a done future
+                waiter.set_result(spare)
+                return True
+        return False
 
     def _open(self, spec: Any) -> tuple[Path, Any, HarnessProcess]:
         scratch = Path(tempfile.mkdtemp(prefix="milo-rollout-", dir=self.scratch_dir))
@@ -215,6 +237,10 @@ class WarmPool:
         t.add_done_callback(self._tasks.discard)
 
     def close(self) -> None:
+        for waiters in self._waiters.values():
+            for w in waiters:
+                if not w.done():
+                    w.set_result(None)
         for t in list(self._tasks):
             t.cancel()
         for spares in self._spares.values():

@@ -87,13 +87,13 @@ def test_a_spare_serves_one_rollout_only(tmp_path):
         pool = WarmPool(FakeFactory(), 2, str(tmp_path))
         pool.refill(SPEC, "/nonexistent.sock")
         await _ready(pool, 2)
-        a, b = pool.take(SPEC), pool.take(SPEC)
+        a, b = await pool.take(SPEC), await pool.take(SPEC)
         assert a is not None and b is not None and a is not b
         assert a.process.proc.pid != b.process.proc.pid and a.sandbox is not b.sandbox
         held = [s for v in pool._spares.values() for s in v]
         assert a not in held and b not in held  # handed out = gone from the pool
         await _ready(pool, 2)
-        c = pool.take(SPEC)
+        c = await pool.take(SPEC)
         assert c is not None and c.sandbox not in (a.sandbox, b.sandbox)
         for s in (a, b, c):
             await s.process.finish()
@@ -106,10 +106,10 @@ def test_taking_a_spare_starts_its_replacement(tmp_path):
     async def go():
         factory = FakeFactory()
         pool = WarmPool(factory, 1, str(tmp_path))
-        assert pool.take(SPEC, "/nonexistent.sock") is None  # nothing yet: it starts one
+        assert await pool.take(SPEC, "/nonexistent.sock") is None  # nothing yet: it starts one
         pool.release(SPEC)
         await _ready(pool, 1)
-        spare = pool.take(SPEC)
+        spare = await pool.take(SPEC)
         assert spare is not None
         await _ready(pool, 1)
         assert len(factory.opened) == 2 and pool.spares() == 1
@@ -122,17 +122,36 @@ def test_taking_a_spare_starts_its_replacement(tmp_path):
 def test_auto_keeps_as_many_spares_as_rollouts_in_flight(tmp_path):
     async def go():
         pool = WarmPool(FakeFactory(), "auto", str(tmp_path), max_starting=2)
-        for _ in range(3):
-            pool.take(SPEC, "/nonexistent.sock")  # three rollouts at once, none found a spare
-        assert pool.target(repr(next(iter(pool._shapes.values())))) == 3
-        await _ready(pool, 3)
-        for _ in range(3):
+        first = await asyncio.gather(*(pool.take(SPEC, "/nonexistent.sock") for _ in range(3)))  # three at once
+        assert pool.target(next(iter(pool._shapes))) == 3
+        for s in first:
+            if s is not None:
+                await s.process.finish()
             pool.release(SPEC)
-        taken = [pool.take(SPEC) for _ in range(3)]
+        await _ready(pool, 3)
+        taken = [await pool.take(SPEC) for _ in range(3)]
         assert all(taken) and len({id(t) for t in taken}) == 3
         await _ready(pool, 3)  # replaced, still three
         for t in taken:
             await t.process.finish()
+        await pool.aclose()
+
+    asyncio.run(go())
+
+
+def test_a_rollout_waits_for_the_spare_being_opened_instead_of_starting_its_own(tmp_path):
+    async def go():
+        gate = threading.Event()
+        factory = FakeFactory(gate)
+        pool = WarmPool(factory, 1, str(tmp_path))
+        pool.refill(SPEC, "/nonexistent.sock")  # opening, held at the gate
+        taking = asyncio.ensure_future(pool.take(SPEC))
+        await asyncio.sleep(0.05)
+        assert not taking.done()
+        gate.set()
+        spare = await asyncio.wait_for(taking, GIVE_UP_S)
+        assert spare is not None and spare.sandbox is factory.opened[0]
+        await spare.process.finish()
         await pool.aclose()
 
     asyncio.run(go())
@@ -153,7 +172,7 @@ def test_refill_and_discard_never_block_the_event_loop(tmp_path):
         spare = next(s for v in pool._spares.values() for s in v)
         spare.process.kill()  # a dead spare is discarded on the next take
         await _until(lambda: not spare.process.alive(), "the spare to die")
-        pool.take(SPEC)
+        await pool.take(SPEC)
         await asyncio.sleep(0.05)
         assert not spare.sandbox.closed
         gate.set()
