@@ -214,9 +214,9 @@ class AgentExecutor:
         spec = fmt.sandbox_spec(task)
         spare = None
         pooled = bool(self.pool.size and getattr(self.sandbox, "hosts_harness", False))
-        if pooled:
-            spare = await self.pool.take(spec, (await self.gateway()).socket_path)
         try:
+            if pooled:
+                spare = await self.pool.take(spec, (await self.gateway()).socket_path)
             return await self._execute(harness, task, rollout_idx, fmt, spec, spare)
         finally:
             if pooled:

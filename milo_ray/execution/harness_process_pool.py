@@ -112,6 +112,7 @@ class WarmPool:
         if gateway_socket is not None:
             self._socket = gateway_socket
         key = self._key(spec)
+        # Counted before anything can be cancelled: the caller's release() always follows.
         self._in_flight[key] = self._in_flight.get(key, 0) + 1
         self._peak[key] = max(self._peak.get(key, 0), self._in_flight[key])
         loop = asyncio.get_running_loop()
@@ -127,7 +128,13 @@ class WarmPool:
             waiter = asyncio.get_running_loop().create_future()
             self._waiters.setdefault(key, []).append(waiter)
             self._fill()
-            found = await waiter  # None: that start failed
+            try:
+                found = await waiter  # None: that start failed
+            except asyncio.CancelledError:
+                # Handed over just as this rollout was cancelled: nobody else may have it.
+                if waiter.done() and not waiter.cancelled() and waiter.result() is not None:
+                    self._discard(waiter.result())
+                raise
         else:
             self._fill()
         if found is not None:
