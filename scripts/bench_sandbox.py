@@ -12,7 +12,12 @@ target for bwrap is within 2x). :func:`main` runs the functions in ``SECTIONS`` 
 :func:`suite_throughput` then measures rollouts per second of the bundled Harbor suite
 with the real executor against a local scripted model at 1, 8 and 32 slots, and
 :func:`boundary_overhead` what the trust boundary adds per rollout and per model call
-against the in-worker baseline (``--only boundary`` runs just that).
+against the in-worker baseline measured in the same run (``--only boundary`` runs just
+that): a rollout with a cold harness process, one that finds a ready spare, and the steady
+state of ``--concurrency`` rollouts in flight on one worker (``warm_processes: auto``) with
+the scripted model taking each ``--call-latency`` per call; plus the CPU seconds and memory
+of one harness process start, which unlike wall times do not grow with the machine's load
+(printed first).
 """
 
 from __future__ import annotations
@@ -284,19 +289,27 @@ async def _spares_ready(pool, n: int) -> None:
         await asyncio.sleep(0.05)
 
 
-def _rss_mb(pid: int) -> float:
-    """Resident memory of ``pid`` and its descendants (a spare is bwrap + its interpreter)."""
-    total, todo = 0, [pid]
+def _tree_usage(pid: int) -> tuple[float, float]:
+    """(resident MB, CPU seconds so far) of ``pid`` and its descendants (a harness process
+    is bwrap and the interpreter it started): CPU time does not grow with the machine's
+    load the way wall time does."""
+    import os
+
+    rss_kb, ticks, todo = 0, 0, [pid]
     while todo:
         p = todo.pop()
         try:
             with open(f"/proc/{p}/status") as f:
-                total += next(int(line.split()[1]) for line in f if line.startswith("VmRSS:"))
-            with open(f"/proc/{p}/task/{p}/children") as f:
-                todo += [int(c) for c in f.read().split()]
+                rss_kb += next(int(line.split()[1]) for line in f if line.startswith("VmRSS:"))
+            with open(f"/proc/{p}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            ticks += int(fields[11]) + int(fields[12])  # utime, stime
+            for t in os.listdir(f"/proc/{p}/task"):
+                with open(f"/proc/{p}/task/{t}/children") as f:
+                    todo += [int(c) for c in f.read().split()]
         except (OSError, StopIteration):
             pass
-    return total / 1024
+    return rss_kb / 1024, ticks / os.sysconf("SC_CLK_TCK")
 
 
 def boundary_overhead(args: argparse.Namespace) -> None:
@@ -308,6 +321,7 @@ def boundary_overhead(args: argparse.Namespace) -> None:
     call (gateway + relay)."""
     import asyncio
     import os
+    import shutil
 
     from milo_ray.agents.llm import build_chat_model
     from milo_ray.benchmarks.harbor import HarborBenchmark
@@ -331,14 +345,18 @@ def boundary_overhead(args: argparse.Namespace) -> None:
         return r
 
     sandbox = {"_target_": "milo_ray.execution.sandbox.bwrap.BwrapSandboxFactory"}
-    med = statistics.median
+    med = lambda xs: statistics.median(list(xs))  # noqa: E731
+    print(f"load average {' '.join(f'{x:.1f}' for x in os.getloadavg())} on {os.cpu_count()} CPUs "
+          "(wall times grow with it; CPU seconds do not)")
     with ScriptedOpenAIServer(scripted) as srv:
         cfg = {"solver": "openai/scripted", "api_base": srv.url, "api_key_env": "BENCH_SOLVER_KEY", "max_retries": 0}
         factory = with_interpreter(BwrapSandboxFactory())
         cold_ex = AgentExecutor(model=cfg, sandbox=sandbox, warm_processes=0)
         model = cold_ex.model
         # The first round warms the in-worker imports up.
-        verdict = _in_worker_rollout(harness, task, model, factory, Path(tempfile.mkdtemp(prefix="milo-bench-")))
+        first = Path(tempfile.mkdtemp(prefix="milo-bench-"))
+        verdict = _in_worker_rollout(harness, task, model, factory, first)
+        shutil.rmtree(first, ignore_errors=True)
         old = _in_worker_batch(harness, task, model, factory, args.rollouts, 1)
         mo = med(old)
         print(f"in-worker baseline  {mo:7.2f} s per rollout  (median of {args.rollouts}, one at a time)")
@@ -347,26 +365,27 @@ def boundary_overhead(args: argparse.Namespace) -> None:
             cold, _ = await _boundary_batch(cold_ex, harness, task, args.rollouts, 1, verdict.score)
             warm_ex = AgentExecutor(model=cfg, sandbox=sandbox, warm_processes=1)
             warm, startups = [], []
-            rss = 0.0
+            usage = []
             for i in range(args.rollouts + 1):
                 # A spare whose imports are done: what a rollout finds when the pool keeps up.
                 warm_ex.pool.refill(task_spec(task), (await warm_ex.gateway()).socket_path)
                 await _spares_ready(warm_ex.pool, 1)
-                if i == 0:
-                    rss = _rss_mb(next(s for v in warm_ex.pool._spares.values() for s in v).process.proc.pid)
+                usage.append(_tree_usage(next(s for v in warm_ex.pool._spares.values() for s in v).process.proc.pid))
                 t = time.perf_counter()
                 res = await warm_ex.aexecute(harness, task, 1000 + i, 0)
                 warm.append(time.perf_counter() - t)
                 startups.append(res.trace["trajectory"]["startup_s"])
             await warm_ex.pool.aclose()
-            return cold, warm[1:], startups[1:], rss
+            return cold, warm[1:], startups[1:], usage
 
-        cold, warm, startups, rss = asyncio.run(cold_and_warm())
+        cold, warm, startups, usage = asyncio.run(cold_and_warm())
         mc, mw = med(cold), med(warm)
         print(f"cold harness process  {mc:7.2f} s   added {mc - mo:+7.2f} s per rollout  (median of {args.rollouts}; "
               "no spare: interpreter start and imports in the sandbox)")
         print(f"warm harness process  {mw:7.2f} s   added {mw - mo:+7.2f} s per rollout  (median of {args.rollouts}; "
-              f"a spare ready; job to agent built {med(startups):.3f} s; a spare holds {rss:.0f} MB RSS)")
+              f"a spare ready; job to agent built {med(startups):.3f} s)")
+        print(f"harness process start  {med(c for _, c in usage):5.2f} CPU s (interpreter, imports and warm-up, "
+              f"median of {len(usage)}); a ready spare holds {med(r for r, _ in usage):.0f} MB RSS")
 
         n, count = args.concurrency, args.concurrency * args.waves
         for lat in args.call_latency:
