@@ -82,6 +82,7 @@ class WarmPool:
         self._in_flight: dict[str, int] = {}
         self._peak: dict[str, int] = {}
         self._opening: dict[str, int] = {}  # being started, not yet in _spares
+        self._opening_here: dict[tuple[str, int], int] = {}  # the same by (shape, event loop)
         self._importing = 0  # started (in _spares or handed out), imports not yet done
         self._waiters: dict[str, list[asyncio.Future]] = {}  # rollouts waiting for a spare being opened
         self._tasks: set[asyncio.Task] = set()
@@ -124,8 +125,10 @@ class WarmPool:
                 found = spare
                 break
             self._discard(spare)
-        if found is None and self._opening.get(key, 0) > len(self._waiters.get(key, [])):
-            waiter = asyncio.get_running_loop().create_future()
+        # Only a start on this loop can be waited for (its spare's pipes are this loop's).
+        waiting = [w for w in self._waiters.get(key, []) if w.get_loop() is loop and not w.done()]
+        if found is None and self._opening_here.get((key, id(loop)), 0) > len(waiting):
+            waiter = loop.create_future()
             self._waiters.setdefault(key, []).append(waiter)
             self._fill()
             try:
@@ -169,6 +172,8 @@ class WarmPool:
             while (sum(self._opening.values()) + self._importing < self.max_starting
                    and len(self._spares.get(key, [])) + self._opening.get(key, 0) < self.target(key)):
                 self._opening[key] = self._opening.get(key, 0) + 1
+                here = (key, id(asyncio.get_running_loop()))
+                self._opening_here[here] = self._opening_here.get(here, 0) + 1
                 t = asyncio.ensure_future(self._start(key, shaped))
                 self._tasks.add(t)
                 t.add_done_callback(self._tasks.discard)
@@ -176,6 +181,7 @@ class WarmPool:
     async def _start(self, key: str, spec: Any) -> None:
         sandbox = process = scratch = None
         listed = False
+        here = (key, id(asyncio.get_running_loop()))
         try:
             # Directories and the sandbox (mounts, cgroup) in a thread: never on the loop.
             scratch, sandbox, process = await asyncio.to_thread(self._open, spec)
@@ -184,6 +190,7 @@ class WarmPool:
             if not self._hand_to_waiter(key, spare):
                 self._spares.setdefault(key, []).append(spare)
             self._opening[key] -= 1
+            self._opening_here[here] -= 1
             self._importing += 1
             listed = True
             # Counted as importing until its imports are done (or it died), so that at most
@@ -207,14 +214,18 @@ class WarmPool:
                 self._importing -= 1
             else:
                 self._opening[key] -= 1
+                self._opening_here[here] -= 1
                 self._hand_to_waiter(key, None)  # it goes cold instead
         self._fill()
 
     def _hand_to_waiter(self, key: str, spare: Spare | None) -> bool:
+        loop = asyncio.get_running_loop()
         waiters = self._waiters.get(key, [])
-        while waiters:
-            waiter = waiters.pop(0)
-            if not waiter.done():  # a rollout cancelled while waiting leaves a done future
+        for waiter in list(waiters):
+            if waiter.done():  # a rollout cancelled while waiting leaves a done future
+                waiters.remove(waiter)
+            elif waiter.get_loop() is loop:
+                waiters.remove(waiter)
                 waiter.set_result(spare)
                 return True
         return False
