@@ -126,12 +126,13 @@ def warm_up() -> None:
         agent = create_deep_agent(model=model, tools=[], backend=SandboxShell(
             workdir="/", env={}, timeout_s=10, output_cap_bytes=1000))
 
-        async def run() -> None:
+        async def run(streamer: StepStreamer) -> None:
             async for state in agent.astream({"messages": [{"role": "user", "content": "warm up"}]},
                                              config={"recursion_limit": 10}, stream_mode="values"):
-                StepStreamer(_Out(open(os.devnull, "w"))).observe(state)
+                streamer.observe(state)
 
-        asyncio.run(run())
+        with open(os.devnull, "w") as sink:
+            asyncio.run(run(StepStreamer(_Out(sink))))
     finally:
         server.shutdown()
         server.server_close()
