@@ -12,7 +12,12 @@ target for bwrap is within 2x). :func:`main` runs the functions in ``SECTIONS`` 
 :func:`suite_throughput` then measures rollouts per second of the bundled Harbor suite
 with the real executor against a local scripted model at 1, 8 and 32 slots, and
 :func:`boundary_overhead` what the trust boundary adds per rollout and per model call
-against the in-worker baseline (``--only boundary`` runs just that).
+against the in-worker baseline measured in the same run (``--only boundary`` runs just
+that): a rollout with a cold harness process, one that finds a ready spare, and the steady
+state of ``--concurrency`` rollouts in flight on one worker (``warm_processes: auto``) with
+the scripted model taking each ``--call-latency`` per call; plus the CPU seconds and memory
+of one harness process start, which unlike wall times do not grow with the machine's load
+(printed first).
 """
 
 from __future__ import annotations
@@ -234,89 +239,205 @@ def _in_worker_rollout(harness, task, model_cfg, factory, scratch: Path):
         sandbox.close()
 
 
+def _in_worker_batch(harness, task, model_cfg, factory, count: int, concurrency: int) -> list[float]:
+    """Wall time of each of ``count`` in-worker rollouts, ``concurrency`` at a time (threads:
+    the in-worker path ran the agent in the worker's process)."""
+    import shutil
+    from concurrent.futures import ThreadPoolExecutor
+
+    def one(_: int) -> float:
+        scratch = Path(tempfile.mkdtemp(prefix="milo-bench-"))
+        try:
+            t = time.perf_counter()
+            _in_worker_rollout(harness, task, model_cfg, factory, scratch)
+            return time.perf_counter() - t
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)
+
+    with ThreadPoolExecutor(max_workers=concurrency) as pool:
+        return list(pool.map(one, range(count)))
+
+
+async def _boundary_batch(ex, harness, task, count: int, concurrency: int, verdict_score: float,
+                          ) -> tuple[list[float], int]:
+    """Wall time of each of ``count`` rollouts through ``ex`` with ``concurrency`` in flight
+    on this event loop (one worker with that many slots), and how many found a spare."""
+    import asyncio
+
+    sem = asyncio.Semaphore(concurrency)
+    warm = 0
+
+    async def one(i: int) -> float:
+        nonlocal warm
+        async with sem:
+            t = time.perf_counter()
+            res = await ex.aexecute(harness, task, i, 0)
+            took = time.perf_counter() - t
+        if res.error_kind or res.score != verdict_score:
+            print(f"  rollout {i}: the two paths disagree ({res.error_kind}: {res.error})")
+        warm += bool(res.trace["trajectory"].get("warm_process"))
+        return took
+
+    times = await asyncio.gather(*(one(i) for i in range(count)))
+    return list(times), warm
+
+
+async def _spares_ready(pool, n: int) -> None:
+    import asyncio
+
+    while sum(1 for v in pool._spares.values() for s in v if s.process.ready.is_set()) < n:
+        await asyncio.sleep(0.05)
+
+
+def _tree_usage(pid: int) -> tuple[float, float]:
+    """(resident MB, CPU seconds so far) of ``pid`` and its descendants (a harness process
+    is bwrap and the interpreter it started): CPU time does not grow with the machine's
+    load the way wall time does."""
+    import os
+
+    rss_kb, ticks, todo = 0, 0, [pid]
+    while todo:
+        p = todo.pop()
+        try:
+            with open(f"/proc/{p}/status") as f:
+                rss_kb += next(int(line.split()[1]) for line in f if line.startswith("VmRSS:"))
+            with open(f"/proc/{p}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            ticks += int(fields[11]) + int(fields[12])  # utime, stime
+            for t in os.listdir(f"/proc/{p}/task"):
+                with open(f"/proc/{p}/task/{t}/children") as f:
+                    todo += [int(c) for c in f.read().split()]
+        except (OSError, StopIteration):
+            pass
+    return rss_kb / 1024, ticks / os.sysconf("SC_CLK_TCK")
+
+
 def boundary_overhead(args: argparse.Namespace) -> None:
-    """What the trust boundary costs, against the in-worker baseline, with a zero-latency
-    scripted model: wall time per rollout (the harness process's start and imports, the
-    gateway hop, the fresh grading sandbox) and latency per model call (gateway + relay)."""
+    """What the trust boundary costs, against the in-worker baseline measured in the same
+    run with the same scripted model: wall time per rollout (the harness process's start
+    and imports, the gateway hop, the fresh grading sandbox) -- cold (no spare), warm (a
+    spare ready), and in the steady state of ``--concurrency`` rollouts in flight on one
+    worker (``warm_processes: auto``) at each ``--call-latency`` -- and latency per model
+    call (gateway + relay)."""
     import asyncio
     import os
     import shutil
 
-    from milo_ray.agents.llm import _solver_class, build_chat_model
+    from milo_ray.agents.llm import build_chat_model
     from milo_ray.benchmarks.harbor import HarborBenchmark
     from milo_ray.execution.agent_executor import AgentExecutor
     from milo_ray.execution.gateway.server import ModelGateway
     from milo_ray.execution.harness_process_backend import GatewayRelay
+    from milo_ray.execution.harness_process_model import GatewayChatModel
     from milo_ray.execution.sandbox.interpreter import with_interpreter
     from milo_ray.harness.seeds import load_seeds
     from milo_ray.testing.openai_server import ScriptedOpenAIServer, reply
 
     os.environ.setdefault("BENCH_SOLVER_KEY", "local")
-    task = HarborBenchmark().splits()["test"][0] if "test" in HarborBenchmark().splits() else \
-        [t for split in HarborBenchmark().splits().values() for t in split][0]
+    splits = HarborBenchmark().splits()
+    task = splits["test"][0] if "test" in splits else [t for split in splits.values() for t in split][0]
     harness = load_seeds(["minimal"])[0]
-    with ScriptedOpenAIServer(_write_then_stop) as srv:
+    latency = {"s": 0.0}
+
+    def scripted(body: dict):
+        r = _write_then_stop(body)
+        r.delay_s = latency["s"]
+        return r
+
+    sandbox = {"_target_": "milo_ray.execution.sandbox.bwrap.BwrapSandboxFactory"}
+    med = lambda xs: statistics.median(list(xs))  # noqa: E731
+    print(f"load average {' '.join(f'{x:.1f}' for x in os.getloadavg())} on {os.cpu_count()} CPUs "
+          "(wall times grow with it; CPU seconds do not)")
+    with ScriptedOpenAIServer(scripted) as srv:
         cfg = {"solver": "openai/scripted", "api_base": srv.url, "api_key_env": "BENCH_SOLVER_KEY", "max_retries": 0}
-        ex = AgentExecutor(model=cfg, sandbox={"_target_": "milo_ray.execution.sandbox.bwrap.BwrapSandboxFactory"},
-                           warm_processes=1)
         factory = with_interpreter(BwrapSandboxFactory())
-        old = []
-        for i in range(args.rollouts + 1):  # the first round warms the in-worker imports up
-            scratch = Path(tempfile.mkdtemp(prefix="milo-bench-"))
-            t = time.perf_counter()
-            verdict = _in_worker_rollout(harness, task, ex.model, factory, scratch)
-            if i:
-                old.append(time.perf_counter() - t)
-            shutil.rmtree(scratch, ignore_errors=True)
+        cold_ex = AgentExecutor(model=cfg, sandbox=sandbox, warm_processes=0)
+        model = cold_ex.model
+        # The first round warms the in-worker imports up.
+        first = Path(tempfile.mkdtemp(prefix="milo-bench-"))
+        verdict = _in_worker_rollout(harness, task, model, factory, first)
+        shutil.rmtree(first, ignore_errors=True)
+        old = _in_worker_batch(harness, task, model, factory, args.rollouts, 1)
+        mo = med(old)
+        print(f"in-worker baseline  {mo:7.2f} s per rollout  (median of {args.rollouts}, one at a time)")
 
-        async def new_path() -> tuple[float, list[float], list[float]]:
-            cold_s, warm, startups = 0.0, [], []
+        async def cold_and_warm() -> tuple[list[float], list[float], list[float], float]:
+            cold, _ = await _boundary_batch(cold_ex, harness, task, args.rollouts, 1, verdict.score)
+            warm_ex = AgentExecutor(model=cfg, sandbox=sandbox, warm_processes=1)
+            warm, startups = [], []
+            usage = []
             for i in range(args.rollouts + 1):
+                # A spare whose imports are done: what a rollout finds when the pool keeps up.
+                warm_ex.pool.refill(task_spec(task), (await warm_ex.gateway()).socket_path)
+                await _spares_ready(warm_ex.pool, 1)
+                usage.append(_tree_usage(next(s for v in warm_ex.pool._spares.values() for s in v).process.proc.pid))
                 t = time.perf_counter()
-                res = await ex.aexecute(harness, task, i, 0)
-                took = time.perf_counter() - t
-                if res.error_kind or res.score != verdict.score:
-                    print(f"  rollout {i}: the two paths disagree ({res.error_kind}: {res.error})")
-                if i == 0:
-                    cold_s = took
-                else:
-                    warm.append(took)
-                    startups.append(res.trace["trajectory"]["startup_s"])
-                # In a worker the next spare starts while this rollout runs; here, wait for it.
-                while not any(ex.pool._spares.values()):
-                    await asyncio.sleep(0.05)
-            ex.pool.close()
-            return cold_s, warm, startups
+                res = await warm_ex.aexecute(harness, task, 1000 + i, 0)
+                warm.append(time.perf_counter() - t)
+                startups.append(res.trace["trajectory"]["startup_s"])
+            await warm_ex.pool.aclose()
+            return cold, warm[1:], startups[1:], usage
 
-        cold, warm, startups = asyncio.run(new_path())
-        mo, mw = statistics.median(old), statistics.median(warm)
-        print(f"rollout wall time   in-worker {mo:7.2f} s   harness process (warm) {mw:7.2f} s   added {mw - mo:+7.2f} s "
-              f"per rollout  (median of {args.rollouts}; job to agent built {statistics.median(startups):.3f} s; "
-              f"a cold harness process: {cold:.2f} s)")
+        cold, warm, startups, usage = asyncio.run(cold_and_warm())
+        mc, mw = med(cold), med(warm)
+        print(f"cold harness process  {mc:7.2f} s   added {mc - mo:+7.2f} s per rollout  (median of {args.rollouts}; "
+              "no spare: interpreter start and imports in the sandbox)")
+        print(f"warm harness process  {mw:7.2f} s   added {mw - mo:+7.2f} s per rollout  (median of {args.rollouts}; "
+              f"a spare ready; job to agent built {med(startups):.3f} s)")
+        print(f"harness process start  {med(c for _, c in usage):5.2f} CPU s (interpreter, imports and warm-up, "
+              f"median of {len(usage)}); a ready spare holds {med(r for r, _ in usage):.0f} MB RSS")
+
+        n, count = args.concurrency, args.concurrency * args.waves
+        for lat in args.call_latency:
+            latency["s"] = lat
+            base = _in_worker_batch(harness, task, model, factory, count, n)
+
+            async def steady() -> tuple[list[float], int]:
+                ex = AgentExecutor(model=cfg, sandbox=sandbox, warm_processes="auto")
+                try:
+                    return await _boundary_batch(ex, harness, task, count, n, verdict.score)
+                finally:
+                    await ex.pool.aclose()
+
+            times, found = asyncio.run(steady())
+            # The first wave starts with an empty pool (every rollout cold): the steady state
+            # is the rest, once the pool has seen n rollouts in flight.
+            rest = times[n:]
+            mb, ms = med(base), med(rest)
+            p90 = sorted(rest)[int(0.9 * (len(rest) - 1))]
+            print(f"steady state, {n} rollouts in flight on one worker, model calls of {lat:g} s: in-worker "
+                  f"{mb:6.2f} s, harness process {ms:6.2f} s (p90 {p90:6.2f} s)   added {ms - mb:+7.2f} s per rollout  "
+                  f"(median of {len(rest)} after the first {n}; {found} of {count} found a spare)")
 
         async def per_call() -> tuple[float, float]:
-            gw = ModelGateway(ex.model, Path(tempfile.mkdtemp(prefix="milo-bench-gw-")) / "gw.sock")
+            gw = ModelGateway(model, Path(tempfile.mkdtemp(prefix="milo-bench-gw-")) / "gw.sock")
             gw.set_key("local")
             await gw.start()
             grant = gw.issue("bench")
             relay = GatewayRelay(gw.socket_path)
-            through = _solver_class()(model="openai/scripted", custom_llm_provider="openai", api_base=relay.url,
-                                      api_key=grant.token, max_retries=0)
-            direct = build_chat_model(ex.model, rate_limiter=None)
+            # The chat model a harness gets inside its sandbox, through the relay it uses there.
+            through = GatewayChatModel(model="openai/scripted", api_base=relay.url, api_key=grant.token)
+            direct = build_chat_model(model, rate_limiter=None)
             times: dict[str, list[float]] = {"direct": [], "gateway": []}
             for round_no in range(args.n + 1):
-                for name, model in (("direct", direct), ("gateway", through)):
+                for name, m in (("direct", direct), ("gateway", through)):
                     t = time.perf_counter()
-                    await model.ainvoke("hi")
+                    await m.ainvoke("hi")
                     if round_no:
                         times[name].append(time.perf_counter() - t)
             await gw.close()
-            return statistics.median(times["direct"]) * 1000, statistics.median(times["gateway"]) * 1000
+            return med(times["direct"]) * 1000, med(times["gateway"]) * 1000
 
         srv.responder = lambda body: reply("ok", prompt_tokens=1, completion_tokens=1)
         d, g = asyncio.run(per_call())
         print(f"model call latency  direct {d:7.2f} ms   through the gateway {g:7.2f} ms   added {g - d:+7.2f} ms "
               f"per call  (median of {args.n})")
+
+
+def task_spec(task):
+    from milo_ray.benchmarks.task_format import format_of
+
+    return format_of(task).sandbox_spec(task)
 
 
 # The measurements main() runs, in order; each takes the parsed arguments.
@@ -330,6 +451,11 @@ def main(argv: list[str] | None = None) -> int:
                         help="concurrent rollout slots of the suite throughput runs (the first is the baseline)")
     parser.add_argument("--rollouts-per-task", type=int, default=2, help="rollouts of each bundled task per run")
     parser.add_argument("--rollouts", type=int, default=5, help="rollouts per path of the boundary overhead (median)")
+    parser.add_argument("--concurrency", type=int, default=8,
+                        help="rollouts in flight on one worker in the boundary's steady state")
+    parser.add_argument("--waves", type=int, default=4, help="steady state: rollouts = concurrency x waves")
+    parser.add_argument("--call-latency", type=float, nargs="+", default=[0.0, 2.0],
+                        help="seconds the scripted model takes per call in the steady state runs")
     parser.add_argument("--only", default="", help="run only the sections whose name contains this text")
     args = parser.parse_args(argv)
     if args.n < 1:

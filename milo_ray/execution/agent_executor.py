@@ -85,7 +85,8 @@ class AgentExecutor:
         cap and time cap still bound it). startup_timeout_s: how long the harness's
         import and ``build_agent`` may take. warm_processes: harness processes kept
         started ahead per sandbox shape, so a rollout skips the interpreter's start and
-        imports (:mod:`milo_ray.execution.harness_process_pool`; 0: none).
+        imports: a number, or ``"auto"`` for as many as rollouts in flight
+        (:mod:`milo_ray.execution.harness_process_pool`; 0: none).
     scratch_dir: where per-rollout scratch directories go (None: the system temp dir);
         keep_scratch: keep them after the rollout (for debugging a task or sandbox).
     """
@@ -96,7 +97,7 @@ class AgentExecutor:
 
     def __init__(self, model: Any = None, sandbox: Any = None, agent: str = "harness", recursion_limit: int = 150,
                  scratch_dir: str | None = None, keep_scratch: bool = False, max_model_calls: int | None = 500,
-                 startup_timeout_s: float = 120.0, warm_processes: int = 0) -> None:
+                 startup_timeout_s: float = 120.0, warm_processes: int | str = 0) -> None:
         from milo_ray.config import model_config
 
         if agent not in AGENTS:
@@ -124,14 +125,17 @@ class AgentExecutor:
         self.startup_timeout_s = float(startup_timeout_s)
         self.scratch_dir = scratch_dir
         self.keep_scratch = bool(keep_scratch)
-        from milo_ray.execution.harness_process_pool import WarmPool
+        from milo_ray.execution.harness_process_pool import WarmPool, parse_size
 
-        if int(warm_processes) > 0 and agent == "harness" and getattr(self.sandbox, "binds_at_open", False):
+        warm = parse_size(warm_processes)
+        if warm == "auto" and getattr(self.sandbox, "binds_at_open", False):
+            warm = 0  # "as many as help": none can under Docker (below)
+        if warm and agent == "harness" and getattr(self.sandbox, "binds_at_open", False):
             raise ValueError(f"executor.warm_processes={warm_processes}: warm harness processes need "
                              "sandbox=bwrap (a container's mounts are fixed when it starts, before its rollout is "
                              "known); set executor.warm_processes=0 for sandbox=docker")
 
-        self.pool = WarmPool(self.sandbox, int(warm_processes) if agent == "harness" else 0, scratch_dir)
+        self.pool = WarmPool(self.sandbox, warm if agent == "harness" else 0, scratch_dir)
         self._secrets: dict[str, str] | None = None
         self._gateway: Any = None
         self._gateway_starting: asyncio.Future | None = None
@@ -217,15 +221,23 @@ class AgentExecutor:
         fmt = format_of(task)
         spec = fmt.sandbox_spec(task)
         spare = None
-        if self.pool.size and getattr(self.sandbox, "hosts_harness", False):
-            self.pool.refill(spec, (await self.gateway()).socket_path)
-            spare = self.pool.take(spec)
+        pooled = bool(self.pool.size and getattr(self.sandbox, "hosts_harness", False))
+        try:
+            if pooled:
+                spare = await self.pool.take(spec, (await self.gateway()).socket_path)
+            return await self._execute(harness, task, rollout_idx, fmt, spec, spare)
+        finally:
+            if pooled:
+                self.pool.release(spec)
+
+    async def _execute(self, harness: Any, task: Task, rollout_idx: int, fmt: Any, spec: Any,
+                       spare: Any) -> RolloutResult:
         scratch = spare.scratch if spare else Path(tempfile.mkdtemp(prefix="milo-rollout-", dir=self.scratch_dir))
         try:
             if spare is not None:
                 sandbox = spare.sandbox
                 await asyncio.to_thread(sandbox.dirs.add_files, spec.copy_in)
-                spare.process.assign(harness)
+                await asyncio.to_thread(spare.process.assign, harness)
             else:
                 binds = await self._binds_at_open(harness, scratch)
                 sandbox = await asyncio.to_thread(self.sandbox.open, spec, scratch / "agent", **binds)

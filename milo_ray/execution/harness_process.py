@@ -4,11 +4,13 @@ Started by the rollout executor (:mod:`milo_ray.execution.harness_process_host`)
 unprivileged process in the sandbox, with this package's code, the harness files and the
 interpreter read-only and the task's workspace writable. It
 
-1. imports what every harness needs (litellm, langchain, deepagents) and says ``ready``;
+1. imports what every harness needs (langchain, deepagents, this process's own modules)
+   and says ``ready``;
 2. reads its job -- one JSON line on stdin: the harness directory, the task instruction,
    the graph-step cap, the chat-model settings and the gateway token of this rollout;
-3. builds the chat model (the same :class:`~milo_ray.agents.llm.SolverChatLiteLLM` class
-   harnesses always got) pointed at the model gateway through a loopback relay, with the
+3. builds the chat model (:class:`~milo_ray.execution.harness_process_model.GatewayChatModel`,
+   a LangChain chat model with ChatLiteLLM's interface that needs no litellm: the gateway
+   does litellm's work) pointed at the model gateway through a loopback relay, with the
    rollout's token as its key, and the ``backend`` (:class:`SandboxShell`) whose commands
    run in this same sandbox; imports the harness, calls ``build_agent(model, backend)``
    and says ``started``;
@@ -68,28 +70,86 @@ def _protocol_channel() -> _Out:
 
 
 def preimport() -> None:
-    """What every harness imports, before the job arrives (so a warm process starts fast)."""
-    import milo_ray.agents.llm as llm  # sets the local price map before litellm loads
-
-    llm._solver_class()
+    """What every harness imports, before the job arrives (so a warm process starts fast):
+    langchain's agent factory, deepagents, and everything this process itself uses after
+    the job -- not litellm (the chat model needs none) and not the framework's store,
+    search or methods (nothing here uses them)."""
     import deepagents  # noqa: F401
     import langchain.agents  # noqa: F401
+    import langchain_core.tools  # noqa: F401
     import langgraph.errors  # noqa: F401
+
+    import milo_ray.execution.harness_process_backend  # noqa: F401
+    import milo_ray.execution.harness_process_model  # noqa: F401
+    import milo_ray.execution.trajectory  # noqa: F401
+    import milo_ray.harness.loader  # noqa: F401
+
+
+def warm_up() -> None:
+    """Build and run a throwaway deep agent (one ``write_todos`` call, then an answer)
+    against a scripted model on this sandbox's loopback, before the job: what langchain,
+    langgraph, deepagents and the HTTP client do once per process (lazy imports, schema
+    and graph caches) is then done before the rollout's agent is built. It is the
+    framework's own code on fixed data; nothing of it survives but those caches (the
+    agent, its model and its server are discarded, and it touches no file)."""
+    import http.server
+    import threading
+
+    from deepagents import create_deep_agent
+
+    from milo_ray.execution.harness_process_backend import SandboxShell
+
+    answers = [{"tool_calls": [{"id": "warm-1", "type": "function", "function": {
+        "name": "write_todos", "arguments": json.dumps({"todos": [{"content": "warm up", "status": "completed"}]})}}]},
+        {"content": "done"}]
+
+    class Scripted(http.server.BaseHTTPRequestHandler):
+        def do_POST(self) -> None:  # noqa: N802 (http.server's naming)
+            self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            message = {"role": "assistant", "content": None, **(answers.pop(0) if answers else {"content": "done"})}
+            body = json.dumps({"id": "warm", "model": "warm", "choices": [{"index": 0, "message": message,
+                               "finish_reason": "stop"}], "usage": {"prompt_tokens": 1, "completion_tokens": 1}})
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body.encode())
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Scripted)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        model = build_model({"model": {"solver": "warm-up"}, "token": "warm-up"},
+                            f"http://127.0.0.1:{server.server_address[1]}/v1")
+        agent = create_deep_agent(model=model, tools=[], backend=SandboxShell(
+            workdir="/", env={}, timeout_s=10, output_cap_bytes=1000))
+
+        async def run(streamer: StepStreamer) -> None:
+            async for state in agent.astream({"messages": [{"role": "user", "content": "warm up"}]},
+                                             config={"recursion_limit": 10}, stream_mode="values"):
+                streamer.observe(state)
+
+        with open(os.devnull, "w") as sink:
+            asyncio.run(run(StepStreamer(_Out(sink))))
+    finally:
+        server.shutdown()
+        server.server_close()
 
 
 def build_model(job: dict[str, Any], api_base: str) -> Any:
-    from milo_ray.agents.llm import _solver_class
+    from milo_ray.execution.harness_process_model import GatewayChatModel
 
     m = job["model"]
-    kwargs: dict[str, Any] = {"model": m["solver"], "custom_llm_provider": "openai", "api_base": api_base,
-                              "api_key": job["token"], "temperature": m.get("temperature"),
-                              # The gateway retries the provider; a retry here would multiply them.
-                              "max_retries": 0, "request_limiter": None}
+    # No retries here: the gateway retries the provider, and a retry here would multiply them.
+    kwargs: dict[str, Any] = {"model": m["solver"], "api_base": api_base, "api_key": job["token"],
+                              "temperature": m.get("temperature")}
     if m.get("max_tokens") is not None:
         kwargs["max_tokens"] = int(m["max_tokens"])
     if m.get("request_timeout") is not None:
         kwargs["request_timeout"] = float(m["request_timeout"])
-    return _solver_class()(**kwargs)
+    return GatewayChatModel(**kwargs)
 
 
 def load_module(harness_dir: str, harness_id: str, multi_file: bool) -> Any:
@@ -163,6 +223,10 @@ def main() -> None:
     except BaseException as exc:
         out.send(t="final", status="harness_error", error=f"the harness runtime failed to import: {exc!r}")
         os._exit(3)
+    try:
+        warm_up()
+    except Exception:  # only slower: the rollout's agent does the first-time work instead
+        traceback.print_exc()
     out.send(t="ready")
     line = sys.stdin.readline()
     if not line:

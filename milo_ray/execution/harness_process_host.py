@@ -81,6 +81,8 @@ class HarnessProcess:
         self._started_at: float | None = None
 
     async def start(self) -> None:
+        # The first call copies (and compiles) the package's code: off the event loop.
+        await asyncio.to_thread(runtime_code_dir)
         prefix, args, command = self.sandbox.process_command([sys.executable, "-I", "-c", _BOOT],
                                                              harness_binds(self.harness_dir, self.gateway_socket))
         from milo_ray.execution.sandbox.bwrap import LAUNCH_ENV

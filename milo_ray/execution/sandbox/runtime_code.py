@@ -5,12 +5,20 @@ check) gets a private, world-readable copy of its Python files rather than the c
 path of the checkout is visible, and the package's data (the bundled tasks' tests and
 solutions) stays out. Harness files are written world-readable because the sandbox's
 commands run as an unprivileged user.
+
+The copy carries its bytecode: the sandbox cannot write ``__pycache__`` (the copy is
+read-only there), so without it every harness process would compile the modules it
+imports from source. A ``.py`` keeps its source's mtime, so the worker's own up-to-date
+``.pyc`` (validated the way the interpreter validates it: source mtime and size) is copied
+as it is; any other module is compiled once into the copy.
 """
 
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import os
+import py_compile
 import shutil
 import tempfile
 import threading
@@ -43,12 +51,41 @@ def runtime_code_dir() -> Path:
             data = path.read_bytes()
             digest.update(str(rel).encode() + b"\0" + data)
             dst.write_bytes(data)
+            _copy_bytecode(path, dst, data)
         for d, _, files in os.walk(root):
             os.chmod(d, 0o755)
             for f in files:
                 os.chmod(os.path.join(d, f), 0o644)
         _code_dir = root
         return root
+
+
+def _copy_bytecode(src: Path, dst: Path, data: bytes) -> None:
+    """Give ``dst`` (a copy of ``src`` with content ``data``) its ``.pyc``: the source's own
+    when it is current for ``data``, else a fresh compile."""
+    st = src.stat()
+    os.utime(dst, ns=(st.st_atime_ns, st.st_mtime_ns))
+    cached, target = importlib.util.cache_from_source(str(src)), importlib.util.cache_from_source(str(dst))
+    Path(target).parent.mkdir(parents=True, exist_ok=True)
+    try:
+        pyc = Path(cached).read_bytes()
+    except OSError:
+        pyc = b""
+    if _current(pyc, st.st_mtime, len(data)):
+        Path(target).write_bytes(pyc)
+        return
+    try:
+        py_compile.compile(str(dst), cfile=target, doraise=True)
+    except py_compile.PyCompileError:
+        pass  # the sandbox compiles it in memory (and reports the syntax error) as before
+
+
+def _current(pyc: bytes, mtime: float, size: int) -> bool:
+    """Whether ``pyc`` is a timestamp-validated ``.pyc`` of this interpreter for a source of
+    ``mtime`` and ``size`` (PEP 552's header: magic, flags 0, mtime, size)."""
+    return (len(pyc) >= 16 and pyc[:4] == importlib.util.MAGIC_NUMBER and pyc[4:8] == b"\0\0\0\0"
+            and int.from_bytes(pyc[8:12], "little") == (int(mtime) & 0xFFFFFFFF)
+            and int.from_bytes(pyc[12:16], "little") == (size & 0xFFFFFFFF))
 
 
 def write_harness(harness: Any, where: Path) -> Path:
