@@ -54,9 +54,10 @@ from milo_ray.ssr import evidence as ev
 from milo_ray.search.mutation import build_agent
 from milo_ray.ssr.children import ChildMaker
 from milo_ray.ssr.config import SSRConfig
-from milo_ray.ssr.events import (CandidatesChosen, RefreshAborted, Refreshed, RefreshUnaffordable, ResumeMarker,
-                                 RoleBudget, RoundStarted, Selection, SSREvent, StageAborted, StageResult,
-                                 StageStarted, Stopped)
+from milo_ray.search.events import Event, EventLog
+from milo_ray.ssr.events import (SSR_EVENTS, CandidatesChosen, RefreshAborted, Refreshed, RefreshUnaffordable,
+                                 ResumeMarker, RoleBudget, RoundStarted, Selection, StageAborted, StageResult,
+                                 StageStarted, Stopped, Summarized)
 from milo_ray.ssr.judging import judge_round
 from milo_ray.ssr.racing import Race, RaceCandidate, RaceConfig, UniformRace
 from milo_ray.ssr.state import RecordedRun, check_parent, check_stage
@@ -111,8 +112,12 @@ class _SSRRun:
         self.out = StoreWriter(self.store, resumed=bool(ctx.resumed))
         from milo_ray.harness.validate import forbidden_fragments_for
 
-        # What earlier sessions decided; kept current as this session decides more.
-        self.recorded = RecordedRun.from_store(self.store) if ctx.resumed else RecordedRun()
+        # What earlier sessions decided; kept current as this session decides more. A resumed
+        # run re-walks its recorded decisions: their rows are stored already (write once).
+        self.recorded = RecordedRun()
+        self.events = EventLog(self.store, SSR_EVENTS, apply=self.recorded.apply, write_once=bool(ctx.resumed))
+        if ctx.resumed:
+            self.events.replay()
         self.children = ChildMaker(cfg=cfg, seed=ctx.seed, optimizer_spec=optimizer_spec, optimizer_name=optimizer_name,
                                    forbidden=forbidden_fragments_for(self.tasks.values()), tasks=self.tasks,
                                    store=self.store, calls=self.calls, emit=self.emit,
@@ -122,10 +127,9 @@ class _SSRRun:
         self.harnesses: dict[str, Harness] = {}
         self.generated = 0
 
-    def emit(self, ev_: SSREvent) -> None:
+    def emit(self, ev_: Event) -> None:
         """Store a decision (once) and fold it into the projection."""
-        self.out.emit(ev_)
-        self.recorded.apply(ev_)
+        self.events.append(ev_)
 
     # ------------------------------------------------------------------ budget
     def remaining(self) -> float:
@@ -151,7 +155,8 @@ class _SSRRun:
         """Whether new work of ``role`` may start; if not, record why (once)."""
         if self.calls.allows(role):
             return True
-        self.emit(RoleBudget(rnd, parent.harness_id, role, self.calls.exhausted_reason(role) or "refused"))
+        self.emit(RoleBudget(role, self.calls.exhausted_reason(role) or "refused", round=rnd,
+                             harness_id=parent.harness_id))
         return False
 
     # ------------------------------------------------------------------ harnesses
@@ -289,7 +294,7 @@ class _SSRRun:
     def execute(self) -> dict[str, Any]:
         cfg, ctx = self.cfg, self.ctx
         if ctx.resumed:
-            self.out.emit(ResumeMarker("fast-forwarding through recorded decisions; cached rollouts are reused"))
+            self.emit(ResumeMarker("fast-forwarding through recorded decisions; cached rollouts are reused"))
         initial = self._initial()
         self._add(initial, {"round": 0, "origin": "seed", "name": initial.name})
         parent, ev_state, stall, rnd, stop = initial, None, 0, 0, None
@@ -329,7 +334,8 @@ class _SSRRun:
                 stop = "budget"
             elif ctx.out_of_time():
                 stop = "deadline"
-        self.emit(Stopped(rnd, parent.harness_id, stop, rnd, parent.harness_id, len(self.keys)))
+        self.emit(Stopped(stop, round=rnd, harness_id=parent.harness_id, rounds=rnd, incumbent=parent.harness_id,
+                          executions_used=len(self.keys)))
         return self._summary(initial, parent, rnd, stop, history)
 
     def _summary(self, initial: Harness, final: Harness, rounds: int, stop: str, history: list) -> dict[str, Any]:
@@ -369,7 +375,7 @@ class _SSRRun:
                     summary[f"{label}_true_resolve"] = float(tq["resolve_rate"])
         # Spend holds wall-clock seconds: the agent_calls table is its record, not this event
         # (a resumed run must store the same summary event as an uninterrupted one).
-        self.out.event("ssr.summary", {k: v for k, v in summary.items() if k not in ("history", "spend_by_role")},
-                       round=rounds, harness_id=final.harness_id)
+        self.emit(Summarized({k: v for k, v in summary.items() if k not in ("history", "spend_by_role")},
+                             round=rounds, harness_id=final.harness_id))
         self.store.flush()
         return summary
