@@ -35,10 +35,11 @@ from milo_ray.milo.config import MiloConfig
 from milo_ray.milo.events import MILO_EVENTS, Init, Progress, RoleBudget, SeedScore, Step, Stopped
 from milo_ray.milo.lineage import LineageNode
 from milo_ray.milo.mutator_pool import MutatorPool, MutatorPoolActor
-from milo_ray.milo.records import build_node, record_node, write_missing_rows
+from milo_ray.milo.records import build_node, node_row_key, record_node, write_missing_rows
 from milo_ray.milo.state import MiloState
 from milo_ray.search.agent_calls import spec_model
 from milo_ray.search.events import Event, EventLog
+from milo_ray.search.recording import HarnessRecorder
 from milo_ray.search.mutation import MutationOutcome, ValidationOptions, keep_artifacts, ship_files
 from milo_ray.search.seeds import derive_seed
 
@@ -106,6 +107,7 @@ class MiloRun:
         # ``_apply`` looked up per event, so an instance that overrides it is honoured.
         self.events = EventLog(self.store, MILO_EVENTS, apply=lambda event: self._apply(event))
         self.harnesses: dict[str, Harness] = {}  # harness id -> source (a cache of the store's blobs)
+        self.harness_rows = HarnessRecorder(self.store, key=node_row_key, resumed=bool(ctx.resumed))
         self._grouped: set[int] = set()  # islands whose scheduler group limit is set
         self.stop = False
         self.stop_reason = ""
