@@ -89,9 +89,8 @@ def write_missing_rows(run: PopulationView) -> None:
     after ``milo.init``. Rows already stored are never written twice (the recorder
     knows every stored key)."""
     state, rows = run.state, run.harness_rows
-    for node_id, n in state.recorded.items():
-        if (node_id, n.harness_id or f"none:{node_id}") not in rows:
-            rows.record(None, **harness_row(state, n))
+    for n in state.recorded.values():
+        rows.record(None, **harness_row(state, n))
     placed = {i for members in state.init_members.values() for _, i in members}
     K = len(state.init_members)
     for i, s in enumerate(state.seed_scores):
