@@ -16,15 +16,17 @@ racing executions. The method keeps its own count of the distinct rollouts it as
 for, so every budget decision depends only on the run's own history — this is what
 makes a resumed run replay the same decisions.
 
-Resume (DESIGN §5.11): every decision is a typed event (:mod:`milo_ray.ssr.events`)
-and a resumed run fast-forwards through them. It re-walks the same deterministic
-procedure, but every paid step first asks the projection of the stored events
-(:mod:`milo_ray.ssr.state`): a judged record, an evidence order or an optimizer
+Resume (DESIGN §5.11): every decision is a typed event (:mod:`milo_ray.ssr.events`),
+stored and folded into :class:`~milo_ray.ssr.state.RecordedRun` in one call by the
+run's :class:`~milo_ray.search.events.EventLog`, and a resumed run replays them and
+fast-forwards. It re-walks the same deterministic procedure, but every paid step first
+asks that projection (:mod:`milo_ray.ssr.state`): a judged record, an evidence order or an optimizer
 answer already recorded is read back (children from their stored sources), so no
 judge or optimizer call is made twice; only what was in flight at the kill is asked
 again. Rollouts come back from the scheduler's cache (never executed again, never
 charged), replayed race stages are checked against their records, and rows already
-in the store are not written twice.
+in the store are not written twice (the event log writes once, ``StoreWriter`` the
+harness and experience rows).
 
 Agent spend: every judge attempt, optimizer answer and embedder call is recorded in
 ``agent_calls`` under a deterministic call id. Before a round's judging or candidate
