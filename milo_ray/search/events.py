@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+from collections import abc
 import enum
 import json
 import sys
@@ -153,7 +154,7 @@ def _decode(value: Any, tp: Any, where: str, lenient: bool) -> Any:
         return _decode_fields(tp, value, {}, where, lenient)
     if isinstance(tp, type) and issubclass(tp, enum.Enum):
         return tp(value)
-    if origin in (list, typing.Sequence, typing.MutableSequence) or tp is list:
+    if origin in (list, abc.Sequence, abc.MutableSequence) or tp is list:
         (item,) = args or (Any,)
         return [_decode(x, item, where, lenient) for x in value]
     if origin is tuple:
@@ -162,7 +163,7 @@ def _decode(value: Any, tp: Any, where: str, lenient: bool) -> Any:
         if len(value) != len(args):
             raise ValueError(f"{where}: expected {len(args)} items, got {len(value)}")
         return tuple(_decode(x, t, where, lenient) for x, t in zip(value, args))
-    if origin in (dict, typing.Mapping, typing.MutableMapping) or tp is dict:
+    if origin in (dict, abc.Mapping, abc.MutableMapping) or tp is dict:
         key, val = args or (Any, Any)
         return {_decode_key(k, key): _decode(v, val, where, lenient) for k, v in value.items()}
     # Scalars keep their JSON type, so the payload re-encodes to the text it was read from.

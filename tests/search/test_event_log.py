@@ -8,7 +8,7 @@ from __future__ import annotations
 import enum
 import json
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Mapping, Sequence
 
 import pytest
 
@@ -120,3 +120,16 @@ def test_write_once_skips_rows_of_earlier_sessions_only():
     assert log.append(Stopped("done")) is True  # this session's own repeat is a new row
     assert [r["kind"] for r in store.read("events").to_pylist()] == ["toy.everything", "toy.stop", "toy.stop"]
     assert seen == [EXAMPLE, Stopped("done"), Stopped("done")]
+
+
+@dataclass(frozen=True)
+class Abstract(Event):
+    kind: ClassVar[str] = "toy.abstract"
+    seq: "Sequence[tuple[int, ...]]" = ()
+    table: "Mapping[int, Color]" = field(default_factory=dict)
+
+
+def test_abstract_sequence_and_mapping_annotations_decode_too():
+    e = Abstract(((1, 2), (3,)), {5: Color.RED})
+    back = EventTypes("toy", (Abstract,)).decode("toy.abstract", json.loads(json.dumps(e.to_payload())))
+    assert back == Abstract([(1, 2), (3,)], {5: Color.RED})
