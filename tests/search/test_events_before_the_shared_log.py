@@ -4,7 +4,8 @@
 by the code of before the change, and ``expected.json`` what that code read from them
 (``capture.py`` there says how). Every stored payload must decode and re-encode to the
 text it was stored as; MILO's projected state, SSR's recorded decisions, the live
-status lines and the results API's final test must equal what the old code produced.
+status lines and the results API's final test and comparison row must equal what the
+old code produced (``capture.py`` run on the current code writes the same file).
 """
 
 from __future__ import annotations
@@ -102,3 +103,11 @@ def test_the_results_final_test_equals_the_old_codes(method):
 
     frame = results.final_test(results.load_run(FIXTURES / method))
     assert _canonical(frame.to_dict("records")) == EXPECTED[method]["final_test"]
+
+
+@pytest.mark.parametrize("method", ["milo", "ssr"])
+def test_the_results_comparison_row_equals_the_old_codes(method):
+    from milo_ray import results
+
+    rows = results.compare([FIXTURES / method]).to_dict("records")
+    assert _canonical([{k: v for k, v in r.items() if k != "run_dir"} for r in rows]) == EXPECTED[method]["compare"]
