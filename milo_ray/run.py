@@ -147,11 +147,9 @@ def _activity_times(store: Any) -> list[float]:
 
 def _embedder_loads(store: Any) -> list[dict[str, Any]]:
     """Payloads of the run's ``embedder.loaded`` events (every session), oldest first."""
-    import json
+    from milo_ray.search.events import read_payloads
 
-    rows = [r for r in store.read("events").to_pylist() if r["kind"] == EMBEDDER_LOADED]
-    return [json.loads(r["payload"]) if isinstance(r["payload"], str) else dict(r["payload"] or {})
-            for r in sorted(rows, key=lambda r: r.get("seq") or 0)]
+    return read_payloads(store, EMBEDDER_LOADED)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -54,6 +54,25 @@ MUTATIONS: tuple[Mutation, ...] = (
         "a resumed SSR run writes its rows again",
     ),
     Mutation(
+        "ssr-events-written-twice", "milo_ray/ssr/loop.py",
+        "write_once=bool(ctx.resumed))", "write_once=False)",
+        ("tests/ssr/test_ssr_resume.py",),
+        "a resumed SSR run stores its re-walked decisions a second time",
+    ),
+    Mutation(
+        "event-int-keys-lost", "milo_ray/search/events.py",
+        "    if tp is int:\n        return int(k)", "    if False:\n        return int(k)",
+        ("tests/search/test_events_before_the_shared_log.py", "tests/milo/test_state.py"),
+        "stored events decode int-keyed dicts (islands, assignments) with string keys",
+    ),
+    Mutation(
+        "milo-harness-rows-unkeyed", "milo_ray/milo/loop.py",
+        "HarnessRecorder(self.store, key=node_row_key, resumed=bool(ctx.resumed))",
+        "HarnessRecorder(self.store, key=node_row_key, resumed=False)",
+        ("tests/milo/test_resume.py::test_a_resumed_run_keeps_one_harness_row_per_node_and_unplaced_seed",),
+        "a resumed MILO run writes the harnesses rows of its recorded nodes again",
+    ),
+    Mutation(
         "solver-calls-unrecorded", "milo_ray/execution/scheduler.py",
         "                    self.agent_calls.record_rollout_calls(res)", "                    pass",
         ("tests/execution/test_agent_executor.py::test_scheduler_records_tokens_in_rollouts_and_agent_calls_and_survives_a_dead_endpoint",),

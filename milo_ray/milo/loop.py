@@ -6,9 +6,10 @@ free-running islands as asyncio coroutines), when the orchestrator is called, th
 time, budget and per-role agent caps, and the final test evaluation.
 
 State is a projection of events (DESIGN §5.11): every change is one typed event
-(:mod:`milo_ray.milo.events`) that :meth:`MiloRun.emit` appends to the store and
-applies to :class:`~milo_ray.milo.state.MiloState`; resuming applies the stored
-events, in order, through the same ``apply``. Children are handled in
+(:mod:`milo_ray.milo.events`) that :meth:`MiloRun.emit` hands to the run's
+:class:`~milo_ray.search.events.EventLog`, which stores it and applies it to
+:class:`~milo_ray.milo.state.MiloState`; resuming replays the stored events, in
+order, through the same ``apply``. Children are handled in
 :mod:`milo_ray.milo.children`, orchestrator moves in
 :mod:`milo_ray.milo.orchestrator`; both see the run as a
 :class:`~milo_ray.milo.view.PopulationView`.
@@ -17,7 +18,6 @@ events, in order, through the same ``apply``. Children are handled in
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
 from pathlib import Path
@@ -32,12 +32,14 @@ from milo_ray.harness.model import Harness
 from milo_ray.kernels.pareto import most_dissimilar
 from milo_ray.milo.children import admit_child, eval_search, heldout, mutation_request
 from milo_ray.milo.config import MiloConfig
-from milo_ray.milo.events import Init, MiloEvent, Progress, RoleBudget, SeedScore, Step, Stopped, decode
+from milo_ray.milo.events import MILO_EVENTS, Init, Progress, RoleBudget, SeedScore, Step, Stopped
 from milo_ray.milo.lineage import LineageNode
 from milo_ray.milo.mutator_pool import MutatorPool, MutatorPoolActor
-from milo_ray.milo.records import build_node, record_node, write_missing_rows
+from milo_ray.milo.records import build_node, node_row_key, record_node, write_missing_rows
 from milo_ray.milo.state import MiloState
 from milo_ray.search.agent_calls import spec_model
+from milo_ray.search.events import Event, EventLog
+from milo_ray.search.recording import HarnessRecorder
 from milo_ray.search.mutation import MutationOutcome, ValidationOptions, keep_artifacts, ship_files
 from milo_ray.search.seeds import derive_seed
 
@@ -102,7 +104,10 @@ class MiloRun:
         self.orch_spec = agents.get("orchestrator")
         self._orchestrator: Any = None
         self.state = MiloState(eps=cfg.eps, temperature=cfg.temperature)
+        # ``_apply`` looked up per event, so an instance that overrides it is honoured.
+        self.events = EventLog(self.store, MILO_EVENTS, apply=lambda event: self._apply(event))
         self.harnesses: dict[str, Harness] = {}  # harness id -> source (a cache of the store's blobs)
+        self.harness_rows = HarnessRecorder(self.store, key=node_row_key, resumed=bool(ctx.resumed))
         self._grouped: set[int] = set()  # islands whose scheduler group limit is set
         self.stop = False
         self.stop_reason = ""
@@ -111,32 +116,22 @@ class MiloRun:
         self._tasks: dict[int, asyncio.Task] = {}
 
     # ------------------------------------------------------------------ events
-    def emit(self, event: MiloEvent, *, island: int | None = None, round: int | None = None,
+    def emit(self, event: Event, *, island: int | None = None, round: int | None = None,
              harness_id: str | None = None) -> None:
         """The one way state changes: store the event, then apply it."""
-        cols: dict[str, Any] = {}
-        if island is not None:
-            cols["island"] = int(island)
-        if round is not None:
-            cols["round"] = int(round)
-        if harness_id:
-            cols["harness_id"] = harness_id
-        self.store.event(event.kind, event.to_payload(), **cols)
-        self._apply(event)
+        self.events.append(event, island=None if island is None else int(island),
+                           round=None if round is None else int(round), harness_id=harness_id or None)
 
-    def _apply(self, event: MiloEvent) -> None:
+    def _apply(self, event: Event) -> None:
         self.state.apply(event)
         for j in self.state.islands:
             if j not in self._grouped:
                 self.sched.set_group_limit(f"island-{j}", int(self.cfg.island_concurrency))
                 self._grouped.add(j)
 
-    def stored_events(self) -> list[MiloEvent]:
+    def stored_events(self) -> list[Event]:
         """The run's MILO events in write order, decoded."""
-        rows = self.store.read("events").to_pylist()
-        rows = sorted((r for r in rows if str(r.get("kind", "")).startswith("milo.")), key=lambda r: r["seq"])
-        return [decode(r["kind"], json.loads(r["payload"]) if isinstance(r["payload"], str) else r["payload"])
-                for r in rows]
+        return self.events.stored()
 
     async def replay(self) -> bool:
         """Rebuild state from the store's events; False when the run never initialized."""

@@ -2,8 +2,11 @@
 directory and evidence, its ``milo.node`` event, and the ``harnesses`` table rows
 derived from the events.
 
-Owns :func:`build_node`, :func:`record_node` and :func:`write_missing_rows`. The
-``milo.node`` event is the record; the ``harnesses`` row is written after it, so a
+Owns :func:`build_node`, :func:`record_node`, :func:`write_missing_rows` and the key
+of MILO's rows (:func:`node_row_key`: one row per lineage node, one per seed left
+without an island), which the run's :class:`~milo_ray.search.recording.HarnessRecorder`
+(``run.harness_rows``, the one writer of ``harnesses`` rows) stores each row under.
+The ``milo.node`` event is the record; the ``harnesses`` row is written after it, so a
 kill in between leaves a row :func:`write_missing_rows` adds on resume (once).
 """
 
@@ -53,7 +56,7 @@ def build_node(run: PopulationView, *, node_id: str, h: Harness | None, island: 
 def record_node(run: PopulationView, node: LineageNode) -> None:
     """Record a node: its ``milo.node`` event, then its ``harnesses`` row."""
     run.emit(NodeRecorded(node), island=node.island, round=node.round, harness_id=node.harness_id or None)
-    run.ctx.store.append("harnesses", [harness_row(run.state, node)])
+    run.harness_rows.record(None, **harness_row(run.state, node))
 
 
 def harness_row(state: MiloState, n: LineageNode) -> dict[str, Any]:
@@ -72,35 +75,27 @@ def harness_row(state: MiloState, n: LineageNode) -> dict[str, Any]:
     }
 
 
-def _stored_rows(store: Any) -> set[tuple[str, str]]:
-    """(node id or "" for an island-less seed, harness id) of every stored harnesses row."""
-    out = set()
-    for r in store.read("harnesses").to_pylist():
-        extra = r.get("extra") or {}
-        extra = json.loads(extra) if isinstance(extra, str) else extra
-        out.add((str(extra.get("node_id") or ""), r["harness_id"]))
-    return out
+def node_row_key(row: dict[str, Any]) -> tuple[str, str]:
+    """(node id, or "" for a seed without an island; harness id) of a ``harnesses`` row,
+    as written or as read back (``extra`` is JSON text in the store)."""
+    extra = row.get("extra") or {}
+    extra = json.loads(extra) if isinstance(extra, str) else extra
+    return str(extra.get("node_id") or ""), row["harness_id"]
 
 
 def write_missing_rows(run: PopulationView) -> None:
     """The ``harnesses`` rows the events imply and the store lacks: a node recorded
     just before a kill, or the seeds left without an island when the kill came right
-    after ``milo.init``. Rows already stored are never written twice."""
-    state, store = run.state, run.ctx.store
-    have = _stored_rows(store)
-    rows = [harness_row(state, n) for node_id, n in state.recorded.items()
-            if (node_id, n.harness_id or f"none:{node_id}") not in have]
+    after ``milo.init``. Rows already stored are never written twice (the recorder
+    knows every stored key)."""
+    state, rows = run.state, run.harness_rows
+    for n in state.recorded.values():
+        rows.record(None, **harness_row(state, n))
     placed = {i for members in state.init_members.values() for _, i in members}
     K = len(state.init_members)
     for i, s in enumerate(state.seed_scores):
-        if i in placed or ("", s.harness_id) in have:
+        if i in placed:
             continue
-        h = run.seeds[i]
-        rows.append({
-            "harness_id": h.harness_id, "name": h.name, "round": 0, "origin": "seed", "admitted": False,
-            "verdict_reason": f"not among the {K} most behavior-dissimilar seeds: no island",
-            "fitness": s.fitness, "source_ref": store.put_harness_source(dict(h.files)),
-            "created_at": time.time(), "extra": {"accuracy": s.accuracy, "costs": s.costs},
-        })
-    if rows:
-        store.append("harnesses", rows)
+        rows.record(run.seeds[i], round=0, origin="seed", admitted=False,
+                    verdict_reason=f"not among the {K} most behavior-dissimilar seeds: no island",
+                    fitness=s.fitness, created_at=time.time(), extra={"accuracy": s.accuracy, "costs": s.costs})

@@ -3,27 +3,30 @@
 Owns :class:`MiloState`: the islands (plain :class:`~milo_ray.milo.island.Island`
 objects holding :class:`~milo_ray.milo.lineage.LineageNode` trees), the curriculum,
 the island -> mutator assignment, per-island progress and the orchestrator's
-bookkeeping. :meth:`MiloState.apply` is the only way any of it changes: the loop
-appends an event to the store and applies it (``MiloRun.emit``), and a resumed run
-applies the stored events, in order, to a fresh state. ``apply`` has no I/O, no Ray
+bookkeeping. :meth:`MiloState.apply` is the only way any of it changes: the run's
+:class:`~milo_ray.search.events.EventLog` appends an event to the store and applies it
+(``MiloRun.emit``), and a resumed run replays the stored events, in order, into a
+fresh state. ``apply`` has no I/O, no Ray
 and no clock, so the same events always give the same state.
 """
 
 from __future__ import annotations
 
 import copy
+import dataclasses
 from typing import Any, Callable
 
 from milo_ray.milo.events import (CurriculumChanged, Decision, DecisionInvalid, HeldOut, Init, InterventionDone,
-                                  IslandFounded, MiloEvent, MoveDone, MoveFailed, NodeRecorded, Progress, Reassign,
+                                  IslandFounded, MoveDone, MoveFailed, NodeRecorded, Progress, Reassign,
                                   Refit, RoleBudget, SeedScore, Step, Stopped, Summarized)
 from milo_ray.milo.island import Island
 from milo_ray.milo.lineage import LineageNode
+from milo_ray.search.events import Event
 
-_HANDLERS: dict[type[MiloEvent], Callable[["MiloState", Any], None]] = {}
+_HANDLERS: dict[type[Event], Callable[["MiloState", Any], None]] = {}
 
 
-def _handles(*types: type[MiloEvent]) -> Callable[[Callable[["MiloState", Any], None]], Callable[["MiloState", Any], None]]:
+def _handles(*types: type[Event]) -> Callable[[Callable[["MiloState", Any], None]], Callable[["MiloState", Any], None]]:
     def register(fn: Callable[["MiloState", Any], None]) -> Callable[["MiloState", Any], None]:
         for t in types:
             _HANDLERS[t] = fn
@@ -65,7 +68,7 @@ class MiloState:
         self.events_applied = 0
 
     # ------------------------------------------------------------------ applying
-    def apply(self, event: MiloEvent) -> None:
+    def apply(self, event: Event) -> None:
         """Apply one event. Events are never mutated, so one event list can build any
         number of states."""
         handler = _HANDLERS.get(type(event))
@@ -156,7 +159,7 @@ class MiloState:
         self.exhausted_roles.setdefault(e.role, e.reason)
 
     @_handles(MoveFailed, Stopped, Summarized)
-    def _record_only(self, e: MiloEvent) -> None:
+    def _record_only(self, e: Event) -> None:
         """Records for people and reports; the search's state does not depend on them."""
 
     def _new_island(self, j: int) -> None:
@@ -196,7 +199,7 @@ class MiloState:
             "progress": dict(self.progress), "assignment": dict(self.assignment),
             "search_tasks": list(self.search_tasks), "val_tasks": list(self.val_tasks),
             "task_pool": list(self.task_pool), "version": self.version,
-            "seed_scores": [s.to_dict() for s in self.seed_scores], "init_members": dict(self.init_members),
+            "seed_scores": [dataclasses.asdict(s) for s in self.seed_scores], "init_members": dict(self.init_members),
             "decisions": {k: d.to_payload() for k, d in self.decisions.items()},
             "moves_done": {k: sorted(v) for k, v in self.moves_done.items()},
             "decisions_done": sorted(self.decisions_done), "last_intervention": dict(self.last_intervention),

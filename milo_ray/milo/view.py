@@ -16,10 +16,11 @@ from typing import Any, Protocol
 from milo_ray.context import RunContext
 from milo_ray.harness.model import Harness
 from milo_ray.milo.config import MiloConfig
-from milo_ray.milo.events import MiloEvent
 from milo_ray.milo.lineage import LineageNode
 from milo_ray.milo.state import MiloState
+from milo_ray.search.events import Event
 from milo_ray.search.mutation import ValidationOptions
+from milo_ray.search.recording import HarnessRecorder
 
 
 class PopulationView(Protocol):
@@ -36,8 +37,9 @@ class PopulationView(Protocol):
     validation: ValidationOptions  # how the mutation runner validates children
     lock: asyncio.Lock  # held while B_search changes or a child is judged on it
     stop: bool
+    harness_rows: HarnessRecorder  # the one writer of the run's harnesses rows (one per node)
 
-    def emit(self, event: MiloEvent, *, island: int | None = None, round: int | None = None,
+    def emit(self, event: Event, *, island: int | None = None, round: int | None = None,
              harness_id: str | None = None) -> None:
         """Append the event to the store, then apply it to ``state``."""
 

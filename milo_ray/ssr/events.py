@@ -6,62 +6,33 @@ record (``ssr.judged``), the evidence order (``ssr.refresh``), each optimizer an
 (``ssr.candidate``, the child's source in the blob store), the children that race
 (``ssr.candidates``), each race stage and its result (``ssr.stage``,
 ``ssr.stage_result``), the selection (``ssr.selection``), a role cap that stopped
-the run (``ssr.role_budget``) and the stop. :mod:`milo_ray.ssr.state` folds them
-back into what a resumed run must not decide (or pay for) again.
+the run (``ssr.role_budget``), the stop and the summary (the last three are the events
+every method shares, :mod:`milo_ray.search.events`). :mod:`milo_ray.ssr.state` folds
+them back into what a resumed run must not decide (or pay for) again.
 
 Two fields of every event are ``events`` columns, not payload: ``round`` and
 ``harness_id`` (the round's parent, except for ``ssr.selection``, where it is the
-selected harness). Everything else is the JSON payload, written by ``to_payload``
-and read back by ``from_payload``, which names the kind and the field on a payload
-it cannot read.
+selected harness). Everything else is the JSON payload, written and read by the one
+codec of :mod:`milo_ray.search.events`, which names the kind and the field on a
+payload it cannot read.
 """
 
 from __future__ import annotations
 
-from dataclasses import MISSING, dataclass, field, fields
+from dataclasses import dataclass, field
 from typing import Any, ClassVar, Mapping
+
+from milo_ray.search.events import Event, EventTypes, RoleBudget, Stopped, Summarized
 
 COLUMNS = ("round", "harness_id")
 
 
 @dataclass(frozen=True)
-class SSREvent:
-    """Base of every SSR event: ``round`` and ``harness_id`` are table columns."""
+class SSREvent(Event):
+    """Base of SSR's own events: ``round`` and ``harness_id`` are table columns, and a
+    payload key no field names is an error."""
 
-    kind: ClassVar[str] = ""
-
-    def columns(self) -> dict[str, Any]:
-        return {c: getattr(self, c) for c in COLUMNS if getattr(self, c, None) is not None}
-
-    def to_payload(self) -> dict[str, Any]:
-        return {f.name: _plain(getattr(self, f.name)) for f in fields(self) if f.name not in COLUMNS}
-
-    @classmethod
-    def from_payload(cls, payload: Mapping[str, Any], **columns: Any) -> "SSREvent":
-        """The event from its payload and columns; ``ValueError`` names a missing or
-        unknown field."""
-        names = {f.name for f in fields(cls)}
-        unknown = sorted(set(payload) - names)
-        if unknown:
-            raise ValueError(f"{cls.kind} event: unknown payload field(s) {unknown}")
-        values: dict[str, Any] = {}
-        for f in fields(cls):
-            source = columns if f.name in COLUMNS else payload
-            if f.name in source:
-                values[f.name] = source[f.name]
-            elif f.default is MISSING and f.default_factory is MISSING:
-                raise ValueError(f"{cls.kind} event: payload field {f.name!r} is missing")
-        return cls(**values)
-
-
-def _plain(v: Any) -> Any:
-    """Tuples as lists, so a payload equals its JSON round trip (duplicate detection
-    compares payload text)."""
-    if isinstance(v, (list, tuple)):
-        return [_plain(x) for x in v]
-    if isinstance(v, dict):
-        return {k: _plain(x) for k, x in v.items()}
-    return v
+    column_fields: ClassVar[tuple[str, ...]] = COLUMNS
 
 
 @dataclass(frozen=True)
@@ -233,38 +204,15 @@ class Selection(SSREvent):
     scores: dict[str, float] = field(default_factory=dict)
 
 
-@dataclass(frozen=True)
-class RoleBudget(SSREvent):
-    """A role's cap (``run.budget.roles.<role>``) or the run's token/USD cap refused new
-    work of ``role``: the run stops with the incumbent."""
-
-    kind: ClassVar[str] = "ssr.role_budget"
-    round: int
-    harness_id: str
-    role: str
-    reason: str
+SSR_EVENTS = EventTypes("ssr", (ResumeMarker, RoundStarted, Judged, Refreshed, RefreshUnaffordable, RefreshAborted,
+                                 CandidateDrawn, CandidatesChosen, StageStarted, StageAborted, StageResult, Selection,
+                                 RoleBudget, Stopped, Summarized))
+REGISTRY: dict[str, type[Event]] = SSR_EVENTS.classes()
 
 
-@dataclass(frozen=True)
-class Stopped(SSREvent):
-    kind: ClassVar[str] = "ssr.stop"
-    round: int
-    harness_id: str
-    reason: str
-    rounds: int
-    incumbent: str
-    executions_used: int
-
-
-REGISTRY: dict[str, type[SSREvent]] = {cls.kind: cls for cls in (
-    ResumeMarker, RoundStarted, Judged, Refreshed, RefreshUnaffordable, RefreshAborted, CandidateDrawn,
-    CandidatesChosen, StageStarted, StageAborted, StageResult, Selection, RoleBudget, Stopped)}
-
-
-def parse(kind: str, payload: Mapping[str, Any] | None, **columns: Any) -> SSREvent | None:
-    """The typed event of an ``events`` row, or None for a kind SSR does not project
-    (``ssr.summary``, other methods' events)."""
-    cls = REGISTRY.get(kind)
-    if cls is None:
+def parse(kind: str, payload: Mapping[str, Any] | None, **columns: Any) -> Event | None:
+    """The typed event of an ``events`` row, or None for a kind of another namespace
+    (other methods' events, run-level records such as ``embedder.loaded``)."""
+    if not SSR_EVENTS.owns(kind):
         return None
-    return cls.from_payload(payload or {}, **{c: v for c, v in columns.items() if c in COLUMNS and v is not None})
+    return SSR_EVENTS.decode(kind, payload, **{c: v for c, v in columns.items() if c in COLUMNS})

@@ -16,15 +16,17 @@ racing executions. The method keeps its own count of the distinct rollouts it as
 for, so every budget decision depends only on the run's own history — this is what
 makes a resumed run replay the same decisions.
 
-Resume (DESIGN §5.11): every decision is a typed event (:mod:`milo_ray.ssr.events`)
-and a resumed run fast-forwards through them. It re-walks the same deterministic
-procedure, but every paid step first asks the projection of the stored events
-(:mod:`milo_ray.ssr.state`): a judged record, an evidence order or an optimizer
+Resume (DESIGN §5.11): every decision is a typed event (:mod:`milo_ray.ssr.events`),
+stored and folded into :class:`~milo_ray.ssr.state.RecordedRun` in one call by the
+run's :class:`~milo_ray.search.events.EventLog`, and a resumed run replays them and
+fast-forwards. It re-walks the same deterministic procedure, but every paid step first
+asks that projection (:mod:`milo_ray.ssr.state`): a judged record, an evidence order or an optimizer
 answer already recorded is read back (children from their stored sources), so no
 judge or optimizer call is made twice; only what was in flight at the kill is asked
 again. Rollouts come back from the scheduler's cache (never executed again, never
 charged), replayed race stages are checked against their records, and rows already
-in the store are not written twice.
+in the store are not written twice (the event log writes once, ``StoreWriter`` the
+harness and experience rows).
 
 Agent spend: every judge attempt, optimizer answer and embedder call is recorded in
 ``agent_calls`` under a deterministic call id. Before a round's judging or candidate
@@ -54,9 +56,10 @@ from milo_ray.ssr import evidence as ev
 from milo_ray.search.mutation import build_agent
 from milo_ray.ssr.children import ChildMaker
 from milo_ray.ssr.config import SSRConfig
-from milo_ray.ssr.events import (CandidatesChosen, RefreshAborted, Refreshed, RefreshUnaffordable, ResumeMarker,
-                                 RoleBudget, RoundStarted, Selection, SSREvent, StageAborted, StageResult,
-                                 StageStarted, Stopped)
+from milo_ray.search.events import Event, EventLog
+from milo_ray.ssr.events import (SSR_EVENTS, CandidatesChosen, RefreshAborted, Refreshed, RefreshUnaffordable,
+                                 ResumeMarker, RoleBudget, RoundStarted, Selection, StageAborted, StageResult,
+                                 StageStarted, Stopped, Summarized)
 from milo_ray.ssr.judging import judge_round
 from milo_ray.ssr.racing import Race, RaceCandidate, RaceConfig, UniformRace
 from milo_ray.ssr.state import RecordedRun, check_parent, check_stage
@@ -111,8 +114,12 @@ class _SSRRun:
         self.out = StoreWriter(self.store, resumed=bool(ctx.resumed))
         from milo_ray.harness.validate import forbidden_fragments_for
 
-        # What earlier sessions decided; kept current as this session decides more.
-        self.recorded = RecordedRun.from_store(self.store) if ctx.resumed else RecordedRun()
+        # What earlier sessions decided; kept current as this session decides more. A resumed
+        # run re-walks its recorded decisions: their rows are stored already (write once).
+        self.recorded = RecordedRun()
+        self.events = EventLog(self.store, SSR_EVENTS, apply=self.recorded.apply, write_once=bool(ctx.resumed))
+        if ctx.resumed:
+            self.events.replay()
         self.children = ChildMaker(cfg=cfg, seed=ctx.seed, optimizer_spec=optimizer_spec, optimizer_name=optimizer_name,
                                    forbidden=forbidden_fragments_for(self.tasks.values()), tasks=self.tasks,
                                    store=self.store, calls=self.calls, emit=self.emit,
@@ -122,10 +129,9 @@ class _SSRRun:
         self.harnesses: dict[str, Harness] = {}
         self.generated = 0
 
-    def emit(self, ev_: SSREvent) -> None:
+    def emit(self, ev_: Event) -> None:
         """Store a decision (once) and fold it into the projection."""
-        self.out.emit(ev_)
-        self.recorded.apply(ev_)
+        self.events.append(ev_)
 
     # ------------------------------------------------------------------ budget
     def remaining(self) -> float:
@@ -151,7 +157,8 @@ class _SSRRun:
         """Whether new work of ``role`` may start; if not, record why (once)."""
         if self.calls.allows(role):
             return True
-        self.emit(RoleBudget(rnd, parent.harness_id, role, self.calls.exhausted_reason(role) or "refused"))
+        self.emit(RoleBudget(role, self.calls.exhausted_reason(role) or "refused", round=rnd,
+                             harness_id=parent.harness_id))
         return False
 
     # ------------------------------------------------------------------ harnesses
@@ -289,7 +296,7 @@ class _SSRRun:
     def execute(self) -> dict[str, Any]:
         cfg, ctx = self.cfg, self.ctx
         if ctx.resumed:
-            self.out.emit(ResumeMarker("fast-forwarding through recorded decisions; cached rollouts are reused"))
+            self.emit(ResumeMarker("fast-forwarding through recorded decisions; cached rollouts are reused"))
         initial = self._initial()
         self._add(initial, {"round": 0, "origin": "seed", "name": initial.name})
         parent, ev_state, stall, rnd, stop = initial, None, 0, 0, None
@@ -329,7 +336,8 @@ class _SSRRun:
                 stop = "budget"
             elif ctx.out_of_time():
                 stop = "deadline"
-        self.emit(Stopped(rnd, parent.harness_id, stop, rnd, parent.harness_id, len(self.keys)))
+        self.emit(Stopped(stop, round=rnd, harness_id=parent.harness_id, rounds=rnd, incumbent=parent.harness_id,
+                          executions_used=len(self.keys)))
         return self._summary(initial, parent, rnd, stop, history)
 
     def _summary(self, initial: Harness, final: Harness, rounds: int, stop: str, history: list) -> dict[str, Any]:
@@ -369,7 +377,7 @@ class _SSRRun:
                     summary[f"{label}_true_resolve"] = float(tq["resolve_rate"])
         # Spend holds wall-clock seconds: the agent_calls table is its record, not this event
         # (a resumed run must store the same summary event as an uninterrupted one).
-        self.out.event("ssr.summary", {k: v for k, v in summary.items() if k not in ("history", "spend_by_role")},
-                       round=rounds, harness_id=final.harness_id)
+        self.emit(Summarized({k: v for k, v in summary.items() if k not in ("history", "spend_by_role")},
+                             round=rounds, harness_id=final.harness_id))
         self.store.flush()
         return summary

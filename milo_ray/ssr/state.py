@@ -11,12 +11,12 @@ writing a second, different history.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
-from milo_ray.ssr.events import (CandidateDrawn, CandidatesChosen, Judged, Refreshed, RoleBudget, RoundStarted,
-                                 Selection, SSREvent, StageResult, StageStarted, parse)
+from milo_ray.search.events import Event, EventLog
+from milo_ray.ssr.events import (SSR_EVENTS, CandidateDrawn, CandidatesChosen, Judged, Refreshed, RoleBudget,
+                                 RoundStarted, Selection, StageResult, StageStarted)
 
 
 class ResumeDiverged(RuntimeError):
@@ -51,7 +51,7 @@ class RecordedRun:
         later land in this same object."""
         return self.rounds.setdefault(rnd, RoundRecord(rnd))
 
-    def apply(self, ev: SSREvent) -> None:
+    def apply(self, ev: Event) -> None:
         rnd = getattr(ev, "round", None)
         rec = self.rounds.setdefault(rnd, RoundRecord(rnd)) if rnd is not None else None
         if isinstance(ev, RoundStarted):
@@ -75,19 +75,17 @@ class RecordedRun:
 
     @classmethod
     def from_rows(cls, rows: Iterable[dict[str, Any]]) -> "RecordedRun":
-        """Fold ``events`` rows (any order; applied by ``seq``); rows of other kinds are skipped."""
+        """Fold ``events`` rows (any order; applied by ``seq``); other namespaces' rows are skipped."""
         out = cls()
-        for row in sorted(rows, key=lambda r: r["seq"]):
-            payload = row.get("payload")
-            payload = json.loads(payload) if isinstance(payload, str) else payload
-            ev = parse(str(row["kind"]), payload, round=row.get("round"), harness_id=row.get("harness_id"))
-            if ev is not None:
-                out.apply(ev)
+        for ev in SSR_EVENTS.decode_rows(rows):
+            out.apply(ev)
         return out
 
     @classmethod
     def from_store(cls, store: Any) -> "RecordedRun":
-        return cls.from_rows(store.read("events").to_pylist())
+        out = cls()
+        EventLog(store, SSR_EVENTS).replay(out.apply)
+        return out
 
 
 def check_parent(rec: RoundRecord, parent_id: str) -> None:

@@ -1,28 +1,27 @@
-"""SSR's side effects on the run: idempotent store rows.
+"""SSR's harness and experience rows, written once.
 
-``StoreWriter`` is the only place SSR writes rows; on a resumed run it skips rows
-already present (same harness and round, same experience record, same event), so
-re-walking recorded steps does not duplicate history. It also hands back the stored
+``StoreWriter`` is the only place SSR writes those rows; on a resumed run it skips
+rows already present (same harness and round, same experience record), so re-walking
+recorded steps does not duplicate history (events go through the run's
+:class:`~milo_ray.search.events.EventLog`, which skips stored rows the same way). It also hands back the stored
 embedding of an experience record, so a resumed run orders its evidence with the
 very vectors the interrupted run used.
 """
 
 from __future__ import annotations
 
-import json
 from typing import Any, Sequence
 
 import numpy as np
 
 from milo_ray.harness.model import Harness
 from milo_ray.search.recording import HarnessRecorder
-from milo_ray.ssr.events import SSREvent
 
 ExperienceKey = tuple[str, int, str]  # (harness_id, round, task_id)
 
 
 class StoreWriter:
-    """Writes harness, experience and event rows once."""
+    """Writes harness and experience rows once."""
 
     def __init__(self, store: Any, *, resumed: bool) -> None:
         self.store = store
@@ -30,16 +29,12 @@ class StoreWriter:
         self._harnesses = HarnessRecorder(store, key=lambda r: (r["harness_id"], int(r.get("round") or 0)),
                                           resumed=resumed)
         self._embeddings: dict[ExperienceKey, list[float] | None] = {}
-        self._event_keys: set[tuple[str, int | None, str | None, str]] = set()
         if resumed:
             self._load()
 
     def _load(self) -> None:
         for r in self.store.read("experience").to_pylist():
             self._embeddings[(r.get("harness_id") or "", r.get("round") or 0, r["task_id"])] = r.get("embedding")
-        for r in self.store.read("events").to_pylist():
-            if str(r["kind"]).startswith("ssr."):
-                self._event_keys.add((r["kind"], r.get("round"), r.get("harness_id"), r.get("payload") or ""))
 
     def harness(self, h: Harness, row: dict[str, Any]) -> None:
         self._harnesses.record(h, **row)
@@ -58,15 +53,3 @@ class StoreWriter:
         """The embedding stored with this experience record (float32, as written), or None."""
         z = self._embeddings.get((harness_id, round, task_id))
         return None if z is None else np.asarray(z, dtype=np.float32)
-
-    def event(self, kind: str, payload: dict[str, Any] | None = None, **cols: Any) -> None:
-        payload = payload or {}
-        text = json.dumps(payload, sort_keys=True, separators=(",", ":"), default=str)
-        key = (kind, cols.get("round"), cols.get("harness_id"), text)
-        if self._event_keys and key in self._event_keys:
-            return
-        self.store.event(kind, json.loads(text), **cols)
-
-    def emit(self, ev: SSREvent) -> None:
-        """Write a typed event (once: a replayed decision equals its stored row)."""
-        self.event(ev.kind, ev.to_payload(), **ev.columns())

@@ -2,8 +2,8 @@
 
 :class:`RunStatus` is fed by the run store's append listener (``store.add_listener``):
 it sees every ``events`` row the method writes (MILO's and SSR's typed events, decoded
-by the methods' own codecs, MILO's through the same :class:`~milo_ray.milo.state.MiloState`
-projection the loop uses, so the values shown are the run's own) and every
+by their :class:`~milo_ray.search.events.EventTypes`, MILO's projected through the same
+:class:`~milo_ray.milo.state.MiloState` the loop uses, so the values shown are the run's own) and every
 ``rollouts`` / ``agent_calls`` row (spend). No method calls it and it makes no Ray call:
 the store already runs on the driver.
 
@@ -13,7 +13,6 @@ closes: a MILO island's ``milo.progress`` event, an SSR round's ``ssr.selection`
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
 import time
@@ -21,6 +20,10 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from milo_ray.execution.progress import fmt_duration
+from milo_ray.milo.events import MILO_EVENTS, Progress
+from milo_ray.milo.state import MiloState
+from milo_ray.search.events import Event, Stopped
+from milo_ray.ssr.events import SSR_EVENTS, CandidatesChosen, RoundStarted, Selection, StageResult, StageStarted
 
 log = logging.getLogger(__name__)
 
@@ -77,13 +80,6 @@ class RoundMetrics:
     step: int
     metrics: dict[str, float] = field(default_factory=dict)
     time: float | None = None
-
-
-def _payload(row: dict[str, Any]) -> dict[str, Any]:
-    p = row.get("payload")
-    if isinstance(p, str):
-        return json.loads(p) if p else {}
-    return dict(p or {})
 
 
 def _fmt(x: float | None) -> str:
@@ -167,20 +163,16 @@ class RunStatus:
 
     def _event(self, row: dict[str, Any]) -> list[RoundMetrics]:
         kind = str(row.get("kind") or "")
-        if kind.startswith("milo."):
-            return self._milo_event(kind, row)
-        if kind.startswith("ssr."):
-            m = self._ssr_event(kind, row)
+        if MILO_EVENTS.owns(kind):
+            return self._milo_event(MILO_EVENTS.decode_row(row), row)
+        if SSR_EVENTS.owns(kind):
+            m = self._ssr_event(SSR_EVENTS.decode_row(row), row)
             return [] if m is None else [m]
         return []
 
-    def _milo_event(self, kind: str, row: dict[str, Any]) -> list[RoundMetrics]:
-        from milo_ray.milo.events import Progress, decode
-        from milo_ray.milo.state import MiloState
-
+    def _milo_event(self, ev: Event, row: dict[str, Any]) -> list[RoundMetrics]:
         if self._milo is None:
             self.method, self._milo = "milo", MiloState()
-        ev = decode(kind, _payload(row))
         self._milo.apply(ev)
         if not isinstance(ev, Progress):
             return []
@@ -198,12 +190,8 @@ class RunStatus:
                 RoundMetrics("milo", self._closes, {**run, "rounds_closed": float(self._closes),
                                                     **self._spend_metrics()}, t)]
 
-    def _ssr_event(self, kind: str, row: dict[str, Any]) -> RoundMetrics | None:
-        from milo_ray.ssr.events import (CandidatesChosen, RoundStarted, Selection, StageResult, StageStarted,
-                                         Stopped, parse)
-
+    def _ssr_event(self, ev: Event, row: dict[str, Any]) -> RoundMetrics | None:
         self.method = "ssr"
-        ev = parse(kind, _payload(row), round=row.get("round"), harness_id=row.get("harness_id"))
         race = self._race
         if isinstance(ev, RoundStarted):
             keep = race.incumbent_score if race is not None else None

@@ -119,6 +119,7 @@ def install_kill_point(spec: str, *, after: bool = False) -> None:
     """Patch ``MiloRun.emit`` (the one place events are stored and applied) to end the
     process before the matching event is stored, or right after it is stored and
     before it is applied."""
+    from milo_ray.milo.events import MILO_EVENTS
     from milo_ray.milo.loop import MiloRun
 
     kind, _, conds = spec.partition(":")
@@ -129,7 +130,7 @@ def install_kill_point(spec: str, *, after: bool = False) -> None:
         os._exit(DIE_EXIT_CODE)
 
     def emit_or_die(self, event, **cols):
-        if event.kind == kind:
+        if MILO_EVENTS.kind_of(event) == kind:
             payload = event.to_payload()
             fields = {**payload.get("node", {}), **payload}
             if all(str(fields.get(f)) == v for f, v in want.items()):

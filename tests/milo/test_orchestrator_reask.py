@@ -17,7 +17,7 @@ import pytest
 from milo_ray.agents.orchestrators.llm import LLMOrchestrator
 from milo_ray.agents.protocols import MutationRequest, MutationResult
 from milo_ray.agents.usage import AgentReply, AgentUsage
-from milo_ray.milo.events import (Decision, DecisionInvalid, Init, InterventionDone, MiloEvent, NodeRecorded, Progress,
+from milo_ray.milo.events import (MILO_EVENTS, Decision, DecisionInvalid, Init, InterventionDone, MiloEvent, NodeRecorded, Progress,
                                   Reassign, decode)
 from milo_ray.milo.lineage import LineageNode
 from milo_ray.milo.orchestrator import intervene
@@ -81,7 +81,7 @@ class View:
     def emit(self, event: MiloEvent, *, island: int | None = None, round: int | None = None,
              harness_id: str | None = None) -> None:
         # Through the stored form, as a resumed run reads it.
-        self.events.append(decode(event.kind, json.loads(json.dumps(event.to_payload()))))
+        self.events.append(decode(MILO_EVENTS.kind_of(event), json.loads(json.dumps(event.to_payload()))))
         self.state.apply(self.events[-1])
 
     def orchestrator(self) -> Any:

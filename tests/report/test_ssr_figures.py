@@ -18,7 +18,7 @@ from milo_ray import results as R
 from milo_ray.kernels.submodular import clipped_cosine, coverage_objective, rer_order
 from milo_ray.report import ssr_figures as S
 from milo_ray.report import tables
-from milo_ray.ssr.events import CandidatesChosen, Refreshed, RoundStarted, Selection, StageResult, Stopped
+from milo_ray.ssr.events import SSR_EVENTS, CandidatesChosen, Refreshed, RoundStarted, Selection, StageResult, Stopped
 from milo_ray.store import schema
 
 T0 = 1_000.0
@@ -34,7 +34,7 @@ def _events(evs: list) -> pd.DataFrame:
         if isinstance(e, tuple):  # (kind, payload, columns) for kinds without a dataclass
             kind, payload, cols = e
         else:
-            kind, payload, cols = e.kind, e.to_payload(), e.columns()
+            kind, payload, cols = SSR_EVENTS.kind_of(e), e.to_payload(), e.columns()
         rows.append({"seq": i, "time": T0 + i, "kind": kind, "round": cols.get("round"), "island": None,
                      "harness_id": cols.get("harness_id"), "payload": json.dumps(payload), "data": payload})
     return pd.DataFrame(rows)
@@ -148,7 +148,7 @@ def test_budget_curve_counts_budgeted_executions_against_the_cap():
     rollouts["budgeted"] = [True] * n_budgeted + [False] * n_test
     rollouts["split"] = ["search"] * n_budgeted + ["test"] * n_test
     summary = ("ssr.summary", {"execution_budget": 30}, {"round": 1, "harness_id": "P"})
-    res = _run([RoundStarted(0, "P", 0, 0), Stopped(1, "P", "budget", 1, "P", n_budgeted), summary],
+    res = _run([RoundStarted(0, "P", 0, 0), Stopped("budget", round=1, harness_id="P", rounds=1, incumbent="P", executions_used=n_budgeted), summary],
                rollouts=rollouts, budget=999)
     fig = S.budget_figure(res)
     y = _line(fig, "budgeted executions")

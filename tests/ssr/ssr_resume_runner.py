@@ -115,11 +115,11 @@ class RecordingOptimizer:
 
 
 def install_kill_point(spec: str) -> None:
-    from milo_ray.ssr.store_io import StoreWriter
+    from milo_ray.search.events import EventLog
 
     kind, _, conds = spec.partition(":")
     want = dict(c.split("=", 1) for c in conds.split(",") if c)
-    event = StoreWriter.event
+    event = EventLog.write
 
     def event_or_die(self, k, payload=None, **cols):
         if k == kind:
@@ -128,7 +128,7 @@ def install_kill_point(spec: str) -> None:
                 os._exit(DIE_EXIT_CODE)
         return event(self, k, payload, **cols)
 
-    StoreWriter.event = event_or_die
+    EventLog.write = event_or_die
 
 
 def run(run_dir: Path, out: Path, *, resume: bool) -> None:

@@ -27,7 +27,7 @@ from milo_ray.context import RunContext
 from milo_ray.execution.budget import BudgetLedger
 from milo_ray.search.agent_calls import AgentCallLog, RoleCap
 from milo_ray.ssr.loop import SSRMethod
-from milo_ray.ssr.store_io import StoreWriter
+from milo_ray.search.events import EventLog
 from milo_ray.store.memory import MemoryRunStore
 from ssr_inprocess import InProcessScheduler, RuleOptimizer
 from ssr_slice import SliceBenchmark
@@ -146,7 +146,7 @@ def _kill_before(monkeypatch, spec: str, session: Session) -> None:
     conds, _, nth = rest.partition("@")
     want = dict(c.split("=", 1) for c in conds.split(",") if c)
     seen = [0]
-    event = StoreWriter.event
+    event = EventLog.write
 
     def event_or_die(self, k, payload=None, **cols):
         if k == kind and all(str({**cols, **(payload or {})}.get(f)) == v for f, v in want.items()):
@@ -157,7 +157,7 @@ def _kill_before(monkeypatch, spec: str, session: Session) -> None:
                 raise Killed()
         return event(self, k, payload, **cols)
 
-    monkeypatch.setattr(StoreWriter, "event", event_or_die)
+    monkeypatch.setattr(EventLog, "write", event_or_die)
 
 
 def _tables(store) -> dict[str, list[dict]]:

@@ -10,7 +10,8 @@ import pytest
 
 from milo_ray.execution.types import RolloutResult
 from milo_ray.ssr import evidence as ev
-from milo_ray.ssr.events import (REGISTRY, CandidateDrawn, Judged, RoundStarted, Selection, StageStarted, parse)
+from milo_ray.ssr.events import (REGISTRY, CandidateDrawn, Judged, RoundStarted, Selection, StageStarted, Summarized,
+                                 parse)
 from milo_ray.ssr.state import RecordedRun, ResumeDiverged, check_parent, check_stage
 
 EXAMPLES = [
@@ -31,7 +32,8 @@ def test_payload_round_trips_through_json(event):
 
 def test_every_kind_is_registered_once():
     assert len(REGISTRY) == len({cls.kind for cls in REGISTRY.values()})
-    assert parse("ssr.summary", {"anything": 1}, round=0) is None
+    assert parse("milo.summary", {"anything": 1}, round=0) is None  # another method's
+    assert parse("ssr.summary", {"anything": 1}, round=0) == Summarized({"anything": 1}, round=0)
 
 
 def test_a_payload_missing_or_adding_a_field_is_named():
