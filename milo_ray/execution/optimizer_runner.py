@@ -12,9 +12,9 @@ What it does:
 * loads ``harness.py`` as a module (:func:`load_program`) whose namespace already holds
   the names the program is given (:func:`given_names`): the formulas' public names
   (exact scores, the smoothed max and its gradient, projections), the ratchet (``offer``,
-  ``best``, ``best_score``, ``reset_best``) and ``run_stages``; a name the program
-  defines itself replaces the given one. After the program's own top level has run, the
-  runner sets ``publish`` to its own and ``PROBLEM`` to the problem's name, then calls
+  ``best``, ``best_score``, ``reset_best``), ``run_stages``, ``PROBLEM`` (the problem's
+  name) and the runner's ``publish``; a name the program defines itself replaces the given
+  one, except ``PROBLEM`` and ``publish``, set again after its top level ran. It then calls
   ``optimize(start, seed=SEED, deadline=T0 + BUDGET_S)`` where T0 is this process's
   ``time.monotonic()`` at startup (the program's imports count against its budget);
 * a call to ``publish(values)`` only copies the point and timestamps it (a few tens of
@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import math
 import os
 import sys
 import threading
@@ -49,7 +50,6 @@ import traceback
 
 T0 = time.monotonic()
 
-import math  # noqa: E402
 import numpy as np  # noqa: E402  (T0 first: the runner's own imports count as startup)
 
 if __package__:  # imported as milo_ray.execution.optimizer_runner (the executor, tools, tests)
