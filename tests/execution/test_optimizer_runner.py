@@ -84,3 +84,17 @@ def test_a_self_contained_program_runs_bit_for_bit_as_the_seed_using_the_given_n
     assert check(problem, new) is None and score(problem, new) < score(problem, h0)
     assert old_n == new_n > 0
     assert old.tobytes() == new.tobytes()
+
+
+@pytest.mark.parametrize("module", ["milo_ray/kernels/autocorr_kit.py", "milo_ray/execution/optimizer_runner.py"])
+def test_the_files_uploaded_to_the_sandbox_import_only_numpy_scipy_and_the_standard_library(module):
+    """milo_ray is not importable in the sandbox: the runner reaches the formulas as the
+    file beside it there (its package import runs only on the host)."""
+    import ast
+    import sys
+
+    tree = ast.parse((Path(__file__).resolve().parents[2] / module).read_text())
+    top = [stmt for stmt in tree.body if isinstance(stmt, (ast.Import, ast.ImportFrom))]
+    names = {alias.name.split(".")[0] for s in top if isinstance(s, ast.Import) for alias in s.names}
+    names |= {s.module.split(".")[0] for s in top if isinstance(s, ast.ImportFrom) and s.module}
+    assert names - {"__future__", "numpy", "scipy"} <= set(sys.stdlib_module_names), names
