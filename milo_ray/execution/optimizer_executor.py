@@ -4,8 +4,9 @@ EinsteinArena task (the instance-level track, DESIGN §4.5).
 For one (program, task, rollout) it rebuilds the task's start
 (:func:`~milo_ray.benchmarks.einstein.start_values`), scores it, opens a sandbox (the
 run's ``sandbox`` factory; bwrap: no network, ``memory_mb``, the interpreter visible
-read-only), writes the program's files, ``start.npy`` and the runner
-(:mod:`milo_ray.execution.optimizer_runner`) into the workspace and runs the runner,
+read-only), writes the program's files, ``start.npy``, the runner
+(:mod:`milo_ray.execution.optimizer_runner`) and the formulas it gives the program
+(:mod:`milo_ray.kernels.autocorr_kit`) into the workspace and runs the runner,
 which calls ``optimize(start, seed=, deadline=)`` with ``deadline`` = its own start +
 ``budget_s`` and records every point the program publishes.
 
@@ -162,6 +163,13 @@ class OptimizerExecutor:
                              trace=graded.trace)
 
 
+def runner_files(runner_name: str = RUNNER_FILE) -> dict[str, bytes]:
+    """The files a program runs with, uploaded beside it (file name -> content): the
+    runner as ``runner_name`` and the formulas it gives the program under the name it
+    imports them by."""
+    return {runner_name: Path(runner.__file__).read_bytes(), runner.KIT_FILE: Path(runner.kit.__file__).read_bytes()}
+
+
 def run_program(sandbox: Any, workdir: str, files: Mapping[str, str | bytes], start: np.ndarray, problem: str,
                 seed: int, budget_s: float, grace_s: float, *, entry: str = ENTRY_FILE,
                 python: str = sys.executable) -> ProgramRun:
@@ -172,8 +180,8 @@ def run_program(sandbox: Any, workdir: str, files: Mapping[str, str | bytes], st
     buf = io.BytesIO()
     np.save(buf, start, allow_pickle=False)
     uploads = [(f"{workdir}/{rel}", text.encode() if isinstance(text, str) else text) for rel, text in files.items()]
-    uploads += [(f"{workdir}/{START_FILE}", buf.getvalue()),
-                (f"{workdir}/{RUNNER_FILE}", Path(runner.__file__).read_bytes())]
+    uploads += [(f"{workdir}/{START_FILE}", buf.getvalue())]
+    uploads += [(f"{workdir}/{name}", content) for name, content in runner_files().items()]
     _check_transfers("upload", sandbox.upload_files(uploads))
     argv = [python, RUNNER_FILE, entry, START_FILE, problem, str(int(seed)), repr(float(budget_s)), repr(grace_s)]
     here = f"cd {shlex.quote(workdir)} && "

@@ -1,22 +1,30 @@
 """Runs one optimizer program inside the sandbox (``executor=optimizer``).
 
-This file is copied into the sandbox's workspace and run by the sandbox's interpreter as
+This file is copied into the sandbox's workspace, with the problem's formulas
+(:mod:`milo_ray.kernels.autocorr_kit`, uploaded beside it as ``autocorr_kit.py``), and run
+by the sandbox's interpreter as
 ``python optimizer_runner.py harness.py start.npy PROBLEM SEED BUDGET_S GRACE_S``. It
-imports numpy and the standard library only (milo_ray is not visible in the sandbox).
+imports numpy, scipy and the standard library only (milo_ray is not visible in the
+sandbox).
 
 What it does:
 
-* loads ``harness.py`` as a module, replaces its ``publish`` with the runner's and sets
-  ``PROBLEM``, then calls ``optimize(start, seed=SEED, deadline=T0 + BUDGET_S)`` where T0
-  is this process's ``time.monotonic()`` at startup (the program's imports count against
-  its budget);
+* loads ``harness.py`` as a module (:func:`load_program`) whose namespace already holds
+  the names the program is given (:func:`given_names`): the formulas' public names
+  (exact scores, the smoothed max and its gradient, projections), the ratchet (``offer``,
+  ``best``, ``best_score``, ``reset_best``), ``run_stages``, ``PROBLEM`` (the problem's
+  name) and the runner's ``publish``; a name the program defines itself replaces the given
+  one, except ``PROBLEM`` and ``publish``, set again after its top level ran. It then calls
+  ``optimize(start, seed=SEED, deadline=T0 + BUDGET_S)`` where T0 is this process's
+  ``time.monotonic()`` at startup (the program's imports count against its budget);
 * a call to ``publish(values)`` only copies the point and timestamps it (a few tens of
   microseconds at 65,536 points), so a program may publish on every improvement. A writer
   thread saves the newest point to ``best.npy`` (atomically: tmp + rename) and appends
   ``[t, score, publishes]`` to ``trajectory.jsonl``, at most every ``FLUSH_S`` seconds and
   never spending more than ~1/``_WRITE_BUDGET_FACTOR`` of the time doing so: bounded work
   however often the program publishes. ``score`` is the FFT score computed here (NaN for
-  an infeasible point); the executor re-scores the final point with the project's kernels;
+  an infeasible point, with the verifier's tolerances); the executor re-scores the final
+  point with the project's kernels;
 * the value ``optimize`` returns is published last (None: keep the last published point);
 * a watchdog thread ends the process at ``deadline + GRACE_S`` after saving the newest
   point: a program that ignores its deadline still leaves its last published point. (The
@@ -33,6 +41,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import math
 import os
 import sys
 import threading
@@ -42,6 +51,11 @@ import traceback
 T0 = time.monotonic()
 
 import numpy as np  # noqa: E402  (T0 first: the runner's own imports count as startup)
+
+if __package__:  # imported as milo_ray.execution.optimizer_runner (the executor, tools, tests)
+    from milo_ray.kernels import autocorr_kit as kit  # noqa: E402
+else:  # run as a script in the sandbox: the copy uploaded beside this file (sys.path[0])
+    import autocorr_kit as kit  # noqa: E402
 
 BEST_FILE = "best.npy"
 TRAJECTORY_FILE = "trajectory.jsonl"
@@ -53,37 +67,124 @@ FLUSH_S = 0.2
 _WRITE_BUDGET_FACTOR = 50.0
 # Exit code of a run the watchdog ended (the executor reads status.json, this is for logs).
 WATCHDOG_EXIT = 3
-# Erdős tolerances, as milo_ray.kernels.autocorr enforces them.
-_TOL_BOX = 1e-12
-_TOL_SUM_REL = 1e-9
-
-
-def _conv(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    size = a.shape[0] + b.shape[0] - 1
-    nfft = 1 << (size - 1).bit_length()
-    return np.fft.irfft(np.fft.rfft(a, nfft) * np.fft.rfft(b, nfft), nfft)[:size]
+# The file name the formulas are uploaded under, beside the runner (its import name).
+KIT_FILE = "autocorr_kit.py"
 
 
 def fft_score(problem: str, h: np.ndarray) -> float:
-    """The problem's score by FFT (the formulas of milo_ray.kernels.autocorr), NaN when
-    ``h`` is not a feasible construction."""
+    """The problem's score by FFT with the verifier's tolerances, NaN when ``h`` is not a
+    feasible construction."""
     try:
         h = np.asarray(h, dtype=np.float64)
     except (TypeError, ValueError):
         return float("nan")
-    if h.ndim != 1 or h.size < 2 or not np.all(np.isfinite(h)):
-        return float("nan")
-    n = h.shape[0]
-    if problem == "erdos_minimum_overlap":
-        if h.min() < -_TOL_BOX or h.max() > 1 + _TOL_BOX or abs(float(h.sum()) - n / 2) > _TOL_SUM_REL * n:
-            return float("nan")
-        return float(2 * _conv(h, (1.0 - h)[::-1]).max() / n)
-    if problem == "first_autocorrelation" and h.min() < 0:
-        return float("nan")
-    s = float(h.sum())
-    if s == 0.0:
-        return float("nan")
-    return float(2 * n * abs(_conv(h, h).max()) / (s * s))
+    s = kit.score(h, problem, box_tol=kit.VERIFIER_BOX_TOL)
+    return s if math.isfinite(s) else float("nan")
+
+
+# --------------------------------------------------------------------------- what a program is given
+
+
+class Ratchet:
+    """The single record of a program's run: a point is kept, and published, only when it
+    is feasible and its exact score is strictly below the best so far. It publishes
+    through ``namespace["publish"]`` (the program's module dict) at the time of the call,
+    so whoever sets the program's ``publish`` receives the ratchet's points too."""
+
+    def __init__(self, namespace: dict) -> None:
+        self._namespace = namespace
+        self._h: np.ndarray | None = None
+        self._score = math.inf
+
+    def reset_best(self, h, problem, score=None) -> None:
+        """Make ``h`` the record without publishing it, at its exact score (or ``score``:
+        e.g. the lower of two equal-up-to-rounding scores of a refined point)."""
+        self._h = np.array(h, dtype=np.float64)
+        self._score = kit.score(h, problem) if score is None else float(score)
+
+    def offer(self, h, problem) -> bool:
+        """Project ``h``, score it exactly, keep and publish it if strictly better."""
+        z = kit.project(h, problem)
+        s = kit.score(z, problem)
+        if s < self._score:
+            self._h, self._score = z, s
+            self._namespace["publish"](z.copy())
+            return True
+        return False
+
+    def best(self) -> np.ndarray:
+        """A copy of the record."""
+        return self._h.copy()
+
+    def best_score(self) -> float:
+        """The record's exact score (inf before a feasible point was kept)."""
+        return self._score
+
+
+def _problem_of(namespace: dict) -> str:
+    problem = namespace.get("PROBLEM")
+    if problem is None:
+        raise RuntimeError("PROBLEM is not set: the runner sets the module attribute PROBLEM to one of "
+                           f"{kit.PROBLEMS} before calling optimize")
+    if problem not in kit.PROBLEMS:
+        raise ValueError(f"PROBLEM: expected one of {kit.PROBLEMS}, got {problem!r}")
+    return problem
+
+
+def given_names(namespace: dict) -> dict:
+    """The names a program finds in its namespace before its own code runs: the
+    formulas (:data:`autocorr_kit.GIVEN`), a fresh :class:`Ratchet`'s methods and
+    ``run_stages``, all bound to ``namespace`` (the program's module dict)."""
+    ratchet = Ratchet(namespace)
+
+    def run_stages(values, *, seed, deadline, stages, margin_s, margin_frac):
+        """Run the stages named in ``stages`` (each ``x`` the program's
+        ``stage_x(h, rng, deadline, problem)``) in order from ``values``: the record
+        starts at ``values`` (at its projection when ``values`` is infeasible), each stage
+        gets an equal share of the time left (one that ends early leaves its time to the
+        next) and returns a point or None (keep the current one). Returns the best
+        verified point, ``max(margin_s, margin_frac * budget)`` before ``deadline``
+        (returning and serializing take time)."""
+        problem = _problem_of(namespace)
+        h = kit.project(np.asarray(values, dtype=np.float64), problem)
+        ratchet.reset_best(np.asarray(values, dtype=np.float64), problem)
+        if not math.isfinite(ratchet.best_score()):
+            ratchet.reset_best(h, problem)
+        rng = np.random.default_rng(seed)
+        start = time.monotonic()
+        end = deadline - max(margin_s, margin_frac * max(0.0, deadline - start))
+        for i, name in enumerate(stages):
+            now = time.monotonic()
+            if now >= end:
+                break
+            stage_deadline = now + (end - now) / (len(stages) - i)
+            out = namespace["stage_" + name](h, rng, stage_deadline, problem)
+            h = kit.project(out, problem) if out is not None else h
+        return ratchet.best()
+
+    names = {name: getattr(kit, name) for name in kit.GIVEN}
+    names.update(offer=ratchet.offer, best=ratchet.best, best_score=ratchet.best_score,
+                 reset_best=ratchet.reset_best, run_stages=run_stages)
+    return names
+
+
+def load_program(path: str, problem: str, publish, *, module_name: str = "optimizer_program"):
+    """Import the program at ``path`` with the given names, ``PROBLEM`` and ``publish`` in
+    its namespace. A name the program defines replaces the given one (a program written
+    before the names were given keeps all its own helpers), except ``PROBLEM`` and
+    ``publish``, set again after its top level ran. The given helpers call each other, never
+    a program's replacement (the ratchet's ``offer`` projects with the given ``project``).
+    Raises what the program's import raises."""
+    spec = importlib.util.spec_from_file_location(module_name, path)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"{path} cannot be imported")
+    module = importlib.util.module_from_spec(spec)
+    vars(module).update(given_names(vars(module)), PROBLEM=problem, publish=publish)
+    spec.loader.exec_module(module)
+    # Set again: a program may define placeholders for these two (the seeds' layout did).
+    module.PROBLEM = problem
+    module.publish = publish
+    return module
 
 
 class Publisher:
@@ -155,17 +256,6 @@ def _watchdog(publisher: Publisher, at: float, grace_s: float) -> None:
     os._exit(WATCHDOG_EXIT)
 
 
-def _load(path: str):
-    # The program's sibling files import as from a package directory.
-    sys.path.insert(0, os.path.dirname(os.path.abspath(path)))
-    spec = importlib.util.spec_from_file_location("optimizer_program", path)
-    if spec is None or spec.loader is None:
-        raise ImportError(f"{path} cannot be imported")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def main(argv: list[str]) -> int:
     program, start_file, problem, seed, budget_s, grace_s = argv
     budget_s, grace_s = float(budget_s), float(grace_s)
@@ -179,13 +269,13 @@ def main(argv: list[str]) -> int:
     status, error = "returned", None
     try:
         try:
-            module = _load(program)
+            # The program's sibling files import as from a package directory.
+            sys.path.insert(0, os.path.dirname(os.path.abspath(program)))
+            module = load_program(program, problem, publisher.publish)
         except BaseException as exc:  # SyntaxError, ImportError, SystemExit at import...
             raise RuntimeError(f"importing {os.path.basename(program)} failed: {type(exc).__name__}: {exc}") from exc
         if not callable(getattr(module, "optimize", None)):
             raise RuntimeError(f"{os.path.basename(program)} defines no optimize(values, *, seed, deadline)")
-        module.publish = publisher.publish
-        module.PROBLEM = problem
         result = module.optimize(start, seed=int(seed), deadline=deadline)
         if result is not None:
             try:

@@ -14,6 +14,10 @@ FFT (O(n log n)); ``verify`` re-scores with the direct O(n^2) convolution, which
 is what a reported record must pass.  ``smooth_max_and_grad`` gives optimizers a
 log-sum-exp smoothed objective with its exact gradient.
 
+The FFT formulas themselves live in :mod:`milo_ray.kernels.autocorr_kit`, the standalone
+file optimizer programs are given in their sandbox; this module adds the input checks,
+the constraint errors and the direct O(n^2) path.
+
 Constraint tolerances: Erdős heights may leave [0, 1] by at most ``_TOL_BOX`` and
 ``sum h`` may differ from ``n / 2`` by at most ``_TOL_SUM_REL * n``; anything
 beyond raises ``ValueError`` naming the constraint and the offending value.
@@ -22,8 +26,8 @@ beyond raises ``ValueError`` naming the constraint and the offending value.
 from __future__ import annotations
 
 import numpy as np
-from scipy import fft as sfft
 
+from milo_ray.kernels import autocorr_kit as kit
 from milo_ray.kernels._validate import as_array, as_scalar
 
 __all__ = [
@@ -36,10 +40,10 @@ __all__ = [
     "verify",
 ]
 
-PROBLEMS = ("first_autocorrelation", "third_autocorrelation", "erdos_minimum_overlap")
+PROBLEMS = kit.PROBLEMS
 
-_TOL_BOX = 1e-12  # Erdős: allowed excursion of a height outside [0, 1]
-_TOL_SUM_REL = 1e-9  # Erdős: allowed |sum h - n/2| relative to n
+_TOL_BOX = kit.VERIFIER_BOX_TOL  # Erdős: allowed excursion of a height outside [0, 1]
+_TOL_SUM_REL = kit.ERDOS_SUM_TOL  # Erdős: allowed |sum h - n/2| relative to n
 
 
 def _heights(h, name: str = "h") -> np.ndarray:
@@ -51,10 +55,7 @@ def _conv(a: np.ndarray, b: np.ndarray, method: str) -> np.ndarray:
     if method == "direct":
         return np.convolve(a, b)
     if method == "fft":
-        size = a.shape[0] + b.shape[0] - 1
-        nfft = sfft.next_fast_len(size, real=True)
-        out = sfft.irfft(sfft.rfft(a, nfft) * sfft.rfft(b, nfft), nfft)[:size]
-        return out
+        return kit.conv(a, b)
     raise ValueError(f"method: expected 'fft' or 'direct', got {method!r}")
 
 
@@ -133,20 +134,6 @@ def verify(problem: str, h) -> float:
     return _SCORERS[_problem(problem)](h, method="direct")
 
 
-def _xcorr_valid(p: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """``out_m = sum_k p_k b_{k-m}`` for m = 0..n-1 (``len(p) = 2n - 1``, ``len(b) = n``), by FFT."""
-    n = b.shape[0]
-    return _conv(p, b[::-1], "fft")[n - 1 : 2 * n - 1]
-
-
-def _lse(v: np.ndarray, T: float) -> tuple[float, np.ndarray]:
-    """``T * log sum exp(v / T)`` and its softmax weights (shifted by the max: no overflow)."""
-    z = (v - v.max()) / T
-    e = np.exp(z)
-    tot = e.sum()
-    return float(v.max() + T * np.log(tot)), e / tot
-
-
 def smooth_max_and_grad(h, *, temperature: float, problem: str) -> tuple[float, np.ndarray]:
     """Log-sum-exp smoothed score and its exact gradient with respect to ``h``.
 
@@ -164,22 +151,8 @@ def smooth_max_and_grad(h, *, temperature: float, problem: str) -> tuple[float, 
     T = as_scalar("temperature", temperature, low=0.0, strict_low=True)
     problem = _problem(problem)
     h = _heights(h)
-    n = h.shape[0]
-    if problem == "erdos_minimum_overlap":
-        r = (1.0 - h)[::-1]
-        corr = _conv(h, r, "fft")
-        v = 2.0 * corr / n
-        val, p = _lse(v, T)
-        # d corr_k / d h: h enters directly and through r = reverse(1 - h).
-        g_direct = _xcorr_valid(p, r)
-        g_through_r = _xcorr_valid(p, h)[::-1]
-        return val, (2.0 / n) * (g_direct - g_through_r)
-    s = _sum_nonzero(h, problem)
-    c = _conv(h, h, "fft")
-    v = 2.0 * n * c / (s * s)
-    val, p = _lse(v, T)
-    # d v_k / d h_m = 2n/s^2 * 2 h_{k-m} - 2 v_k / s.
-    grad = (2.0 * n / (s * s)) * 2.0 * _xcorr_valid(p, h) - 2.0 * float(np.dot(p, v)) / s
-    if problem == "third_autocorrelation" and val < 0:
-        return -val, -grad
-    return val, grad
+    if problem != "erdos_minimum_overlap":
+        _sum_nonzero(h, problem)
+    # Third problem: the autoconvolution sums to (sum h)^2 > 0, so its maximum is
+    # positive and the signed smoothed value is the score's: no sign case.
+    return kit.smooth_value_grad(h, T, problem)

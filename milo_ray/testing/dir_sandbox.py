@@ -13,13 +13,12 @@ from __future__ import annotations
 
 import os
 import shutil
-import signal
-import subprocess
 from pathlib import Path, PurePosixPath
 
 from deepagents.backends.protocol import ExecuteResponse, FileDownloadResponse, FileUploadResponse
 
 from milo_ray.execution.sandbox.base import LOGS_DIR, SOLUTION_DIR, TESTS_DIR, Sandbox, SandboxSpec
+from milo_ray.execution.sandbox.process import CappedProcess, start_capped
 
 OUTPUT_CAP = 200_000
 
@@ -34,7 +33,7 @@ class DirSandbox(Sandbox):
         self.env = dict(env or {})
         self.allow_internet = allow_internet
         self.default_timeout = default_timeout
-        self._procs: set[subprocess.Popen] = set()
+        self._procs: set[CappedProcess] = set()
         self.closed = False
         # sandbox path -> host dir, longest first so nested paths map to the inner mount
         targets = [workdir, LOGS_DIR, TESTS_DIR, SOLUTION_DIR, "/tmp"]
@@ -92,21 +91,19 @@ class DirSandbox(Sandbox):
             return ExecuteResponse(output="sandbox is closed", exit_code=1)
         env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": os.environ.get("HOME", "/root"),
                "LANG": "C.UTF-8", **self.env}
-        proc = subprocess.Popen([*self._bwrap_args(), "bash", "-c", command], stdout=subprocess.PIPE,
-                                stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        limit = timeout or self.default_timeout
+        # The output's last OUTPUT_CAP bytes are kept: a test reads what a script printed last.
+        proc = start_capped([*self._bwrap_args(), "bash", "-c", command], timeout_s=limit, output_cap_bytes=0,
+                            tail_bytes=OUTPUT_CAP, env=env)
         self._procs.add(proc)
         try:
-            out, _ = proc.communicate(timeout=timeout or self.default_timeout)
-            code = proc.returncode
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            out, _ = proc.communicate()
-            out += f"\n[timed out after {timeout or self.default_timeout}s]".encode()
-            code = 124
+            run = proc.wait()
         finally:
             self._procs.discard(proc)
-        text = out.decode(errors="replace")
-        return ExecuteResponse(output=text[-OUTPUT_CAP:], exit_code=code, truncated=len(text) > OUTPUT_CAP)
+        if run.timed_out:
+            return ExecuteResponse(output=run.output + f"\n[timed out after {limit}s]", exit_code=124,
+                                   truncated=run.truncated)
+        return ExecuteResponse(output=run.output, exit_code=run.exit_code, truncated=run.truncated)
 
     def upload_files(self, files: list[tuple[str, bytes]]) -> list[FileUploadResponse]:
         out = []
@@ -132,10 +129,7 @@ class DirSandbox(Sandbox):
 
     def interrupt(self) -> None:
         for proc in list(self._procs):
-            try:
-                os.killpg(proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+            proc.kill()
 
     def close(self) -> None:
         self.interrupt()

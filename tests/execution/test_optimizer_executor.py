@@ -90,6 +90,36 @@ def test_an_improving_program_earns_the_reward_of_its_verified_point(executor):
     assert 0 < r.latency_s < 10
 
 
+# The same search written with only what the runner gives: the formulas, the ratchet and
+# the stage driver (a program that defines no helper of its own).
+GIVEN_ONLY = '''
+CONFIG = {"margin_s": 0.05, "margin_frac": 0.02}
+STAGES = ["jitter"]
+
+def stage_jitter(h, rng, deadline, problem):
+    while time.monotonic() < deadline:
+        offer(best() * (1 + 0.05 * rng.standard_normal(h.size)), problem)
+    return best()
+
+def optimize(values, *, seed, deadline):
+    print("start score", score(values, PROBLEM))
+    return run_stages(values, seed=seed, deadline=deadline, stages=STAGES, margin_s=CONFIG["margin_s"],
+                      margin_frac=CONFIG["margin_frac"])
+'''
+
+
+@pytest.mark.parametrize("problem", ["first_autocorrelation", "erdos_minimum_overlap"])
+def test_a_program_using_only_the_given_helpers_runs_in_the_sandbox(executor, problem):
+    t = task(problem, budget_s=2.0)  # the runner's imports (numpy, scipy.fft) count against the budget
+    r = executor.execute(program(GIVEN_ONLY), t, 0, 7)
+    assert r.error is None and r.score > 0, r.trace.get("stderr_tail")
+    values = np.asarray(r.trace["values"])
+    assert r.trace["score"] == pytest.approx(score(problem, values), rel=1e-12)
+    assert r.trace["score"] < r.trace["start_score"]
+    assert r.trace["publishes"] >= 1
+    assert f"start score {r.trace['start_score']!r}" in r.trace["stdout_tail"]
+
+
 def test_a_program_ignoring_its_deadline_is_stopped_and_graded_on_its_last_published_point(executor):
     body = '''
     def optimize(values, *, seed, deadline):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import itertools
 
 import pytest
@@ -10,6 +11,8 @@ from langchain_core.language_models.fake_chat_models import GenericFakeChatModel
 from langchain_core.messages import AIMessage
 
 from milo_ray.harness.mechanisms import detect_mechanisms
+from milo_ray.harness.mechanisms import templates as T
+from milo_ray.harness.mechanisms.catalog import MECHANISMS
 from milo_ray.harness.seeds import SEED_NAMES, load_seeds
 
 EXPECTED = {
@@ -57,3 +60,36 @@ def test_seed_builds_and_runs_an_agent_with_a_fake_model(harness):
 @pytest.mark.parametrize("harness", load_seeds(), ids=lambda h: h.name)
 def test_detect_finds_the_intended_mechanisms(harness):
     assert set(detect_mechanisms(harness.source)) == EXPECTED[harness.name]
+
+
+def _definitions(source: str) -> dict[str, str]:
+    """Top-level name -> the source text of the class, function or assignment defining it."""
+    out = {}
+    for stmt in ast.parse(source).body:
+        if isinstance(stmt, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+            out[stmt.name] = ast.get_source_segment(source, stmt)
+        elif isinstance(stmt, ast.Assign):
+            out.update((t.id, ast.get_source_segment(source, stmt)) for t in stmt.targets if isinstance(t, ast.Name))
+    return out
+
+
+# Every definition any mechanism template makes (the bare loop's core tools included).
+TEMPLATE_DEFINITIONS = {name: text for template in [T.CORE_TOOLS] + [s.template for s in MECHANISMS.values()]
+                        for name, text in _definitions(template).items()}
+
+
+@pytest.mark.parametrize("harness", load_seeds(), ids=lambda h: h.name)
+def test_seed_mechanism_code_is_the_template_code_verbatim(harness):
+    """The seeds are files users and mutators read, so their mechanisms are written out;
+    this ties each written-out definition to the template ``add_mechanism`` inserts, so
+    the two cannot drift: every top-level definition but ``build_agent`` is a template's,
+    character for character, and every mechanism detected in the seed is one of them."""
+    defined = _definitions(harness.source)
+    unknown = set(defined) - set(TEMPLATE_DEFINITIONS) - {"build_agent"}
+    assert not unknown, f"{harness.name} defines {sorted(unknown)}, which no mechanism template has"
+    for name in set(defined) - {"build_agent"}:
+        assert defined[name] == TEMPLATE_DEFINITIONS[name], f"{harness.name}.{name} differs from its template"
+    for mechanism in detect_mechanisms(harness.source):
+        spec = MECHANISMS[mechanism]
+        if spec.template:
+            assert spec.symbol in defined and spec.symbol in TEMPLATE_DEFINITIONS

@@ -65,7 +65,6 @@ worker) is only ended by its own exit, so the mutator's cap must come first.
 
 from __future__ import annotations
 
-import collections
 import dataclasses
 import errno
 import logging
@@ -73,10 +72,7 @@ import os
 import re
 import shlex
 import shutil
-import signal
 import string
-import subprocess
-import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -88,6 +84,7 @@ from milo_ray.agents.mutators.cli_usage import USAGE_FORMATS, CliUsage, parse_ou
 from milo_ray.agents.mutators.workspace import collect, prepare, template_for
 from milo_ray.agents.protocols import MutationRequest, MutationResult
 from milo_ray.agents.usage import AgentUsage
+from milo_ray.execution.sandbox.process import run_capped
 
 PLACEHOLDERS = ("prompt", "prompt_file", "workspace", "output_path", "model")
 
@@ -120,9 +117,6 @@ MAX_STREAM_BYTES = 16 * 1024 * 1024
 TAIL_BYTES = 1024 * 1024
 # After SIGTERM to the group, how long the CLI gets to exit before SIGKILL.
 KILL_GRACE_S = 3.0
-# Reader threads normally end with the pipes; a process that escaped the group (its
-# own setsid) may hold a pipe open: stop waiting for it.
-READER_JOIN_S = 5.0
 REPORT_CHARS = 4000
 # Environment names that hold credentials: their values belong in the environment the
 # run starts with (passed by name, ``pass_env``), never in a config file.
@@ -464,96 +458,21 @@ class CliRun:
 
 def _run(argv: list[str], *, cwd: Path, env: dict[str, str], stdout: Path, stderr: Path,
          time_cap_s: float) -> CliRun:
-    """Run ``argv`` in its own session; past the cap, end its whole process group."""
+    """Run ``argv`` in its own session; past the cap, end its whole process group
+    (SIGTERM, then SIGKILL after KILL_GRACE_S); whatever the CLI left running in its
+    group (servers, shells) ends with it. Its stdout and stderr go to the two files."""
     try:
-        proc = subprocess.Popen(argv, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, start_new_session=True)
+        run = run_capped(argv, timeout_s=time_cap_s, output_cap_bytes=MAX_STREAM_BYTES, tail_bytes=TAIL_BYTES,
+                         separate_stderr=True, term_grace_s=KILL_GRACE_S, env=env, cwd=str(cwd))
     except OSError as e:
         stdout.write_bytes(b"")
         stderr.write_bytes(b"")
         hint = ("; the prompt is past the OS's limit for one argument: pass it as {prompt_file}"
                 if e.errno == errno.E2BIG else "")
         return CliRun(None, launch_error=f"{type(e).__name__}: {e}{hint}")
-    readers = [_Drain(proc.stdout, stdout), _Drain(proc.stderr, stderr)]
-    timed_out = False
-    try:
-        proc.wait(timeout=time_cap_s)
-    except subprocess.TimeoutExpired:
-        timed_out = True
-        _kill_group(proc)
-    finally:
-        # Whatever the CLI left running in its group (servers, shells) ends with it.
-        _signal_group(proc.pid, signal.SIGKILL)
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-        deadline = time.monotonic() + READER_JOIN_S  # one wait for both pipes
-        for r in readers:
-            r.finish(max(0.0, deadline - time.monotonic()))
-    return CliRun(proc.returncode, timed_out=timed_out)
-
-
-def _kill_group(proc: subprocess.Popen) -> None:
-    """SIGTERM to the group (the CLI may save its session), SIGKILL after a grace."""
-    _signal_group(proc.pid, signal.SIGTERM)
-    try:
-        proc.wait(timeout=KILL_GRACE_S)
-    except subprocess.TimeoutExpired:
-        pass
-    _signal_group(proc.pid, signal.SIGKILL)
-    proc.wait()
-
-
-def _signal_group(pgid: int, sig: int) -> None:
-    try:
-        os.killpg(pgid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass  # the group is already gone
-
-
-class _Drain:
-    """Copies one pipe to a file in a thread: the first MAX_STREAM_BYTES, then the last
-    TAIL_BYTES (kept in memory, appended at the end after a note of what was dropped)."""
-
-    def __init__(self, pipe: Any, path: Path) -> None:
-        self.pipe, self.path = pipe, path
-        self.tail: collections.deque[bytes] = collections.deque()
-        self.tail_bytes = 0
-        self.dropped = 0
-        self.file = open(path, "wb")
-        self.thread = threading.Thread(target=self._loop, name=f"cli-drain-{path.name}", daemon=True)
-        self.thread.start()
-
-    def _loop(self) -> None:
-        try:
-            self._copy()
-        except (OSError, ValueError):  # the pipe or file was closed under us: finish() gave up waiting
-            pass
-
-    def _copy(self) -> None:
-        written = 0
-        for chunk in iter(lambda: self.pipe.read1(65536), b""):
-            if written < MAX_STREAM_BYTES:
-                head = chunk[:MAX_STREAM_BYTES - written]
-                self.file.write(head)
-                written += len(head)
-                chunk = chunk[len(head):]
-            if chunk:
-                self.tail.append(chunk)
-                self.tail_bytes += len(chunk)
-                while self.tail_bytes - len(self.tail[0]) >= TAIL_BYTES:
-                    self.dropped += len(self.tail[0])
-                    self.tail_bytes -= len(self.tail.popleft())
-
-    def finish(self, timeout_s: float) -> None:
-        self.thread.join(timeout_s)
-        if not self.thread.is_alive():
-            if self.tail:
-                if self.dropped:
-                    self.file.write(f"\n[... {self.dropped} bytes dropped ...]\n".encode())
-                self.file.write(b"".join(self.tail))
-            self.pipe.close()
-        self.file.close()
+    stdout.write_text(run.output, encoding="utf-8")
+    stderr.write_text(run.stderr or "", encoding="utf-8")
+    return CliRun(run.exit_code, timed_out=run.timed_out)
 
 
 def _read(path: Path) -> str:

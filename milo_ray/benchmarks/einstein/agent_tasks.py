@@ -9,7 +9,9 @@ A task is (problem, start, parent program). The agent works in a sandbox whose w
 * ``run_optimizer.py``: the runner the grader uses, so the agent can try a program
   exactly as it will be graded (``python3 run_optimizer.py optimizer.py start.npy
   PROBLEM SEED BUDGET_S GRACE_S`` writes ``best.npy``, ``trajectory.jsonl`` and
-  ``status.json`` into the current directory).
+  ``status.json`` into the current directory);
+* ``autocorr_kit.py``: the problem's formulas the runner gives the program (scores, the
+  smoothed max and its gradient, projections).
 
 ``python3`` there is the worker's own interpreter (numpy and scipy importable), shown
 read-only. The agent's answer is ``optimizer.py`` as it leaves it. Grading
@@ -39,6 +41,7 @@ import numpy as np
 
 from milo_ray.benchmarks.einstein.benchmark import (
     DEFINITIONS,
+    GIVEN_NAMES,
     SCORING_ALLOWANCE_S,
     EinsteinBenchmark,
     _is_int,
@@ -48,6 +51,7 @@ from milo_ray.benchmarks.einstein.benchmark import (
 from milo_ray.benchmarks.einstein.problems import score
 from milo_ray.benchmarks.einstein.starts import start_values
 from milo_ray.benchmarks.task_format import SETUP_ALLOWANCE_S, Verdict
+from milo_ray.execution.optimizer_runner import KIT_FILE
 from milo_ray.execution.sandbox.base import TESTS_DIR, Sandbox, SandboxSpec
 from milo_ray.execution.types import Task
 from milo_ray.harness.model import ENTRY_FILE, Harness
@@ -68,17 +72,16 @@ Your workspace is {workdir}:
   {start}         the start, a numpy .npy file of float64 heights (np.load)
   {program}      the parent optimizer program: improve it, or replace it
   {runner}  the exact runner that will grade your program
+  {kit}   the problem's formulas the runner gives your program
 
-Write your optimizer to {workdir}/{program}. It must be one self-contained Python file that defines
+Write your optimizer to {workdir}/{program}. It must be one Python file that defines
 
     def optimize(values, *, seed, deadline):
         # values: np.ndarray of float64 (the start); deadline: a time.monotonic() value
         return best_values  # np.ndarray of float64; a different length (a finer grid) is allowed
 
-and may call the module-level function publish(values) whenever it has a strictly better feasible point: the
-runner replaces publish and sets the module attribute PROBLEM = {problem!r} before calling optimize. If the
-program overruns its deadline it is stopped and the last published point counts. Import only numpy, scipy and
-the standard library; there is no network.
+{given} (The formulas are in {workdir}/{kit}.) Publish every strictly better feasible point. Import only numpy,
+scipy and the standard library; there is no network.
 
 Grading: your {program} alone is copied to a fresh directory and run on this start for {budget:g} s (stopped
 {grace:g} s past its deadline), seed {seed}; the final point is checked against the constraints and scored
@@ -101,7 +104,8 @@ def agent_instruction(problem: str, start_note: str, start_score: float, parent:
         "the most within the budget (a lower score). The reward is the relative gain of the graded run's final score "
         "over the start's score, on a log scale; an infeasible point, a failing program or no gain earns 0.",
         WORKSPACE.format(workdir=WORKDIR, start=START_FILE, program=PROGRAM_FILE, runner=RUNNER_FILE,
-                         problem=problem, budget=budget_s, grace=grace_s, seed=PROGRAM_SEED),
+                         kit=KIT_FILE, given=GIVEN_NAMES.format(problem=problem), problem=problem,
+                         budget=budget_s, grace=grace_s, seed=PROGRAM_SEED),
     ])
 
 
@@ -188,11 +192,11 @@ class EinsteinAgentFormat:
     name = "einstein_agent"
 
     def sandbox_spec(self, task: Task) -> SandboxSpec:
-        from milo_ray.execution import optimizer_runner
+        from milo_ray.execution.optimizer_executor import runner_files
         from milo_ray.execution.sandbox.interpreter import interpreter_env, interpreter_paths
 
         meta = task.metadata
-        files = _workspace_dir(task, Path(optimizer_runner.__file__).read_bytes())
+        files = _workspace_dir(task, runner_files(RUNNER_FILE))
         return SandboxSpec(task_id=task.task_id, workdir=WORKDIR, allow_internet=False,
                            memory_mb=int(meta.get("memory_mb", 2048)), env=interpreter_env(),
                            copy_in=((str(files), WORKDIR),), host_readonly=tuple(interpreter_paths()))
@@ -236,14 +240,15 @@ class EinsteinAgentFormat:
 EINSTEIN_AGENT = EinsteinAgentFormat()
 
 
-def _workspace_dir(task: Task, runner: bytes) -> Path:
-    """A host directory holding the task's initial workspace, written once per task and
-    content (a worker reuses it for every rollout of the task)."""
+def _workspace_dir(task: Task, runner: Mapping[str, bytes]) -> Path:
+    """A host directory holding the task's initial workspace (``runner``: the runner's
+    files by name), written once per task and content (a worker reuses it for every
+    rollout of the task)."""
     meta = task.metadata
     start = start_values(meta["start"], meta["problem"])
     buf = io.BytesIO()
     np.save(buf, start, allow_pickle=False)
-    files = {START_FILE: buf.getvalue(), PROGRAM_FILE: str(meta["parent_source"]).encode(), RUNNER_FILE: runner}
+    files = {START_FILE: buf.getvalue(), PROGRAM_FILE: str(meta["parent_source"]).encode(), **runner}
     digest = hashlib.sha256(b"".join(hashlib.sha256(k.encode() + v).digest() for k, v in sorted(files.items())))
     root = Path(tempfile.gettempdir()) / "milo-einstein-agent" / digest.hexdigest()[:24]
     if not root.is_dir():

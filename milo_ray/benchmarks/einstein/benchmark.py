@@ -68,22 +68,30 @@ DEFINITIONS = {
         "most 1e-12). Its score is 2 * max(correlate(h, 1 - h, mode='full')) / n. Lower is better."),
 }
 
-CONTRACT = """\
-Write a self-contained Python file harness.py that defines
+# What the runner gives a program as module globals (milo_ray.execution.optimizer_runner).
+GIVEN_NAMES = """\
+The runner gives the program these module globals (no import needed; a name the program defines itself replaces
+the given one): PROBLEM, the problem's name ({problem!r}); publish(values), which records an improved point (if
+the program overruns its deadline it is killed, and the last published point counts); the problem's exact
+formulas score(h, problem) (the FFT score, inf when h is infeasible), smooth_value_grad(h, temperature, problem)
+(the log-sum-exp smoothed max over shifts and its exact gradient), project(h, problem) (a nearby feasible point),
+shift_values, weighted_grad, conv, xcorr_valid and FIRST, THIRD, ERDOS, PROBLEMS; a ratchet, offer(h, problem)
+(project, score exactly, publish only a strictly better point), best(), best_score(), reset_best(h, problem,
+score=None); and run_stages(values, seed=, deadline=, stages=, margin_s=, margin_frac=), which runs each
+stage_<name>(h, rng, deadline, problem) of `stages` in order with an equal share of the time left and returns
+best()."""
 
-    def publish(values):
-        \"\"\"Replaced by the runner: record an improved point (the last one counts if the run is killed).\"\"\"
+CONTRACT = """\
+Write a Python file harness.py that defines
 
     def optimize(values, *, seed, deadline):
         # values: np.ndarray of float64, the start; seed: int; deadline: a time.monotonic() value
         return best_values  # np.ndarray of float64 for the same problem
 
-Before calling optimize, the runner replaces the module attribute `publish` and sets the module attribute
-`PROBLEM` to the problem's name ({problem!r}). Call publish(x) whenever you have a strictly better feasible
-point (score it cheaply with an FFT): if the program overruns its deadline it is killed, and the last published
-point counts. The returned array may have a different length than the start (refining the grid is allowed).
-Import only numpy, scipy and the standard library (never milo_ray); the program runs in a sandbox without
-network access."""
+""" + GIVEN_NAMES + """
+Publish every strictly better feasible point. The returned array may have a different length than the start
+(refining the grid is allowed). Import only numpy, scipy and the standard library (never milo_ray); the program
+runs in a sandbox without network access."""
 
 
 def default_starts(problem: str) -> list[dict[str, Any]]:

@@ -1,16 +1,21 @@
 """Running one command as a process tree with a timeout and a bounded output buffer.
 
-Every sandbox executes an agent's commands through :func:`run_capped` (or
-:func:`start_capped` when something else must be able to kill the command while it runs):
-the child gets its own session, so its whole process group can be killed at once; its
-combined stdout and stderr are read incrementally and everything past the cap is read and
-thrown away, so a command printing gigabytes costs CPU, never memory; on timeout the group
-is SIGKILLed, and once the command ends any process it left behind in its group is killed
-too (a backgrounded process ignoring SIGTERM must not outlive the command it belongs to).
+The one place the framework runs a host command it must be able to stop: every sandbox
+executes an agent's commands through :func:`run_capped` (or :func:`start_capped` when
+something else must be able to kill the command while it runs), and so do the host-side
+CLI mutator and the test sandbox. The child gets its own session, so its whole process
+group can be killed at once; its output (stdout and stderr combined, or each on its own
+with ``separate_stderr``) is read incrementally and, past what the cap keeps (the first
+``output_cap_bytes``, plus the last ``tail_bytes`` when asked), read and thrown away, so a
+command printing gigabytes costs CPU, never memory. On timeout the group is SIGKILLed (or
+first SIGTERMed, ``term_grace_s`` before, for a command that saves its state on the way
+out), and once the command ends any process it left behind in its group is killed too (a
+backgrounded process ignoring SIGTERM must not outlive the command it belongs to).
 """
 
 from __future__ import annotations
 
+import collections
 import os
 import select
 import signal
@@ -36,18 +41,65 @@ _EOF_POLL_S = 0.001
 _DRAIN_GRACE_S = 1.0
 
 
+class OutputCap:
+    """One output stream as kept: its first ``head_bytes`` and its last ``tail_bytes``
+    (the end of a log is often what matters: a usage summary, the final error), the bytes
+    between counted and dropped. Memory is bounded by the two caps plus one read."""
+
+    def __init__(self, head_bytes: int, tail_bytes: int = 0) -> None:
+        self.head_bytes, self.tail_bytes = head_bytes, tail_bytes
+        self._head = bytearray()
+        self._tail: collections.deque[bytes] = collections.deque()
+        self._tail_len = 0
+        self.total = 0
+
+    def feed(self, chunk: bytes) -> None:
+        self.total += len(chunk)
+        room = self.head_bytes - len(self._head)
+        if room > 0:
+            self._head += chunk[:room]
+            chunk = chunk[room:]
+        if chunk and self.tail_bytes > 0:
+            self._tail.append(chunk)
+            self._tail_len += len(chunk)
+            while self._tail_len - len(self._tail[0]) >= self.tail_bytes:
+                self._tail_len -= len(self._tail.popleft())
+
+    def _kept_tail(self) -> bytes:
+        return b"".join(self._tail)[-self.tail_bytes:] if self.tail_bytes > 0 else b""
+
+    @property
+    def truncated(self) -> bool:
+        return self.total > len(self._head) + len(self._kept_tail())
+
+    def text(self) -> str:
+        """The kept bytes as utf-8 (undecodable bytes replaced), with a one-line marker
+        where bytes were dropped."""
+        tail = self._kept_tail()
+        dropped = self.total - len(self._head) - len(tail)
+        head = self._head.decode("utf-8", errors="replace")
+        if not dropped:
+            return head + tail.decode("utf-8", errors="replace")
+        if not self.tail_bytes:
+            return head + f"\n[output truncated: {self.total} bytes, only the first {len(self._head)} kept]\n"
+        return head + f"\n[... {dropped} bytes dropped ...]\n" + tail.decode("utf-8", errors="replace")
+
+
 @dataclass
 class CappedRun:
-    """What one command did. ``output`` is the combined stdout+stderr, at most
-    ``output_cap_bytes`` of it (utf-8, undecodable bytes replaced), plus a one-line marker
-    when it was cut; ``exit_code`` is None when the timeout killed it (a death by signal N
-    otherwise reads 128+N, as a shell reports it); ``seconds`` is wall-clock time."""
+    """What one command did. ``output`` is the combined stdout+stderr (only stdout with
+    ``separate_stderr``, then ``stderr`` holds the other, kept the same way), at most
+    ``output_cap_bytes`` of it (plus the last ``tail_bytes``; utf-8, undecodable bytes
+    replaced), with a one-line marker where it was cut; ``exit_code`` is None when the
+    timeout killed it (a death by signal N otherwise reads 128+N, as a shell reports it);
+    ``seconds`` is wall-clock time."""
 
     output: str
     exit_code: int | None
     truncated: bool
     timed_out: bool
     seconds: float
+    stderr: str | None = None
 
 
 class CappedProcess:
@@ -60,16 +112,25 @@ class CappedProcess:
         *,
         timeout_s: float | None,
         output_cap_bytes: int,
+        tail_bytes: int = 0,
+        separate_stderr: bool = False,
+        term_grace_s: float = 0.0,
         env: dict[str, str] | None = None,
         cwd: str | None = None,
         stdin: bytes | None = None,
     ) -> None:
         if output_cap_bytes < 0:
             raise ValueError(f"output_cap_bytes must be >= 0, got {output_cap_bytes}")
+        if tail_bytes < 0:
+            raise ValueError(f"tail_bytes must be >= 0, got {tail_bytes}")
         if timeout_s is not None and timeout_s <= 0:
             raise ValueError(f"timeout_s must be > 0 or None (no timeout), got {timeout_s}")
-        self._cap = output_cap_bytes
+        if term_grace_s < 0:
+            raise ValueError(f"term_grace_s must be >= 0, got {term_grace_s}")
+        self._out = OutputCap(output_cap_bytes, tail_bytes)
+        self._err = OutputCap(output_cap_bytes, tail_bytes) if separate_stderr else None
         self._timeout_s = timeout_s
+        self._term_grace_s = term_grace_s
         self._start = time.monotonic()
         self._killed = threading.Event()
         # start_new_session: the child leads a new session and process group, so killpg
@@ -78,7 +139,7 @@ class CappedProcess:
             argv,
             stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
             stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
+            stderr=subprocess.PIPE if separate_stderr else subprocess.STDOUT,
             env=env,
             cwd=cwd,
             start_new_session=True,
@@ -107,11 +168,11 @@ class CappedProcess:
         self._killed.set()
         self._killpg()
 
-    def _killpg(self) -> None:
+    def _killpg(self, sig: int = signal.SIGKILL) -> None:
         # The group id is the leader's pid, which stays reserved as long as the leader is
         # unreaped (wait() reaps it only after this kill), so this never hits a stranger.
         try:
-            os.killpg(self.pid, signal.SIGKILL)
+            os.killpg(self.pid, sig)
         except (ProcessLookupError, PermissionError):
             pass
 
@@ -128,15 +189,18 @@ class CappedProcess:
         """Read the output to the end (or the timeout), kill what is left of the group,
         reap the leader and return the result."""
         assert self._proc.stdout is not None
-        fd = self._proc.stdout.fileno()
-        kept = bytearray()
-        total = 0
+        caps = {self._proc.stdout.fileno(): self._out}
+        if self._err is not None:
+            assert self._proc.stderr is not None
+            caps[self._proc.stderr.fileno()] = self._err
+        open_fds = set(caps)
         timed_out = False
         deadline = None if self._timeout_s is None else self._start + self._timeout_s
+        term_until: float | None = None  # SIGTERM sent at the timeout: SIGKILL at this time
         drain_until: float | None = None  # set once the group has been killed
-        pipe_open = True
         poller = select.poll()
-        poller.register(fd, select.POLLIN | select.POLLHUP | select.POLLERR)
+        for fd in caps:
+            poller.register(fd, select.POLLIN | select.POLLHUP | select.POLLERR)
         # A pidfd becomes readable when the leader exits, so its exit wakes us at once even
         # while a background process keeps the pipe open (EOF then never comes). Without
         # pidfds (Linux < 5.3) we poll for the exit instead; see _POLL_S and _EOF_POLL_S.
@@ -147,45 +211,53 @@ class CappedProcess:
             while True:
                 now = time.monotonic()
                 if drain_until is None:
-                    if deadline is not None and now >= deadline:
+                    if not timed_out and deadline is not None and now >= deadline:
                         timed_out = True
-                    if timed_out or self._killed.is_set() or self._leader_exited():
+                        if self._term_grace_s > 0:
+                            # The command may save its state; the leader's exit or the
+                            # grace's end brings the SIGKILL below.
+                            self._killpg(signal.SIGTERM)
+                            term_until = now + self._term_grace_s
+                    graced = timed_out and (term_until is None or now >= term_until)
+                    if graced or self._killed.is_set() or self._leader_exited():
                         # The command ended (or must end): kill whatever is left of its group.
                         self._killpg()
                         drain_until = now + _DRAIN_GRACE_S
                         if pidfd is not None:
                             poller.unregister(pidfd)  # stays readable from now on
-                if drain_until is not None and (not pipe_open or now >= drain_until):
+                if drain_until is not None and (not open_fds or now >= drain_until):
                     break
-                waits = [drain_until if drain_until is not None else deadline]
+                if drain_until is not None:
+                    waits = [drain_until]
+                else:
+                    waits = [term_until if timed_out else deadline]
                 if pidfd is None or self._killed.is_set():
-                    waits.append(now + (_POLL_S if pipe_open else _EOF_POLL_S))
+                    waits.append(now + (_POLL_S if open_fds else _EOF_POLL_S))
                 waits = [w for w in waits if w is not None]
                 wait_ms = max(0.0, min(waits) - now) * 1000 if waits else None
                 for ready, _ in poller.poll(wait_ms):
-                    if ready != fd:
+                    if ready not in caps:
                         continue  # the pidfd: the leader exited, handled at the top
-                    chunk = os.read(fd, _READ_CHUNK)
+                    if ready not in open_fds:
+                        continue
+                    chunk = os.read(ready, _READ_CHUNK)
                     if not chunk:
                         # Every writer closed the pipe; the leader's exit is still awaited.
-                        pipe_open = False
-                        poller.unregister(fd)
+                        open_fds.discard(ready)
+                        poller.unregister(ready)
                         continue
-                    room = self._cap - len(kept)
-                    if room > 0:
-                        kept += chunk[:room]
-                    total += len(chunk)
+                    caps[ready].feed(chunk)
         finally:
             if pidfd is not None:
                 os.close(pidfd)
         self._proc.stdout.close()
+        if self._proc.stderr is not None:
+            self._proc.stderr.close()
         code = self._proc.wait()
-        truncated = total > len(kept)
-        text = kept.decode("utf-8", errors="replace")
-        if truncated:
-            text += f"\n[output truncated: {total} bytes, only the first {len(kept)} kept]\n"
         exit_code = None if timed_out else (128 - code if code < 0 else code)
-        return CappedRun(text, exit_code, truncated, timed_out, time.monotonic() - self._start)
+        truncated = self._out.truncated or (self._err is not None and self._err.truncated)
+        return CappedRun(self._out.text(), exit_code, truncated, timed_out, time.monotonic() - self._start,
+                         stderr=None if self._err is None else self._err.text())
 
 
 def _open_pidfd(pid: int) -> int | None:
@@ -200,14 +272,16 @@ def start_capped(
     *,
     timeout_s: float | None,
     output_cap_bytes: int,
+    tail_bytes: int = 0,
+    separate_stderr: bool = False,
+    term_grace_s: float = 0.0,
     env: dict[str, str] | None = None,
     cwd: str | None = None,
     stdin: bytes | None = None,
 ) -> CappedProcess:
     """Start ``argv`` in its own process group; see :class:`CappedProcess`."""
-    return CappedProcess(
-        argv, timeout_s=timeout_s, output_cap_bytes=output_cap_bytes, env=env, cwd=cwd, stdin=stdin
-    )
+    return CappedProcess(argv, timeout_s=timeout_s, output_cap_bytes=output_cap_bytes, tail_bytes=tail_bytes,
+                         separate_stderr=separate_stderr, term_grace_s=term_grace_s, env=env, cwd=cwd, stdin=stdin)
 
 
 def run_capped(
@@ -215,13 +289,18 @@ def run_capped(
     *,
     timeout_s: float | None,
     output_cap_bytes: int,
+    tail_bytes: int = 0,
+    separate_stderr: bool = False,
+    term_grace_s: float = 0.0,
     env: dict[str, str] | None = None,
     cwd: str | None = None,
     stdin: bytes | None = None,
 ) -> CappedRun:
-    """Run ``argv`` to completion or ``timeout_s`` (None: no timeout), keeping at most
-    ``output_cap_bytes`` of its combined output; ``env`` replaces the environment when
-    given. Nothing of the process group survives the call."""
-    return start_capped(
-        argv, timeout_s=timeout_s, output_cap_bytes=output_cap_bytes, env=env, cwd=cwd, stdin=stdin
-    ).wait()
+    """Run ``argv`` to completion or ``timeout_s`` (None: no timeout), keeping the first
+    ``output_cap_bytes`` (and the last ``tail_bytes``) of its combined output, or of
+    stdout and stderr each with ``separate_stderr``; on timeout SIGTERM the group
+    ``term_grace_s`` before the SIGKILL (0: SIGKILL at once); ``env`` replaces the
+    environment when given. Nothing of the process group survives the call."""
+    return start_capped(argv, timeout_s=timeout_s, output_cap_bytes=output_cap_bytes, tail_bytes=tail_bytes,
+                        separate_stderr=separate_stderr, term_grace_s=term_grace_s, env=env, cwd=cwd,
+                        stdin=stdin).wait()

@@ -8,7 +8,10 @@
 
 Seeds are ordinary harness directories: they are loaded as data (never imported by
 the framework) and every one follows the assembly-list layout that
-``milo_ray.harness.mechanisms`` transforms.
+``milo_ray.harness.mechanisms`` transforms. Their mechanisms are written out (a seed is a
+file users and mutators read whole), each definition character for character the
+mechanism's template in ``mechanisms/templates.py``; ``tests/harness/test_seeds.py`` holds
+the two together, so a change to one is a change to both.
 """
 
 from __future__ import annotations

@@ -45,6 +45,12 @@ def test_output_beyond_the_cap_is_discarded_not_buffered():
     assert time.monotonic() - start < 15
     grown_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before
     assert grown_kib < 50 * 1024  # 200 MB went through; well under 50 MB may stay
+    # With a tail kept too, the middle is still dropped as it streams by.
+    r = run_capped(["sh", "-c", "yes | head -c 200M"], timeout_s=30, output_cap_bytes=65536, tail_bytes=65536)
+    assert r.truncated and f"[... {209715200 - 2 * 65536} bytes dropped ...]" in r.output
+    assert len(r.output) < 3 * 65536
+    grown_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before
+    assert grown_kib < 50 * 1024
 
 
 def test_timeout_kills_the_whole_group():
@@ -95,3 +101,42 @@ def test_bad_arguments_are_refused():
         run_capped(["true"], timeout_s=0, output_cap_bytes=10)
     with pytest.raises(ValueError, match="output_cap_bytes"):
         run_capped(["true"], timeout_s=1, output_cap_bytes=-1)
+    with pytest.raises(ValueError, match="tail_bytes"):
+        run_capped(["true"], timeout_s=1, output_cap_bytes=10, tail_bytes=-1)
+    with pytest.raises(ValueError, match="term_grace_s"):
+        run_capped(["true"], timeout_s=1, output_cap_bytes=10, term_grace_s=-1)
+
+
+def test_head_and_tail_are_kept_and_the_middle_is_counted():
+    # 10 lines of 10 bytes: keep the first 25 and the last 15 bytes.
+    r = run_capped(["sh", "-c", "for i in 0 1 2 3 4 5 6 7 8 9; do echo line-$i---; done"], timeout_s=10,
+                   output_cap_bytes=25, tail_bytes=15)
+    assert r.truncated
+    assert r.output == "line-0---\nline-1---\nline-\n[... 60 bytes dropped ...]\n8---\nline-9---\n"
+    whole = run_capped(["sh", "-c", "echo short"], timeout_s=10, output_cap_bytes=3, tail_bytes=100)
+    assert whole.output == "short\n" and not whole.truncated
+
+
+def test_stderr_can_be_kept_apart_each_stream_with_its_own_cap():
+    r = run_capped(["sh", "-c", "echo out; echo err-err-err >&2"], timeout_s=10, output_cap_bytes=5,
+                   separate_stderr=True)
+    assert r.output == "out\n" and r.stderr.startswith("err-e\n[output truncated: 12 bytes")
+    assert r.truncated and r.exit_code == 0
+
+
+def test_timeout_with_a_grace_sends_sigterm_first_then_kills_what_ignores_it(tmp_path):
+    saved = tmp_path / "saved"
+    # Traps TERM to save its state: exits within the grace, so no SIGKILL is needed.
+    polite = run_capped(["sh", "-c", f"trap 'echo bye > {saved}; exit 0' TERM; sleep 30 & wait"], timeout_s=0.5,
+                        output_cap_bytes=100, term_grace_s=5)
+    assert polite.timed_out and polite.exit_code is None and saved.read_text() == "bye\n"
+    assert polite.seconds < 4
+    # Ignores TERM: killed at the grace's end.
+    stubborn = run_capped(["sh", "-c", "trap '' TERM; sleep 30 & wait; sleep 30"], timeout_s=0.5,
+                          output_cap_bytes=100, term_grace_s=0.5)
+    assert stubborn.timed_out and 0.9 < stubborn.seconds < 4
+    # Without a grace there is no SIGTERM: the trap never runs.
+    saved.unlink()
+    run_capped(["sh", "-c", f"trap 'echo bye > {saved}; exit 0' TERM; sleep 30 & wait"], timeout_s=0.5,
+               output_cap_bytes=100)
+    assert not saved.exists()

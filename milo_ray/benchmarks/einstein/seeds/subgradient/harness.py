@@ -8,11 +8,13 @@ best point). Only strictly better, feasible, exactly (FFT) scored points are
 published.
 """
 
-import math
 import time
 
 import numpy as np
-from scipy import fft as sfft
+
+# Given by the runner as module globals (the problem's formulas, the ratchet and the
+# stage driver; see the seeds' README): ERDOS, best, offer, project, run_stages,
+# shift_values, weighted_grad.
 
 CONFIG = {
     "step": 3e-2,           # descent: first step, relative to the mean |height|
@@ -27,169 +29,12 @@ CONFIG = {
 
 STAGES = ["descent", "fine_descent"]
 
-PROBLEM = None  # set by the runner: first_autocorrelation | third_autocorrelation | erdos_minimum_overlap
-
-
-def publish(values):
-    """Replaced by the runner: record an improved point (the last one counts if the run is killed)."""
-
-# ---------------------------------------------------------------- problem kernel
-# Self-contained copies of the scores (the program runs where only numpy/scipy are
-# installed). Every score and gradient is O(n log n) through the real FFT.
-
-FIRST, THIRD, ERDOS = "first_autocorrelation", "third_autocorrelation", "erdos_minimum_overlap"
-_PROBLEMS = (FIRST, THIRD, ERDOS)
-_ERDOS_SUM_TOL = 1e-9  # |sum h - n/2| allowed, relative to n (the verifier's tolerance)
-
-
-def _conv(a, b):
-    """Full linear convolution of two real vectors by FFT."""
-    size = a.shape[0] + b.shape[0] - 1
-    nfft = sfft.next_fast_len(size, real=True)
-    return sfft.irfft(sfft.rfft(a, nfft) * sfft.rfft(b, nfft), nfft)[:size]
-
-
-def _xcorr_valid(p, b):
-    """out_m = sum_k p_k b_(k-m), m = 0..n-1, for len(p) = 2n - 1 and len(b) = n."""
-    n = b.shape[0]
-    return _conv(p, b[::-1])[n - 1:2 * n - 1]
-
-
-def _shift_values(h, problem):
-    """The per-shift vector whose maximum is the score (third problem: before |.|)."""
-    n = h.shape[0]
-    if problem == ERDOS:
-        return 2.0 * _conv(h, (1.0 - h)[::-1]) / n
-    s = float(np.sum(h))
-    return 2.0 * n * _conv(h, h) / (s * s)
-
-
-def score(h, problem):
-    """The exact (FFT) score of a feasible point; inf when the point is infeasible."""
-    h = np.asarray(h, dtype=np.float64)
-    if h.ndim != 1 or h.shape[0] < 2 or not np.all(np.isfinite(h)):
-        return math.inf
-    n = h.shape[0]
-    if problem == ERDOS:
-        if h.min() < 0.0 or h.max() > 1.0 or abs(float(np.sum(h)) - n / 2) > _ERDOS_SUM_TOL * n:
-            return math.inf
-        return float(2 * _conv(h, (1.0 - h)[::-1]).max() / n)
-    s = float(np.sum(h))
-    if s == 0.0 or (problem == FIRST and h.min() < 0.0):
-        return math.inf
-    m = float(_conv(h, h).max())
-    return float(2 * n * (abs(m) if problem == THIRD else m) / (s * s))
-
-
-def _weighted_grad(h, p, v, problem):
-    """Gradient of sum_k p_k v_k (v = _shift_values(h)) with respect to h."""
-    n = h.shape[0]
-    if problem == ERDOS:
-        r = (1.0 - h)[::-1]
-        # h enters corr directly and through r = reverse(1 - h).
-        return (2.0 / n) * (_xcorr_valid(p, r) - _xcorr_valid(p, h)[::-1])
-    s = float(np.sum(h))
-    return (4.0 * n / (s * s)) * _xcorr_valid(p, h) - 2.0 * float(np.dot(p, v)) / s
-
-
-def smooth_value_grad(h, temperature, problem):
-    """Log-sum-exp smoothed max over shifts, T log sum exp(v / T), and its exact
-    gradient; score <= value <= score + T log(2n - 1)."""
-    # Third problem: the autoconvolution sums to (sum h)^2 > 0, so its maximum is
-    # positive and |max| = max; no sign case is needed.
-    v = _shift_values(h, problem)
-    top = float(v.max())
-    e = np.exp((v - top) / temperature)
-    tot = float(e.sum())
-    return top + temperature * math.log(tot), _weighted_grad(h, e / tot, v, problem)
-
-
-def project(h, problem):
-    """The nearest feasible point in the simple sense each problem needs: heights >= 0
-    (first), unchanged (third), heights in [0, 1] with sum n/2 (Erdős: a shift found
-    by bisection, then clipping)."""
-    h = np.array(h, dtype=np.float64)
-    if problem == FIRST:
-        h = np.maximum(h, 0.0)
-        if h.sum() <= 0.0:
-            h[:] = 1.0
-        return h
-    if problem == THIRD:
-        if h.sum() == 0.0:
-            h = h + 1e-6
-        return h
-    n = h.shape[0]
-    target = n / 2.0
-    lo, hi = -1.0 - float(h.max()), 1.0 - float(h.min())
-    for _ in range(100):  # sum(clip(h + c, 0, 1)) is monotone in c
-        mid = 0.5 * (lo + hi)
-        if np.clip(h + mid, 0.0, 1.0).sum() < target:
-            lo = mid
-        else:
-            hi = mid
-    out = np.clip(h + 0.5 * (lo + hi), 0.0, 1.0)
-    inner = (out > 0.0) & (out < 1.0)
-    if inner.any():  # spread the bisection's last residual over the free heights
-        out[inner] += (target - out.sum()) / inner.sum()
-    return np.clip(out, 0.0, 1.0)
-
-
-# ---------------------------------------------------------------- ratchet
-# The single record of the run: a point is kept (and published) only when it is
-# feasible and its exact FFT score is strictly below the best so far.
-
-_BEST = {"h": None, "score": math.inf}
-
-
-def _reset(h, problem):
-    _BEST["h"], _BEST["score"] = np.array(h, dtype=np.float64), score(h, problem)
-
-
-def offer(h, problem):
-    """Project h, score it exactly, keep and publish it if strictly better."""
-    z = project(h, problem)
-    s = score(z, problem)
-    if s < _BEST["score"]:
-        _BEST["h"], _BEST["score"] = z, s
-        publish(z.copy())
-        return True
-    return False
-
-
-def best():
-    return _BEST["h"].copy()
-
-
-def _problem_name():
-    if PROBLEM is None:
-        raise RuntimeError("PROBLEM is not set: the runner sets the module attribute PROBLEM to one of "
-                           f"{_PROBLEMS} before calling optimize")
-    if PROBLEM not in _PROBLEMS:
-        raise ValueError(f"PROBLEM: expected one of {_PROBLEMS}, got {PROBLEM!r}")
-    return PROBLEM
-
 
 def optimize(values, *, seed, deadline):
-    """Run STAGES in order from ``values``; each stage gets an equal share of the
-    time left (a stage that ends early leaves its time to the next ones). Returns
-    the best verified point, before ``deadline`` (a time.monotonic() value)."""
-    problem = _problem_name()
-    h = project(np.asarray(values, dtype=np.float64), problem)
-    _reset(np.asarray(values, dtype=np.float64), problem)
-    if not math.isfinite(_BEST["score"]):
-        _reset(h, problem)
-    rng = np.random.default_rng(seed)
-    start = time.monotonic()
-    # Stop short of the deadline by a margin: returning and serializing take time.
-    end = deadline - max(CONFIG["margin_s"], CONFIG["margin_frac"] * max(0.0, deadline - start))
-    for i, name in enumerate(STAGES):
-        now = time.monotonic()
-        if now >= end:
-            break
-        stage_deadline = now + (end - now) / (len(STAGES) - i)
-        out = globals()["stage_" + name](h, rng, stage_deadline, problem)
-        h = project(out, problem) if out is not None else h
-    return best()
+    """Run STAGES in order from ``values`` with the runner's ``run_stages`` (each stage an
+    equal share of the time left); returns the best verified point before ``deadline``."""
+    return run_stages(values, seed=seed, deadline=deadline, stages=STAGES,
+                      margin_s=CONFIG["margin_s"], margin_frac=CONFIG["margin_frac"])
 
 
 # ---------------------------------------------------------------- stages
@@ -197,11 +42,11 @@ def optimize(values, *, seed, deadline):
 
 def _subgradient(h, problem):
     """Average gradient of the active shifts (a subgradient of the max)."""
-    v = _shift_values(h, problem)
+    v = shift_values(h, problem)
     top = float(v.max())
     active = v >= top - CONFIG["active_tol"] * abs(top)
     p = active / float(active.sum())
-    g = _weighted_grad(h, p, v, problem)
+    g = weighted_grad(h, p, v, problem)
     if problem == ERDOS:
         g = g - g.mean()  # stay on sum h = n/2 before the projection
     return g
