@@ -6,6 +6,7 @@ own copies of everything) still runs, bit for bit as the seed that now uses them
 from __future__ import annotations
 
 import itertools
+import threading
 import time
 from pathlib import Path
 
@@ -66,6 +67,14 @@ def test_two_loaded_programs_keep_separate_ratchets(tmp_path):
     assert np.isfinite(a.best_score()) and b.best_score() == float("inf")
 
 
+def _step_clock(real):
+    """A monotonic clock that advances 1 ms per call from this thread; other threads (a
+    previous test's loops and log workers live on in the process) keep the real one, so
+    they cannot take this run's ticks."""
+    ticks, here = itertools.count(1), threading.get_ident()
+    return lambda: next(ticks) * 1e-3 if threading.get_ident() == here else real()
+
+
 @pytest.mark.parametrize("problem", PROBLEMS)
 def test_a_self_contained_program_runs_bit_for_bit_as_the_seed_using_the_given_names(problem, monkeypatch):
     """Under a clock that advances a fixed step per call a run depends only on the code:
@@ -73,8 +82,7 @@ def test_a_self_contained_program_runs_bit_for_bit_as_the_seed_using_the_given_n
     h0 = start_values({"base": "random", "n": 64, "seed": 2}, problem)
     runs = []
     for path in (SELF_CONTAINED, SEEDS_DIR / "lse_adam" / "harness.py"):
-        ticks = itertools.count(1)
-        monkeypatch.setattr(time, "monotonic", lambda: next(ticks) * 1e-3)
+        monkeypatch.setattr(time, "monotonic", _step_clock(time.monotonic))
         published = []
         module = load_program(str(path), problem, published.append, module_name=f"adam_{path.parent.name}")
         out = module.optimize(h0.copy(), seed=0, deadline=time.monotonic() + 0.6)
