@@ -203,7 +203,7 @@ MUTATIONS: tuple[Mutation, ...] = (
     ),
     Mutation(
         "eval-deadline-off", "milo_ray/evaluation.py",
-        "            if ctx.out_of_time():\n                break", "            pass",
+        "            if ctx.out_of_time():\n                stop = \"time limit\"\n                break", "            pass",
         ("tests/entry/test_cli_runs.py::test_eval_starts_no_rollout_wave_past_the_runs_deadline_and_reports_the_completed_k",),
         "method=eval ignores the run's time limit",
     ),
