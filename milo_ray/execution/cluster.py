@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import os
 import re
+import socket
 from dataclasses import dataclass
 from typing import Any
 
@@ -41,11 +42,28 @@ def _running_local_address() -> str | None:
     driver started privately with ``ray.init()`` die with that driver, so they are never
     joined."""
     try:
-        from ray._private.utils import read_ray_address  # noqa: PLC0415
+        from ray._private.utils import get_ray_address_file, read_ray_address  # noqa: PLC0415
 
-        return read_ray_address() or None
+        address = read_ray_address() or None
     except Exception:  # pragma: no cover - private API moved: start a private instance
         return None
+    if address is not None and not _answers(address):
+        # A `ray start` head that was killed leaves its address file behind; joining it
+        # would wait on a GCS that never answers.
+        log.warning("the Ray address %s recorded in %s does not answer (a `ray start` head that died?); "
+                    "starting a private Ray instance instead", address, get_ray_address_file(None))
+        return None
+    return address
+
+
+def _answers(address: str, timeout_s: float = 2.0) -> bool:
+    """Whether something accepts connections at ``host:port``."""
+    host, _, port = address.rpartition(":")
+    try:
+        with socket.create_connection((host or "127.0.0.1", int(port)), timeout=timeout_s):
+            return True
+    except (OSError, ValueError):
+        return False
 
 
 class _DropDefaultTokenAuthNotice(logging.Filter):
@@ -140,15 +158,6 @@ def cluster_autoscales(wait_s: float = 0.0) -> bool:
         else:
             types = _v2_node_types()
         return any(t and not _READONLY_NODE_TYPE.fullmatch(t) for t in types)
-    except Exception:  # pragma: no cover - the status format moved: assume a fixed cluster
-        log.debug("could not read the autoscaler status", exc_info=True)
-        return False
-        raw = _internal_kv_get(_AUTOSCALING_STATUS_KEY)
-        report = json.loads(raw).get("autoscaler_report") if raw else None
-        if not report:
-            return False
-        types = set(report.get("active_nodes") or {}) | set(report.get("idle_nodes") or {})
-        return any(not _READONLY_NODE_TYPE.fullmatch(t) for t in types)
     except Exception:  # pragma: no cover - the status format moved: assume a fixed cluster
         log.debug("could not read the autoscaler status", exc_info=True)
         return False

@@ -47,3 +47,25 @@ def test_a_scheduler_used_before_ray_started_starts_it_with_its_own_slots_per_no
     # The instance it starts declares the scheduler's slots_per_node as its sandbox slots,
     # and the scheduler's worker holds them.
     assert proc.stdout.split() == ["1.0", "[3]", "3.0"]
+
+
+def test_an_address_file_left_by_a_dead_ray_start_head_is_not_joined(tmp_path, monkeypatch, caplog):
+    """A killed `ray start` head leaves `ray_current_cluster` behind: a run must start
+    its own instance instead of waiting forever on a GCS that is gone."""
+    import socket
+
+    from milo_ray.execution.cluster import _running_local_address
+
+    monkeypatch.setenv("RAY_TMPDIR", str(tmp_path))
+    address_file = tmp_path / "ray" / "ray_current_cluster"
+    address_file.parent.mkdir()
+    with socket.socket() as live:
+        live.bind(("127.0.0.1", 0))
+        live.listen()
+        address_file.write_text(f"127.0.0.1:{live.getsockname()[1]}\n")
+        assert _running_local_address() == f"127.0.0.1:{live.getsockname()[1]}"
+        dead_port = live.getsockname()[1]
+    address_file.write_text(f"127.0.0.1:{dead_port}\n")
+    with caplog.at_level("WARNING"):
+        assert _running_local_address() is None
+    assert "does not answer" in caplog.text and str(address_file) in caplog.text
