@@ -62,24 +62,27 @@ class HostDirs:
         self.mounts: dict[str, Path] = dict(sorted(layout.items(), key=lambda kv: -len(kv[0])))
         for src, dest in spec.copy_in:
             self._copy_in(Path(src), dest)
-        if self.owner is not None:
-            # Everything already in a writable directory (copied-in files, a workspace
-            # prepared before the sandbox opened) is the sandbox user's to change.
-            for host in self.mounts.values():
-                if host != Path("/tmp"):
-                    self._own_tree(host)
-                    # bwrap (root without capabilities) must enter it to chdir there.
-                    os.chmod(host, os.stat(host).st_mode | 0o755)
+        self._hand_over()
 
     def add_files(self, copy_in: tuple[tuple[str, str], ...]) -> None:
         """Copy a spec's ``copy_in`` files in after the directories exist (a sandbox
         opened ahead of its task)."""
         for src, dest in copy_in:
             self._copy_in(Path(src), dest)
-        if self.owner is not None and copy_in:
-            for host in self.mounts.values():
-                if host != Path("/tmp"):
-                    self._own_tree(host)
+        if copy_in:
+            self._hand_over()
+
+    def _hand_over(self) -> None:
+        """Everything in a writable directory (copied-in files, a workspace prepared
+        before the sandbox opened) is the sandbox user's to change, and each directory
+        stays enterable: a directory copied onto a mount's root brings its own mode (a
+        0700 temp dir), and bwrap (root without capabilities) must still chdir there."""
+        if self.owner is None:
+            return
+        for host in self.mounts.values():
+            if host != Path("/tmp"):
+                self._own_tree(host)
+                os.chmod(host, os.stat(host).st_mode | 0o755)
 
     def _own(self, path: Path) -> None:
         if self.owner is not None:

@@ -254,6 +254,25 @@ def test_copy_in_and_ids_and_close(tmp_path):
         FACTORY.open(SandboxSpec(task_id="cp", copy_in=((str(src / "b.txt"), "/etc/b.txt"),)), tmp_path / "s3")
 
 
+@pytest.mark.parametrize("ahead", [False, True], ids=["at_open", "opened_ahead"])
+def test_a_private_directory_copied_onto_the_workdir_leaves_it_enterable(tmp_path, ahead):
+    """copytree onto an existing directory gives it the source's mode: a 0700 temp dir
+    copied onto /app made the workdir unenterable for bwrap (root without capabilities),
+    so every command of a sandbox opened ahead of its task failed to chdir there."""
+    src = tmp_path / "private"
+    src.mkdir(mode=0o700)
+    (src / "task.txt").write_text("T")
+    copy_in = ((str(src), "/app"),)
+    if ahead:
+        sb = FACTORY.open(SandboxSpec(task_id="ahead"), tmp_path / "s")
+        sb.dirs.add_files(copy_in)
+    else:
+        sb = FACTORY.open(SandboxSpec(task_id="ahead", copy_in=copy_in), tmp_path / "s")
+    with sb:
+        res = sb.execute("cat task.txt && touch mine")
+        assert (res.exit_code, res.output) == (0, "T"), res.output
+
+
 def test_unsupported_names_the_task_and_the_fix(tmp_path):
     assert "sandbox=docker" in FACTORY.unsupported(SandboxSpec(task_id="t9", needs_docker="RUN apt-get"))
     msg = FACTORY.unsupported(SandboxSpec(task_id="t9", docker_image="img:1"))
