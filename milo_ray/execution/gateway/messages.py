@@ -16,7 +16,7 @@ import json
 from typing import Any, AsyncIterator, Mapping
 
 from milo_ray.agents.llm import _field
-from milo_ray.execution.gateway.upstream import Answer, BadRequest, _report, call_retried
+from milo_ray.execution.gateway.upstream import Answer, BadRequest, _report, call_retried, with_endpoint
 
 # Messages-API fields a client may set; everything else comes from the model config.
 ALLOWED_FIELDS = ("messages", "system", "tools", "tool_choice", "temperature", "top_p", "top_k",
@@ -30,20 +30,12 @@ def request_kwargs(cfg: Any, key: str | None, body: Mapping[str, Any]) -> dict[s
     if not isinstance(body.get("messages"), list) or not body["messages"]:
         raise BadRequest("messages: a non-empty list is required")
     kwargs: dict[str, Any] = {k: body[k] for k in ALLOWED_FIELDS if k in body and body[k] is not None}
-    kwargs.update(model=str(_field(cfg, "solver")), max_retries=0, num_retries=0)
-    if key:
-        kwargs["api_key"] = key
-    if _field(cfg, "api_base"):
-        kwargs["api_base"] = _field(cfg, "api_base")
-    if _field(cfg, "temperature") is not None and "temperature" not in kwargs and "thinking" not in kwargs:
-        kwargs["temperature"] = _field(cfg, "temperature")
+    with_endpoint(kwargs, cfg, key, temperature_unless=("thinking",))
     asked, cap = body.get("max_tokens"), _field(cfg, "max_output_tokens")
     if asked is not None and (not isinstance(asked, int) or asked < 1):
         raise BadRequest(f"max_tokens={asked!r}: a positive integer is required")
     bound = [int(v) for v in (asked, cap) if v is not None]
     kwargs["max_tokens"] = min(bound) if bound else DEFAULT_MAX_TOKENS
-    if _field(cfg, "request_timeout_s") is not None:
-        kwargs["timeout"] = float(_field(cfg, "request_timeout_s"))
     return kwargs
 
 

@@ -25,7 +25,7 @@ import json
 from typing import Any, AsyncIterator, Mapping
 
 from milo_ray.agents.llm import _field
-from milo_ray.execution.gateway.upstream import Answer, BadRequest, _report, call_retried
+from milo_ray.execution.gateway.upstream import Answer, BadRequest, _report, call_retried, with_endpoint
 
 # Responses-API fields a client may set; everything else comes from the model config or is
 # dropped (``include``, ``prompt_cache_key``, ``metadata``... ask for nothing the bridge
@@ -65,22 +65,14 @@ def request_kwargs(cfg: Any, key: str | None, body: Mapping[str, Any]) -> dict[s
     choice = kwargs.get("tool_choice")
     if isinstance(choice, Mapping) and choice.get("type") not in (*CLIENT_TOOL_TYPES, "allowed_tools"):
         del kwargs["tool_choice"]  # it names a provider-run tool, dropped above
-    kwargs.update(model=str(_field(cfg, "solver")), store=False, use_chat_completions_api=True,
-                  drop_params=True, max_retries=0, num_retries=0)
-    if key:
-        kwargs["api_key"] = key
-    if _field(cfg, "api_base"):
-        kwargs["api_base"] = _field(cfg, "api_base")
-    if _field(cfg, "temperature") is not None and "temperature" not in kwargs and "reasoning" not in kwargs:
-        kwargs["temperature"] = _field(cfg, "temperature")
+    with_endpoint(kwargs, cfg, key, temperature_unless=("reasoning",))
+    kwargs.update(store=False, use_chat_completions_api=True, drop_params=True)
     asked, cap = body.get("max_output_tokens"), _field(cfg, "max_output_tokens")
     if asked is not None and (not isinstance(asked, int) or isinstance(asked, bool) or asked < 1):
         raise BadRequest(f"max_output_tokens={asked!r}: a positive integer is required")
     bound = [int(v) for v in (asked, cap) if v is not None]
     if bound:
         kwargs["max_output_tokens"] = min(bound)
-    if _field(cfg, "request_timeout_s") is not None:
-        kwargs["timeout"] = float(_field(cfg, "request_timeout_s"))
     extra = dict(_field(cfg, "extra_body") or {})
     if extra:
         kwargs["extra_body"] = extra

@@ -47,22 +47,33 @@ def request_kwargs(cfg: Any, key: str | None, body: Mapping[str, Any]) -> dict[s
     kwargs: dict[str, Any] = {k: body[k] for k in ALLOWED_FIELDS if k in body and body[k] is not None}
     if body.get("n") not in (None, 1):
         raise BadRequest("n: only one choice per call is served")
+    with_endpoint(kwargs, cfg, key)
+    cap = _field(cfg, "max_output_tokens")
+    if cap is not None:
+        asked = kwargs.pop("max_completion_tokens", None) or kwargs.get("max_tokens")
+        kwargs["max_tokens"] = min(int(asked), int(cap)) if asked else int(cap)
+    extra = dict(_field(cfg, "extra_body") or {})
+    if extra:
+        kwargs["extra_body"] = extra
+    return kwargs
+
+
+def with_endpoint(kwargs: dict[str, Any], cfg: Any, key: str | None, *,
+                  temperature_unless: tuple[str, ...] = ()) -> dict[str, Any]:
+    """Put the config's endpoint on a request's allowed fields (every route): its model
+    (never the client's), key, base URL and request timeout, and its temperature unless
+    the request sets one (or a field in ``temperature_unless``, which such models refuse
+    a temperature beside). Retries are the gateway's, so litellm's own are off."""
     kwargs.update(model=str(_field(cfg, "solver")), max_retries=0, num_retries=0)
     if key:
         kwargs["api_key"] = key
     if _field(cfg, "api_base"):
         kwargs["api_base"] = _field(cfg, "api_base")
-    if _field(cfg, "temperature") is not None and "temperature" not in kwargs:
+    if (_field(cfg, "temperature") is not None and "temperature" not in kwargs
+            and not any(f in kwargs for f in temperature_unless)):
         kwargs["temperature"] = _field(cfg, "temperature")
-    cap = _field(cfg, "max_output_tokens")
-    if cap is not None:
-        asked = kwargs.pop("max_completion_tokens", None) or kwargs.get("max_tokens")
-        kwargs["max_tokens"] = min(int(asked), int(cap)) if asked else int(cap)
     if _field(cfg, "request_timeout_s") is not None:
         kwargs["timeout"] = float(_field(cfg, "request_timeout_s"))
-    extra = dict(_field(cfg, "extra_body") or {})
-    if extra:
-        kwargs["extra_body"] = extra
     return kwargs
 
 
