@@ -157,12 +157,22 @@ def gateway_chat_model(cfg: Any, *, base_url: str, token: str) -> Any:
                               "max_retries": 0, "request_limiter": None}
     if _field(cfg, "max_output_tokens") is not None:
         kwargs["max_tokens"] = int(_field(cfg, "max_output_tokens"))
-    timeout = _field(cfg, "request_timeout_s")
+    timeout = gateway_client_timeout(cfg)
     if timeout is not None:
-        retries = int(_field(cfg, "max_retries", 3))
-        kwargs["request_timeout"] = (float(timeout) * (retries + 1) + retries * float(_field(cfg, "retry_max_s", 60.0))
-                                     + 60.0)
+        kwargs["request_timeout"] = timeout
     return _solver_class()(**kwargs)
+
+
+def gateway_client_timeout(cfg: Any) -> float | None:
+    """The request timeout of a client that reaches ``cfg``'s model through a gateway:
+    the gateway's own attempts (each up to ``request_timeout_s``) and the waits between
+    them (each up to ``retry_max_s``) run inside one request of that client, plus a
+    minute of slack. None when ``cfg`` sets no request timeout."""
+    timeout = _field(cfg, "request_timeout_s")
+    if timeout is None:
+        return None
+    retries = int(_field(cfg, "max_retries", 3))
+    return float(timeout) * (retries + 1) + retries * float(_field(cfg, "retry_max_s", 60.0)) + 60.0
 
 
 def retryable(exc: BaseException) -> bool:

@@ -355,10 +355,10 @@ def _check_solver(model: Any, agent: str) -> None:
 def _inner_model(cfg: Any) -> dict[str, Any]:
     """The chat-model settings the harness process builds its model from: no key, no
     endpoint (the gateway has both), no retries (the gateway retries)."""
+    from milo_ray.agents.llm import gateway_client_timeout
+
     return {"solver": cfg.solver, "temperature": cfg.temperature, "max_tokens": cfg.max_output_tokens,
-            "request_timeout": None if cfg.request_timeout_s is None else
-            # The gateway's own retries run inside one request of the harness's client.
-            float(cfg.request_timeout_s) * (int(cfg.max_retries) + 1) + 60.0}
+            "request_timeout": gateway_client_timeout(cfg)}
 
 
 class _AgentRun:
