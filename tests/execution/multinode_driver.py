@@ -93,7 +93,9 @@ async def sleep_mode(args) -> dict:
             if demand:
                 break
             await asyncio.sleep(0.1)
-        early = repr(run.exception()) if run.done() else None
+        early = None
+        if run.done():
+            early = repr(run.exception()) if run.exception() else f"finished before {args.announce} rollouts were in flight"
         emit({"running": sched.progress.running, "demand": demand, "ended_early": early})
         await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline)
     results = await run

@@ -114,10 +114,12 @@ def test_a_node_added_mid_run_gets_rollouts_and_idle_workers_give_their_slots_ba
 
 def test_rollouts_lost_with_a_node_are_retried_on_the_nodes_that_remain(cluster):
     doomed = cluster.workers[-1]
-    out = _change_cluster_mid_run(cluster, lambda first: cluster.remove_worker(doomed), "--n", "32", "--seconds", "1.0",
+    # 48 rollouts of 2 s: 12 s on both workers, 24 s on one, so the queue outlasts a worker
+    # actor that starts late on a loaded machine (every slot must be busy before the loss).
+    out = _change_cluster_mid_run(cluster, lambda first: cluster.remove_worker(doomed), "--n", "48", "--seconds", "2.0",
                                   "--announce", str(2 * SLOTS), "--run-id", "doomed")
     rows = out["rows"]
-    assert len(rows) == 32 and all(r["error_kind"] is None for r in rows)
+    assert len(rows) == 48 and all(r["error_kind"] is None for r in rows)
     retried = [r for r in rows if r["attempts"] > 1]
     # Every rollout in flight on the lost node was recorded as lost and ran again elsewhere.
     assert out["events"]["rollout_worker_lost"] >= 1
