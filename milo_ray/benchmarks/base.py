@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any, Protocol, runtime_checkable
 
-from milo_ray.execution.types import Task
+from milo_ray.core.tasks import Task
 from milo_ray.harness.model import Harness
 
 

@@ -28,7 +28,7 @@ from milo_ray.benchmarks import surrogate_quality as Q
 from milo_ray.benchmarks.surrogate_calibration import (base_logits, calibrated_tasks, check_calibrate_to, quality,
                                                        task_arrays)
 from milo_ray.benchmarks.surrogate_tasks import PRESETS, Preset, get_preset
-from milo_ray.execution.types import Task
+from milo_ray.core.tasks import Task
 from milo_ray.harness.mechanisms import MECHANISMS, detect_mechanisms
 from milo_ray.harness.model import Harness
 

@@ -19,7 +19,7 @@ import numpy as np
 
 from milo_ray.benchmarks import surrogate_quality as Q
 from milo_ray.benchmarks.surrogate_tasks import assign_splits, generate_tasks, get_preset
-from milo_ray.execution.types import Task
+from milo_ray.core.tasks import Task
 from milo_ray.harness.mechanisms import FAILURE_MODES, detect_mechanisms
 
 

@@ -32,9 +32,10 @@ from typing import Any, Mapping
 from milo_ray.benchmarks.base import BenchmarkDataMissing, SplitTasks
 from milo_ray.benchmarks.harbor import OUTPUT_CAP, diagnose, seed_names, tail, unsupported_tasks
 from milo_ray.benchmarks.splits import resolve_splits
-from milo_ray.benchmarks.task_format import SETUP_ALLOWANCE_S, Verdict
+from milo_ray.benchmarks.task_format import SETUP_ALLOWANCE_S
+from milo_ray.core.task_format import Verdict
 from milo_ray.execution.sandbox.base import SOLUTION_DIR, TESTS_DIR, Sandbox, SandboxFactory, SandboxSpec
-from milo_ray.execution.types import Task
+from milo_ray.core.tasks import Task
 from milo_ray.harness.model import Harness
 
 _STATUSES = ("PASSED", "FAILED", "ERROR", "XFAIL", "XPASS", "SKIPPED")
@@ -141,7 +142,7 @@ def _patched_files(diff: str) -> list[str]:
 
 
 class SweFormat:
-    """The :class:`~milo_ray.benchmarks.task_format.TaskFormat` of SWE-style rows."""
+    """The :class:`~milo_ray.core.task_format.TaskFormat` of SWE-style rows."""
 
     name = "swe"
 
@@ -285,7 +286,7 @@ class SweBenchmark(SplitTasks):
         instruction = meta.pop("problem_statement")
         return Task(task_id=meta["instance_id"], split=split, instruction=instruction, time_cap_s=self.time_cap_s,
                     token_cap=self.token_cap, metadata=meta,
-                    grading_cap_s=float(meta["verifier_timeout_s"]) + SETUP_ALLOWANCE_S)
+                    grading_cap_s=float(meta["verifier_timeout_s"]) + SETUP_ALLOWANCE_S, format=SWE)
 
     def seed_harnesses(self) -> list[Harness]:
         from milo_ray.harness.seeds import load_seeds

@@ -33,7 +33,7 @@ crashes, or whose process breaks the trajectory protocol is a harness failure
 (``error_kind="harness"``; the workspace is still graded); a verifier that produces no
 reward is a task failure (``"task"``). A model endpoint that keeps failing after the
 gateway's retries (429, 5xx, connection errors, timeouts) raises
-:class:`~milo_ray.execution.types.InfraFailure` out of :meth:`aexecute` with the calls
+:class:`~milo_ray.core.rollouts.InfraFailure` out of :meth:`aexecute` with the calls
 the attempt made: an infrastructure failure, which the scheduler retries and finally
 records as ``"infra"``. (The gateway, not the harness, says whether the endpoint failed.)
 
@@ -56,21 +56,14 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from milo_ray.execution.types import InfraFailure, RolloutResult, Task
+from milo_ray.core.rollouts import InfraFailure, RolloutResult
+from milo_ray.core.tasks import Task
 
 log = logging.getLogger(__name__)
 
 AGENTS = ("harness", "oracle")
 # Recorded for the oracle "model": no model is called.
 ORACLE_MODEL_ID = "oracle"
-
-
-def is_endpoint_error(exc: BaseException) -> bool:
-    """Whether ``exc`` is the model endpoint failing rather than the caller's own code
-    (see :func:`milo_ray.execution.harness_process.is_endpoint_error`)."""
-    from milo_ray.execution.harness_process import is_endpoint_error as check
-
-    return check(exc)
 
 
 class AgentExecutor:
@@ -158,7 +151,7 @@ class AgentExecutor:
     def unsupported_tasks(self, tasks: list[Task]) -> list[str]:
         """One line per task this executor's sandbox cannot run (e.g. a Dockerfile with
         RUN steps under ``sandbox=bwrap``), or a task the oracle cannot solve."""
-        from milo_ray.benchmarks.task_format import format_of
+        from milo_ray.core.task_format import format_of
 
         problems = []
         for task in tasks:
@@ -216,7 +209,7 @@ class AgentExecutor:
         return asyncio.run(self.aexecute(harness, task, rollout_idx, seed))
 
     async def aexecute(self, harness: Any, task: Task, rollout_idx: int, seed: int) -> RolloutResult:
-        from milo_ray.benchmarks.task_format import format_of
+        from milo_ray.core.task_format import format_of
 
         fmt = format_of(task)
         spec = fmt.sandbox_spec(task)
@@ -401,7 +394,7 @@ class _AgentRun:
 
 
 def _solve(task: Task, sandbox: Any) -> str | None:
-    from milo_ray.benchmarks.task_format import format_of
+    from milo_ray.core.task_format import format_of
 
     return format_of(task).solve(task, sandbox)
 

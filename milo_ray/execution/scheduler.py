@@ -61,7 +61,8 @@ from milo_ray.execution.outcomes import (
 from milo_ray.execution.pool import WorkerPool
 from milo_ray.execution.progress import RolloutProgress
 from milo_ray.execution.spend import SchedulerSpend
-from milo_ray.execution.types import RolloutRequest, RolloutResult, Task
+from milo_ray.core.rollouts import RolloutRequest, RolloutResult
+from milo_ray.core.tasks import Task
 from milo_ray.execution.workers import Item, Outcome, WorkerHandle, aget
 
 log = logging.getLogger(__name__)

@@ -23,7 +23,7 @@ from milo_ray.milo.lineage import LineageNode
 from milo_ray.milo.records import build_node, record_node
 from milo_ray.milo.view import PopulationView
 from milo_ray.search.mutation import MutationOutcome
-from milo_ray.search.seeds import derive_seed
+from milo_ray.core.seeds import derive_seed
 
 
 def group(island: int | str) -> str:

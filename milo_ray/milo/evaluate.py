@@ -18,7 +18,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from milo_ray.agents.protocols import MutationRequest
-from milo_ray.execution.types import RolloutRequest, RolloutResult
+from milo_ray.core.rollouts import RolloutRequest, RolloutResult
 from milo_ray.harness.model import Harness
 from milo_ray.kernels.pareto import fitness_vectors
 from milo_ray.milo.lineage import COST_AXES

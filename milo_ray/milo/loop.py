@@ -41,7 +41,7 @@ from milo_ray.search.agent_calls import spec_model
 from milo_ray.search.events import Event, EventLog
 from milo_ray.search.recording import HarnessRecorder
 from milo_ray.search.mutation import MutationOutcome, ValidationOptions, keep_artifacts, ship_files
-from milo_ray.search.seeds import derive_seed
+from milo_ray.core.seeds import derive_seed
 
 log = logging.getLogger(__name__)
 

@@ -202,7 +202,7 @@ def generate_surrogate_matrix(benchmark: Any, *, executor: Any, optimizer: Any, 
     from milo_ray.harness.diff import diff
     from milo_ray.harness.validate import forbidden_fragments_for, validate
     from milo_ray.ssr import evidence as ev
-    from milo_ray.search.seeds import derive_seed
+    from milo_ray.core.seeds import derive_seed
 
     audit_set = audit_tasks(benchmark, audit_splits)
     executor = build_executor(executor)

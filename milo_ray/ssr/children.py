@@ -21,7 +21,7 @@ import numpy as np
 from milo_ray.agents.protocols import MutationRequest
 from milo_ray.harness.model import Harness
 from milo_ray.search.agent_calls import spec_model
-from milo_ray.search.seeds import derive_seed
+from milo_ray.core.seeds import derive_seed
 from milo_ray.ssr import evidence as ev
 from milo_ray.ssr.candidates import CandidateJob, generate_candidates
 from milo_ray.ssr.events import CandidateDrawn, SSREvent

@@ -49,9 +49,9 @@ from typing import Any
 import numpy as np
 
 from milo_ray.execution.budget import BudgetExceeded
-from milo_ray.execution.types import RolloutRequest
+from milo_ray.core.rollouts import RolloutRequest
 from milo_ray.harness.model import Harness
-from milo_ray.search.seeds import derive_seed
+from milo_ray.core.seeds import derive_seed
 from milo_ray.ssr import evidence as ev
 from milo_ray.search.mutation import build_agent
 from milo_ray.ssr.children import ChildMaker

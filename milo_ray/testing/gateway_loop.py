@@ -20,7 +20,8 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from milo_ray.execution.types import RolloutResult, Task
+from milo_ray.core.rollouts import RolloutResult
+from milo_ray.core.tasks import Task
 
 
 class GatewayLoopExecutor:

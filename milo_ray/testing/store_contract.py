@@ -17,7 +17,7 @@ import duckdb
 import pyarrow as pa
 import pytest
 
-from milo_ray.execution.types import RolloutResult
+from milo_ray.core.rollouts import RolloutResult
 from milo_ray.store.base import TABLES, RunStore
 from milo_ray.store.core import StoreClosed
 from milo_ray.store.schema import SCHEMA_VERSION, SCHEMAS

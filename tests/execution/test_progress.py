@@ -16,7 +16,7 @@ import pytest
 from rich.console import Console
 
 from milo_ray.execution.progress import RolloutProgress
-from milo_ray.execution.types import RolloutResult
+from milo_ray.core.rollouts import RolloutResult
 
 # A cluster, containers or whole command-line runs: the slow suite (pytest -m slow; .ci/run runs it).
 pytestmark = pytest.mark.slow

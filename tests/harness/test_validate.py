@@ -10,7 +10,7 @@ import textwrap
 import numpy as np
 import pytest
 
-from milo_ray.execution.types import Task
+from milo_ray.core.tasks import Task
 from milo_ray.harness.model import Harness
 from milo_ray.harness.validate import (
     ForbiddenIndex,

@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from milo_ray.execution.types import RolloutResult
+from milo_ray.core.rollouts import RolloutResult
 from milo_ray.ssr import evidence as ev
 from milo_ray.ssr.events import (REGISTRY, CandidateDrawn, Judged, RoundStarted, Selection, StageStarted, Summarized,
                                  parse)

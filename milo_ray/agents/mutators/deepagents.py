@@ -196,7 +196,7 @@ class DeepAgentsMutator:
         """Run the agent to its end under the caps; None, or why it stopped short."""
         from langgraph.errors import GraphRecursionError
 
-        from milo_ray.execution.agent_executor import is_endpoint_error
+        from milo_ray.core.failures import is_endpoint_error
 
         config = {"recursion_limit": self.recursion_limit}
 
