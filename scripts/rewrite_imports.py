@@ -33,9 +33,9 @@ MOVES: dict[str, dict[str, str]] = {
     "milo_ray.execution.harness_process": {"is_endpoint_error": "milo_ray.core.failures"},
     "milo_ray.execution.agent_executor": {"is_endpoint_error": "milo_ray.core.failures"},
     "milo_ray.benchmarks.task_format": {
-        "Verdict": "milo_ray.core.task_format",
-        "TaskFormat": "milo_ray.core.task_format",
-        "format_of": "milo_ray.core.task_format",
+        "Verdict": "milo_ray.core.tasks",
+        "TaskFormat": "milo_ray.core.tasks",
+        "format_of": "milo_ray.core.tasks",
     },
 }
 # Dotted references in strings and docstrings (monkeypatch targets, Sphinx roles).

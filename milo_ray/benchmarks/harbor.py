@@ -31,7 +31,7 @@ from milo_ray.benchmarks.base import BenchmarkDataMissing, SplitTasks, seed_name
 from milo_ray.benchmarks.harbor_task import HarborTaskSpec, parse_task_dir, resolve_env
 from milo_ray.benchmarks.splits import resolve_splits
 from milo_ray.benchmarks.task_format import SETUP_ALLOWANCE_S
-from milo_ray.core.task_format import Verdict
+from milo_ray.core.tasks import Verdict
 from milo_ray.execution.sandbox.base import LOGS_DIR, SOLUTION_DIR, TESTS_DIR, Sandbox, SandboxFactory, SandboxSpec
 from milo_ray.execution.shipping import ShippedTree
 from milo_ray.core.tasks import Task
@@ -169,7 +169,7 @@ def task_root(task: Task) -> Path:
 
 
 class HarborFormat:
-    """The :class:`~milo_ray.core.task_format.TaskFormat` of Harbor task directories."""
+    """The :class:`~milo_ray.core.tasks.TaskFormat` of Harbor task directories."""
 
     name = "harbor"
 

@@ -33,7 +33,7 @@ from milo_ray.benchmarks.base import BenchmarkDataMissing, SplitTasks
 from milo_ray.benchmarks.harbor import OUTPUT_CAP, diagnose, seed_names, tail, unsupported_tasks
 from milo_ray.benchmarks.splits import resolve_splits
 from milo_ray.benchmarks.task_format import SETUP_ALLOWANCE_S
-from milo_ray.core.task_format import Verdict
+from milo_ray.core.tasks import Verdict
 from milo_ray.execution.sandbox.base import SOLUTION_DIR, TESTS_DIR, Sandbox, SandboxFactory, SandboxSpec
 from milo_ray.core.tasks import Task
 from milo_ray.harness.model import Harness
@@ -142,7 +142,7 @@ def _patched_files(diff: str) -> list[str]:
 
 
 class SweFormat:
-    """The :class:`~milo_ray.core.task_format.TaskFormat` of SWE-style rows."""
+    """The :class:`~milo_ray.core.tasks.TaskFormat` of SWE-style rows."""
 
     name = "swe"
 

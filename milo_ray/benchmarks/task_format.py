@@ -1,5 +1,5 @@
 """What the benchmarks of real tasks share about setting a task up (the
-:class:`~milo_ray.core.task_format.TaskFormat` protocol itself is in :mod:`milo_ray.core`).
+:class:`~milo_ray.core.tasks.TaskFormat` protocol itself is in :mod:`milo_ray.core`).
 
 ``metadata`` holds plain values, and a task's files as a
 :class:`~milo_ray.execution.shipping.ShippedTree` (``metadata["files"]``): content put into

@@ -151,7 +151,7 @@ class AgentExecutor:
     def unsupported_tasks(self, tasks: list[Task]) -> list[str]:
         """One line per task this executor's sandbox cannot run (e.g. a Dockerfile with
         RUN steps under ``sandbox=bwrap``), or a task the oracle cannot solve."""
-        from milo_ray.core.task_format import format_of
+        from milo_ray.core.tasks import format_of
 
         problems = []
         for task in tasks:
@@ -209,7 +209,7 @@ class AgentExecutor:
         return asyncio.run(self.aexecute(harness, task, rollout_idx, seed))
 
     async def aexecute(self, harness: Any, task: Task, rollout_idx: int, seed: int) -> RolloutResult:
-        from milo_ray.core.task_format import format_of
+        from milo_ray.core.tasks import format_of
 
         fmt = format_of(task)
         spec = fmt.sandbox_spec(task)
@@ -394,7 +394,7 @@ class _AgentRun:
 
 
 def _solve(task: Task, sandbox: Any) -> str | None:
-    from milo_ray.core.task_format import format_of
+    from milo_ray.core.tasks import format_of
 
     return format_of(task).solve(task, sandbox)
 

@@ -52,7 +52,7 @@ from milo_ray.benchmarks.einstein.problems import score
 from milo_ray.benchmarks.einstein.programs import grade_program, run_program, runner_files
 from milo_ray.benchmarks.einstein.starts import start_values
 from milo_ray.benchmarks.task_format import SETUP_ALLOWANCE_S
-from milo_ray.core.task_format import Verdict
+from milo_ray.core.tasks import Verdict
 from milo_ray.execution.optimizer_runner import KIT_FILE
 from milo_ray.execution.sandbox.base import TESTS_DIR, Sandbox, SandboxSpec
 from milo_ray.execution.sandbox.interpreter import interpreter_env, interpreter_paths
@@ -191,7 +191,7 @@ class EinsteinAgentBenchmark(EinsteinBenchmark):
 
 
 class EinsteinAgentFormat:
-    """The :class:`~milo_ray.core.task_format.TaskFormat` of ``einstein_agent`` tasks."""
+    """The :class:`~milo_ray.core.tasks.TaskFormat` of ``einstein_agent`` tasks."""
 
     name = "einstein_agent"
 
