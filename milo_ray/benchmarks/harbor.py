@@ -31,11 +31,11 @@ from milo_ray.benchmarks.base import BenchmarkDataMissing, SplitTasks, seed_name
 from milo_ray.benchmarks.harbor_task import HarborTaskSpec, parse_task_dir, resolve_env
 from milo_ray.benchmarks.splits import resolve_splits
 from milo_ray.benchmarks.task_format import SETUP_ALLOWANCE_S
-from milo_ray.core.tasks import Verdict
+from milo_ray.core.tasks import Task, Verdict
 from milo_ray.execution.sandbox.base import LOGS_DIR, SOLUTION_DIR, TESTS_DIR, Sandbox, SandboxFactory, SandboxSpec
 from milo_ray.execution.shipping import ShippedTree
-from milo_ray.core.tasks import Task
 from milo_ray.harness.model import Harness
+from milo_ray.harness.seeds import load_seeds
 
 BUNDLED_SUITE = Path(__file__).resolve().parent.parent / "data" / "harbor_tasks"
 VERIFIER_DIR = f"{LOGS_DIR}/verifier"
@@ -308,8 +308,6 @@ class HarborBenchmark(SplitTasks):
                     grading_cap_s=spec.verifier_timeout_s + SETUP_ALLOWANCE_S, format=HARBOR)
 
     def seed_harnesses(self) -> list[Harness]:
-        from milo_ray.harness.seeds import load_seeds
-
         return load_seeds(self.seed_names)
 
     def unsupported_tasks(self, factory: SandboxFactory) -> list[str]:

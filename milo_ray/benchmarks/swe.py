@@ -33,10 +33,10 @@ from milo_ray.benchmarks.base import BenchmarkDataMissing, SplitTasks
 from milo_ray.benchmarks.harbor import OUTPUT_CAP, diagnose, seed_names, tail, unsupported_tasks
 from milo_ray.benchmarks.splits import resolve_splits
 from milo_ray.benchmarks.task_format import SETUP_ALLOWANCE_S
-from milo_ray.core.tasks import Verdict
+from milo_ray.core.tasks import Task, Verdict
 from milo_ray.execution.sandbox.base import SOLUTION_DIR, TESTS_DIR, Sandbox, SandboxFactory, SandboxSpec
-from milo_ray.core.tasks import Task
 from milo_ray.harness.model import Harness
+from milo_ray.harness.seeds import load_seeds
 
 _STATUSES = ("PASSED", "FAILED", "ERROR", "XFAIL", "XPASS", "SKIPPED")
 _PASSING = {"PASSED", "XFAIL"}
@@ -289,8 +289,6 @@ class SweBenchmark(SplitTasks):
                     grading_cap_s=float(meta["verifier_timeout_s"]) + SETUP_ALLOWANCE_S, format=SWE)
 
     def seed_harnesses(self) -> list[Harness]:
-        from milo_ray.harness.seeds import load_seeds
-
         return load_seeds(self.seed_names)
 
     def unsupported_tasks(self, factory: SandboxFactory) -> list[str]:

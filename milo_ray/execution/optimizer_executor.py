@@ -44,6 +44,7 @@ from milo_ray.benchmarks.einstein.programs import grade_program, run_program
 from milo_ray.benchmarks.einstein.starts import start_values
 from milo_ray.core.rollouts import RolloutResult
 from milo_ray.core.tasks import Task
+from milo_ray.execution.agent_executor import build_factory
 from milo_ray.execution.sandbox.base import SandboxSpec
 from milo_ray.execution.sandbox.hostdirs import SANDBOX_HOME
 from milo_ray.execution.sandbox.interpreter import with_interpreter
@@ -76,8 +77,6 @@ class OptimizerExecutor:
 
     def __init__(self, sandbox: Any = None, memory_mb: int = 2048, grace_s: float = 2.0,
                  scratch_dir: str | None = None, keep_scratch: bool = False) -> None:
-        from milo_ray.execution.agent_executor import build_factory
-
         if not isinstance(memory_mb, int) or isinstance(memory_mb, bool) or memory_mb < 256:
             raise ValueError(f"executor.memory_mb={memory_mb!r}: give an integer >= 256 (numpy and scipy need ~200 MB)")
         if not isinstance(grace_s, (int, float)) or isinstance(grace_s, bool) or not 0 < grace_s < math.inf:

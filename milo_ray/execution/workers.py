@@ -46,9 +46,9 @@ from typing import Any, Collection, Mapping
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from milo_ray.execution.gateway.run_budget import RolloutBudget, current_rollout_budget
 from milo_ray.core.rollouts import RolloutResult
 from milo_ray.core.tasks import Task
+from milo_ray.execution.gateway.run_budget import RolloutBudget, current_rollout_budget
 
 log = logging.getLogger(__name__)
 

@@ -13,12 +13,7 @@ import pytest
 from milo_ray.core.tasks import Task
 from milo_ray.harness.model import Harness
 from milo_ray.harness.validate import (
-    ForbiddenIndex,
-    ValidationResult,
-    forbidden_fragments_for,
-    generality_violation,
-    validate,
-    validate_many,
+    ForbiddenIndex, ValidationResult, forbidden_fragments_for, generality_violation, validate, validate_many,
 )
 
 PLAIN = "def build_agent(model, backend):\n    return {'model': model, 'backend': backend}\n"

@@ -40,24 +40,18 @@ from typing import Any, Mapping
 import numpy as np
 
 from milo_ray.benchmarks.einstein.benchmark import (
-    DEFINITIONS,
-    GIVEN_NAMES,
-    SCORING_ALLOWANCE_S,
-    EinsteinBenchmark,
-    _is_int,
-    _is_number,
-    describe_start,
+    DEFINITIONS, GIVEN_NAMES, SCORING_ALLOWANCE_S, EinsteinBenchmark, _is_int, _is_number, describe_start,
 )
 from milo_ray.benchmarks.einstein.problems import score
 from milo_ray.benchmarks.einstein.programs import grade_program, run_program, runner_files
 from milo_ray.benchmarks.einstein.starts import start_values
 from milo_ray.benchmarks.task_format import SETUP_ALLOWANCE_S
-from milo_ray.core.tasks import Verdict
+from milo_ray.core.tasks import Task, Verdict
 from milo_ray.execution.optimizer_runner import KIT_FILE
 from milo_ray.execution.sandbox.base import TESTS_DIR, Sandbox, SandboxSpec
 from milo_ray.execution.sandbox.interpreter import interpreter_env, interpreter_paths
-from milo_ray.core.tasks import Task
 from milo_ray.harness.model import ENTRY_FILE, Harness
+from milo_ray.harness.seeds import load_seeds
 
 WORKDIR = "/app"
 PROGRAM_FILE = "optimizer.py"
@@ -179,8 +173,6 @@ class EinsteinAgentBenchmark(EinsteinBenchmark):
 
     def seed_harnesses(self) -> list[Harness]:
         """The project's seed agent harnesses (``seeds``), which the methods evolve."""
-        from milo_ray.harness.seeds import load_seeds
-
         return load_seeds(self.agent_seeds)
 
     def unsupported_tasks(self, factory: Any) -> list[str]:
