@@ -10,6 +10,7 @@ from typing import Any, Protocol
 
 from milo_ray.benchmarks.base import Benchmark
 from milo_ray.config import ModelConfig, model_config
+from milo_ray.search.agent_calls import AgentCallLog
 from milo_ray.store.base import RunStore
 
 
@@ -55,8 +56,6 @@ class RunContext:
             raise ValueError(f"RunContext: model.id={self.model.id!r} but model_id={self.model_id!r}; the cache "
                              "identity has one source (model.id)")
         if self.agent_calls is None:
-            from milo_ray.search.agent_calls import AgentCallLog
-
             self.agent_calls = AgentCallLog(self.store, budget=getattr(self.scheduler, "budget", None),
                                             resumed=self.resumed)
 

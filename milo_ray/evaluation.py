@@ -8,7 +8,7 @@ from typing import Any, Sequence
 
 from milo_ray.context import RunContext
 from milo_ray.execution.budget import BudgetExceeded
-from milo_ray.execution.types import RolloutRequest, RolloutResult
+from milo_ray.core.rollouts import RolloutRequest, RolloutResult
 from milo_ray.harness.model import Harness
 from milo_ray.search.final_test import true_score
 from milo_ray.search.recording import HarnessRecorder

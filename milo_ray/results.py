@@ -399,7 +399,7 @@ def _final_rows(res: RunResults, harness_ids: list[str], split: str, k: int | No
     tasks = res.split_tasks(split)
     if tasks is None or k is None:
         return res.rollouts[res.rollouts["split"] == split], None
-    from milo_ray.execution.types import cache_key
+    from milo_ray.core.rollouts import cache_key
 
     model, seed = res.manifest.get("model_id"), int(res.manifest.get("seed", 0))
     keys = {cache_key(h, t, i, model, seed) for h in harness_ids for t in tasks for i in range(k)}

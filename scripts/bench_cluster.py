@@ -35,7 +35,8 @@ import ray  # noqa: E402
 from milo_ray.execution.budget import BudgetLedger  # noqa: E402
 from milo_ray.execution.cluster import join  # noqa: E402
 from milo_ray.execution.scheduler import RolloutScheduler  # noqa: E402
-from milo_ray.execution.types import RolloutRequest, Task  # noqa: E402
+from milo_ray.core.rollouts import RolloutRequest  # noqa: E402
+from milo_ray.core.tasks import Task
 from milo_ray.harness.model import Harness  # noqa: E402
 from milo_ray.store import ParquetRunStore  # noqa: E402
 from slot_cluster import SlotCluster, peak_per_node  # noqa: E402

@@ -174,7 +174,7 @@ def suite_throughput(args: argparse.Namespace) -> None:
     from milo_ray.benchmarks.harbor import HarborBenchmark
     from milo_ray.execution.cluster import start_local
     from milo_ray.execution.scheduler import RolloutScheduler
-    from milo_ray.execution.types import RolloutRequest
+    from milo_ray.core.rollouts import RolloutRequest
     from milo_ray.harness.seeds import load_seeds
     from milo_ray.store import MemoryRunStore
     from milo_ray.testing.openai_server import ScriptedOpenAIServer
@@ -219,7 +219,7 @@ def _in_worker_rollout(harness, task, model_cfg, factory, scratch: Path):
     import asyncio
 
     from milo_ray.agents.llm import build_chat_model
-    from milo_ray.benchmarks.task_format import format_of
+    from milo_ray.core.tasks import format_of
     from milo_ray.harness.loader import load_harness
 
     fmt = format_of(task)
@@ -435,7 +435,7 @@ def boundary_overhead(args: argparse.Namespace) -> None:
 
 
 def task_spec(task):
-    from milo_ray.benchmarks.task_format import format_of
+    from milo_ray.core.tasks import format_of
 
     return format_of(task).sandbox_spec(task)
 

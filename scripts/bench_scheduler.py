@@ -25,10 +25,11 @@ os.environ.setdefault("RAY_DEDUP_LOGS", "0")
 
 import ray
 
+from milo_ray.core.rollouts import RolloutRequest
+from milo_ray.core.tasks import Task
 from milo_ray.execution.budget import BudgetLedger
 from milo_ray.execution.cluster import start_local
 from milo_ray.execution.scheduler import RolloutScheduler
-from milo_ray.execution.types import RolloutRequest, Task
 from milo_ray.harness.model import Harness
 from milo_ray.store import ParquetRunStore
 

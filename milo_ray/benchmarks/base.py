@@ -10,8 +10,9 @@ from __future__ import annotations
 
 from typing import Any, Protocol, runtime_checkable
 
-from milo_ray.execution.types import Task
+from milo_ray.core.tasks import Task
 from milo_ray.harness.model import Harness
+from milo_ray.harness.seeds import SEED_NAMES, resolve_seed
 
 
 class BenchmarkDataMissing(Exception):
@@ -69,7 +70,6 @@ def seed_names(seeds: Any, field: str = "benchmark.seeds") -> list[str] | None:
     taken from the working directory and stored absolute). ``ValueError`` names ``field``,
     the bad entry and the fix. The harness itself is validated before the run starts
     (``milo_ray.config_errors.check_seed_harnesses``)."""
-    from milo_ray.harness.seeds import SEED_NAMES, resolve_seed
 
     if not seeds:
         return None

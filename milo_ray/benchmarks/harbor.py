@@ -30,11 +30,12 @@ from typing import Any, Mapping
 from milo_ray.benchmarks.base import BenchmarkDataMissing, SplitTasks, seed_names
 from milo_ray.benchmarks.harbor_task import HarborTaskSpec, parse_task_dir, resolve_env
 from milo_ray.benchmarks.splits import resolve_splits
-from milo_ray.benchmarks.task_format import SETUP_ALLOWANCE_S, Verdict
+from milo_ray.benchmarks.task_format import SETUP_ALLOWANCE_S
+from milo_ray.core.tasks import Task, Verdict
 from milo_ray.execution.sandbox.base import LOGS_DIR, SOLUTION_DIR, TESTS_DIR, Sandbox, SandboxFactory, SandboxSpec
 from milo_ray.execution.shipping import ShippedTree
-from milo_ray.execution.types import Task
 from milo_ray.harness.model import Harness
+from milo_ray.harness.seeds import load_seeds
 
 BUNDLED_SUITE = Path(__file__).resolve().parent.parent / "data" / "harbor_tasks"
 VERIFIER_DIR = f"{LOGS_DIR}/verifier"
@@ -168,7 +169,7 @@ def task_root(task: Task) -> Path:
 
 
 class HarborFormat:
-    """The :class:`~milo_ray.benchmarks.task_format.TaskFormat` of Harbor task directories."""
+    """The :class:`~milo_ray.core.tasks.TaskFormat` of Harbor task directories."""
 
     name = "harbor"
 
@@ -304,11 +305,9 @@ class HarborBenchmark(SplitTasks):
         return Task(task_id=spec.task_id, split=split, instruction=spec.instruction,
                     time_cap_s=spec.agent_timeout_s, token_cap=self.token_cap,
                     metadata=spec.metadata(self._files[spec.task_id]),
-                    grading_cap_s=spec.verifier_timeout_s + SETUP_ALLOWANCE_S)
+                    grading_cap_s=spec.verifier_timeout_s + SETUP_ALLOWANCE_S, format=HARBOR)
 
     def seed_harnesses(self) -> list[Harness]:
-        from milo_ray.harness.seeds import load_seeds
-
         return load_seeds(self.seed_names)
 
     def unsupported_tasks(self, factory: SandboxFactory) -> list[str]:

@@ -3,7 +3,7 @@
 Two sources, one result (split name -> task ids, disjoint):
 
 * ``sizes``: fractions (floats, summing to at most 1) or counts (ints) per split,
-  drawn from the task ids shuffled with a seed (:func:`milo_ray.search.seeds.derive_seed`).
+  drawn from the task ids shuffled with a seed (:func:`milo_ray.core.seeds.derive_seed`).
   The ids are sorted before shuffling, so the result depends only on the set of ids and
   the seed -- not on directory listing or file order.
 * a split file: JSON or YAML mapping split -> list of task ids, used as written.
@@ -22,7 +22,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from milo_ray.search.seeds import derive_seed
+from milo_ray.core.seeds import derive_seed
 
 DEFAULT_SPLITS: dict[str, float] = {"search": 0.5, "val": 0.25, "test": 0.25}
 

@@ -23,14 +23,16 @@ from typing import Any
 
 import numpy as np
 
-from milo_ray.benchmarks.base import SplitTasks
 from milo_ray.benchmarks import surrogate_quality as Q
-from milo_ray.benchmarks.surrogate_calibration import (base_logits, calibrated_tasks, check_calibrate_to, quality,
-                                                       task_arrays)
+from milo_ray.benchmarks.base import SplitTasks
+from milo_ray.benchmarks.surrogate_calibration import (
+    base_logits, calibrated_tasks, check_calibrate_to, quality, task_arrays,
+)
 from milo_ray.benchmarks.surrogate_tasks import PRESETS, Preset, get_preset
-from milo_ray.execution.types import Task
+from milo_ray.core.tasks import Task
 from milo_ray.harness.mechanisms import MECHANISMS, detect_mechanisms
 from milo_ray.harness.model import Harness
+from milo_ray.harness.seeds import load_seeds
 
 __all__ = ["PRESETS", "SurrogateBenchmark", "base_logits", "calibrated_tasks", "task_arrays"]
 
@@ -76,8 +78,6 @@ class SurrogateBenchmark(SplitTasks):
                 "model": dataclasses.asdict(model_config(model))}
 
     def seed_harnesses(self) -> list[Harness]:
-        from milo_ray.harness.seeds import load_seeds
-
         return load_seeds(self.preset.seed_names)
 
     # -------------------------------------------------------------- GroundTruth

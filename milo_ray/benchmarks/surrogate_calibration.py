@@ -19,8 +19,9 @@ import numpy as np
 
 from milo_ray.benchmarks import surrogate_quality as Q
 from milo_ray.benchmarks.surrogate_tasks import assign_splits, generate_tasks, get_preset
-from milo_ray.execution.types import Task
+from milo_ray.core.tasks import Task
 from milo_ray.harness.mechanisms import FAILURE_MODES, detect_mechanisms
+from milo_ray.harness.seeds import load_seeds
 
 
 def base_logits(task_meta: dict[str, Any], offset: float) -> np.ndarray:
@@ -55,7 +56,6 @@ def check_calibrate_to(preset_name: str, calibrate_to: str | None) -> None:
 def calibrate_offset(preset_name: str, seed: int, calibrate_to: str | None = None) -> float:
     """The logit offset that puts the test resolve rate of ``calibrate_to`` (None: the best
     seed) on the preset's target."""
-    from milo_ray.harness.seeds import load_seeds
 
     check_calibrate_to(preset_name, calibrate_to)
     preset = get_preset(preset_name)

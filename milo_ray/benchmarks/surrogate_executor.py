@@ -15,11 +15,11 @@ from typing import Any
 
 import numpy as np
 
-from milo_ray.benchmarks import surrogate_quality as Q
-from milo_ray.benchmarks import surrogate_traces as TR
+from milo_ray.benchmarks import surrogate_quality as Q, surrogate_traces as TR
 from milo_ray.benchmarks.surrogate_calibration import calibrated_tasks, check_calibrate_to
 from milo_ray.benchmarks.surrogate_tasks import get_preset
-from milo_ray.execution.types import RolloutResult, Task
+from milo_ray.core.rollouts import RolloutResult
+from milo_ray.core.tasks import Task
 from milo_ray.harness.mechanisms import FAILURE_MODES, detect_mechanisms, parse_harness
 
 ENDINGS = ("success",) + FAILURE_MODES

@@ -32,10 +32,11 @@ from typing import Any, Mapping
 from milo_ray.benchmarks.base import BenchmarkDataMissing, SplitTasks
 from milo_ray.benchmarks.harbor import OUTPUT_CAP, diagnose, seed_names, tail, unsupported_tasks
 from milo_ray.benchmarks.splits import resolve_splits
-from milo_ray.benchmarks.task_format import SETUP_ALLOWANCE_S, Verdict
+from milo_ray.benchmarks.task_format import SETUP_ALLOWANCE_S
+from milo_ray.core.tasks import Task, Verdict
 from milo_ray.execution.sandbox.base import SOLUTION_DIR, TESTS_DIR, Sandbox, SandboxFactory, SandboxSpec
-from milo_ray.execution.types import Task
 from milo_ray.harness.model import Harness
+from milo_ray.harness.seeds import load_seeds
 
 _STATUSES = ("PASSED", "FAILED", "ERROR", "XFAIL", "XPASS", "SKIPPED")
 _PASSING = {"PASSED", "XFAIL"}
@@ -141,7 +142,7 @@ def _patched_files(diff: str) -> list[str]:
 
 
 class SweFormat:
-    """The :class:`~milo_ray.benchmarks.task_format.TaskFormat` of SWE-style rows."""
+    """The :class:`~milo_ray.core.tasks.TaskFormat` of SWE-style rows."""
 
     name = "swe"
 
@@ -285,11 +286,9 @@ class SweBenchmark(SplitTasks):
         instruction = meta.pop("problem_statement")
         return Task(task_id=meta["instance_id"], split=split, instruction=instruction, time_cap_s=self.time_cap_s,
                     token_cap=self.token_cap, metadata=meta,
-                    grading_cap_s=float(meta["verifier_timeout_s"]) + SETUP_ALLOWANCE_S)
+                    grading_cap_s=float(meta["verifier_timeout_s"]) + SETUP_ALLOWANCE_S, format=SWE)
 
     def seed_harnesses(self) -> list[Harness]:
-        from milo_ray.harness.seeds import load_seeds
-
         return load_seeds(self.seed_names)
 
     def unsupported_tasks(self, factory: SandboxFactory) -> list[str]:

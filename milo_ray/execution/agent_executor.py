@@ -33,7 +33,7 @@ crashes, or whose process breaks the trajectory protocol is a harness failure
 (``error_kind="harness"``; the workspace is still graded); a verifier that produces no
 reward is a task failure (``"task"``). A model endpoint that keeps failing after the
 gateway's retries (429, 5xx, connection errors, timeouts) raises
-:class:`~milo_ray.execution.types.InfraFailure` out of :meth:`aexecute` with the calls
+:class:`~milo_ray.core.rollouts.InfraFailure` out of :meth:`aexecute` with the calls
 the attempt made: an infrastructure failure, which the scheduler retries and finally
 records as ``"infra"``. (The gateway, not the harness, says whether the endpoint failed.)
 
@@ -56,21 +56,20 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from milo_ray.execution.types import InfraFailure, RolloutResult, Task
+from milo_ray.core.rollouts import InfraFailure, RolloutResult
+from milo_ray.core.tasks import Task, format_of
+from milo_ray.execution.gateway.run_budget import current_rollout_budget
+from milo_ray.execution.harness_process_host import HarnessProcess, harness_binds, harness_dir_of
+from milo_ray.execution.harness_process_pool import WarmPool, parse_size
+from milo_ray.execution.sandbox.interpreter import with_interpreter
+from milo_ray.execution.sandbox.runtime_code import write_harness
+from milo_ray.execution.trajectory import trajectory
 
 log = logging.getLogger(__name__)
 
 AGENTS = ("harness", "oracle")
 # Recorded for the oracle "model": no model is called.
 ORACLE_MODEL_ID = "oracle"
-
-
-def is_endpoint_error(exc: BaseException) -> bool:
-    """Whether ``exc`` is the model endpoint failing rather than the caller's own code
-    (see :func:`milo_ray.execution.harness_process.is_endpoint_error`)."""
-    from milo_ray.execution.harness_process import is_endpoint_error as check
-
-    return check(exc)
 
 
 class AgentExecutor:
@@ -116,8 +115,6 @@ class AgentExecutor:
         self.model_id = ORACLE_MODEL_ID if agent == "oracle" else self.model.id
         self.sandbox = build_factory(sandbox)
         if agent == "harness":
-            from milo_ray.execution.sandbox.interpreter import with_interpreter
-
             # The harness process runs on this interpreter, shown read-only inside.
             self.sandbox = with_interpreter(self.sandbox)
         self.recursion_limit = int(recursion_limit)
@@ -125,7 +122,6 @@ class AgentExecutor:
         self.startup_timeout_s = float(startup_timeout_s)
         self.scratch_dir = scratch_dir
         self.keep_scratch = bool(keep_scratch)
-        from milo_ray.execution.harness_process_pool import WarmPool, parse_size
 
         warm = parse_size(warm_processes)
         if warm == "auto" and getattr(self.sandbox, "binds_at_open", False):
@@ -158,7 +154,6 @@ class AgentExecutor:
     def unsupported_tasks(self, tasks: list[Task]) -> list[str]:
         """One line per task this executor's sandbox cannot run (e.g. a Dockerfile with
         RUN steps under ``sandbox=bwrap``), or a task the oracle cannot solve."""
-        from milo_ray.benchmarks.task_format import format_of
 
         problems = []
         for task in tasks:
@@ -216,8 +211,6 @@ class AgentExecutor:
         return asyncio.run(self.aexecute(harness, task, rollout_idx, seed))
 
     async def aexecute(self, harness: Any, task: Task, rollout_idx: int, seed: int) -> RolloutResult:
-        from milo_ray.benchmarks.task_format import format_of
-
         fmt = format_of(task)
         spec = fmt.sandbox_spec(task)
         spare = None
@@ -258,8 +251,6 @@ class AgentExecutor:
         gateway is started, so that both exist to be mounted."""
         if self.agent != "harness" or not getattr(self.sandbox, "binds_at_open", False):
             return {}
-        from milo_ray.execution.harness_process_host import harness_binds, harness_dir_of
-        from milo_ray.execution.sandbox.runtime_code import write_harness
 
         gateway = await self.gateway()
         where = await asyncio.to_thread(write_harness, harness, harness_dir_of(scratch))
@@ -307,12 +298,10 @@ class AgentExecutor:
             await asyncio.to_thread(sandbox.interrupt)
             return _AgentRun(status="oracle", seconds=time.time() - started, error=error,
                              error_kind="task" if error else None)
-        from milo_ray.execution.harness_process_host import HarnessProcess
 
         if not getattr(self.sandbox, "hosts_harness", False):
             raise ValueError(f"sandbox={getattr(self.sandbox, 'name', '?')} cannot host the harness process "
                              "(executor.agent=harness); use sandbox=bwrap or sandbox=docker")
-        from milo_ray.execution.gateway.run_budget import current_rollout_budget
 
         gateway = await self.gateway()
         token_cap = int(task.token_cap) if task.token_cap and task.token_cap > 0 else None
@@ -375,8 +364,6 @@ class _AgentRun:
         self.warm = False  # the harness process was started ahead (harness_process_pool)
 
     def result(self, harness_id: str, task: Task, rollout_idx: int, verdict: Any, model_id: str) -> RolloutResult:
-        from milo_ray.execution.trajectory import trajectory
-
         error_kind, error = self.error_kind, self.error
         if verdict.error:  # the verifier failing is the task's failure, whatever the agent did
             error_kind, error = "task", f"{error}; verifier: {verdict.error}" if error else verdict.error
@@ -401,8 +388,6 @@ class _AgentRun:
 
 
 def _solve(task: Task, sandbox: Any) -> str | None:
-    from milo_ray.benchmarks.task_format import format_of
-
     return format_of(task).solve(task, sandbox)
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any, Iterable
 
-from milo_ray.execution.types import RolloutResult
+from milo_ray.core.rollouts import RolloutResult
 
 
 class ResultCache:

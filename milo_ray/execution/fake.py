@@ -32,7 +32,8 @@ from typing import Any
 
 import numpy as np
 
-from milo_ray.execution.types import RolloutResult, Task
+from milo_ray.core.rollouts import RolloutResult
+from milo_ray.core.tasks import Task
 
 
 class SimulatedInfraError(RuntimeError):

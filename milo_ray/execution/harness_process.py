@@ -34,19 +34,11 @@ import sys
 import traceback
 from typing import Any, TextIO
 
+from milo_ray.core.failures import is_endpoint_error
+
 # One "steps" line carries at most this many characters of steps (the host refuses
 # longer lines); a longer update is split over several lines.
 LINE_BUDGET_CHARS = 1_000_000
-
-
-def is_endpoint_error(exc: BaseException) -> bool:
-    """Whether ``exc`` is the model endpoint failing (litellm/openai/httpx errors: rate
-    limits, server errors, timeouts, refused connections, bad credentials) rather than
-    the harness's own code."""
-    for cls in type(exc).__mro__:
-        if cls.__module__.split(".")[0] in ("litellm", "openai", "httpx", "httpcore"):
-            return True
-    return False
 
 
 class _Out:

@@ -20,7 +20,7 @@ token). Answers come back as ChatLiteLLM returned them: an ``AIMessage`` with ``
 turn), and ``response_metadata`` with ``model_name`` and ``finish_reason``. A gateway
 refusal or upstream failure raises :class:`httpx.HTTPStatusError` carrying the gateway's
 message (an endpoint error, not the harness's: see
-:func:`milo_ray.execution.harness_process.is_endpoint_error`).
+:func:`milo_ray.core.failures.is_endpoint_error`).
 
 A harness that wants litellm's own class can still import it (and pays its import).
 """

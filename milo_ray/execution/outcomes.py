@@ -19,7 +19,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from milo_ray.execution.types import RolloutRequest, RolloutResult, Task
+from milo_ray.core.rollouts import RolloutRequest, RolloutResult
+from milo_ray.core.tasks import Task
 
 if TYPE_CHECKING:  # workers.py imports Ray; this module needs only the type
     from milo_ray.execution.workers import Outcome

@@ -21,7 +21,7 @@ import threading
 import time
 from typing import Any
 
-from milo_ray.execution.types import RolloutResult
+from milo_ray.core.rollouts import RolloutResult
 
 log = logging.getLogger(__name__)
 

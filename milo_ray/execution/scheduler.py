@@ -47,21 +47,16 @@ from typing import Any, AsyncIterator, Iterable, Mapping
 
 from ray.exceptions import RayError
 
+from milo_ray.core.rollouts import RolloutRequest, RolloutResult
+from milo_ray.core.tasks import Task
 from milo_ray.execution.budget import BudgetExceeded, BudgetLedger
 from milo_ray.execution.cache import ResultCache
 from milo_ray.execution.cluster import SLOT_RESOURCE
 from milo_ray.execution.dispatch import Dispatch, GroupLimits
-from milo_ray.execution.outcomes import (
-    RetryPolicy,
-    attempt_error,
-    fill_bookkeeping,
-    infra_result,
-    timed_out_result,
-)
+from milo_ray.execution.outcomes import RetryPolicy, attempt_error, fill_bookkeeping, infra_result, timed_out_result
 from milo_ray.execution.pool import WorkerPool
 from milo_ray.execution.progress import RolloutProgress
 from milo_ray.execution.spend import SchedulerSpend
-from milo_ray.execution.types import RolloutRequest, RolloutResult, Task
 from milo_ray.execution.workers import Item, Outcome, WorkerHandle, aget
 
 log = logging.getLogger(__name__)

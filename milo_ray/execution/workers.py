@@ -46,8 +46,9 @@ from typing import Any, Collection, Mapping
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
+from milo_ray.core.rollouts import RolloutResult
+from milo_ray.core.tasks import Task
 from milo_ray.execution.gateway.run_budget import RolloutBudget, current_rollout_budget
-from milo_ray.execution.types import RolloutResult, Task
 
 log = logging.getLogger(__name__)
 
@@ -92,7 +93,7 @@ def build_executor(executor_config: Any) -> Any:
     if not callable(getattr(executor, "execute", None)) and not callable(getattr(executor, "aexecute", None)):
         raise TypeError(
             f"executor_config built {type(executor).__name__!r}, which has neither execute() nor aexecute(); "
-            "point _target_ at an Executor (milo_ray.execution.types.Executor)"
+            "point _target_ at an Executor (milo_ray.core.executor.Executor)"
         )
     return executor
 

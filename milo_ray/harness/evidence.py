@@ -27,7 +27,8 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
-from milo_ray.execution.types import RolloutResult, Task
+from milo_ray.core.rollouts import RolloutResult
+from milo_ray.core.tasks import Task
 
 
 def _trace(result: RolloutResult, store: Any) -> dict[str, Any] | None:

@@ -50,6 +50,8 @@ from typing import Any
 
 import numpy as np
 
+from milo_ray.execution.sandbox.interpreter import interpreter_env, interpreter_paths
+from milo_ray.execution.sandbox.runtime_code import runtime_code_dir, write_harness
 from milo_ray.harness._validate_child import ENTRIES
 from milo_ray.harness.model import Harness
 
@@ -287,8 +289,6 @@ def sandbox_factory_from(node: Any) -> Any:
 
 def _spec(task_id: str, host_dir: Path | None, memory_mb: int | None) -> Any:
     from milo_ray.execution.sandbox.base import SandboxSpec
-    from milo_ray.execution.sandbox.interpreter import interpreter_env, interpreter_paths
-    from milo_ray.execution.sandbox.runtime_code import runtime_code_dir
 
     # The package as a private copy of its code (never the checkout, whose data holds the
     # bundled tasks' tests and solutions), importable first.
@@ -326,8 +326,6 @@ def _validate_in_sandbox(factory: Any, harness: Harness, entry: str, timeout_s: 
     scratch = Path(tempfile.mkdtemp(prefix="milo_ray_validate_scratch_"))
     sandbox = None
     try:
-        from milo_ray.execution.sandbox.runtime_code import write_harness
-
         # World-readable: the sandbox's commands run as an unprivileged user.
         os.chmod(host_dir, 0o755)
         write_harness(harness, host_dir / "src")

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from milo_ray.agents.protocols import MutationRequest
+from milo_ray.core.seeds import derive_seed
 from milo_ray.harness.model import Harness
 from milo_ray.milo.evaluate import Evaluation, empty_dir, evaluate, write_request_record
 from milo_ray.milo.events import HeldOut
@@ -23,7 +24,6 @@ from milo_ray.milo.lineage import LineageNode
 from milo_ray.milo.records import build_node, record_node
 from milo_ray.milo.view import PopulationView
 from milo_ray.search.mutation import MutationOutcome
-from milo_ray.search.seeds import derive_seed
 
 
 def group(island: int | str) -> str:

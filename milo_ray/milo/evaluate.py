@@ -18,7 +18,8 @@ from typing import Any, Sequence
 import numpy as np
 
 from milo_ray.agents.protocols import MutationRequest
-from milo_ray.execution.types import RolloutRequest, RolloutResult
+from milo_ray.core.rollouts import RolloutRequest, RolloutResult
+from milo_ray.harness.evidence import write_evidence_dir
 from milo_ray.harness.model import Harness
 from milo_ray.kernels.pareto import fitness_vectors
 from milo_ray.milo.lineage import COST_AXES
@@ -99,7 +100,6 @@ def write_evidence(run_dir: Path, harness: Harness, results: Sequence[RolloutRes
                    store: Any) -> Path:
     """The evidence directory mutators read (report.md, ctrf.json, traces/...)."""
     path = harness_dir(run_dir, harness.harness_id) / "evidence"
-    from milo_ray.harness.evidence import write_evidence_dir
 
     return Path(write_evidence_dir(path, harness, list(results), list(tasks), store))
 

@@ -26,8 +26,9 @@ from typing import Any
 import numpy as np
 
 from milo_ray.context import RunContext
+from milo_ray.core.seeds import derive_seed
 from milo_ray.execution.budget import BudgetExceeded
-from milo_ray.execution.cluster import driver_node
+from milo_ray.execution.cluster import driver_node, ensure_connected
 from milo_ray.harness.model import Harness
 from milo_ray.kernels.pareto import most_dissimilar
 from milo_ray.milo.children import admit_child, eval_search, heldout, mutation_request
@@ -39,9 +40,8 @@ from milo_ray.milo.records import build_node, node_row_key, record_node, write_m
 from milo_ray.milo.state import MiloState
 from milo_ray.search.agent_calls import spec_model
 from milo_ray.search.events import Event, EventLog
-from milo_ray.search.recording import HarnessRecorder
 from milo_ray.search.mutation import MutationOutcome, ValidationOptions, keep_artifacts, ship_files
-from milo_ray.search.seeds import derive_seed
+from milo_ray.search.recording import HarnessRecorder
 
 log = logging.getLogger(__name__)
 
@@ -69,8 +69,6 @@ class MiloMethod:
         self.cfg.for_run(benchmark, agents)
 
     def run(self, ctx: RunContext) -> dict[str, Any]:
-        from milo_ray.execution.cluster import ensure_connected
-
         ensure_connected()
         return asyncio.run(MiloRun(self.cfg, ctx).main())
 

@@ -33,7 +33,7 @@ from milo_ray.milo.render import render_population
 from milo_ray.milo.view import PopulationView
 from milo_ray.search.agent_calls import spec_model
 from milo_ray.search.mutation import MutationOutcome, run_mutation_async
-from milo_ray.search.seeds import derive_seed
+from milo_ray.core.seeds import derive_seed
 
 
 def _agent_name(agent: Any) -> str:

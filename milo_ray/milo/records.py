@@ -16,6 +16,7 @@ import json
 import time
 from typing import Any
 
+from milo_ray.harness.diff import diff
 from milo_ray.harness.model import Harness
 from milo_ray.milo.evaluate import Evaluation, write_evidence, write_harness_dir
 from milo_ray.milo.events import NodeRecorded
@@ -32,8 +33,6 @@ def build_node(run: PopulationView, *, node_id: str, h: Harness | None, island: 
                     origin=origin, parent=parent.node_id if parent else None, name=h.name if h else "",
                     search_version=run.state.version)
     if h is not None:
-        from milo_ray.harness.diff import diff
-
         patch = diff(run.harness(parent), h) if parent else None
         hd, diff_path = write_harness_dir(run.run_dir, h, patch.patch if patch else None,
                                           parent_id=parent.harness_id if parent else "")

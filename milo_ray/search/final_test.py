@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 from milo_ray.benchmarks.base import GroundTruth
-from milo_ray.execution.types import RolloutRequest
+from milo_ray.core.rollouts import RolloutRequest
 from milo_ray.harness.model import Harness
 from milo_ray.search.scores import HarnessScore, summarize
 

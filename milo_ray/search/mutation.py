@@ -55,10 +55,12 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping, Sequence
 
+from milo_ray.agents.llm import use_secrets
 from milo_ray.agents.protocols import MutationRequest, MutationResult
 from milo_ray.agents.usage import AgentUsage
 from milo_ray.execution.shipping import ShippingError
 from milo_ray.harness.model import ENTRY_FILE, Harness
+from milo_ray.harness.validate import sandbox_factory_from, validate
 from milo_ray.search.mutation_files import ShippedFiles, _artifacts, keep_artifacts, ship_files
 
 # After the cap (agent) or the validation limit, a Ray caller waits this much longer
@@ -337,7 +339,6 @@ def _validate(child: Harness, parent: Harness, options: ValidationOptions) -> st
     with _VERDICTS_LOCK:
         if key in _VERDICTS:
             return _VERDICTS[key]
-    from milo_ray.harness.validate import validate
 
     v = validate(child, forbidden_fragments=options.forbidden, timeout_s=options.timeout_s, entry=options.entry,
                  sandbox=_validation_sandbox(options.sandbox))
@@ -359,8 +360,6 @@ def _validation_sandbox(node: Any) -> Any:
     key = json.dumps(node, sort_keys=True, default=str)
     with _SANDBOXES_LOCK:
         if key not in _SANDBOXES:
-            from milo_ray.harness.validate import sandbox_factory_from
-
             _SANDBOXES[key] = sandbox_factory_from(node)
         return _SANDBOXES[key]
 
@@ -370,8 +369,6 @@ def _validation_sandbox(node: Any) -> Any:
 def _streaming_body(spec: Any, request: MutationRequest, validation: ValidationOptions | None, call: str,
                     shipped: ShippedFiles | None, scope: str | None,
                     secrets: Mapping[str, str] | None = None) -> Iterator[Any]:
-    from milo_ray.agents.llm import use_secrets
-
     with use_secrets(secrets):
         yield from _mutation_steps(spec, request, time_cap_s=None, validation=validation, call=call,
                                    shipped=shipped, scope=scope)

@@ -9,7 +9,7 @@ from typing import Any, Iterable, Sequence
 
 import numpy as np
 
-from milo_ray.execution.types import RolloutResult
+from milo_ray.core.rollouts import RolloutResult
 from milo_ray.harness.model import Harness
 from milo_ray.kernels.metrics import clustered_ci, pass_at_k, pr_at_k, rr_at_k
 

@@ -23,6 +23,9 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from milo_ray.core.seeds import derive_seed
+from milo_ray.harness.diff import diff
+from milo_ray.harness.validate import forbidden_fragments_for, validate
 from milo_ray.ssr.racing import Race, RaceCandidate, RaceConfig, UniformRace, keep_count
 
 
@@ -199,10 +202,7 @@ def generate_surrogate_matrix(benchmark: Any, *, executor: Any, optimizer: Any, 
 
     from milo_ray.agents.protocols import MutationRequest
     from milo_ray.execution.workers import build_executor
-    from milo_ray.harness.diff import diff
-    from milo_ray.harness.validate import forbidden_fragments_for, validate
     from milo_ray.ssr import evidence as ev
-    from milo_ray.search.seeds import derive_seed
 
     audit_set = audit_tasks(benchmark, audit_splits)
     executor = build_executor(executor)

@@ -19,9 +19,10 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from milo_ray.agents.protocols import MutationRequest
+from milo_ray.core.seeds import derive_seed
+from milo_ray.harness.evidence import write_evidence_dir
 from milo_ray.harness.model import Harness
 from milo_ray.search.agent_calls import spec_model
-from milo_ray.search.seeds import derive_seed
 from milo_ray.ssr import evidence as ev
 from milo_ray.ssr.candidates import CandidateJob, generate_candidates
 from milo_ray.ssr.events import CandidateDrawn, SSREvent
@@ -174,8 +175,6 @@ class _Requests:
         return CandidateJob(i, job.scale, replace(job.request, seed=seed))
 
     def _build(self, i: int) -> CandidateJob:
-        from milo_ray.harness.evidence import write_evidence_dir
-
         if self._parent_dir is None:
             self._parent_dir = self.parent.write_to(self.rdir / "parent")
         tasks = self.sets[i]

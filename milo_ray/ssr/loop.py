@@ -48,18 +48,21 @@ from typing import Any
 
 import numpy as np
 
+from milo_ray.core.rollouts import RolloutRequest
+from milo_ray.core.seeds import derive_seed
 from milo_ray.execution.budget import BudgetExceeded
-from milo_ray.execution.types import RolloutRequest
+from milo_ray.harness.diff import diff
 from milo_ray.harness.model import Harness
-from milo_ray.search.seeds import derive_seed
-from milo_ray.ssr import evidence as ev
+from milo_ray.harness.validate import forbidden_fragments_for
+from milo_ray.search.events import Event, EventLog
 from milo_ray.search.mutation import build_agent
+from milo_ray.ssr import evidence as ev
 from milo_ray.ssr.children import ChildMaker
 from milo_ray.ssr.config import SSRConfig
-from milo_ray.search.events import Event, EventLog
-from milo_ray.ssr.events import (SSR_EVENTS, CandidatesChosen, RefreshAborted, Refreshed, RefreshUnaffordable,
-                                 ResumeMarker, RoleBudget, RoundStarted, Selection, StageAborted, StageResult,
-                                 StageStarted, Stopped, Summarized)
+from milo_ray.ssr.events import (
+    SSR_EVENTS, CandidatesChosen, RefreshAborted, RefreshUnaffordable, Refreshed, ResumeMarker, RoleBudget,
+    RoundStarted, Selection, StageAborted, StageResult, StageStarted, Stopped, Summarized,
+)
 from milo_ray.ssr.judging import judge_round
 from milo_ray.ssr.racing import Race, RaceCandidate, RaceConfig, UniformRace
 from milo_ray.ssr.state import RecordedRun, check_parent, check_stage
@@ -112,7 +115,6 @@ class _SSRRun:
         self.cap = getattr(self.sched.budget, "executions", None)
         self.keys: set[str] = set()  # distinct rollouts this run asked for under the budget
         self.out = StoreWriter(self.store, resumed=bool(ctx.resumed))
-        from milo_ray.harness.validate import forbidden_fragments_for
 
         # What earlier sessions decided; kept current as this session decides more. A resumed
         # run re-walks its recorded decisions: their rows are stored already (write once).
@@ -213,7 +215,6 @@ class _SSRRun:
     def _candidates(self, parent: Harness, ev_state: dict, rnd: int) -> tuple[list[RaceCandidate], int] | None:
         """The children that race this round and how many were generated (M), or None
         when the optimizer's cap refuses a round not yet started."""
-        from milo_ray.harness.diff import diff
 
         cfg, rec = self.cfg, self.recorded.round(rnd)
         if not rec.draws and not self._role_allows("optimizer", parent, rnd):

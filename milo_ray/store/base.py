@@ -11,7 +11,7 @@ from typing import Any, Iterable, Protocol, runtime_checkable
 
 import pyarrow as pa
 
-from milo_ray.execution.types import RolloutResult
+from milo_ray.core.rollouts import RolloutResult
 
 TABLES: tuple[str, ...] = ("rollouts", "harnesses", "events", "experience", "agent_calls")
 

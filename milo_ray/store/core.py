@@ -33,7 +33,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from milo_ray import redaction
-from milo_ray.execution.types import RolloutResult
+from milo_ray.core.rollouts import RolloutResult
 from milo_ray.store import blobs, schema
 
 _RESULT_FIELDS = tuple(f.name for f in fields(RolloutResult) if f.name != "trace")

@@ -25,7 +25,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
-from milo_ray.sweep.jobs import JobOutcome, JobRunner, JobSpec
+from milo_ray.config_errors import set_jobs_launched
+from milo_ray.sweep.jobs import SUCCEEDED, JobOutcome, JobRunner, JobSpec
+from milo_ray.sweep.local_ray import local_ray, use_configured_token
 from milo_ray.sweep.points import SweepPoint, compose_points, expand, job_overrides
 from milo_ray.sweep.settings import LauncherSettings, default_max_concurrent
 
@@ -99,8 +101,6 @@ class SweepLauncher:
         head = None
         try:
             if local:
-                from milo_ray.sweep.local_ray import local_ray
-
                 execution = points[0].config.execution
                 head = local_ray(join_running=bool(execution.join_running), num_cpus=execution.num_cpus,
                                  log_path=sweep_dir / LOGS_DIR / "ray_head.log")
@@ -108,8 +108,6 @@ class SweepLauncher:
                 _say(f"sweep: started a Ray head for the sweep, dashboard {url} (stopped when the sweep ends)"
                      if head.started_here else f"sweep: joined the Ray running on this machine, dashboard {url}")
             else:
-                from milo_ray.sweep.local_ray import use_configured_token
-
                 use_configured_token()
                 url = str(self.settings.address)
             result = self._run(points, url, sweep_dir, local)
@@ -120,8 +118,6 @@ class SweepLauncher:
 
     def _run(self, points: list[SweepPoint], url: str, sweep_dir: Path, local: bool) -> SweepResult:
         from ray.job_submission import JobSubmissionClient
-
-        from milo_ray.config_errors import set_jobs_launched
 
         s = self.settings
         client = JobSubmissionClient(url)
@@ -159,7 +155,6 @@ class SweepLauncher:
     def _summary_on_cluster(self, client: Any, sweep_dir: Path, outcomes: list[JobOutcome], python: str,
                             runtime_env: dict | None) -> dict[str, Any]:
         """Write the summary where the run directories are: as one more job on the cluster."""
-        from milo_ray.sweep.jobs import SUCCEEDED
         from milo_ray.sweep.summary import pack_outcomes
 
         command = shlex.join([python, "-m", "milo_ray.sweep.summary", str(sweep_dir), pack_outcomes(outcomes)])

@@ -28,6 +28,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from milo_ray.execution.cluster import join, quiet_token_auth_notice
+
 log = logging.getLogger(__name__)
 
 _START_TIMEOUT_S = 180.0  # a loaded 2-core machine takes tens of seconds to bring a head up
@@ -96,8 +98,6 @@ def _enable_token_auth_for_new_head() -> None:
     from ray._private.authentication.authentication_token_setup import (enable_token_auth_by_default,
                                                                          ensure_token_if_auth_enabled)
 
-    from milo_ray.execution.cluster import quiet_token_auth_notice
-
     quiet_token_auth_notice()
     if enable_token_auth_by_default():  # respects RAY_AUTH_MODE when set
         ensure_token_if_auth_enabled(None, create_token_if_missing=True)
@@ -114,8 +114,6 @@ def use_configured_token() -> None:
 def _dashboard_of(address: str) -> str:
     """The dashboard URL of a running Ray (joined briefly as a driver to ask)."""
     import ray
-
-    from milo_ray.execution.cluster import join
 
     use_configured_token()
     join(address)

@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-from milo_ray.config_errors import UserError, override_key
+from milo_ray.config_errors import UserError, check_known_keys, explain, override_key
 
 BASIC_SWEEPER = "hydra._internal.core_plugins.basic_sweeper.BasicSweeper"
 # Settings of the one Ray a sweep's jobs share (a job's driver joins it, so these cannot
@@ -53,7 +53,6 @@ def expand(config: Any, config_loader: Any) -> list[list[str]]:
 
 def check_point(cfg: Any) -> None:
     """The checks ``python -m milo_ray.run`` makes before it writes anything (``UserError``)."""
-    from milo_ray.config_errors import check_known_keys
     from milo_ray.run import prepare_run
 
     if cfg.run.resume:
@@ -66,7 +65,6 @@ def check_point(cfg: Any) -> None:
 def compose_points(config: Any, config_loader: Any, job_overrides: Sequence[Sequence[str]],
                    initial_job_idx: int = 0) -> list[SweepPoint]:
     """Compose and check every point; raises :class:`SweepRefused` at the first bad one."""
-    from milo_ray.config_errors import explain
     from milo_ray.run import CONF_DIR
 
     points = []

@@ -27,6 +27,7 @@ from typing import Any, Sequence
 
 import pandas as pd
 
+from milo_ray.report import write_comparison
 from milo_ray.sweep.jobs import JobOutcome
 
 log = logging.getLogger(__name__)
@@ -135,8 +136,6 @@ def write_summary(sweep_dir: str | Path, outcomes: Sequence[JobOutcome]) -> dict
     comparison, why = None, None
     if frame["run_status"].notna().any():
         try:
-            from milo_ray.report import write_comparison
-
             comparison = write_comparison([sweep_dir], sweep_dir / COMPARISON_DIR)
             paths["comparison"] = comparison
         except Exception as exc:  # the summary stands without the page; say why

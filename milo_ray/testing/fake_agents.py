@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from milo_ray.agents.llm import secret
 from milo_ray.agents.protocols import MutationRequest, MutationResult
 from milo_ray.agents.usage import AgentUsage
 from milo_ray.harness.model import ENTRY_FILE, Harness
@@ -124,8 +125,6 @@ class EnvReportingMutator:
 
     def mutate(self, request: MutationRequest) -> MutationResult:
         import os
-
-        from milo_ray.agents.llm import secret
 
         value = secret(self.variable) or "<unset>"
         in_env = "in-env" if self.variable in os.environ else "not-in-env"

@@ -20,7 +20,9 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from milo_ray.execution.types import RolloutResult, Task
+from milo_ray.core.rollouts import RolloutResult
+from milo_ray.core.tasks import Task
+from milo_ray.execution.gateway.run_budget import current_rollout_budget
 
 
 class GatewayLoopExecutor:
@@ -56,8 +58,6 @@ class GatewayLoopExecutor:
 
     async def aexecute(self, harness: Any, task: Task, rollout_idx: int, seed: int) -> RolloutResult:
         import aiohttp
-
-        from milo_ray.execution.gateway.run_budget import current_rollout_budget
 
         gateway = await self._gateway_on_loop()
         grant = gateway.issue(f"{harness.harness_id}/{task.task_id}", call_cap=self.most_calls,

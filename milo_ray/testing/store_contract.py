@@ -17,10 +17,11 @@ import duckdb
 import pyarrow as pa
 import pytest
 
-from milo_ray.execution.types import RolloutResult
+from milo_ray import redaction
+from milo_ray.core.rollouts import RolloutResult
 from milo_ray.store.base import TABLES, RunStore
 from milo_ray.store.core import StoreClosed
-from milo_ray.store.schema import SCHEMA_VERSION, SCHEMAS
+from milo_ray.store.schema import SCHEMAS, SCHEMA_VERSION
 
 
 def make_result(i: int, *, harness="h0", error_kind=None, trace=True, score=None) -> RolloutResult:
@@ -310,7 +311,6 @@ class RunStoreContract:
         """Rows (top-level and nested payloads), rollout errors and traces, blobs of every
         type and the manifest never keep a registered key value, in any backend; a value
         shorter than MIN_SECRET_CHARS is left alone."""
-        from milo_ray import redaction
 
         canary = "sk-canary-" + "7f3a" * 6
         quoted = 'sk-"quoted\\canary-0123456789'

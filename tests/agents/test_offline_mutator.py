@@ -9,7 +9,7 @@ from milo_ray.agents.mutators import OfflineCandidateOptimizer, OfflineMutator
 from milo_ray.agents.protocols import MutationRequest
 from milo_ray.benchmarks import surrogate_traces as TR
 from milo_ray.benchmarks.surrogate import SurrogateBenchmark
-from milo_ray.execution.types import RolloutResult
+from milo_ray.core.rollouts import RolloutResult
 from milo_ray.harness.evidence import write_evidence_dir
 from milo_ray.harness.mechanisms import FAILURE_MODES, MECHANISMS, detect_mechanisms
 from milo_ray.harness.seeds import load_seeds

@@ -11,7 +11,8 @@ import pytest
 
 from milo_ray.agents.mutators.program import OfflineProgramMutator, key_class, parse_program, perturb, rejected_atoms
 from milo_ray.agents.protocols import MutationRequest
-from milo_ray.execution.types import RolloutResult, Task
+from milo_ray.core.rollouts import RolloutResult
+from milo_ray.core.tasks import Task
 from milo_ray.harness.evidence import write_evidence_dir
 from milo_ray.harness.model import Harness
 

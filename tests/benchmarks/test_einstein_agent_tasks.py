@@ -16,7 +16,7 @@ import pytest
 from milo_ray.benchmarks.einstein import score, start_values
 from milo_ray.benchmarks.einstein.agent_tasks import EINSTEIN_AGENT, EinsteinAgentBenchmark
 from milo_ray.benchmarks.einstein.benchmark import SEEDS_DIR
-from milo_ray.benchmarks.task_format import format_of
+from milo_ray.core.tasks import format_of
 
 bwrap = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap is not installed")
 

@@ -12,7 +12,7 @@ import pytest
 
 from milo_ray.benchmarks.harbor import HARBOR, HarborBenchmark, read_reward
 from milo_ray.benchmarks.harbor_task import analyze_dockerfile, parse_size_mb
-from milo_ray.benchmarks.task_format import format_of
+from milo_ray.core.tasks import format_of
 
 needs_bwrap = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bwrap not installed")
 

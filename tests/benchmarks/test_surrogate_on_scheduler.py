@@ -6,8 +6,8 @@ from __future__ import annotations
 from collections import Counter
 
 from milo_ray.benchmarks.surrogate import SurrogateBenchmark
+from milo_ray.core.rollouts import RolloutRequest
 from milo_ray.execution.scheduler import RolloutScheduler
-from milo_ray.execution.types import RolloutRequest
 from milo_ray.store import MemoryRunStore
 
 COLUMNS = ("cache_key", "harness_id", "task_id", "rollout_idx", "score", "input_tokens", "output_tokens",

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from milo_ray.benchmarks.swe import SWE, SweBenchmark, parse_pytest_log
-from milo_ray.benchmarks.task_format import format_of
+from milo_ray.core.tasks import format_of
 
 needs_bwrap = pytest.mark.skipif(shutil.which("bwrap") is None or shutil.which("git") is None,
                                  reason="bwrap and git needed")

@@ -148,7 +148,7 @@ class _WaveScheduler:
         pass
 
     def run(self, requests):
-        from milo_ray.execution.types import RolloutResult
+        from milo_ray.core.rollouts import RolloutResult
 
         self.waves.append(len(requests))
         self.ctx_box[0].deadline = time.monotonic() - 1.0

@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 
 from milo_ray.benchmarks.einstein.problems import ANCHORS, score
+from milo_ray.core.rollouts import RolloutResult
 from milo_ray.einstein import best_records, main
-from milo_ray.execution.types import RolloutResult
 from milo_ray.store import ParquetRunStore
 
 ROOT = Path(__file__).resolve().parents[2]

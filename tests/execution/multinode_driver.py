@@ -21,9 +21,10 @@ import time
 
 import ray
 
+from milo_ray.core.rollouts import RolloutRequest
+from milo_ray.core.tasks import Task
 from milo_ray.execution.cluster import SLOT_RESOURCE, join
 from milo_ray.execution.scheduler import RolloutScheduler
-from milo_ray.execution.types import RolloutRequest, Task
 from milo_ray.harness.model import Harness
 from milo_ray.store import MemoryRunStore
 

@@ -11,8 +11,8 @@ import shutil
 import pytest
 
 from milo_ray.benchmarks.harbor import HarborBenchmark
+from milo_ray.core.rollouts import RolloutRequest
 from milo_ray.execution.agent_executor import AgentExecutor
-from milo_ray.execution.types import RolloutRequest
 from milo_ray.harness.seeds import SEED_NAMES, load_seeds
 from milo_ray.store import MemoryRunStore
 from milo_ray.testing.openai_server import ScriptedOpenAIServer, error

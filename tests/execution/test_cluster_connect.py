@@ -27,7 +27,8 @@ def test_private_local_instance_keeps_token_auth_without_the_start_up_warning(tm
 SCHEDULER_FIRST = """
 import ray
 from milo_ray.execution.scheduler import RolloutScheduler
-from milo_ray.execution.types import RolloutRequest, Task
+from milo_ray.core.rollouts import RolloutRequest
+from milo_ray.core.tasks import Task
 from milo_ray.harness.model import Harness
 from milo_ray.store import MemoryRunStore
 h = Harness.from_source("def build_agent(model, backend):\\n    return 'a'\\n")

@@ -19,7 +19,7 @@ import pytest
 from langchain_core.tools import tool
 from pydantic import BaseModel
 
-from milo_ray.execution.harness_process import is_endpoint_error
+from milo_ray.core.failures import is_endpoint_error
 from milo_ray.execution.harness_process_model import GatewayChatModel
 from milo_ray.execution.sandbox.runtime_code import cleanup_runtime_code, runtime_code_dir
 from milo_ray.testing.openai_server import Reply, ScriptedOpenAIServer, error, reply, tool_call

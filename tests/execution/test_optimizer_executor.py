@@ -12,10 +12,10 @@ import numpy as np
 import pytest
 
 from milo_ray.benchmarks.einstein import reward, score, start_values
+from milo_ray.core.tasks import Task
 from milo_ray.execution import optimizer_runner
 from milo_ray.execution.optimizer_executor import OptimizerExecutor
 from milo_ray.execution.sandbox.bwrap import BwrapSandboxFactory
-from milo_ray.execution.types import Task
 from milo_ray.harness.model import Harness
 from milo_ray.kernels import autocorr
 

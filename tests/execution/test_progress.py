@@ -15,8 +15,8 @@ import duckdb
 import pytest
 from rich.console import Console
 
+from milo_ray.core.rollouts import RolloutResult
 from milo_ray.execution.progress import RolloutProgress
-from milo_ray.execution.types import RolloutResult
 
 # A cluster, containers or whole command-line runs: the slow suite (pytest -m slow; .ci/run runs it).
 pytestmark = pytest.mark.slow

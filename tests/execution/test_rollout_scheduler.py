@@ -12,9 +12,10 @@ import json
 import pytest
 import ray
 
+from milo_ray.core.rollouts import RolloutRequest
+from milo_ray.core.tasks import Task
 from milo_ray.execution.budget import BudgetExceeded, BudgetLedger
 from milo_ray.execution.scheduler import RolloutScheduler
-from milo_ray.execution.types import RolloutRequest, Task
 from milo_ray.harness.model import Harness
 from milo_ray.store import MemoryRunStore
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import asyncio
 
+from milo_ray.core.tasks import Task
 from milo_ray.execution.fake import BlockingSleepExecutor, SleepExecutor
-from milo_ray.execution.types import Task
 from milo_ray.execution.workers import WorkerCore
 from milo_ray.harness.model import Harness
 

@@ -8,8 +8,9 @@ import time
 
 import pytest
 
+from milo_ray.core.rollouts import RolloutResult
+from milo_ray.core.tasks import Task
 from milo_ray.execution.fake import SleepExecutor
-from milo_ray.execution.types import RolloutResult, Task
 from milo_ray.execution.workers import WorkerCore
 from milo_ray.harness.model import Harness
 

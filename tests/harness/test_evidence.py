@@ -48,7 +48,7 @@ def test_evidence_dir_has_report_traces_ctrf_and_results_for_failures(tmp_path):
 
 
 def test_a_real_verifier_failure_is_in_result_json_and_leaves_no_null_ctrf(tmp_path):
-    from milo_ray.execution.types import RolloutResult
+    from milo_ray.core.rollouts import RolloutResult
 
     h = load_seeds(["minimal"])[0]
     verifier = {"score": 0.0, "reward": {}, "error": "test.sh wrote no reward (it needs the network)",

@@ -10,15 +10,10 @@ import textwrap
 import numpy as np
 import pytest
 
-from milo_ray.execution.types import Task
+from milo_ray.core.tasks import Task
 from milo_ray.harness.model import Harness
 from milo_ray.harness.validate import (
-    ForbiddenIndex,
-    ValidationResult,
-    forbidden_fragments_for,
-    generality_violation,
-    validate,
-    validate_many,
+    ForbiddenIndex, ValidationResult, forbidden_fragments_for, generality_violation, validate, validate_many,
 )
 
 PLAIN = "def build_agent(model, backend):\n    return {'model': model, 'backend': backend}\n"

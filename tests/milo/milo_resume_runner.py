@@ -83,7 +83,7 @@ class LoggedOrchestrator:
         self.call_log, self.session = call_log, session
 
     def decide(self, snapshot_markdown: str, state: dict[str, Any], seed: int) -> dict[str, Any]:
-        from milo_ray.search.seeds import derive_seed
+        from milo_ray.core.seeds import derive_seed
 
         # The call does not name its round; the seed is derive_seed(run seed, "orchestrate", j, r).
         j = int(state["trigger"])

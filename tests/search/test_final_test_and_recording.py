@@ -8,7 +8,7 @@ import asyncio
 
 import pytest
 
-from milo_ray.execution.types import RolloutResult
+from milo_ray.core.rollouts import RolloutResult
 from milo_ray.harness.model import Harness
 from milo_ray.search.final_test import FinalTest, true_quality, true_score
 from milo_ray.search.recording import HarnessRecorder

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from milo_ray.benchmarks.harbor import HarborBenchmark
-from milo_ray.execution.types import RolloutRequest
+from milo_ray.core.rollouts import RolloutRequest
 from milo_ray.harness.model import Harness
 from milo_ray.store import MemoryRunStore
 from milo_ray.testing.openai_server import ScriptedOpenAIServer, reply

@@ -136,7 +136,7 @@ class _SeesBudget:
 
     async def aexecute(self, harness, task, rollout_idx, seed):
         from milo_ray.execution.gateway.run_budget import current_rollout_budget
-        from milo_ray.execution.types import RolloutResult
+        from milo_ray.core.rollouts import RolloutResult
 
         budget = current_rollout_budget.get()
         if budget is not None:
@@ -145,7 +145,7 @@ class _SeesBudget:
 
 
 def test_only_budgeted_rollouts_carry_the_run_budget_and_their_metered_spend_comes_back():
-    from milo_ray.execution.types import Task
+    from milo_ray.core.tasks import Task
     from milo_ray.execution.workers import WorkerCore
     from milo_ray.harness.model import Harness
 
@@ -190,7 +190,8 @@ def _stopped_batch(sched, requests):
 
 
 def test_running_rollouts_stop_at_the_run_budget_and_a_resumed_run_starts_from_the_stored_spend(ray_local):
-    from milo_ray.execution.types import RolloutRequest, Task
+    from milo_ray.core.rollouts import RolloutRequest
+    from milo_ray.core.tasks import Task
     from milo_ray.harness.model import Harness
     from milo_ray.store import MemoryRunStore
 
@@ -262,7 +263,7 @@ def test_sandboxed_harness_loops_stop_at_the_run_budget(tmp_path, ray_local):
     from hostile import CALL_LOOP, make_secret_task
 
     from milo_ray.benchmarks.harbor import HarborBenchmark
-    from milo_ray.execution.types import RolloutRequest
+    from milo_ray.core.rollouts import RolloutRequest
     from milo_ray.store import MemoryRunStore
 
     make_secret_task(tmp_path / "tasks", "a")
@@ -305,7 +306,7 @@ class _BudgetStopsSecondWave:
         pass
 
     def run(self, requests):
-        from milo_ray.execution.types import RolloutResult
+        from milo_ray.core.rollouts import RolloutResult
 
         self.waves += 1
         results = {i: RolloutResult(r.harness_id, r.task_id, r.rollout_idx, score=1.0) for i, r in enumerate(requests)}

@@ -8,10 +8,11 @@ import json
 
 import pytest
 
-from milo_ray.execution.types import RolloutResult
+from milo_ray.core.rollouts import RolloutResult
 from milo_ray.ssr import evidence as ev
-from milo_ray.ssr.events import (REGISTRY, CandidateDrawn, Judged, RoundStarted, Selection, StageStarted, Summarized,
-                                 parse)
+from milo_ray.ssr.events import (
+    REGISTRY, CandidateDrawn, Judged, RoundStarted, Selection, StageStarted, Summarized, parse,
+)
 from milo_ray.ssr.state import RecordedRun, ResumeDiverged, check_parent, check_stage
 
 EXAMPLES = [

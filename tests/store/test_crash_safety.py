@@ -22,7 +22,7 @@ from milo_ray.store.schema import SCHEMAS
 WRITER = textwrap.dedent(
     """
     import sys
-    from milo_ray.execution.types import RolloutResult
+    from milo_ray.core.rollouts import RolloutResult
     from milo_ray.store import ParquetRunStore
 
     store = ParquetRunStore(sys.argv[1], flush_rows=7, flush_seconds=None)
@@ -111,7 +111,7 @@ SLOW_WRITER = textwrap.dedent(
     """
     import io, sys, time
     import pyarrow.parquet as pq
-    from milo_ray.execution.types import RolloutResult
+    from milo_ray.core.rollouts import RolloutResult
     from milo_ray.store import ParquetRunStore
 
     real_write = pq.write_table

@@ -8,7 +8,7 @@ import json
 import numpy as np
 import pytest
 
-from milo_ray.execution.types import RolloutResult
+from milo_ray.core.rollouts import RolloutResult
 from milo_ray.store import schema
 from milo_ray.store.base import TABLES
 

@@ -37,6 +37,7 @@ from typing import Any, Iterable
 import numpy as np
 
 from milo_ray.agents.usage import AgentReply, AgentUsage
+from milo_ray.harness.mechanisms import FAILURE_MODES, MECHANISMS
 
 # Generality prior per failure mode (see the module docstring).
 MODE_PRIOR: dict[str, float] = {
@@ -132,7 +133,6 @@ class OfflineJudge:
         """Evidence strength per failure mode: explicit tags (3 each), each cue found in
         the trajectory's ending or in a distinct failed-test message (1 each), and the
         timed-out flag (3)."""
-        from milo_ray.harness.mechanisms import FAILURE_MODES
 
         modes = tuple(FAILURE_MODES)
         hits: Counter[str] = Counter()
@@ -153,15 +153,11 @@ class OfflineJudge:
 
     def mechanisms_for(self, mode: str) -> list[str]:
         """Mechanisms that address ``mode``, most specific first (fewest other modes)."""
-        from milo_ray.harness.mechanisms import MECHANISMS
-
         names = [n for n, spec in MECHANISMS.items() if mode in spec.addresses]
         return sorted(names, key=lambda n: (len(MECHANISMS[n].addresses), n))
 
     def verdict(self, trajectory: dict[str, Any], feedback: dict[str, Any], task_id: str) -> dict[str, Any]:
         """The well-formed verdict for one trajectory (no malformed injection)."""
-        from milo_ray.harness.mechanisms import MECHANISMS
-
         score = float(feedback.get("score", 0.0))
         resolved = bool(feedback.get("resolved", score >= 1.0))
         pool = feedback.get("pool") or {}

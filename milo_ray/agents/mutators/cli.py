@@ -78,10 +78,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
-from milo_ray.agents.mutators.cli_sandbox import (PRESET_GATEWAY, ModelGateway, UnixRelay, gateway_address,
-                                                  gateway_args, inside_url, readonly_paths, run_in_sandbox)
+from milo_ray.agents.llm import price, secret
+from milo_ray.agents.mutators.cli_sandbox import (
+    PRESET_GATEWAY, ModelGateway, UnixRelay, gateway_address, gateway_args, inside_url, readonly_paths,
+    run_in_sandbox,
+)
 from milo_ray.agents.mutators.cli_usage import USAGE_FORMATS, CliUsage, parse_output
 from milo_ray.agents.mutators.workspace import collect, prepare, template_for
+from milo_ray.agents.prompts import render_from
 from milo_ray.agents.protocols import MutationRequest, MutationResult
 from milo_ray.agents.usage import AgentUsage
 from milo_ray.execution.sandbox.process import run_capped
@@ -204,10 +208,10 @@ class CliMutator:
                 raise ValueError(f"CliMutator: pass_env entry {n!r} is not a variable name")
         if (usd_per_mtok_input is None) != (usd_per_mtok_output is None):
             raise ValueError("CliMutator: set both usd_per_mtok_input and usd_per_mtok_output, or neither")
-        for field_name, price in (("usd_per_mtok_input", usd_per_mtok_input),
+        for field_name, value in (("usd_per_mtok_input", usd_per_mtok_input),
                                   ("usd_per_mtok_output", usd_per_mtok_output)):
-            if price is not None and float(price) < 0:
-                raise ValueError(f"CliMutator: {field_name}={price} must be >= 0")
+            if value is not None and float(value) < 0:
+                raise ValueError(f"CliMutator: {field_name}={value} must be >= 0")
         self.argv = argv
         self.preset = preset
         self.name = name or f"cli:{preset or Path(argv[0]).name}"
@@ -293,7 +297,6 @@ class CliMutator:
                      t0: float) -> MutationResult:
         try:
             ws = prepare(request, paths["workspace"])
-            from milo_ray.agents.prompts import render_from
 
             prompt = render_from(template_for(request), ws.values())
             paths["prompt.md"].write_text(prompt, encoding="utf-8")
@@ -329,7 +332,6 @@ class CliMutator:
             url = gateway.base_url(vars_["api"])
             target = gateway_address(url)
             ws = prepare(request, scratch / "workspace", agent_root=SANDBOX_ROOT)
-            from milo_ray.agents.prompts import render_from
 
             prompt = render_from(template_for(request), ws.values())
             paths["prompt.md"].write_text(prompt, encoding="utf-8")
@@ -405,15 +407,11 @@ class CliMutator:
         env.setdefault("PATH", os.defpath)
         # Key variables come as the driver handed them to this task (agents/llm.py:use_secrets),
         # else from this process's environment.
-        from milo_ray.agents.llm import secret
-
         env.update({k: v for k in self.pass_env if (v := secret(k))})
         env.update(self.env)
         return env
 
     def _missing_env_note(self) -> str:
-        from milo_ray.agents.llm import secret
-
         missing = [n for n in self.pass_env if not secret(n)]
         return f"; pass_env names not set here: {', '.join(missing)}" if missing else ""
 
@@ -425,8 +423,6 @@ class CliMutator:
         if self.prices is not None:
             return (parsed.input_tokens * self.prices[0] + parsed.output_tokens * self.prices[1]) / 1e6
         if self.model:
-            from milo_ray.agents.llm import price
-
             return price({"solver": self.model}, parsed.input_tokens, parsed.output_tokens)
         return None
 

@@ -38,6 +38,8 @@ from pathlib import Path
 from typing import Any, Protocol, Sequence, runtime_checkable
 from urllib.parse import unquote, urlsplit, urlunsplit
 
+from milo_ray.execution.sandbox.interpreter import interpreter_env, interpreter_paths
+
 # The loopback port the relay listens on inside the sandbox (its own network namespace:
 # no other process can hold it).
 SANDBOX_PORT = 18080
@@ -258,7 +260,6 @@ def readonly_paths(exe: str, extra: Sequence[str], external: Sequence[str]) -> l
     npm, the ``node_modules`` directory holding its package, whose launcher finds the
     platform binary in a sibling package), this interpreter (a script CLI's shebang),
     ``extra`` (``sandbox_readonly``) and the lineage files the snapshot names."""
-    from milo_ray.execution.sandbox.interpreter import interpreter_paths
 
     real = os.path.realpath(exe)
     paths = [os.path.dirname(real), os.path.dirname(os.path.abspath(exe))]
@@ -280,7 +281,6 @@ def run_in_sandbox(argv: list[str], *, scratch: Path, env: dict[str, str], reado
     when given, and the CLI's stdout/stderr written to ``stdout``/``stderr`` on the host."""
     from milo_ray.execution.sandbox.base import SandboxSpec
     from milo_ray.execution.sandbox.bwrap import DEFAULT_HOST_READONLY, BwrapSandboxFactory
-    from milo_ray.execution.sandbox.interpreter import interpreter_env
 
     ro = list(readonly) + ([str(relay.dir)] if relay is not None else [])
     factory = BwrapSandboxFactory(command_timeout_s=time_cap_s, output_cap_bytes=output_cap_bytes,

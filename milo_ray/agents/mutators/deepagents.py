@@ -58,11 +58,17 @@ from deepagents.backends.protocol import (
 )
 from deepagents.backends.sandbox import BaseSandbox
 
+from milo_ray.agents.llm import check_credentials
 from milo_ray.agents.mutators.workspace import OUT, collect, prepare, template_for
+from milo_ray.agents.prompts import render_from
 from milo_ray.agents.protocols import MutationRequest, MutationResult
 from milo_ray.agents.role_llm import MeteredCall, RoleLLM, metered_chat_model
 from milo_ray.agents.usage import AgentUsage
+from milo_ray.core.failures import is_endpoint_error
+from milo_ray.execution.gateway.mutation import MutationGateway
+from milo_ray.execution.sandbox.base import SandboxSpec
 from milo_ray.execution.sandbox.bwrap import DEFAULT_HOST_READONLY, BwrapSandboxFactory
+from milo_ray.execution.trajectory import TrajectoryRecorder
 
 log = logging.getLogger(__name__)
 
@@ -127,16 +133,10 @@ class DeepAgentsMutator:
     def gateway(self) -> Any:
         """The model gateway this agent's calls go through: this process's gateway for
         the role's model (started on first use; it holds the key, the agent never does)."""
-        from milo_ray.execution.gateway.mutation import MutationGateway
 
         return MutationGateway.shared(self.llm)
 
     def _run(self, request: MutationRequest, template: str) -> MutationResult:
-        from milo_ray.agents.llm import check_credentials
-        from milo_ray.agents.prompts import render_from
-        from milo_ray.execution.sandbox.base import SandboxSpec
-        from milo_ray.execution.trajectory import TrajectoryRecorder
-
         t0 = time.monotonic()
         transcript = TrajectoryRecorder()
         scratch = Path(tempfile.mkdtemp(prefix="milo-mutator-"))
@@ -195,8 +195,6 @@ class DeepAgentsMutator:
     async def _drive(self, agent: Any, prompt: str, transcript: Any, sandbox: Any) -> str | None:
         """Run the agent to its end under the caps; None, or why it stopped short."""
         from langgraph.errors import GraphRecursionError
-
-        from milo_ray.execution.agent_executor import is_endpoint_error
 
         config = {"recursion_limit": self.recursion_limit}
 

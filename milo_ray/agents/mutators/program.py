@@ -66,9 +66,9 @@ import numpy as np
 from milo_ray.agents.mutators.diagnosis import parse_memory
 from milo_ray.agents.protocols import MutationRequest, MutationResult
 from milo_ray.agents.usage import AgentUsage
-from milo_ray.harness.model import ENTRY_FILE, Harness
+from milo_ray.core.seeds import derive_seed
 from milo_ray.harness.mechanisms.analysis import parse_source
-from milo_ray.search.seeds import derive_seed
+from milo_ray.harness.model import ENTRY_FILE, Harness
 
 
 @dataclass(frozen=True)

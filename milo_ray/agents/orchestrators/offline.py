@@ -34,6 +34,7 @@ import numpy as np
 
 from milo_ray.agents.protocols import MutationRequest, MutationResult
 from milo_ray.agents.usage import AgentReply, AgentUsage
+from milo_ray.harness.mechanisms import add_mechanism, detect_mechanisms
 from milo_ray.harness.model import Harness
 
 _NODE_LINE = re.compile(r"- \[(?P<node>[^\]]+)\].*?mutation: (?P<label>.*?) \| verdict: (?P<verdict>admitted|rejected)")
@@ -234,8 +235,6 @@ class OfflineOrchestrator:
         ``request.parent`` is the destination island's best; ``request.context`` holds
         ``co_parent_source`` (the donor's best ``harness.py``) and ``donor_island``.
         """
-        from milo_ray.harness.mechanisms import add_mechanism, detect_mechanisms
-
         donor_src = request.context.get("co_parent_source")
         if not donor_src:
             return MutationResult(None, error="graft: request.context['co_parent_source'] is missing")

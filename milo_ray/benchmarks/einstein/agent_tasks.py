@@ -40,21 +40,18 @@ from typing import Any, Mapping
 import numpy as np
 
 from milo_ray.benchmarks.einstein.benchmark import (
-    DEFINITIONS,
-    GIVEN_NAMES,
-    SCORING_ALLOWANCE_S,
-    EinsteinBenchmark,
-    _is_int,
-    _is_number,
-    describe_start,
+    DEFINITIONS, GIVEN_NAMES, SCORING_ALLOWANCE_S, EinsteinBenchmark, _is_int, _is_number, describe_start,
 )
 from milo_ray.benchmarks.einstein.problems import score
+from milo_ray.benchmarks.einstein.programs import grade_program, run_program, runner_files
 from milo_ray.benchmarks.einstein.starts import start_values
-from milo_ray.benchmarks.task_format import SETUP_ALLOWANCE_S, Verdict
+from milo_ray.benchmarks.task_format import SETUP_ALLOWANCE_S
+from milo_ray.core.tasks import Task, Verdict
 from milo_ray.execution.optimizer_runner import KIT_FILE
 from milo_ray.execution.sandbox.base import TESTS_DIR, Sandbox, SandboxSpec
-from milo_ray.execution.types import Task
+from milo_ray.execution.sandbox.interpreter import interpreter_env, interpreter_paths
 from milo_ray.harness.model import ENTRY_FILE, Harness
+from milo_ray.harness.seeds import load_seeds
 
 WORKDIR = "/app"
 PROGRAM_FILE = "optimizer.py"
@@ -171,12 +168,11 @@ class EinsteinAgentBenchmark(EinsteinBenchmark):
         meta, text = self._built[tid]
         return Task(task_id=tid, split=split, instruction=text, time_cap_s=self.agent_time_s,
                     token_cap=self.token_cap, metadata={**meta, "start": dict(meta["start"])},
-                    grading_cap_s=self.budget_s + self.grace_s + SCORING_ALLOWANCE_S + SETUP_ALLOWANCE_S)
+                    grading_cap_s=self.budget_s + self.grace_s + SCORING_ALLOWANCE_S + SETUP_ALLOWANCE_S,
+                    format=EINSTEIN_AGENT)
 
     def seed_harnesses(self) -> list[Harness]:
         """The project's seed agent harnesses (``seeds``), which the methods evolve."""
-        from milo_ray.harness.seeds import load_seeds
-
         return load_seeds(self.agent_seeds)
 
     def unsupported_tasks(self, factory: Any) -> list[str]:
@@ -187,14 +183,11 @@ class EinsteinAgentBenchmark(EinsteinBenchmark):
 
 
 class EinsteinAgentFormat:
-    """The :class:`~milo_ray.benchmarks.task_format.TaskFormat` of ``einstein_agent`` tasks."""
+    """The :class:`~milo_ray.core.tasks.TaskFormat` of ``einstein_agent`` tasks."""
 
     name = "einstein_agent"
 
     def sandbox_spec(self, task: Task) -> SandboxSpec:
-        from milo_ray.execution.optimizer_executor import runner_files
-        from milo_ray.execution.sandbox.interpreter import interpreter_env, interpreter_paths
-
         meta = task.metadata
         files = _workspace_dir(task, runner_files(RUNNER_FILE))
         return SandboxSpec(task_id=task.task_id, workdir=WORKDIR, allow_internet=False,
@@ -202,8 +195,6 @@ class EinsteinAgentFormat:
                            copy_in=((str(files), WORKDIR),), host_readonly=tuple(interpreter_paths()))
 
     def verify(self, task: Task, sandbox: Sandbox) -> Verdict:
-        from milo_ray.execution.optimizer_executor import grade_program, run_program
-
         began = time.monotonic()
         meta = task.metadata
         problem, budget_s, grace_s = meta["problem"], float(meta["budget_s"]), float(meta["grace_s"])

@@ -23,12 +23,13 @@ from typing import Any, Mapping
 import numpy as np
 from milo_ray.benchmarks.base import BenchmarkDataMissing, SplitTasks
 from milo_ray.benchmarks.einstein.problems import PROBLEMS, check, score
-from milo_ray.benchmarks.einstein.starts import (BASES, construction_digest, load_construction, published,
-                                                 ship_construction, start_values)
+from milo_ray.benchmarks.einstein.starts import (
+    BASES, construction_digest, load_construction, published, ship_construction, start_values,
+)
 from milo_ray.benchmarks.splits import DEFAULT_SPLITS, split_sizes
-from milo_ray.execution.types import Task
+from milo_ray.core.seeds import derive_seed
+from milo_ray.core.tasks import Task
 from milo_ray.harness.model import ENTRY_FILE, Harness
-from milo_ray.search.seeds import derive_seed
 
 SEEDS_DIR = Path(__file__).resolve().parent / "seeds"
 

@@ -32,6 +32,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from milo_ray.benchmarks.einstein.problems import problem_name
+from milo_ray.execution.shipping import ShippedTree
 
 BASES = ("alphaevolve", "constant", "random", "file")
 
@@ -76,7 +77,6 @@ CONSTRUCTION_FILE = "construction.json"
 def ship_construction(path: str | Path) -> Any:
     """A ``file`` start's construction packed for the nodes that run its tasks (the
     ``files`` of its spec)."""
-    from milo_ray.execution.shipping import ShippedTree
 
     return ShippedTree.pack({CONSTRUCTION_FILE: path}, origin=str(path))
 

@@ -30,8 +30,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from milo_ray.execution.gateway import messages, responses, upstream
 from milo_ray.execution.gateway.ledger import Grant, GrantBook, Refusal
-from milo_ray.execution.gateway import upstream
 
 log = logging.getLogger(__name__)
 
@@ -134,16 +134,12 @@ class ModelGateway:
         return self.grants.find(token)
 
     async def _responses(self, request: Any) -> Any:
-        from milo_ray.execution.gateway import responses
-
         return await self._serve(request, responses)
 
     async def _chat(self, request: Any) -> Any:
         return await self._serve(request, upstream)
 
     async def _messages(self, request: Any) -> Any:
-        from milo_ray.execution.gateway import messages
-
         return await self._serve(request, messages)
 
     async def _serve(self, request: Any, api: Any) -> Any:

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from milo_ray.benchmarks.harbor import HarborBenchmark
-from milo_ray.benchmarks.task_format import format_of
+from milo_ray.core.tasks import format_of
 from milo_ray.execution.agent_executor import AgentExecutor
 from milo_ray.execution.sandbox.docker import DockerSandbox
 from milo_ray.harness.seeds import load_seeds

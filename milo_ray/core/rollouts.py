@@ -1,7 +1,8 @@
-"""Value types shared by every executor, the scheduler, the store and the methods.
+"""Rollout value types: the request a method submits, the result an executor returns,
+and the cache key that names a rollout in the store.
 
 A *rollout* is one execution of one harness on one task (rollout index i of k).
-Requests and results are small, frozen, picklable dataclasses so they cross Ray
+Requests and results are small, frozen (or plain) picklable dataclasses so they cross Ray
 process boundaries cheaply; traces travel inside the result and are moved into the
 content-addressed blob store by the single store writer.
 """
@@ -9,39 +10,19 @@ content-addressed blob store by the single store writer.
 from __future__ import annotations
 
 import hashlib
-import math
 import json
-from dataclasses import asdict, dataclass, field
-from typing import Any, Literal, Protocol, runtime_checkable
+import math
+from dataclasses import asdict, dataclass
+from typing import Any, Literal
 
 ErrorKind = Literal["infra", "harness", "task"]
 ERROR_KINDS: tuple[str, ...] = ("infra", "harness", "task")
 
 
-@dataclass(frozen=True)
-class Task:
-    """One benchmark task.
-
-    ``metadata`` holds benchmark-specific, JSON-serializable facts (for the surrogate:
-    latent difficulty, failure-mode propensities, hidden-test count); executors read
-    it, methods must not rely on it.
-
-    ``time_cap_s`` bounds the agent's work; ``grading_cap_s`` is the wall time a real
-    rollout needs on top of it to set up its sandbox and run the task's verifier (0 for
-    simulated tasks). The worker cancels a rollout past ``time_cap_s * grace + grading_cap_s``.
-    """
-
-    task_id: str
-    split: str
-    instruction: str
-    time_cap_s: float
-    token_cap: int
-    metadata: dict[str, Any] = field(default_factory=dict)
-    grading_cap_s: float = 0.0
-
-
 def cache_key(harness_id: str, task_id: str, rollout_idx: int, model_id: str, seed: int) -> str:
-    """Identity of a rollout: same key, same execution; a finished key never runs again."""
+    """Identity of a rollout: same key, same execution; a finished key never runs again.
+
+    Stored runs hold these keys: the encoding below must never change."""
     raw = json.dumps([harness_id, task_id, int(rollout_idx), model_id, int(seed)])
     return hashlib.sha256(raw.encode()).hexdigest()[:32]
 
@@ -149,27 +130,3 @@ class InfraFailure(Exception):
     def __init__(self, message: str, model_calls: list[dict[str, Any]] | None = None) -> None:
         super().__init__(message)
         self.model_calls = list(model_calls or [])
-
-
-@runtime_checkable
-class Executor(Protocol):
-    """Runs one harness on one task.
-
-    Implementations are constructed from config (``_target_``) inside worker
-    processes, so their constructor arguments must be picklable. ``execute`` may be a
-    plain function (the scheduler offloads it to a thread so it cannot stall other
-    rollouts) or may be accompanied by ``async def aexecute`` with the same
-    signature, which the scheduler prefers. It must honour ``task.time_cap_s``
-    (stop and grade the state reached, ``timed_out=True``) and must return a result
-    for harness or task failures rather than raise; raising signals an
-    infrastructure failure, which the scheduler retries.
-    """
-
-    model_id: str
-
-    def execute(self, harness: "HarnessLike", task: Task, rollout_idx: int, seed: int) -> RolloutResult: ...
-
-
-class HarnessLike(Protocol):
-    harness_id: str
-    files: dict[str, str]

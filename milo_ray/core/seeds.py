@@ -1,4 +1,4 @@
-"""Seed derivation for every method, and what is (and is not) reproducible.
+"""One seed derivation for every method, and what is (and is not) reproducible.
 
 Every random choice (MILO's and SSR's alike) draws from a ``numpy.random.Generator`` seeded by
 :func:`derive_seed` (run seed, purpose, island, round, ...), never from global state:

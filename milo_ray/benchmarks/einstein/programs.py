@@ -1,0 +1,167 @@
+"""Running one optimizer program in an open sandbox and grading what it left behind.
+
+Both ways the instance-level track runs a program use this: the optimizer executor
+(``executor=optimizer``, a program that is the harness) and the einstein-agent format's
+verifier (a program an agent wrote). :func:`run_program` uploads the program, its start,
+the runner (:mod:`milo_ray.execution.optimizer_runner`) and the formulas the runner gives
+the program (:mod:`milo_ray.kernels.autocorr_kit`), runs the runner and reads back how it
+ended; :func:`grade_program` checks and scores the final point with the project's kernels
+(not the runner's copy of the formulas).
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import math
+import shlex
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+import numpy as np
+
+from milo_ray.benchmarks.einstein.problems import check, reward, score
+from milo_ray.execution import optimizer_runner as runner
+from milo_ray.harness.model import ENTRY_FILE
+
+RUNNER_FILE = "optimizer_runner.py"
+START_FILE = "start.npy"
+# After the runner's own deadline + grace: time for its startup (interpreter and numpy
+# import before its clock starts) and its last save, before the hard kill.
+KILL_MARGIN_S = 3.0
+# Bytes of the program's stdout and stderr kept in the trace.
+_TAIL_BYTES = 4000
+_TAIL_MARK = "=====milo-optimizer-stderr====="
+
+
+@dataclass
+class ProgramRun:
+    """What one sandboxed run of an optimizer program left behind (see :func:`run_program`)."""
+
+    status: str  # returned | timeout | crashed | killed (no status.json: ended from outside)
+    error: str | None
+    exit_code: int | None
+    hard_killed: bool
+    values: np.ndarray | None = None
+    values_error: str | None = None
+    trajectory: list[list[float | None]] = field(default_factory=list)
+    publishes: int = 0
+    stdout_tail: str = ""
+    stderr_tail: str = ""
+
+
+def runner_files(runner_name: str = RUNNER_FILE) -> dict[str, bytes]:
+    """The files a program runs with, uploaded beside it (file name -> content): the
+    runner as ``runner_name`` and the formulas it gives the program under the name it
+    imports them by."""
+    return {runner_name: Path(runner.__file__).read_bytes(), runner.KIT_FILE: Path(runner.kit.__file__).read_bytes()}
+
+
+def run_program(sandbox: Any, workdir: str, files: Mapping[str, str | bytes], start: np.ndarray, problem: str,
+                seed: int, budget_s: float, grace_s: float, *, entry: str = ENTRY_FILE,
+                python: str = sys.executable) -> ProgramRun:
+    """Run the optimizer program ``files`` (relative path -> text or bytes; ``entry`` defines
+    ``optimize``) on ``start`` in ``workdir`` of an open ``sandbox``, through the runner,
+    with ``python`` as the interpreter; read back how it ended, its last saved point and
+    its score trajectory. Only the sandbox failing raises."""
+    buf = io.BytesIO()
+    np.save(buf, start, allow_pickle=False)
+    uploads = [(f"{workdir}/{rel}", text.encode() if isinstance(text, str) else text) for rel, text in files.items()]
+    uploads += [(f"{workdir}/{START_FILE}", buf.getvalue())]
+    uploads += [(f"{workdir}/{name}", content) for name, content in runner_files().items()]
+    _check_transfers("upload", sandbox.upload_files(uploads))
+    argv = [python, RUNNER_FILE, entry, START_FILE, problem, str(int(seed)), repr(float(budget_s)), repr(grace_s)]
+    here = f"cd {shlex.quote(workdir)} && "
+    command = here + " ".join(shlex.quote(a) for a in argv) + " >stdout.log 2>stderr.log"
+    timeout = budget_s + grace_s + KILL_MARGIN_S
+    ran = time.monotonic()
+    response = sandbox.execute(command, timeout=timeout)
+    # 124 is also what a program's own os._exit(124) reads: only past the timeout is it the kill.
+    hard_killed = response.exit_code == 124 and time.monotonic() - ran >= timeout - 0.5
+    tails = sandbox.execute(here + f"tail -c {_TAIL_BYTES} stdout.log; printf '\\n%s\\n' {_TAIL_MARK}; "
+                            f"tail -c {_TAIL_BYTES} stderr.log", timeout=30)
+    stdout_tail, _, stderr_tail = tails.output.partition(f"\n{_TAIL_MARK}\n")
+    names = (runner.STATUS_FILE, runner.BEST_FILE, runner.TRAJECTORY_FILE)
+    got = {Path(r.path).name: r for r in sandbox.download_files([f"{workdir}/{n}" for n in names])}
+    status = _json_file(got[runner.STATUS_FILE])
+    run = ProgramRun(status=str(status.get("status", "killed")) if isinstance(status, dict) else "killed",
+                     error=status.get("error") if isinstance(status, dict) else None,
+                     exit_code=response.exit_code, hard_killed=hard_killed,
+                     stdout_tail=stdout_tail, stderr_tail=stderr_tail)
+    best = got[runner.BEST_FILE]
+    if best.content is not None:
+        try:
+            run.values = np.load(io.BytesIO(best.content), allow_pickle=False)
+        except Exception as exc:
+            run.values_error = f"the saved point is unreadable: {type(exc).__name__}: {exc}"[:300]
+    traj = got[runner.TRAJECTORY_FILE]
+    if traj.content is not None:
+        for line in traj.content.decode("utf-8", "replace").splitlines():
+            try:
+                t, s, count = json.loads(line)
+            except (ValueError, TypeError):
+                continue  # a line cut by the kill
+            run.trajectory.append([float(t), float(s) if math.isfinite(s) else None])
+            run.publishes = int(count)
+    return run
+
+
+@dataclass
+class ProgramGrade:
+    """A program run graded: ``reward`` (0 when ``reason`` says why it earns nothing),
+    whether it was stopped past its deadline, and the trace (problem, start and final
+    scores, trajectory, the final point)."""
+
+    reward: float
+    reason: str | None
+    timed_out: bool
+    trace: dict[str, Any]
+
+
+def grade_program(problem: str, start: np.ndarray, start_score: float, run: ProgramRun,
+                  grace_s: float) -> ProgramGrade:
+    """Check and score the final point of ``run`` with the project's kernels."""
+
+    timed_out = run.status == "timeout" or (run.status == "killed" and run.hard_killed)
+    reason = None
+    if run.status == "crashed":
+        reason = f"the program failed: {run.error}"
+    elif run.status == "killed" and not run.hard_killed:
+        reason = (f"the runner died (exit code {run.exit_code}) before saving a result; out of memory "
+                  f"(memory_mb) or killed by a signal")
+    elif run.values_error:
+        reason = run.values_error
+    elif run.values is None:
+        reason = "the program published no point and returned none"
+    else:
+        infeasible = check(problem, run.values)
+        if infeasible:
+            reason = f"infeasible point: {infeasible}"
+    final = None if reason else score(problem, run.values)
+    trace = {"problem": problem, "n": int(start.size), "start_score": start_score, "score": final,
+             "reason": reason, "status": run.status, "trajectory": run.trajectory, "publishes": run.publishes,
+             "values": None if reason else [float(x) for x in run.values],
+             "stdout_tail": run.stdout_tail, "stderr_tail": run.stderr_tail}
+    if timed_out:
+        trace["stopped"] = (f"still running {grace_s:g} s past its deadline: stopped, its last published point "
+                            "graded")
+    return ProgramGrade(reward=0.0 if reason else reward(start_score, final), reason=reason, timed_out=timed_out,
+                        trace=trace)
+
+
+def _check_transfers(what: str, responses: list[Any]) -> None:
+    errors = [f"{r.path}: {r.error}" for r in responses if getattr(r, "error", None)]
+    if errors:  # the sandbox cannot hold the workspace: infrastructure, retried
+        raise RuntimeError(f"sandbox {what} failed: {'; '.join(errors[:3])}")
+
+
+def _json_file(response: Any) -> Any:
+    if response.content is None:
+        return None
+    try:
+        return json.loads(response.content)
+    except ValueError:
+        return None

@@ -1,0 +1,65 @@
+"""The layer table: which parts of milo_ray may import which (docs/design.md, "Layers").
+
+Layers are listed bottom first; a module may import from its own layer and the layers
+below it, never from one above, and no import may close a cycle (``tests/test_layers.py``
+checks both over every import statement of the package, top level and inside functions;
+``if TYPE_CHECKING:`` blocks may point upward for annotations but still may not close a
+cycle). A module belongs to the layer of the longest unit below that names it or one of
+its parent packages; ``milo_ray`` itself names only the package's ``__init__``. A module
+that no unit names fails the test: a new top-level package gets a row here.
+
+Where a unit is a module inside a package that sits higher (the LLM client inside
+``agents``, the sandbox inside ``execution``), ``reason`` says why it sits lower.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Layer:
+    name: str
+    units: tuple[str, ...]
+    reason: str = ""
+
+
+# Bundled task content (the tasks' own code and tests), not part of the package's code.
+NOT_CODE: tuple[str, ...] = ("milo_ray.data",)
+
+LAYERS: tuple[Layer, ...] = (
+    Layer("core", ("milo_ray", "milo_ray.core"),
+          "value types every part shares: tasks and task formats, rollouts and cache keys, the executor "
+          "protocol, seeds, endpoint-failure classification, this table"),
+    Layer("schemas", ("milo_ray.config", "milo_ray.config_path", "milo_ray.cli_help", "milo_ray.redaction"),
+          "leaf modules with no milo_ray imports: the structured config dataclasses, the --help text, "
+          "secret redaction (the store redacts what it writes)"),
+    Layer("kernels", ("milo_ray.kernels",), "pure numpy/scipy functions"),
+    Layer("store", ("milo_ray.store",), "the run store: Parquet tables, blobs, resume"),
+    Layer("sandbox", ("milo_ray.execution.sandbox", "milo_ray.execution.shipping",
+                      "milo_ray.execution.optimizer_runner"),
+          "inside execution/ but below harness and benchmarks: a task format states the sandbox its task "
+          "needs and ships its files, a harness's import check runs in a sandbox, and the einstein "
+          "programs run under optimizer_runner (a script the sandbox executes)"),
+    Layer("harness", ("milo_ray.harness",), "the harness source model, diffs, validation, seed harnesses"),
+    Layer("benchmarks", ("milo_ray.benchmarks",),
+          "task specs and loaders, each real-task format, the surrogate (with its own executor)"),
+    Layer("llm", ("milo_ray.agents.llm", "milo_ray.agents.usage", "milo_ray.agents.rate_limit",
+                  "milo_ray.agents.role_llm", "milo_ray.agents.solver_calls"),
+          "inside agents/ but below execution: the model gateway and the rollout executor call models "
+          "through this client, and the search agents are built on it"),
+    Layer("execution", ("milo_ray.execution",),
+          "executors, the harness process, the gateway, the scheduler and its workers, budget ledger"),
+    Layer("agents", ("milo_ray.agents",), "mutators, orchestrators, judges, embedder (offline and LLM)"),
+    Layer("search", ("milo_ray.search", "milo_ray.context"),
+          "services both methods share (mutation runner, recording, final test, event base) and the "
+          "run context they are handed"),
+    Layer("config checks", ("milo_ray.config_targets", "milo_ray.config_errors", "milo_ray.manifest"),
+          "validation of a composed config against what it builds (agents, seeds, role caps) and the "
+          "manifest that records it"),
+    Layer("methods", ("milo_ray.milo", "milo_ray.ssr", "milo_ray.evaluation"), "MILO, SSR, plain evaluation"),
+    Layer("read side", ("milo_ray.results", "milo_ray.einstein", "milo_ray.tracking", "milo_ray.report"),
+          "results API, einstein record checks, run status and MLflow, the HTML report"),
+    Layer("entry points", ("milo_ray.run", "milo_ray.sweep", "milo_ray.integrations", "milo_ray.testing"),
+          "python -m milo_ray.run / .sweep, adapters for other tools, and the test support package"),
+)

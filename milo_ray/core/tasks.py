@@ -1,0 +1,100 @@
+"""The task value type -- what a benchmark hands a method and an executor runs -- and the
+:class:`TaskFormat` protocol by which a real task is set up and graded.
+
+A :class:`Task` is small, frozen and picklable: it crosses Ray process boundaries with
+every rollout. Tasks are not stored; a run rebuilds them from its benchmark config.
+
+A benchmark of real tasks (Harbor directories, SWE-style JSONL, einstein-agent) builds
+tasks that carry their format as an object (``Task.format``); the rollout executor asks
+it, in the worker process, for the sandbox the task needs, the verifier's
+:class:`Verdict` and the reference solution. The format objects live with their
+benchmarks; this module only states the contract, so an executor never imports a
+benchmark to run one of its tasks.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from milo_ray.execution.sandbox.base import Sandbox, SandboxSpec
+
+
+@dataclass(frozen=True)
+class Task:
+    """One benchmark task.
+
+    ``metadata`` holds benchmark-specific, JSON-serializable facts (for the surrogate:
+    latent difficulty, failure-mode propensities, hidden-test count); executors read
+    it, methods must not rely on it.
+
+    ``time_cap_s`` bounds the agent's work; ``grading_cap_s`` is the wall time a real
+    rollout needs on top of it to set up its sandbox and run the task's verifier (0 for
+    simulated tasks). The worker cancels a rollout past ``time_cap_s * grace + grading_cap_s``.
+
+    ``format`` is the :class:`TaskFormat` that sets up and
+    grades a real task (Harbor, SWE, einstein-agent); None for tasks whose executor
+    grades them itself (the surrogate, the instance-level optimizer track). It travels
+    with the task when the task is pickled to a worker (by its class, which is importable
+    wherever milo_ray is), so a worker never resolves a format by name.
+    """
+
+    task_id: str
+    split: str
+    instruction: str
+    time_cap_s: float
+    token_cap: int
+    metadata: dict[str, Any] = field(default_factory=dict)
+    grading_cap_s: float = 0.0
+    format: TaskFormat | None = field(default=None, compare=False, repr=False)
+
+
+@dataclass
+class Verdict:
+    """What the task's verifier said. ``score`` in [0, 1]; ``error`` is set (and the
+    rollout recorded with ``error_kind="task"``) when the verifier could not produce a
+    reward -- e.g. a test script that needs the network -- in which case ``score`` is 0.
+    ``reward``: the verifier's reward values (reward.json's dict, or {"reward": x});
+    ``ctrf``: the verifier's CTRF report when it wrote one; ``output``: its (capped) output;
+    ``details``: what else the format's grading found, kept in the rollout's trace (an
+    einstein program's final point and score trajectory)."""
+
+    score: float
+    error: str | None = None
+    reward: dict[str, float] = field(default_factory=dict)
+    ctrf: dict[str, Any] | None = None
+    output: str = ""
+    seconds: float = 0.0
+    details: dict[str, Any] | None = None
+
+
+class TaskFormat(Protocol):
+    """One kind of real task. ``name`` is what the task's ``metadata["format"]`` says."""
+
+    name: str
+
+    def sandbox_spec(self, task: Task) -> SandboxSpec:
+        """The environment the task asks for (workdir, network, limits, files, image)."""
+        ...
+
+    def verify(self, task: Task, sandbox: Sandbox) -> Verdict:
+        """Run the task's tests in ``sandbox`` after the agent finished (uploading them
+        first: the agent never sees them) and read the reward. Never raises for a
+        failing or broken verifier: that is a Verdict with ``error``."""
+        ...
+
+    def solve(self, task: Task, sandbox: Sandbox) -> str | None:
+        """Run the task's reference solution in ``sandbox`` (oracle mode); returns why it
+        could not run (no solution, non-zero exit), or None."""
+        ...
+
+
+def format_of(task: Task) -> TaskFormat:
+    """The format ``task`` carries; ``ValueError`` names the task when it carries none
+    (a simulated or instance-level task given to an executor of real tasks)."""
+    if task.format is None:
+        raise ValueError(f"task {task.task_id!r} (metadata['format']={task.metadata.get('format')!r}) carries no "
+                         "task format: it is not a real task (Harbor, SWE, einstein_agent); run it with the "
+                         "executor its benchmark names")
+    return task.format
