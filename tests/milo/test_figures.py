@@ -12,7 +12,7 @@ import duckdb
 import numpy as np
 import pytest
 
-from milo_ray.report.milo_figures import figures, replay
+from milo_ray.milo.figures import figures, replay
 from milo_ray.results import load_run
 
 ROOT = Path(__file__).resolve().parents[2]
