@@ -4,7 +4,8 @@ status lines, a results summary (final test, comparison row, SQL runs view) and 
 each read through the toy's own plugin (milo_ray/methods.py: the registry).
 
 The toy names things unlike MILO, SSR and eval on purpose: its leaderboard is under
-``leaderboard`` (not ``final_test``), its rollouts-per-test-task under ``method.reps``, its
+``leaderboard`` (not ``final_test``), its rollouts-per-test-task under ``method.reps`` (and it
+has no fallback for runs that did not record their final test), its
 events under ``toy.*``, its comparison row is its *second* leaderboard row, and its
 benchmark cannot be rebuilt from the manifest (so only what the run recorded can give its
 final test: a test task the search already ran is stored under ``search``)."""
@@ -158,9 +159,6 @@ class ToyPlugin(MethodPlugin):
 
     def summary_rows(self, summary):
         return list(summary.get("leaderboard") or [])
-
-    def test_setup(self, res):
-        return "test", (res.config.get("method") or {}).get("reps")
 
     def variant(self, config):
         return f"toy-{(config.get('method') or {}).get('steps')}"
