@@ -11,8 +11,12 @@ from milo_ray.execution.budget import BudgetExceeded
 from milo_ray.core.rollouts import RolloutRequest, RolloutResult
 from milo_ray.harness.model import Harness
 from milo_ray.search.final_test import true_score
+from milo_ray.search.plugin import SPEC_KEY, final_test_record
 from milo_ray.search.recording import HarnessRecorder
 from milo_ray.search.scores import HarnessScore, print_scores, summarize
+
+EVAL_SUMMARY, ORACLE_SUMMARY = "eval_summary", "oracle_summary"  # the method's records in ``events``
+EVAL_EVENT_KINDS = (EVAL_SUMMARY, ORACLE_SUMMARY)
 
 
 class EvalMethod:
@@ -86,10 +90,13 @@ class EvalMethod:
                           true_score=true_score(ctx.benchmark, h, self.split)) for h in seeds] if k_done else []
         if rows:
             print_scores(f"{ctx.benchmark.name}: {self.split} split, k={k_done}", rows)
-        ctx.store.event("eval_summary", {"split": self.split, "k": k_done, "k_requested": self.k, "stop_reason": stop,
-                                         "rows": [r.as_dict() for r in rows]})
-        return {"method": "eval", "split": self.split, "k": k_done, "k_requested": self.k, "stop_reason": stop,
-                "harnesses": [r.as_dict() for r in rows]}
+        ctx.store.event(EVAL_SUMMARY, {"split": self.split, "k": k_done, "k_requested": self.k, "stop_reason": stop,
+                                       "rows": [r.as_dict() for r in rows]})
+        summary = {"method": "eval", "split": self.split, "k": k_done, "k_requested": self.k, "stop_reason": stop,
+                   "harnesses": [r.as_dict() for r in rows]}
+        if k_done:  # what the read side tests against: these tasks, these rollouts
+            summary[SPEC_KEY] = final_test_record(self.split, k_done, task_ids, results)
+        return summary
 
 
     def _validate_suite(self, ctx: RunContext) -> dict[str, Any]:
@@ -114,7 +121,7 @@ class EvalMethod:
         print_oracle_table(ctx.benchmark.name, rows)
         summary = {"method": "eval", "mode": "oracle", "tasks": len(rows), "resolved": len(rows) - len(failing),
                    "failing": [row["task_id"] for row in failing], "rows": rows}
-        ctx.store.event("oracle_summary", summary)
+        ctx.store.event(ORACLE_SUMMARY, summary)
         return summary
 
 

@@ -14,6 +14,10 @@ rollouts, and open DuckDB views for SQL.
   ``agent_calls``, ``experience`` and ``runs`` over a run or a sweep, each with a
   ``run`` column naming the run directory relative to the path given.
 
+What is method-specific (the final test's split, k, tasks and rollouts, the leaderboard
+rows of the summary, the variant label, the row a comparison shows) comes from the run's
+method plugin (:mod:`milo_ray.methods`), found by the method name its manifest records.
+
 Rows are read through the Parquet store's reader (``milo_ray.store.open_run``), so a
 part superseded by a compaction is never counted twice and a part written by a newer
 milo_ray is refused with a message naming it. Nothing here writes into a run.
@@ -25,7 +29,6 @@ import json
 import math
 import os
 import re
-import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable
@@ -34,7 +37,9 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 
+from milo_ray import methods
 from milo_ray.kernels.metrics import pass_at_k, pr_at_k, rr_at_k
+from milo_ray.search.plugin import FinalTestSpec, MethodPlugin, rebuilt_split, recorded_tasks
 from milo_ray.search.scores import interval
 from milo_ray.store import blobs, schema
 from milo_ray.store.parquet import MANIFEST, open_run
@@ -52,19 +57,6 @@ _STATISTIC = {"pass_at_k": "pass", "pr_at_k": "pr", "rr_at_k": "rr"}
 METRIC_COLUMNS = ("harness_id", "name", "origin", "island", "round", "n_tasks", "k", "n_rollouts",
                   *(c for m in _METRICS for c in (m, f"{m}_lo", f"{m}_hi")),
                   "mean_input_tokens", "mean_output_tokens", "mean_seconds", "total_cost_usd", "timeouts", "errors")
-
-# Method and benchmark classes by the ``_target_`` the manifest records.
-_METHODS = {"MiloMethod": "milo", "SSRMethod": "ssr", "EvalMethod": "eval"}
-# The MILO ablation ladder (papers/000 App. A.5; conf/method/milo_A..E.yaml) as the method
-# settings that tell its rungs apart: (mutator_mode, memory, parent_selection, islands > 1, orchestrator).
-_RUNGS = {
-    ("one_shot", "flat", "best", False, False): "A",
-    ("agentic", "flat", "best", False, False): "B",
-    ("agentic", "lineage", "softmax", False, False): "C",
-    ("agentic", "lineage", "softmax", True, False): "D",
-    ("agentic", "lineage", "softmax", True, True): "E",
-}
-
 
 class RunDirError(ValueError):
     """A path that cannot be read as a run (or a sweep of runs); the message names the
@@ -99,24 +91,6 @@ def _read_manifest(path: Path) -> dict[str, Any]:
         raise RunDirError(f"{file}: corrupt manifest, a JSON {type(manifest).__name__} instead of an object; "
                           "restore it or move the run aside")
     return manifest
-
-
-def _method_name(manifest: dict[str, Any]) -> str:
-    target = str(manifest.get("method") or "")
-    known = _METHODS.get(target.rsplit(".", 1)[-1])
-    if known:
-        return known
-    summary = manifest.get("summary") or {}
-    return str(summary.get("method") or target.rsplit(".", 1)[-1].lower() or "unknown")
-
-
-def _rung(method: str, config: dict[str, Any]) -> str | None:
-    if method != "milo":
-        return None
-    m = config.get("method") or {}
-    key = (m.get("mutator_mode"), m.get("memory"), m.get("parent_selection"),
-           int(m.get("num_islands") or 1) > 1, bool(m.get("orchestrator")))
-    return _RUNGS.get(key, "custom")
 
 
 def _benchmark_name(manifest: dict[str, Any]) -> str:
@@ -167,10 +141,15 @@ class RunResults:
         return self.manifest.get("summary") or {}
 
     @property
+    def plugin(self) -> MethodPlugin:
+        """The run's method plugin (``methods.UNKNOWN`` for a method none is registered for)."""
+        return methods.plugin_named(self.method) or methods.plugin_for_manifest(self.manifest)
+
+    @property
     def rung(self) -> str | None:
-        """The MILO ablation rung (A..E) the method settings match, ``"custom"`` when they
-        match none, None for other methods."""
-        return _rung(self.method, self.config)
+        """The variant the method settings match (MILO: its ablation rung A..E, or
+        ``"custom"``), None for a method without variants."""
+        return self.plugin.variant(self.config)
 
     def _blob(self, ref: str | None) -> Any:
         if ref is None or (isinstance(ref, float) and math.isnan(ref)):
@@ -200,40 +179,25 @@ class RunResults:
         return "\n".join(f"# ---- {p} ----\n{files[p]}" for p in sorted(files))
 
     def split_tasks(self, split: str) -> list[str] | None:
-        """Task ids of one split of the run's benchmark, rebuilt from the resolved config
-        (benchmarks draw their splits deterministically). None, with a warning, when the
-        benchmark cannot be built here (its data is elsewhere, a class is missing)."""
+        """Task ids of one split of the run's benchmark: those the run's final test
+        recorded, else rebuilt from the resolved config (benchmarks draw their splits
+        deterministically). None, with a warning, when the benchmark cannot be built here
+        (its data is elsewhere, a class is missing)."""
         if split not in self._split_tasks:
-            self._split_tasks[split] = _benchmark_tasks(self, split)
+            recorded = recorded_tasks(self.summary, split)
+            self._split_tasks[split] = recorded if recorded is not None else rebuilt_split(self, split)
         return self._split_tasks[split]
 
     def events_of(self, kind: str) -> list[dict]:
         """Decoded payloads of the events of one kind, in order."""
         return list(self.events.loc[self.events["kind"] == kind, "data"])
 
-
-def _benchmark_tasks(res: RunResults, split: str) -> list[str] | None:
-    spec = res.config.get("benchmark")
-    try:
-        from hydra.utils import instantiate
-
-        if not isinstance(spec, dict) or "_target_" not in spec:
-            raise ValueError("the manifest's config has no benchmark._target_")
-        tasks = [t.task_id for t in instantiate(spec, _convert_="all").tasks(split)]
-    except Exception as e:  # any failure to rebuild it leaves the stored split labels
-        why = f"cannot rebuild the benchmark ({type(e).__name__}: {(str(e).splitlines() or [''])[0]})"
-    else:
-        # A run made before splits were drawn in a fixed order, whose config listed them in
-        # another order, drew other splits than its manifest (keys stored sorted) rebuilds:
-        # a rebuilt list must hold every task stored under the split.
-        stored = set(res.rollouts.loc[res.rollouts["split"] == split, "task_id"])
-        if stored <= set(tasks):
-            return tasks
-        why = (f"the rebuilt benchmark's {split!r} split lacks tasks the run stored under it "
-               f"(e.g. {sorted(stored - set(tasks))[0]!r}), so it drew other splits than the run")
-    warnings.warn(f"{res.run_dir}: {why}; final-test metrics use the rollouts stored under split {split!r} "
-                  "only (test tasks the search ran earlier are then missing)", stacklevel=4)
-    return None
+    def event_rows(self) -> list[dict[str, Any]]:
+        """The ``events`` rows as stored (payload as JSON text, a null column None), in
+        ``seq`` order: what ``EventTypes.decode_rows`` and a plugin's status view take."""
+        cols = [c for c in self.events.columns if c != "data"]
+        return [{c: (None if v is None or v is pd.NA or (isinstance(v, float) and math.isnan(v)) else v)
+                 for c, v in zip(cols, row)} for row in self.events[cols].itertuples(index=False, name=None)]
 
 
 def load_run(run_dir: str | os.PathLike) -> RunResults:
@@ -252,7 +216,7 @@ def load_run(run_dir: str | os.PathLike) -> RunResults:
         raise RunDirError(f"{path}: cannot read the run's tables: {e}") from None
     events = tables["events"].sort_values("seq", kind="stable").reset_index(drop=True)
     events["data"] = [{} if p is None else json.loads(p) for p in events["payload"]]
-    return RunResults(run_dir=path, manifest=manifest, method=_method_name(manifest),
+    return RunResults(run_dir=path, manifest=manifest, method=methods.plugin_for_manifest(manifest).name,
                       benchmark=_benchmark_name(manifest), rollouts=tables["rollouts"],
                       harnesses=tables["harnesses"], events=events, agent_calls=tables["agent_calls"],
                       experience=tables["experience"], _blobs=blobs.BlobDir(path))
@@ -381,55 +345,35 @@ def harness_metrics(res: RunResults, *, split: str = "search", k: int | None = N
     return _metric_frame(res, res.rollouts[res.rollouts["split"] == split], k)
 
 
-def _test_setup(res: RunResults) -> tuple[str, int | None]:
-    """The final test's split and rollouts per task, from the resolved method config."""
-    m = res.config.get("method") or {}
-    if res.method == "eval":
-        return str(m.get("split", "test")), res.summary.get("k") or m.get("k")
-    k = m.get("k_test") if res.method == "milo" else m.get("test_rollouts")
-    return str(m.get("test_split") or "test"), None if k is None else int(k)
-
-
-def _final_rows(res: RunResults, harness_ids: list[str], split: str, k: int | None) -> tuple[pd.DataFrame, list | None]:
-    """The rollouts a final test of ``harness_ids`` on ``split`` used, and the split's
-    task ids. A final test request reuses any stored rollout with its cache key (a test
-    task the search also ran is stored under the search's split), so the rows are found
-    by cache key over the benchmark's task list. Without that list (the benchmark cannot
-    be built here) the rows stored under ``split`` stand in, with a warning."""
-    tasks = res.split_tasks(split)
-    if tasks is None or k is None:
-        return res.rollouts[res.rollouts["split"] == split], None
-    from milo_ray.core.rollouts import cache_key
-
-    model, seed = res.manifest.get("model_id"), int(res.manifest.get("seed", 0))
-    keys = {cache_key(h, t, i, model, seed) for h in harness_ids for t in tasks for i in range(k)}
-    return res.rollouts[res.rollouts["cache_key"].isin(keys)], tasks
+def _final_rows(res: RunResults, spec: FinalTestSpec) -> pd.DataFrame:
+    """The rollouts a final test used: by the cache keys the spec holds, wherever they
+    are stored (a test task the search also ran is stored under the search's split);
+    without keys, the rows stored under its split."""
+    if spec.cache_keys is None:
+        return res.rollouts[res.rollouts["split"] == spec.split]
+    return res.rollouts[res.rollouts["cache_key"].isin(spec.cache_keys)]
 
 
 def final_test(res: RunResults) -> pd.DataFrame:
-    """The run's final test-split results, recomputed from its rollouts: the columns of
+    """The run's final test results, recomputed from its rollouts: the columns of
     :func:`harness_metrics` plus ``label`` (the name the summary gives the row, e.g.
     ``island-2:2-5`` or ``ssr final``) and ``true_score`` (the benchmark's ground truth
-    from the summary; None on real tasks). Rows follow the summary's ``final_test``
-    (MILO: best first; SSR: final, then initial; eval: its ``harnesses``). A run without
-    a summary yet (running, killed) gives every harness with rows on the test split.
-    ``n_tasks`` is the split's size: a task without a rollout scores 0, as in the run."""
-    split, k = _test_setup(res)
-    listed = res.summary.get("final_test") if res.method != "eval" else res.summary.get("harnesses")
-    if listed:
-        ids = [r["harness_id"] for r in listed]
-        rows, tasks = _final_rows(res, ids, split, k)
-        frame = _metric_frame(res, rows, k, ids, tasks)
-        frame.insert(1, "label", [r.get("name") for r in listed])
-        frame["true_score"] = [r.get("true_score") for r in listed]
-        if res.method == "milo":  # the island whose best it was (a seed sits on several)
-            frame["island"] = pd.array([r.get("island") for r in listed], dtype="Int64")
-        return frame
-    ids = list(dict.fromkeys(res.rollouts.loc[res.rollouts["split"] == split, "harness_id"]))
-    rows, tasks = _final_rows(res, ids, split, k)
-    frame = _metric_frame(res, rows, k, ids, tasks)
-    frame.insert(1, "label", frame["name"])
-    frame["true_score"] = None
+    from the summary; None on real tasks). Which harnesses, split, k, tasks and rollouts
+    is the method plugin's :meth:`~milo_ray.search.plugin.MethodPlugin.final_test`: rows
+    follow the summary's leaderboard (MILO: best first; SSR: final, then initial; eval:
+    its seeds); a run without a summary yet (running, killed) gives every harness with
+    rows on the test split. ``n_tasks`` is the split's size: a task without a rollout
+    scores 0, as in the run."""
+    spec = res.plugin.final_test(res)
+    ids = [h.harness_id for h in spec.harnesses]
+    tasks = None if spec.task_ids is None or spec.cache_keys is None else list(spec.task_ids)
+    frame = _metric_frame(res, _final_rows(res, spec), spec.k, ids, tasks)
+    frame.insert(1, "label", [h.label if h.label is not None else name
+                              for h, name in zip(spec.harnesses, frame["name"])])
+    frame["true_score"] = [h.true_score for h in spec.harnesses]
+    # The island a tested harness was the best of (a seed sits on several), where the method says.
+    frame["island"] = pd.array([h.island if h.island is not None else j
+                                for h, j in zip(spec.harnesses, frame["island"])], dtype="Int64")
     return frame
 
 
@@ -480,9 +424,9 @@ def _run_names(paths: list[Path]) -> list[str]:
 
 def compare(runs: Iterable[RunResults | str | os.PathLike]) -> pd.DataFrame:
     """One row per run: run (its directory relative to the runs' common directory),
-    run_id, method, rung (MILO ablation rung), benchmark, status, stop_reason, the
-    incumbent's final-test row (``final_test``'s first row; for ``eval`` the harness with
-    the best PR@k) with intervals and true score, rollouts stored, agent spend (tokens,
+    run_id, method, rung (the method's variant, e.g. MILO's ablation rung), benchmark, status, stop_reason, the
+    incumbent's final-test row (the one the method plugin picks: ``final_test``'s first
+    row; for ``eval`` the harness with the best PR@k) with intervals and true score, rollouts stored, agent spend (tokens,
     USD: None if any call is unpriced) and wall seconds. Paths are loaded with load_run."""
     runs = [r if isinstance(r, RunResults) else load_run(r) for r in runs]
     names = _run_names([r.run_dir for r in runs])
@@ -490,10 +434,8 @@ def compare(runs: Iterable[RunResults | str | os.PathLike]) -> pd.DataFrame:
                    "mean_output_tokens", "mean_seconds", "true_score"]
     out = []
     for name, res in zip(names, runs):
-        test = final_test(res)
-        if res.method == "eval" and len(test):
-            test = test.sort_values("pr_at_k", ascending=False, kind="stable")
-        best = test.iloc[0].to_dict() if len(test) else {}
+        row = res.plugin.incumbent(final_test(res))
+        best = {} if row is None else row.to_dict()
         spend = spend_by_role(res)
         out.append({"run": name, "run_dir": str(res.run_dir), "run_id": res.manifest.get("run_id"),
                     "method": res.method, "rung": res.rung, "benchmark": res.benchmark, "status": res.status,
@@ -546,9 +488,9 @@ def connect(path: str | os.PathLike) -> "duckdb.DuckDBPyConnection":
                 glob = str(d / t / "*.parquet")
                 parts[t].append(f"SELECT *, {_sql_str(rel)} AS run FROM read_parquet({_sql_str(glob)}, "
                                 "union_by_name = true)")
-        method = _method_name(manifest)
-        meta.append({"run": rel, "run_dir": str(d), "run_id": manifest.get("run_id"), "method": method,
-                     "rung": _rung(method, manifest.get("config") or {}), "benchmark": _benchmark_name(manifest),
+        plugin = methods.plugin_for_manifest(manifest)
+        meta.append({"run": rel, "run_dir": str(d), "run_id": manifest.get("run_id"), "method": plugin.name,
+                     "rung": plugin.variant(manifest.get("config") or {}), "benchmark": _benchmark_name(manifest),
                      "status": str(manifest.get("status", "unknown")),
                      "started_at": manifest.get("started_at"), "finished_at": manifest.get("finished_at")})
     for t in TABLES:

@@ -162,6 +162,7 @@ class PreparedRun:
     tracker: Any
     tasks: dict[str, Any]  # task id -> task, every split
     skipped: dict[str, str]  # task id -> why, for tasks run.skip_unrunnable_tasks dropped
+    plugin: Any = None  # the method's milo_ray.search.plugin.MethodPlugin (milo_ray.methods)
 
 
 def prepare_run(cfg: DictConfig) -> PreparedRun:
@@ -182,16 +183,25 @@ def prepare_run(cfg: DictConfig) -> PreparedRun:
         _skip_tasks(benchmark, skipped)
     check_seed_harnesses(benchmark, cfg.get("sandbox"))
     method = _build("method", cfg.method)
+    plugin = _method_plugin(method)
     tracker = _build("tracking", cfg.tracking) if cfg.get("tracking") is not None else None
-    preflight = getattr(method, "preflight", None)
-    if preflight is not None:
-        try:
-            preflight(benchmark, plan.agents)
-        except ValueError as exc:
-            raise UserError(str(exc).strip()) from None
+    try:
+        plugin.preflight(method, benchmark, plan.agents)
+    except ValueError as exc:
+        raise UserError(str(exc).strip()) from None
     tasks = {t.task_id: t for split in benchmark.splits().values() for t in split}
     return PreparedRun(plan=plan, benchmark=benchmark, method=method, tracker=tracker, tasks=tasks,
-                       skipped=skipped)
+                       skipped=skipped, plugin=plugin)
+
+
+def _method_plugin(method: Any) -> Any:
+    """The built method's plugin (milo_ray.methods); a method without one is bad input."""
+    from milo_ray.methods import plugin_for_method
+
+    try:
+        return plugin_for_method(method)
+    except LookupError as exc:
+        raise UserError(f"method._target_: {exc}") from None
 
 
 class InfraOnly(Exception):
@@ -236,6 +246,7 @@ def run_job(cfg: DictConfig) -> dict[str, Any]:
     cluster = connect(cfg.execution)
 
     manifest = build_manifest(cfg, run_dir=run_dir, cluster=cluster, resumed=resumed)
+    manifest["method_name"] = prepared.plugin.name  # the read side finds the method's plugin by it
     store = ParquetRunStore(run_dir, run_id=manifest["run_id"])
     if skipped:
         manifest["skipped_tasks"] = dict(skipped)
@@ -292,14 +303,14 @@ def run_job(cfg: DictConfig) -> dict[str, Any]:
     )
     scheduler.agent_calls = ctx.agent_calls  # real rollouts' model calls land there (role solver)
     tracking = _live_views(cfg, store, scheduler, tracker, run_dir=run_dir, manifest=manifest, resumed=resumed,
-                           deadline=deadline)
+                           deadline=deadline, method=prepared.plugin)
     status = "failed"
     summary: dict[str, Any] = {}
     infra: str | None = None
     session_started = time.time()
     try:
         with watch_loads(lambda load: store.event(EMBEDDER_LOADED, dataclasses.asdict(load))):
-            summary = method.run(ctx) or {}
+            summary = prepared.plugin.run(method, ctx)
         infra = _infra_only(store, session_started)
         status = FAILED_INFRA if infra else "finished"
         print_run_summary(summary)
@@ -347,7 +358,7 @@ def _write_report(run_dir: Path) -> Path | None:
 
 
 def _live_views(cfg: DictConfig, store: Any, scheduler: Any, tracker: Any, *, run_dir: Path,
-                manifest: dict[str, Any], resumed: bool, deadline: float | None) -> Any:
+                manifest: dict[str, Any], resumed: bool, deadline: float | None, method: Any = None) -> Any:
     """Feed the progress display's run status and the tracker from the store's writes;
     returns the tracking session (None: nothing tracked). Without a display or a
     tracker nothing listens, so a quiet run pays nothing."""
@@ -356,7 +367,7 @@ def _live_views(cfg: DictConfig, store: Any, scheduler: Any, tracker: Any, *, ru
     tracked = tracker is not None and not isinstance(tracker, NoTracking)
     if not (scheduler.progress.enabled or scheduler.progress.plain or tracked):
         return None
-    live = RunStatus(budget=scheduler.budget, deadline=deadline,
+    live = RunStatus(method=method, budget=scheduler.budget, deadline=deadline,
                      max_rounds=OmegaConf.select(cfg, "method.max_rounds", default=None))
     if resumed:
         live.replay(store)

@@ -10,15 +10,16 @@ run, each tiny.
 from __future__ import annotations
 
 import json
-import warnings
 import math
 import shutil
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import duckdb
 import numpy as np
+import pandas as pd
 import pyarrow.parquet as pq
 import pytest
 import zstandard
@@ -156,6 +157,26 @@ def test_final_test_matches_what_the_run_reported(runs, name):
                                              f"and harness_id = '{reported[0]['harness_id']}'")[0][0]
     if name.startswith("sweep"):
         assert labelled < reported[0]["n_tasks"] * reported[0]["k"]
+
+
+
+@pytest.mark.parametrize("name", ["sweep/0", "ssr", "eval"])
+def test_the_final_test_is_read_from_what_the_run_recorded_not_rebuilt(runs, name, tmp_path):
+    # The run recorded its final test (split, k, task ids, the cache keys it used): with a
+    # benchmark that cannot be rebuilt here, the final test reads the same, without a warning.
+    spec = R.load_run(runs / name).summary["final_test_spec"]
+    expected = R.final_test(R.load_run(runs / name))
+    assert (spec["k"], len(spec["task_ids"])) == (expected["k"].iloc[0], expected["n_tasks"].iloc[0])
+    assert len(spec["cache_keys"]) >= expected["n_rollouts"].max()
+    run = tmp_path / "moved"
+    shutil.copytree(runs / name, run)
+    manifest = json.loads((run / "manifest.json").read_text())
+    manifest["config"]["benchmark"]["_target_"] = "no.such.module.Benchmark"
+    (run / "manifest.json").write_text(json.dumps(manifest))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        got = R.final_test(R.load_run(run))
+    pd.testing.assert_frame_equal(got, expected)
 
 
 def test_einstein_scores_are_rewards(runs):

@@ -57,9 +57,11 @@ LAYERS: tuple[Layer, ...] = (
     Layer("config checks", ("milo_ray.config_targets", "milo_ray.config_errors", "milo_ray.manifest"),
           "validation of a composed config against what it builds (agents, seeds, role caps) and the "
           "manifest that records it"),
-    Layer("methods", ("milo_ray.milo", "milo_ray.ssr", "milo_ray.evaluation"), "MILO, SSR, plain evaluation"),
-    Layer("read side", ("milo_ray.results", "milo_ray.einstein", "milo_ray.tracking", "milo_ray.report"),
-          "results API, einstein record checks, run status and MLflow, the HTML report"),
+    Layer("methods", ("milo_ray.milo", "milo_ray.ssr", "milo_ray.evaluation", "milo_ray.evaluation_plugin"),
+          "MILO, SSR, plain evaluation, each with its plugin"),
+    Layer("read side", ("milo_ray.methods", "milo_ray.results", "milo_ray.einstein", "milo_ray.tracking",
+                       "milo_ray.report"),
+          "the method registry, results API, einstein record checks, run status and MLflow, the HTML report"),
     Layer("entry points", ("milo_ray.run", "milo_ray.sweep", "milo_ray.integrations", "milo_ray.testing"),
           "python -m milo_ray.run / .sweep, adapters for other tools, and the test support package"),
 )

@@ -36,6 +36,7 @@ from milo_ray.milo.config import MiloConfig
 from milo_ray.milo.events import MILO_EVENTS, Init, Progress, RoleBudget, SeedScore, Step, Stopped
 from milo_ray.milo.lineage import LineageNode
 from milo_ray.milo.mutator_pool import MutatorPool, MutatorPoolActor
+from milo_ray.milo.plugin import PLUGIN
 from milo_ray.milo.records import build_node, node_row_key, record_node, write_missing_rows
 from milo_ray.milo.state import MiloState
 from milo_ray.search.agent_calls import spec_model
@@ -54,9 +55,9 @@ class MiloMethod:
 
     @classmethod
     def agent_roles_for(cls, method: dict[str, Any]) -> tuple[str, ...]:
-        """The roles this configuration needs: rungs without an orchestrator
-        (``method.orchestrator=false``, ablations A-D) need mutators only."""
-        return cls.agent_roles if method.get("orchestrator", True) else ("mutators",)
+        """The roles this configuration needs (the plugin's rule: rungs without an
+        orchestrator, ablations A-D, need mutators only)."""
+        return PLUGIN.roles(method)
 
     def __init__(self, **fields: Any) -> None:
         fields.pop("_target_", None)

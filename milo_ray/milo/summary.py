@@ -14,6 +14,7 @@ from milo_ray.milo.events import Summarized
 from milo_ray.milo.lineage import LineageNode
 from milo_ray.milo.view import PopulationView
 from milo_ray.search.final_test import FinalTest, true_score
+from milo_ray.search.plugin import SPEC_KEY
 
 
 def _true(run: PopulationView, h: Any) -> float | None:
@@ -55,6 +56,7 @@ async def final_summary(run: PopulationView, stop_reason: str) -> dict[str, Any]
             "true_quality": _true(run, run.harness(best)),
         },
         "final_test": final,
+        SPEC_KEY: final_test.record(),
         "seeds_true_quality": seed_true,
         "best_seed_true_quality": max((v for v in seed_true.values() if v is not None), default=None),
         "executions_used": used,

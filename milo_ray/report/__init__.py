@@ -3,11 +3,11 @@ set of runs (``python -m milo_ray.report``).
 
 This package owns presentation only. Every number comes from
 :mod:`milo_ray.results` (``harness_metrics``, ``final_test``, ``spend_by_role``,
-``compare``) or straight from stored events; nothing is recomputed here, so the
-report, DuckDB queries and the results API always agree. Figures come from figure
-modules that each expose ``figures(res) -> list[Figure]``: SSR's
-(:mod:`milo_ray.report.ssr_figures`) and, when installed, MILO's and the
-instance-level track's (imported lazily; a module that is absent adds nothing).
+``compare``) or from the run's method plugin; nothing is recomputed here, so the
+report, DuckDB queries and the results API always agree. The method's own sections
+(figures and tables) come from its plugin's ``report_sections(res)``
+(:mod:`milo_ray.search.plugin`); benchmark figures that any method's run can have
+(the instance-level track's) come from the modules in :data:`BENCHMARK_FIGURES`.
 """
 
 from __future__ import annotations
@@ -22,17 +22,14 @@ from html import escape  # not `import html`: that name is this package's html s
 from typing import Any
 
 from milo_ray import redaction
-from milo_ray.report.figure import Figure
 from milo_ray.report.tables import duration, fmt
+from milo_ray.search.plugin import Figure, ReportSection
 
-__all__ = ["Figure", "write_report", "write_comparison", "FIGURE_MODULES"]
+__all__ = ["Figure", "write_report", "write_comparison", "BENCHMARK_FIGURES"]
 
-# (module, section title, lead text). Each module's figures get their own section.
-FIGURE_MODULES = (
-    ("milo_ray.report.ssr_figures", "SSR search",
-     "Evidence coverage, racing and budget of Successive Scale Racing (SSR §4)."),
-    ("milo_ray.report.milo_figures", "MILO search",
-     "Islands, lineage, orchestrator moves and the accuracy/cost frontier (MILO §4)."),
+# Figures of a benchmark rather than a method: (module, section title, lead text). Each
+# module exposes ``figures(res) -> list[Figure]`` ([] for runs it has nothing for).
+BENCHMARK_FIGURES = (
     ("milo_ray.report.einstein_figures", "Instance-level problems",
      "Verified scores over wall time against the published anchors (MILO App. E)."),
 )
@@ -102,35 +99,55 @@ def write_comparison(paths: list[str | Path], out_dir: str | Path) -> Path:
 
 
 def _figure_sections(res: Any, out: Path) -> list:
-    """One section per figure module with figures for this run (PNG/SVG written to ``out``)."""
+    """The method's sections (its plugin's), then one per benchmark figure module with
+    figures for this run (PNG/SVG written to ``out``)."""
     from milo_ray.report import html as page
     from milo_ray.report import tables
 
-    sections, number = [], 0
-    for module, title, lead in FIGURE_MODULES:
-        figs, error = _figures_of(module, res)
-        if not figs and error is None:
-            continue
-        body = f'<p class="lead">{escape(lead)}</p>'
-        if error is not None:
-            body += f'<p class="error">{escape(error)}</p>'
-        for fig in figs:
+    number = 0
+
+    def section(s: ReportSection):
+        nonlocal number
+        body = f'<p class="lead">{escape(s.lead)}</p>'
+        if s.error is not None:
+            body += f'<p class="error">{escape(s.error)}</p>'
+        for fig in s.figures:
             number += 1
             body += page.figure_block(fig, number, out)
-        if module.endswith("ssr_figures"):
-            body += "<h3>Decisions per round</h3>" + tables.render(tables.ssr_decisions(res),
-                                                                 table_id="ssr-decisions-table")
-        sections.append(page.Section(module.rsplit(".", 1)[-1].replace("_figures", "") + "-figures", title, body))
+        for t in s.tables:
+            body += f"<h3>{escape(t.heading)}</h3>" + tables.render(t.frame, table_id=t.table_id)
+        return page.Section(s.key, s.title, body)
+
+    sections = [section(s) for s in _method_sections(res)]
+    for module, title, lead in BENCHMARK_FIGURES:
+        figs, error = _figures_of(module, res)
+        if figs or error is not None:
+            sections.append(section(ReportSection(module.rsplit(".", 1)[-1].replace("_figures", "") + "-figures",
+                                                  title, lead, figs, error=error)))
     if not sections:
         sections.append(page.Section("figures", "Figures", '<p class="nodata">no data: this run has no figures '
                                      "(no method-specific events were recorded)</p>"))
     return sections
 
 
+def _method_sections(res: Any) -> list[ReportSection]:
+    """The run's method plugin's sections. A plugin that fails on this run yields its
+    error for the page (and stderr) instead of taking the whole report down: the tables
+    are still worth reading."""
+    plugin = res.plugin
+    try:
+        return list(plugin.report_sections(res))
+    except Exception as e:  # noqa: BLE001 -- reported on the page and on stderr, never swallowed
+        print(f"milo_ray.report: the {plugin.name} plugin's report sections failed: {traceback.format_exc(limit=3)}",
+              file=sys.stderr)
+        return [ReportSection(f"{plugin.name}-figures", f"{plugin.name} search", "",
+                              error=f"the {plugin.name} method's report sections failed on this run: "
+                                    f"{type(e).__name__}: {e}")]
+
+
 def _figures_of(module: str, res: Any) -> tuple[list[Figure], str | None]:
     """The module's figures, or ([], None) when the module is not installed. A module
-    that fails on this run yields its error for the page (and stderr) instead of
-    taking the whole report down: the tables are still worth reading."""
+    that fails on this run yields its error for the page (and stderr)."""
     try:
         mod = importlib.import_module(module)
     except ModuleNotFoundError as e:

@@ -30,7 +30,7 @@ from matplotlib.transforms import blended_transform_factory
 
 from milo_ray.benchmarks.einstein.problems import ANCHORS
 from milo_ray.einstein import einstein_traces
-from milo_ray.report.figure import Figure
+from milo_ray.search.plugin import Figure
 
 COLORS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#17becf", "#bcbd22")
 RUN_GROUP = "run"  # the group of a run without islands

@@ -1,15 +1,6 @@
-"""The one type every figure module returns (``figures(res) -> list[Figure]``)."""
+"""The one type every figure returns: :class:`milo_ray.search.plugin.Figure` (defined
+there so a method's plugin can draw figures without importing the report)."""
 
-from dataclasses import dataclass
-from typing import Any
+from milo_ray.search.plugin import Figure
 
-
-@dataclass
-class Figure:
-    """A titled, captioned matplotlib figure; ``name`` is the file stem the report
-    writes (``<out>/<name>.png`` and ``.svg``)."""
-
-    name: str
-    title: str
-    caption: str
-    fig: Any  # a matplotlib.figure.Figure built with the object API (Agg), never pyplot
+__all__ = ["Figure"]

@@ -1,7 +1,7 @@
 """DataFrames as HTML tables for the report: formatting only, never arithmetic.
 
-Every number comes from :mod:`milo_ray.results` (or, for SSR's decisions, straight
-from the stored events); this module only chooses how to print it. A metric ``m``
+Every number comes from :mod:`milo_ray.results` (or from a method plugin's report
+tables); this module only chooses how to print it. A metric ``m``
 with ``m_lo``/``m_hi`` columns is shown as one cell ``value [lo, hi]``. Each numeric
 cell carries its exact value in ``data-v`` (and its interval in ``data-lo``/``data-hi``)
 so the page can be checked against the Parquet tables without parsing rounded text.
@@ -143,24 +143,3 @@ def render(df: pd.DataFrame | None, *, columns: list[str] | None = None, table_i
     cap = f"<caption>{html.escape(caption)}</caption>" if caption else ""
     return (f'<div class="table-wrap"><table{ident}>{cap}<thead><tr>{head}</tr></thead>'
             f'<tbody>{"".join(body)}</tbody></table></div>')
-
-
-def ssr_decisions(res: Any) -> pd.DataFrame:
-    """One row per raced SSR round, read from its ``ssr.candidates`` and
-    ``ssr.selection`` events: the decision as the run recorded it."""
-    from milo_ray.report.ssr_figures import race_rounds
-
-    rows = []
-    for r in race_rounds(res):
-        sel = r.get("selection") or {}
-        gen = r.get("generated") or []
-        rows.append({
-            "round": r["round"], "parent": r["parent"], "generated": len(gen), "raced": len(r.get("racing") or []),
-            "scales": ", ".join(str(g.get("scale")) for g in gen),
-            "stages": sel.get("completed_stages"), "executions": sel.get("executions"),
-            "parent_score": sel.get("parent_score"), "best_child": sel.get("best_child"),
-            "best_child_score": sel.get("best_child_score"),
-            "decision": ("accepted" if sel.get("replaced") else "kept parent") if sel else "no selection",
-            "race_stop": sel.get("stop_reason"),
-        })
-    return pd.DataFrame(rows)

@@ -14,6 +14,7 @@ from typing import Any, Sequence
 from milo_ray.benchmarks.base import GroundTruth
 from milo_ray.core.rollouts import RolloutRequest
 from milo_ray.harness.model import Harness
+from milo_ray.search.plugin import final_test_record
 from milo_ray.search.scores import HarnessScore, summarize
 
 
@@ -40,7 +41,8 @@ class FinalTest:
     """Tests labelled harnesses on one split with k rollouts per task.
 
     ``rows(...)`` (sync) and ``arows(...)`` (for asyncio drivers) give one
-    :class:`HarnessScore` per harness, in order, named by its label."""
+    :class:`HarnessScore` per harness, in order, named by its label. ``record()`` is what
+    the run stores in its summary so the read side finds exactly these rollouts."""
 
     def __init__(self, scheduler: Any, benchmark: Any, *, split: str, k: int, seed: int, method: str,
                  stage: str = "final", group: str = "final") -> None:
@@ -49,6 +51,7 @@ class FinalTest:
         self.scheduler, self.benchmark = scheduler, benchmark
         self.split, self.k, self.seed, self.method, self.stage, self.group = split, int(k), seed, method, stage, group
         self.task_ids = [t.task_id for t in benchmark.tasks(split)]
+        self._used: list = []  # every result the test used, for record()
 
     def _requests(self, h: Harness, round: int) -> list[RolloutRequest]:
         self.scheduler.add_harness(h)
@@ -56,6 +59,7 @@ class FinalTest:
                              round=round, stage=self.stage, group=self.group)
 
     def _row(self, label: str, h: Harness, results: list) -> HarnessScore:
+        self._used += results
         return summarize(label, h, results, self.task_ids, self.k, true_score=true_score(self.benchmark, h, self.split))
 
     def rows(self, harnesses: Sequence[tuple[str, Harness]], *, round: int = 0) -> list[HarnessScore]:
@@ -63,6 +67,11 @@ class FinalTest:
             return []
         return [self._row(label, h, self.scheduler.run(self._requests(h, round), count_budget=False))
                 for label, h in harnesses]
+
+    def record(self) -> dict[str, Any]:
+        """The summary entry (``summary[SPEC_KEY]``) of the tests run so far: split, k,
+        task ids and the cache keys of the rollouts they used."""
+        return final_test_record(self.split, self.k, self.task_ids, self._used)
 
     async def arows(self, harnesses: Sequence[tuple[str, Harness]], *, round: int = 0) -> list[HarnessScore]:
         if not self.task_ids:

@@ -64,6 +64,7 @@ from milo_ray.ssr.events import (
     RoundStarted, Selection, StageAborted, StageResult, StageStarted, Stopped, Summarized,
 )
 from milo_ray.ssr.judging import judge_round
+from milo_ray.ssr.plugin import ROLES
 from milo_ray.ssr.racing import Race, RaceCandidate, RaceConfig, UniformRace
 from milo_ray.ssr.state import RecordedRun, check_parent, check_stage
 from milo_ray.ssr.store_io import StoreWriter
@@ -76,7 +77,7 @@ class SSRMethod:
     """Successive Scale Racing (built by Hydra from ``SSRConfig``)."""
 
     name = METHOD
-    agent_roles = ("judge", "optimizer", "embedder")  # checked by the entry point before the run starts
+    agent_roles = ROLES  # checked by the entry point before the run starts
 
     def __init__(self, **kwargs: Any) -> None:
         kwargs.pop("_target_", None)
@@ -347,6 +348,7 @@ class _SSRRun:
         (``HarnessScore.as_dict()``; ``test_final``/``test_initial`` name the same rows),
         and the benchmark's ground truth when it has one."""
         from milo_ray.search.final_test import FinalTest, true_quality
+        from milo_ray.search.plugin import SPEC_KEY
 
         cfg = self.cfg
         # Ground truth (the surrogate's exact expected quality) when the benchmark has it.
@@ -370,6 +372,7 @@ class _SSRRun:
         if rows and initial.harness_id == final.harness_id:
             summary["test_initial"] = summary["test_final"]  # the same harness: tested once
         summary["final_test"] = rows
+        summary[SPEC_KEY] = final_test.record()
         for label, h in (("initial", initial), ("final", final)):
             tq = truth[h.harness_id]
             if tq is not None:

@@ -77,12 +77,13 @@ def _number(x: Any) -> float | None:
     return None
 
 
-def final_metrics(summary: Mapping[str, Any]) -> dict[str, float]:
-    """The final test rows of a method's summary (``final_test``: MILO's best islands,
-    SSR's final and initial harness) as ``test/<row name>/<metric>``; the first row, the
-    run's incumbent, also as ``test/<metric>``. Confidence intervals become ``_lo``/``_hi``."""
+def final_metrics(summary: Mapping[str, Any], rows: Any = None) -> dict[str, float]:
+    """The final test rows of a method's summary (``rows``: the method plugin's
+    ``summary_rows``; None: the summary's ``final_test``, MILO's best islands, SSR's final
+    and initial harness) as ``test/<row name>/<metric>``; the first row, the run's
+    incumbent, also as ``test/<metric>``. Confidence intervals become ``_lo``/``_hi``."""
     out: dict[str, float] = {}
-    for i, row in enumerate(summary.get("final_test") or []):
+    for i, row in enumerate(summary.get("final_test") or [] if rows is None else rows):
         values: dict[str, float] = {}
         for key, value in row.items():
             if isinstance(value, (list, tuple)) and len(value) == 2:
@@ -115,6 +116,7 @@ class TrackingSession:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.failed: str | None = None
+        self._status: RunStatus | None = None
 
     def _fail(self, stage: str, exc: BaseException) -> None:
         if self.failed is not None:
@@ -141,6 +143,7 @@ class TrackingSession:
 
     def start(self, *, run_id: str, run_dir: Path, config: Mapping[str, Any], resumed: bool,
               status: RunStatus) -> None:
+        self._status = status
         if self._call("start", self.tracker.start, run_id=run_id, run_dir=Path(run_dir),
                       params=flatten_config(config), resumed=resumed):
             status.subscribe(self.on_round)
@@ -174,7 +177,8 @@ class TrackingSession:
         if self.failed is not None:
             return
         self.flush()
-        test = final_metrics(summary)
+        plugin = None if self._status is None else self._status.plugin
+        test = final_metrics(summary, None if plugin is None else plugin.summary_rows(summary))
         if test:
             self._call("log_metrics", self.tracker.log_metrics, test, None)
         self._call("finish", self.tracker.finish, status=status, run_dir=Path(run_dir), report=report)

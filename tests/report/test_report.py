@@ -27,7 +27,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from milo_ray import results as R
-from milo_ray.report import FIGURE_MODULES, write_report
+from milo_ray.report import BENCHMARK_FIGURES, write_report
 from milo_ray.store import schema
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -108,10 +108,10 @@ def _png_size(data: bytes) -> tuple[int, int]:
 
 
 def _expected_figures(run_dir: Path) -> list[str]:
-    """Every figure the installed figure modules draw for this run."""
+    """Every figure the run's method plugin and the benchmark figure modules draw for this run."""
     res = R.load_run(run_dir)
-    names = []
-    for module, _, _ in FIGURE_MODULES:
+    names = [f.name for s in res.plugin.report_sections(res) for f in s.figures]
+    for module, _, _ in BENCHMARK_FIGURES:
         try:
             mod = importlib.import_module(module)
         except ModuleNotFoundError as e:

@@ -1,4 +1,4 @@
-"""The MILO figures of the run report (papers/000 Table 3b, Table 2d/e).
+"""MILO's figures of the run report (papers/000 Table 3b, Table 2d/e), for its plugin.
 
 ``figures(res)`` draws, for a MILO run:
 
@@ -34,11 +34,11 @@ from matplotlib.figure import Figure as MplFigure
 from matplotlib.lines import Line2D
 from matplotlib.ticker import MaxNLocator, PercentFormatter
 
-from milo_ray.milo.events import (CurriculumChanged, DecisionInvalid, Init, IslandFounded, NodeRecorded, Progress,
-                                  Reassign, SeedScore, decode)
+from milo_ray.milo.events import (MILO_EVENTS, CurriculumChanged, DecisionInvalid, Init, IslandFounded, NodeRecorded,
+                                  Progress, Reassign, SeedScore)
 from milo_ray.milo.lineage import LineageNode
 from milo_ray.milo.state import MiloState
-from milo_ray.report.figure import Figure
+from milo_ray.search.plugin import Figure
 
 COLORS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#17becf", "#bcbd22",
           "#7f7f7f")
@@ -86,10 +86,6 @@ class MiloReplay:
     seeds: list[SeedScore] = field(default_factory=list)
 
 
-def _is_milo(res: Any) -> bool:
-    return res.method == "milo" and bool((res.events["kind"] == "milo.node").any())
-
-
 def _best_search(state: MiloState, j: int) -> float | None:
     accs = [n.accuracy for n in state.islands[j].lineage.admitted() if n.evaluated]
     return max(accs) if accs else None
@@ -102,8 +98,9 @@ def _point(state: MiloState, j: int, r: int) -> SeriesPoint:
 
 
 def replay(res: Any) -> MiloReplay | None:
-    """Replay the run's ``milo.*`` events; None when it is not a MILO run."""
-    if not _is_milo(res):
+    """Replay the run's MILO events; None when it has no lineage node (nothing to draw)."""
+    events = MILO_EVENTS.decode_rows(res.event_rows())
+    if not any(isinstance(e, NodeRecorded) for e in events):
         return None
     method = (res.manifest.get("config") or {}).get("method") or {}
     state = MiloState(eps=float(method.get("eps", 0.02)), temperature=float(method.get("temperature", 1.0)))
@@ -111,10 +108,7 @@ def replay(res: Any) -> MiloReplay | None:
     lanes: list[LaneEvent] = []
     mutators: dict[int, list[tuple[int, str]]] = {}
     seeds: list[SeedScore] = []
-    for kind, data in zip(res.events["kind"], res.events["data"]):
-        if not str(kind).startswith("milo."):
-            continue
-        e = decode(kind, data)
+    for e in events:
         # An island's round-0 point: its state just before its first round's work lands.
         touched = (e.node.island if isinstance(e, NodeRecorded) and e.node.origin != "seed" else
                    e.island if isinstance(e, Progress) else None)
@@ -531,7 +525,7 @@ def _true_quality(rp: MiloReplay, tq: dict[str, float]) -> Figure:
 
 # --------------------------------------------------------------------------- entry
 def figures(res: Any) -> list[Figure]:
-    """The MILO figures of ``res`` (a :class:`milo_ray.results.RunResults`); [] for other methods."""
+    """The MILO figures of ``res`` (a :class:`milo_ray.results.RunResults` of a MILO run)."""
     rp = replay(res)
     if rp is None:
         return []

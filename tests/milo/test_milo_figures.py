@@ -12,7 +12,7 @@ import duckdb
 import numpy as np
 import pytest
 
-from milo_ray.report.milo_figures import figures, replay
+from milo_ray.milo.figures import figures, replay
 from milo_ray.results import load_run
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -54,7 +54,10 @@ def test_every_figure_is_drawn_with_titles_and_data(run):
         assert drawn >= 2, f"{f.name} draws almost nothing"
         assert any(ax.get_title() for ax in f.fig.axes) or f.fig.get_suptitle()
         assert any(ax.get_xlabel() for ax in f.fig.axes) or f.name.startswith("milo_lineage")
-    assert figures(dataclasses.replace(res, method="ssr")) == []
+    # The MILO plugin's report section holds exactly these; a run without MILO events gets none.
+    (section,) = res.plugin.report_sections(res)
+    assert [f.name for f in section.figures] == list(figs)
+    assert figures(dataclasses.replace(res, events=res.events.iloc[:0])) == []
 
 
 def test_best_search_accuracy_by_round_equals_the_harnesses_table(run):

@@ -16,8 +16,7 @@ import pytest
 
 from milo_ray import results as R
 from milo_ray.kernels.submodular import clipped_cosine, coverage_objective, rer_order
-from milo_ray.report import ssr_figures as S
-from milo_ray.report import tables
+from milo_ray.ssr import figures as S
 from milo_ray.ssr.events import SSR_EVENTS, CandidatesChosen, Refreshed, RoundStarted, Selection, StageResult, Stopped
 from milo_ray.store import schema
 
@@ -98,10 +97,11 @@ def test_coverage_uses_only_the_rounds_own_judged_records():
     assert len(F) == 6  # k = 0..5: the failed judgment is not evidence
 
 
-def test_no_experience_means_no_coverage_figure_and_not_ssr_means_no_figures():
+def test_no_experience_means_no_coverage_figure_and_no_ssr_events_mean_no_figures():
     res = _run([Refreshed(0, "P", 3, 1, 0.5, [], ["t0", "t1", "t2"], "rer", 3)])
     assert S.coverage_figure(res) is None
-    assert S.figures(_run([], method="milo")) == []
+    assert S.figures(_run([])) == []
+    assert _run([]).plugin.report_sections(_run([])) == []
 
 
 def _race_round(rnd: int, parent: str, accept: bool) -> list:
@@ -136,7 +136,7 @@ def test_bracket_shows_scores_eliminations_duplicates_and_each_decision():
     for ax in (ax0, ax1):
         xs = [(ln.get_xdata()[0], ln.get_ydata()[0]) for ln in ax.get_lines() if ln.get_marker() == "x"]
         assert xs == [(1, -1)]
-    rows = tables.ssr_decisions(res)
+    rows = S.ssr_decisions(res)
     assert rows["decision"].tolist() == ["accepted", "kept parent"]
     assert rows["generated"].tolist() == [3, 3] and rows["raced"].tolist() == [2, 2]
 

@@ -18,7 +18,7 @@ import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure as MplFigure
 
-from milo_ray.report.figure import Figure
+from milo_ray.search.plugin import Figure
 
 # Random evidence orders drawn for the coverage baseline band: enough for a stable
 # mean and 10-90% band, few enough that a 100-record round costs milliseconds.
@@ -27,9 +27,7 @@ ACCEPT, KEEP, ELIM, PARENT = "#2e7d32", "#616161", "#c62828", "#37474f"
 
 
 def figures(res: Any) -> list[Figure]:
-    """The SSR figures this run has data for ([] for a run that is not SSR)."""
-    if getattr(res, "method", None) != "ssr":
-        return []
+    """The SSR figures this run (a ``RunResults`` of an SSR run) has data for."""
     out = []
     for build in (coverage_figure, bracket_figure, budget_figure):
         fig = build(res)
@@ -173,6 +171,25 @@ def race_rounds(res: Any) -> list[dict[str, Any]]:
         if r["round"] in rounds:
             rounds[r["round"]]["selection"] = r
     return [rounds[k] for k in sorted(rounds)]
+
+
+def ssr_decisions(res: Any) -> pd.DataFrame:
+    """One row per raced SSR round, read from its ``ssr.candidates`` and
+    ``ssr.selection`` events: the decision as the run recorded it."""
+    rows = []
+    for r in race_rounds(res):
+        sel = r.get("selection") or {}
+        gen = r.get("generated") or []
+        rows.append({
+            "round": r["round"], "parent": r["parent"], "generated": len(gen), "raced": len(r.get("racing") or []),
+            "scales": ", ".join(str(g.get("scale")) for g in gen),
+            "stages": sel.get("completed_stages"), "executions": sel.get("executions"),
+            "parent_score": sel.get("parent_score"), "best_child": sel.get("best_child"),
+            "best_child_score": sel.get("best_child_score"),
+            "decision": ("accepted" if sel.get("replaced") else "kept parent") if sel else "no selection",
+            "race_stop": sel.get("stop_reason"),
+        })
+    return pd.DataFrame(rows)
 
 
 def bracket_figure(res: Any) -> Figure | None:
