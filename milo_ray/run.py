@@ -45,7 +45,8 @@ from milo_ray.config_errors import (UserError, check_composition, check_override
                                     check_seed_harnesses, check_settings, check_tasks_runnable, jobs_launched,
                                     override_key, set_jobs_launched)
 from milo_ray.config_path import conf_dir
-from milo_ray.manifest import EMBEDDER_LOADED, build_manifest, deadline_for, elapsed_before, finish_manifest
+from milo_ray.manifest import (EMBEDDER_LOADED, build_manifest, deadline_for, elapsed_before, finish_manifest, new_run_id,
+                               read_manifest)
 
 # The repository's conf/ in a checkout, the packaged copy in an installed wheel.
 CONF_DIR = conf_dir()
@@ -90,7 +91,6 @@ def _resume_config(cfg: DictConfig, overrides: list[str]) -> DictConfig:
     settings; the time limit, progress choice and budget are the stored ones unless
     this invocation gives them again. Any other override is refused (it would be
     silently ignored otherwise)."""
-    from milo_ray.manifest import read_manifest
 
     check_resume_overrides(overrides)
     path = Path(cfg.run.resume).expanduser().resolve()
@@ -221,7 +221,7 @@ def run_job(cfg: DictConfig) -> dict[str, Any]:
     from milo_ray.execution.scheduler import RolloutScheduler
     from milo_ray.config_targets import agent_env, worker_env
     from milo_ray.search.agent_calls import AgentCallLog, role_caps
-    from milo_ray.store.parquet import ParquetRunStore
+    from milo_ray.store.integrity import DiskFull
 
     resumed = bool(cfg.run.resume)
     if resumed:
@@ -233,10 +233,14 @@ def run_job(cfg: DictConfig) -> dict[str, Any]:
     plan, benchmark, method, tracker, tasks, skipped = (prepared.plan, prepared.benchmark, prepared.method,
                                                         prepared.tracker, prepared.tasks, prepared.skipped)
     agents = plan.agents
-    cluster = connect(cfg.execution)
+    store = _open_store(run_dir, resumed)  # a run held by another driver, or damaged, is refused before Ray starts
+    try:
+        cluster = connect(cfg.execution)
+    except BaseException:
+        store.close()
+        raise
 
-    manifest = build_manifest(cfg, run_dir=run_dir, cluster=cluster, resumed=resumed)
-    store = ParquetRunStore(run_dir, run_id=manifest["run_id"])
+    manifest = build_manifest(cfg, run_dir=run_dir, cluster=cluster, resumed=resumed, run_id=store.run_id)
     if skipped:
         manifest["skipped_tasks"] = dict(skipped)
     store.write_manifest(manifest)
@@ -308,20 +312,30 @@ def run_job(cfg: DictConfig) -> dict[str, Any]:
     except KeyboardInterrupt:
         status = "interrupted"
         raise
-    except Exception:
+    except Exception as exc:
+        full = disk_full(exc)
+        if full is not None:
+            status = DISK_FULL
+            raise full from None
         # Into run.log only: Hydra prints the traceback on the console.
         log_file.handle(log.makeRecord(log.name, logging.ERROR, __file__, 0, "the run crashed", (), sys.exc_info()))
         raise
     finally:
         scheduler.close()
-        store.flush()
-        store.write_manifest(finish_manifest(manifest, status=status, summary=summary, budget=scheduler.budget,
-                                             embedder_loads=_embedder_loads(store)))
+        try:
+            store.flush()
+            store.write_manifest(finish_manifest(manifest, status=status, summary=summary, budget=scheduler.budget,
+                                                 embedder_loads=_embedder_loads(store)))
+        except DiskFull:
+            status = DISK_FULL  # the manifest keeps its last whole version; resume reads it
         report = _write_report(run_dir) if status == "finished" and OmegaConf.select(
             cfg, "run.report", default=True) else None
         if tracking is not None:
             tracking.finish(status=status, summary=summary, run_dir=run_dir, report=report)
-        store.close()
+        try:
+            store.close()  # releases the run even when its last buffer cannot be written
+        except DiskFull:
+            pass
         _scrub_run_dir(run_dir)
         logging.getLogger().removeHandler(log_file)
         log_file.close()
@@ -331,6 +345,36 @@ def run_job(cfg: DictConfig) -> dict[str, Any]:
     if infra:
         raise InfraOnly(infra)
     return summary
+
+
+DISK_FULL = "disk_full"
+
+
+def disk_full(exc: BaseException) -> Any:
+    """The full-disk error behind ``exc`` (itself, or what it was raised from), if any: a
+    full disk stops a run cleanly instead of crashing it."""
+    from milo_ray.store.integrity import DiskFull
+
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        if isinstance(exc, DiskFull):
+            return exc
+        seen.add(id(exc))
+        exc = exc.__cause__ or exc.__context__
+    return None
+
+
+def _open_store(run_dir: Path, resumed: bool) -> Any:
+    """The run's store, opened for writing: a run another live driver holds, or one whose
+    stored files changed after they were written, is bad input naming the file."""
+    from milo_ray.store.integrity import RunLocked
+    from milo_ray.store.parquet import ParquetRunStore
+
+    run_id = read_manifest(run_dir)["run_id"] if resumed else new_run_id()
+    try:
+        return ParquetRunStore(run_dir, run_id=run_id)
+    except (RunLocked, ValueError) as exc:  # IntegrityError is a ValueError
+        raise UserError(str(exc)) from None
 
 
 def _write_report(run_dir: Path) -> Path | None:
@@ -417,13 +461,15 @@ _job_started = False  # a Hydra exit code 1 after a job started is a crash, befo
 @hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="config")
 def _hydra_main(cfg: DictConfig) -> None:
     global _job_started
+    from milo_ray.store.integrity import DiskFull  # the store (pyarrow) stays off --help's path
+
     _job_started = True
     try:
         run_job(cfg)
     except UserError as exc:
         print(f"error: {redaction.redact(str(exc))}", file=sys.stderr)
         raise SystemExit(EXIT_BAD_INPUT) from None
-    except InfraOnly as exc:
+    except (InfraOnly, DiskFull) as exc:
         print(f"error: {exc}", file=sys.stderr)
         raise SystemExit(EXIT_INFRA) from None
     except KeyboardInterrupt:
