@@ -410,10 +410,25 @@ def _live_views(cfg: DictConfig, store: Any, scheduler: Any, tracker: Any, *, ru
                           config=manifest["config"], resumed=resumed)
 
 
+class _RunLog(logging.FileHandler):
+    """``run.log``: on a full disk its lines are dropped quietly (the console still gets
+    them) instead of a traceback per line, and closing it never masks the run's error."""
+
+    def handleError(self, record: logging.LogRecord) -> None:
+        if not isinstance(sys.exc_info()[1], OSError):
+            super().handleError(record)
+
+    def close(self) -> None:
+        try:
+            super().close()
+        except OSError:
+            pass
+
+
 def _attach_run_log(run_dir: Path) -> logging.Handler:
     """``run.log`` in the run directory (appended to by every session of the run). It and
     every handler already on the root logger (the console) redact the run's secrets."""
-    handler = logging.FileHandler(run_dir / RUN_LOG)
+    handler = _RunLog(run_dir / RUN_LOG)
     handler.setFormatter(logging.Formatter("[%(asctime)s][%(name)s][%(levelname)s] - %(message)s"))
     root = logging.getLogger()
     for existing in root.handlers:
