@@ -53,10 +53,14 @@ def read_manifest(run_dir: Path) -> dict[str, Any]:
         raise UserError(f"run.resume={run_dir}: manifest.json is not valid JSON ({exc})") from None
 
 
-def build_manifest(cfg: DictConfig, *, run_dir: Path, cluster: Any, resumed: bool) -> dict[str, Any]:
+def new_run_id() -> str:
+    return f"{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
+
+
+def build_manifest(cfg: DictConfig, *, run_dir: Path, cluster: Any, resumed: bool,
+                   run_id: str | None = None) -> dict[str, Any]:
     now = time.time()
     history: list[dict[str, Any]] = []
-    run_id = None
     if resumed:
         previous = read_manifest(run_dir)
         run_id = previous["run_id"]
@@ -68,7 +72,7 @@ def build_manifest(cfg: DictConfig, *, run_dir: Path, cluster: Any, resumed: boo
         "resumed": resumed,
     }
     return {
-        "run_id": run_id or f"{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}",
+        "run_id": run_id or new_run_id(),
         "status": "running",
         "config": OmegaConf.to_container(cfg, resolve=True),
         "seed": int(cfg.run.seed),

@@ -45,7 +45,8 @@ from milo_ray.config_errors import (UserError, check_composition, check_override
                                     check_seed_harnesses, check_settings, check_tasks_runnable, jobs_launched,
                                     override_key, set_jobs_launched)
 from milo_ray.config_path import conf_dir
-from milo_ray.manifest import EMBEDDER_LOADED, build_manifest, deadline_for, elapsed_before, finish_manifest
+from milo_ray.manifest import (EMBEDDER_LOADED, build_manifest, deadline_for, elapsed_before, finish_manifest, new_run_id,
+                               read_manifest)
 
 # The repository's conf/ in a checkout, the packaged copy in an installed wheel.
 CONF_DIR = conf_dir()
@@ -90,7 +91,6 @@ def _resume_config(cfg: DictConfig, overrides: list[str]) -> DictConfig:
     settings; the time limit, progress choice and budget are the stored ones unless
     this invocation gives them again. Any other override is refused (it would be
     silently ignored otherwise)."""
-    from milo_ray.manifest import read_manifest
 
     check_resume_overrides(overrides)
     path = Path(cfg.run.resume).expanduser().resolve()
@@ -231,7 +231,7 @@ def run_job(cfg: DictConfig) -> dict[str, Any]:
     from milo_ray.execution.scheduler import RolloutScheduler
     from milo_ray.config_targets import agent_env, worker_env
     from milo_ray.search.agent_calls import AgentCallLog, role_caps
-    from milo_ray.store.parquet import ParquetRunStore
+    from milo_ray.store.integrity import DiskFull
 
     resumed = bool(cfg.run.resume)
     if resumed:
@@ -243,11 +243,15 @@ def run_job(cfg: DictConfig) -> dict[str, Any]:
     plan, benchmark, method, tracker, tasks, skipped = (prepared.plan, prepared.benchmark, prepared.method,
                                                         prepared.tracker, prepared.tasks, prepared.skipped)
     agents = plan.agents
-    cluster = connect(cfg.execution)
+    store = _open_store(run_dir, resumed)  # a run held by another driver, or damaged, is refused before Ray starts
+    try:
+        cluster = connect(cfg.execution)
+    except BaseException:
+        store.close()
+        raise
 
-    manifest = build_manifest(cfg, run_dir=run_dir, cluster=cluster, resumed=resumed)
+    manifest = build_manifest(cfg, run_dir=run_dir, cluster=cluster, resumed=resumed, run_id=store.run_id)
     manifest["method_name"] = prepared.plugin.name  # the read side finds the method's plugin by it
-    store = ParquetRunStore(run_dir, run_id=manifest["run_id"])
     if skipped:
         manifest["skipped_tasks"] = dict(skipped)
     store.write_manifest(manifest)
@@ -319,20 +323,30 @@ def run_job(cfg: DictConfig) -> dict[str, Any]:
     except KeyboardInterrupt:
         status = "interrupted"
         raise
-    except Exception:
+    except Exception as exc:
+        full = disk_full(exc)
+        if full is not None:
+            status = DISK_FULL
+            raise full from None
         # Into run.log only: Hydra prints the traceback on the console.
         log_file.handle(log.makeRecord(log.name, logging.ERROR, __file__, 0, "the run crashed", (), sys.exc_info()))
         raise
     finally:
         scheduler.close()
-        store.flush()
-        store.write_manifest(finish_manifest(manifest, status=status, summary=summary, budget=scheduler.budget,
-                                             embedder_loads=_embedder_loads(store)))
+        try:
+            store.flush()
+            store.write_manifest(finish_manifest(manifest, status=status, summary=summary, budget=scheduler.budget,
+                                                 embedder_loads=_embedder_loads(store)))
+        except DiskFull:
+            status = DISK_FULL  # the manifest keeps its last whole version; resume reads it
         report = _write_report(run_dir) if status == "finished" and OmegaConf.select(
             cfg, "run.report", default=True) else None
         if tracking is not None:
             tracking.finish(status=status, summary=summary, run_dir=run_dir, report=report)
-        store.close()
+        try:
+            store.close()  # releases the run even when its last buffer cannot be written
+        except DiskFull:
+            pass
         _scrub_run_dir(run_dir)
         logging.getLogger().removeHandler(log_file)
         log_file.close()
@@ -342,6 +356,36 @@ def run_job(cfg: DictConfig) -> dict[str, Any]:
     if infra:
         raise InfraOnly(infra)
     return summary
+
+
+DISK_FULL = "disk_full"
+
+
+def disk_full(exc: BaseException) -> Any:
+    """The full-disk error behind ``exc`` (itself, or what it was raised from), if any: a
+    full disk stops a run cleanly instead of crashing it."""
+    from milo_ray.store.integrity import DiskFull
+
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        if isinstance(exc, DiskFull):
+            return exc
+        seen.add(id(exc))
+        exc = exc.__cause__ or exc.__context__
+    return None
+
+
+def _open_store(run_dir: Path, resumed: bool) -> Any:
+    """The run's store, opened for writing: a run another live driver holds, or one whose
+    stored files changed after they were written, is bad input naming the file."""
+    from milo_ray.store.integrity import RunLocked
+    from milo_ray.store.parquet import ParquetRunStore
+
+    run_id = read_manifest(run_dir)["run_id"] if resumed else new_run_id()
+    try:
+        return ParquetRunStore(run_dir, run_id=run_id)
+    except (RunLocked, ValueError) as exc:  # IntegrityError is a ValueError
+        raise UserError(str(exc)) from None
 
 
 def _write_report(run_dir: Path) -> Path | None:
@@ -377,10 +421,25 @@ def _live_views(cfg: DictConfig, store: Any, scheduler: Any, tracker: Any, *, ru
                           config=manifest["config"], resumed=resumed)
 
 
+class _RunLog(logging.FileHandler):
+    """``run.log``: on a full disk its lines are dropped quietly (the console still gets
+    them) instead of a traceback per line, and closing it never masks the run's error."""
+
+    def handleError(self, record: logging.LogRecord) -> None:
+        if not isinstance(sys.exc_info()[1], OSError):
+            super().handleError(record)
+
+    def close(self) -> None:
+        try:
+            super().close()
+        except OSError:
+            pass
+
+
 def _attach_run_log(run_dir: Path) -> logging.Handler:
     """``run.log`` in the run directory (appended to by every session of the run). It and
     every handler already on the root logger (the console) redact the run's secrets."""
-    handler = logging.FileHandler(run_dir / RUN_LOG)
+    handler = _RunLog(run_dir / RUN_LOG)
     handler.setFormatter(logging.Formatter("[%(asctime)s][%(name)s][%(levelname)s] - %(message)s"))
     root = logging.getLogger()
     for existing in root.handlers:
@@ -428,13 +487,15 @@ _job_started = False  # a Hydra exit code 1 after a job started is a crash, befo
 @hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="config")
 def _hydra_main(cfg: DictConfig) -> None:
     global _job_started
+    from milo_ray.store.integrity import DiskFull  # the store (pyarrow) stays off --help's path
+
     _job_started = True
     try:
         run_job(cfg)
     except UserError as exc:
         print(f"error: {redaction.redact(str(exc))}", file=sys.stderr)
         raise SystemExit(EXIT_BAD_INPUT) from None
-    except InfraOnly as exc:
+    except (InfraOnly, DiskFull) as exc:
         print(f"error: {exc}", file=sys.stderr)
         raise SystemExit(EXIT_INFRA) from None
     except KeyboardInterrupt:

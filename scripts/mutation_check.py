@@ -370,6 +370,20 @@ MUTATIONS: tuple[Mutation, ...] = (
         ("tests/agents/test_search_agents_gateway.py",),
         "the search's coding agents (mutator, graft, SSR optimizer) call the provider with the key, unmetered",
     ),
+    Mutation(
+        "store-part-hash-unchecked", "milo_ray/store/integrity.py",
+        "        actual = file_sha256(path)\n",
+        "        actual = recorded\n",
+        ("tests/store/test_store_damage.py",),
+        "a part rewritten after it was written is read as if it were the run's",
+    ),
+    Mutation(
+        "store-disk-full-crashes", "milo_ray/run.py",
+        "        full = disk_full(exc)\n",
+        "        full = None\n",
+        ("tests/entry/test_run_dir_damage.py::test_a_run_whose_disk_fills_stops_with_exit_3_and_resumes_once_space_is_back",),
+        "a full disk crashes the run (exit 1, a traceback) instead of stopping it for a resume",
+    ),
 )
 
 

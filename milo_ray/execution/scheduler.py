@@ -552,7 +552,9 @@ class RolloutScheduler:
             for res in results:
                 job = self._jobs.pop(res.cache_key)
                 if not job.future.done():
-                    job.future.set_exception(RuntimeError(f"storing the rollout result failed: {exc}"))
+                    error = RuntimeError(f"storing the rollout result failed: {exc}")
+                    error.__cause__ = exc  # the entry point tells a full disk from a crash by it
+                    job.future.set_exception(error)
             return
         for res in results:
             self.progress.finished(res)

@@ -28,6 +28,7 @@ from typing import Any
 
 import zstandard
 
+from milo_ray.store.integrity import IntegrityError, fsync_dir, raise_if_full
 from milo_ray.store.schema import json_dumps
 
 _REF = re.compile(r"^[0-9a-f]{64}$")
@@ -48,8 +49,16 @@ def encode(data: bytes | str | dict | list) -> tuple[str, bytes]:
     return ref, zstandard.ZstdCompressor(level=_LEVEL).compress(plain)
 
 
-def decode(compressed: bytes) -> Any:
-    plain = zstandard.ZstdDecompressor().decompress(compressed)
+def decode(compressed: bytes, ref: str | None = None) -> Any:
+    """The stored value; with ``ref``, first check the content still hashes to it
+    (``IntegrityError`` naming the blob otherwise)."""
+    try:
+        plain = zstandard.ZstdDecompressor().decompress(compressed)
+    except zstandard.ZstdError as e:
+        raise IntegrityError(f"blob {ref or '?'}: not a zstd frame ({e}); the file is damaged") from None
+    if ref is not None and hashlib.sha256(plain).hexdigest() != ref:
+        raise IntegrityError(f"blob {ref}: content changed after it was written (it no longer hashes to its name); "
+                             "restore it from a backup")
     tag, body = plain[:1], plain[1:]
     if tag == b"J":
         return json.loads(body.decode("utf-8"))
@@ -64,38 +73,6 @@ def check_ref(ref: str) -> str:
     if not isinstance(ref, str) or not _REF.match(ref):
         raise ValueError(f"blob ref must be 64 lowercase hex characters (a sha256), got {ref!r}")
     return ref
-
-
-def fsync_dir(path: Path) -> None:
-    """Make a rename in ``path`` durable (POSIX); a no-op where directories cannot be opened."""
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
-def atomic_write_bytes(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` so readers see either nothing/the old file or all of it.
-
-    The temp file sits in the same directory (same filesystem, so ``os.replace`` is an
-    atomic rename) and starts with a dot, which every reader ignores."""
-    tmp = path.parent / f".{path.name}.{uuid.uuid4().hex[:8]}.tmp"
-    try:
-        with open(tmp, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    fsync_dir(path.parent)
 
 
 class BlobDir:
@@ -126,8 +103,9 @@ class BlobDir:
         try:
             tmp.write_bytes(compressed)
             os.replace(tmp, path)
-        except BaseException:
+        except BaseException as e:
             tmp.unlink(missing_ok=True)
+            raise_if_full(e, path)
             raise
         with self._lock:
             self._unsynced.add(path)

@@ -175,7 +175,7 @@ class StoreCore(abc.ABC):
         return ref
 
     def get_blob(self, ref: str) -> Any:
-        return blobs.decode(self._blob_read(blobs.check_ref(ref)))
+        return blobs.decode(self._blob_read(blobs.check_ref(ref)), ref)  # checked against its name
 
     def put_harness_source(self, files: dict[str, str]) -> str:
         """Store a harness's files (relative path -> text) as one JSON blob; returns its ref."""

@@ -61,8 +61,10 @@ import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
 from milo_ray.store import schema
-from milo_ray.store.blobs import BlobDir, atomic_write_bytes, fsync_dir
+from milo_ray.store.blobs import BlobDir
 from milo_ray.store.core import StoreCore
+from milo_ray.store.integrity import (DiskFull, PartHashes, RunLocked, atomic_write_bytes, describe_holder, file_sha256, fsync_dir,
+                                      holder_record, raise_if_full)
 
 try:  # POSIX only; elsewhere the one-writer rule is documented, not enforced
     import fcntl
@@ -112,6 +114,7 @@ class ParquetRunStore(StoreCore):
         else:
             self.root.mkdir(parents=True, exist_ok=True)
         self._lock_fd: int | None = None
+        self._hashes = {t: PartHashes(self._table_dir(t)) for t in schema.SCHEMAS}
         if not read_only:
             self._acquire_writer_lock()
         stored_id = self._stored_run_id()
@@ -138,6 +141,8 @@ class ParquetRunStore(StoreCore):
         try:
             if not read_only:
                 self._recover()
+            else:
+                self._report_temp_files()
             self._file_seq = {t: self._max_part_seq(t) + 1 for t in schema.SCHEMAS}
             self._completed = self._load_completed()
             seqs = self._scan("events").column("seq")
@@ -158,12 +163,21 @@ class ParquetRunStore(StoreCore):
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             os.close(fd)
-            raise RuntimeError(
-                f"another writer holds {self.root}; a run has exactly one writing process "
-                f"(close the other store, or read with milo_ray.store.open_run)"
+            # The kernel drops a flock when its holder dies, so a holder named here is alive
+            # (on this host; see the docs for shared filesystems).
+            raise RunLocked(
+                f"{self.root} is in use by {describe_holder(self.root / _LOCK)}: a run has exactly one "
+                f"writing process; wait for it to finish or stop it, then resume (read it meanwhile with "
+                f"milo_ray.store.open_run)"
             ) from None
         except OSError:  # filesystem without flock support: keep the documented rule only
             pass
+        else:
+            try:  # who holds it, for the message a second writer gets
+                os.ftruncate(fd, 0)
+                os.pwrite(fd, holder_record(), 0)
+            except OSError:
+                pass
         self._lock_fd = fd
 
     def _release_writer_lock(self) -> None:
@@ -198,15 +212,45 @@ class ParquetRunStore(StoreCore):
             d = self._table_dir(table)
             for p in d.iterdir():
                 if p.name.startswith(".") and p.name.endswith(".tmp"):
+                    log.warning("%s: removed a half-written file a crashed writer left (its rows were never "
+                                "part of the run)", p)
                     p.unlink(missing_ok=True)
             if names:
                 self._remove_parts(d, sorted(names))
+            self._settle_hash_list(table)
         blob_root = self._blobs.root
         if blob_root.is_dir():
             for p in blob_root.glob("*/.*.tmp"):
                 p.unlink(missing_ok=True)
         for p in self.root.glob(f".{MANIFEST}.*.tmp"):
             p.unlink(missing_ok=True)
+
+    def _settle_hash_list(self, table: str) -> None:
+        """Writer open: a run written before hashes were kept gets its parts' hashes as
+        they are now; lines of parts that no longer exist (replaced by a compaction, or
+        never renamed into place) are dropped."""
+        hashes = self._hashes[table]
+        present = [p for p in self._table_dir(table).iterdir() if _is_part(p.name)]
+        if not hashes.exists():
+            if present:
+                hashes.rewrite({p.name: file_sha256(p) for p in present})
+                log.info("%s: recorded the hashes of %d part(s) written before hashes were kept", hashes.path,
+                         len(present))
+            return
+        known = hashes.known(refresh=True)
+        names = {p.name for p in present}
+        if set(known) - names or hashes.torn:
+            hashes.rewrite({n: h for n, h in known.items() if n in names})
+
+    def _report_temp_files(self) -> None:
+        """A reader skips files still being written (or left by a crashed writer); it says so."""
+        for table in schema.SCHEMAS:
+            d = self._table_dir(table)
+            if d.is_dir():
+                for p in d.iterdir():
+                    if p.name.startswith(".") and p.name.endswith(".tmp"):
+                        log.warning("%s: skipped a half-written file (a live writer is writing it, or a crashed "
+                                    "one left it; the next writer removes it)", p)
 
     def _max_part_seq(self, table: str) -> int:
         d = self._table_dir(table)
@@ -226,7 +270,9 @@ class ParquetRunStore(StoreCore):
         file otherwise). Reads the footer only, once per file."""
         cached = self._replaces.get((table, path.name))
         if cached is None:
+            # The footer first: a part from a newer milo_ray is best told as "upgrade".
             cached = _check_footer(table, path)
+            self._hashes[table].verify(path)
             self._replaces[(table, path.name)] = cached
         return cached
 
@@ -263,9 +309,12 @@ class ParquetRunStore(StoreCore):
                 pq.write_table(data, f, compression="zstd")
                 f.flush()
                 os.fsync(f.fileno())
+            # Hash recorded before the part appears: every part that exists has its line.
+            self._hashes[table].record(name, file_sha256(tmp))
             os.replace(tmp, d / name)
-        except BaseException:
+        except BaseException as e:
             tmp.unlink(missing_ok=True)
+            raise_if_full(e, d)
             raise
         self._replaces[(table, name)] = tuple(replaces or ())
         fsync_dir(d)
@@ -416,6 +465,7 @@ class ParquetRunStore(StoreCore):
                 data = _read_parts(table, parts)
                 self._write_part(table, data, replaces=[p.name for p in parts])
                 self._remove_parts(self._table_dir(table), [p.name for p in parts])
+                self._settle_hash_list(table)
 
     def close(self) -> None:
         """Flush, stop the background flusher and release the writer lock. Idempotent."""
@@ -526,12 +576,18 @@ def _close_open_writers() -> None:
 
 def _flusher_loop(ref: "weakref.ref[ParquetRunStore]", stop: threading.Event, interval: float) -> None:
     # Holds only a weak reference between ticks, so an abandoned store can be collected.
+    said_full = False
     while not stop.wait(interval):
         store = ref()
         if store is None:
             return
         try:
             store._flush_stale()
+            said_full = False
+        except DiskFull as e:  # said once: the next foreground write raises it to the run
+            if not said_full:
+                log.warning("background flush of run %s: %s", store.run_id, e)
+            said_full = True
         except Exception:  # keep the rows buffered; the next flush retries and raises
             log.exception("background flush of run %s failed", store.run_id)
         del store

@@ -14,6 +14,7 @@ import pytest
 
 import milo_ray.store.parquet as P
 from milo_ray.store import ParquetRunStore, open_run
+from milo_ray.store.integrity import PartHashes, file_sha256
 from milo_ray.store.schema import META_SCHEMA_VERSION, SCHEMAS
 from milo_ray.testing.store_contract import make_result
 
@@ -133,6 +134,14 @@ def run(tmp_path):
     return root
 
 
+def as_written(root, path):
+    """Record a file planted by a test in its table's hash list, as a writer would have:
+    these tests check what a read makes of its content, not the hash check."""
+    hashes = PartHashes(path.parent)
+    hashes.rewrite({**hashes.known(), path.name: file_sha256(path)})
+    return path
+
+
 def newer_schema_part(root):
     src = root / "rollouts" / part_files(root)[0]
     t = pq.read_table(src)
@@ -140,32 +149,32 @@ def newer_schema_part(root):
     meta[META_SCHEMA_VERSION] = b"99"
     bad = root / "rollouts" / "part-00000050-future.parquet"
     pq.write_table(t.replace_schema_metadata(meta), bad)
-    return bad, ["newer milo_ray", "schema_version 99", "upgrade"]
+    return as_written(root, bad), ["newer milo_ray", "schema_version 99", "upgrade"]
 
 
 def foreign_part(root):
     bad = root / "rollouts" / "part-00000051-foreign.parquet"
     pq.write_table(pa.table({"foo": [1, 2, 3]}), bad)
-    return bad, ["not a milo_ray rollouts file", "move it out of", str(root / "rollouts")]
+    return as_written(root, bad), ["not a milo_ray rollouts file", "move it out of", str(root / "rollouts")]
 
 
 def other_table_part(root):
     bad = root / "rollouts" / "part-00000052-events.parquet"
     shutil.copy(root / "events" / part_files(root, "events")[0], bad)
-    return bad, ["not a milo_ray rollouts file", "'events'"]
+    return as_written(root, bad), ["not a milo_ray rollouts file", "'events'"]
 
 
 def corrupt_part(root):
     bad = root / "rollouts" / "part-00000053-corrupt.parquet"
     bad.write_bytes(b"garbage" * 10)
-    return bad, ["unreadable (corrupt?)", "move it out of"]
+    return as_written(root, bad), ["unreadable (corrupt?)", "move it out of"]
 
 
 def bad_column_part(root):
     # Right footer metadata, but a column of an incompatible type: fails while reading rows.
     bad = root / "rollouts" / "part-00000054-badcol.parquet"
     pq.write_table(pa.table({"score": [[1, 2]]}).replace_schema_metadata(SCHEMAS["rollouts"].metadata), bad)
-    return bad, ["unreadable (corrupt?)", "move it out of"]
+    return as_written(root, bad), ["unreadable (corrupt?)", "move it out of"]
 
 
 BAD_PARTS = [newer_schema_part, foreign_part, other_table_part, corrupt_part, bad_column_part]
@@ -211,6 +220,7 @@ def test_older_schema_versions_still_read(run):
     src = run / "rollouts" / part_files(run)[0]
     t = pq.read_table(src)
     pq.write_table(t.replace_schema_metadata({**t.schema.metadata, META_SCHEMA_VERSION: b"0"}), src)
+    as_written(run, src)
     assert keys(open_run(run).read("rollouts")) == [make_result(0).cache_key, make_result(1).cache_key]
 
 

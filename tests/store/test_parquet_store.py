@@ -132,7 +132,7 @@ def test_interrupted_compaction_never_double_counts(tmp_path, monkeypatch):
 
 def test_a_second_writer_is_refused_until_the_first_closes(tmp_path):
     first = ParquetRunStore(tmp_path / "run")
-    with pytest.raises(RuntimeError, match="another writer"):
+    with pytest.raises(RuntimeError, match="is in use by pid"):
         ParquetRunStore(tmp_path / "run")
     first.close()
     second = ParquetRunStore(tmp_path / "run")
