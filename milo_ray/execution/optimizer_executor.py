@@ -5,8 +5,9 @@ For one (program, task, rollout) it rebuilds the task's start
 (:func:`~milo_ray.benchmarks.einstein.start_values`), scores it, opens a sandbox (the
 run's ``sandbox`` factory; bwrap: no network, ``memory_mb``, the interpreter visible
 read-only), writes the program's files, ``start.npy``, the runner
-(:mod:`milo_ray.execution.optimizer_runner`) and the formulas it gives the program
-(:mod:`milo_ray.kernels.autocorr_kit`) into the workspace and runs the runner,
+(:mod:`milo_ray.execution.optimizer_runner`) and what it gives the program (the formulas,
+:mod:`milo_ray.kernels.autocorr_kit`; the building blocks,
+:mod:`milo_ray.execution.optimizer_blocks`) into the workspace and runs the runner,
 which calls ``optimize(start, seed=, deadline=)`` with ``deadline`` = its own start +
 ``budget_s`` and records every point the program publishes.
 
@@ -165,9 +166,10 @@ class OptimizerExecutor:
 
 def runner_files(runner_name: str = RUNNER_FILE) -> dict[str, bytes]:
     """The files a program runs with, uploaded beside it (file name -> content): the
-    runner as ``runner_name`` and the formulas it gives the program under the name it
-    imports them by."""
-    return {runner_name: Path(runner.__file__).read_bytes(), runner.KIT_FILE: Path(runner.kit.__file__).read_bytes()}
+    runner as ``runner_name``, and the formulas and the building blocks it gives the
+    program under the names it imports them by."""
+    return {runner_name: Path(runner.__file__).read_bytes(), runner.KIT_FILE: Path(runner.kit.__file__).read_bytes(),
+            runner.BLOCKS_FILE: Path(runner.blocks.__file__).read_bytes()}
 
 
 def run_program(sandbox: Any, workdir: str, files: Mapping[str, str | bytes], start: np.ndarray, problem: str,

@@ -94,7 +94,8 @@ def test_a_self_contained_program_runs_bit_for_bit_as_the_seed_using_the_given_n
     assert old.tobytes() == new.tobytes()
 
 
-@pytest.mark.parametrize("module", ["milo_ray/kernels/autocorr_kit.py", "milo_ray/execution/optimizer_runner.py"])
+@pytest.mark.parametrize("module", ["milo_ray/kernels/autocorr_kit.py", "milo_ray/execution/optimizer_blocks.py",
+                                    "milo_ray/execution/optimizer_runner.py"])
 def test_the_files_uploaded_to_the_sandbox_import_only_numpy_scipy_and_the_standard_library(module):
     """milo_ray is not importable in the sandbox: the runner reaches the formulas as the
     file beside it there (its package import runs only on the host)."""
