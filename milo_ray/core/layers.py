@@ -37,10 +37,10 @@ LAYERS: tuple[Layer, ...] = (
     Layer("kernels", ("milo_ray.kernels",), "pure numpy/scipy functions"),
     Layer("store", ("milo_ray.store",), "the run store: Parquet tables, blobs, resume"),
     Layer("sandbox", ("milo_ray.execution.sandbox", "milo_ray.execution.shipping",
-                      "milo_ray.execution.optimizer_runner"),
+                      "milo_ray.execution.optimizer_runner", "milo_ray.execution.optimizer_blocks"),
           "inside execution/ but below harness and benchmarks: a task format states the sandbox its task "
           "needs and ships its files, a harness's import check runs in a sandbox, and the einstein "
-          "programs run under optimizer_runner (a script the sandbox executes)"),
+          "programs run under optimizer_runner (a script the sandbox executes) with the blocks it gives them"),
     Layer("harness", ("milo_ray.harness",), "the harness source model, diffs, validation, seed harnesses"),
     Layer("benchmarks", ("milo_ray.benchmarks",),
           "task specs and loaders, each real-task format, the surrogate (with its own executor)"),

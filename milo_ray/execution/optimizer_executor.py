@@ -7,7 +7,8 @@ run's ``sandbox`` factory; bwrap: no network, ``memory_mb``, the interpreter vis
 read-only) and runs the program there with
 :func:`~milo_ray.benchmarks.einstein.programs.run_program`: the program's files,
 ``start.npy``, the runner (:mod:`milo_ray.execution.optimizer_runner`) and the formulas it
-gives the program (:mod:`milo_ray.kernels.autocorr_kit`) go into the workspace, and the
+gives the program (:mod:`milo_ray.kernels.autocorr_kit`; the building blocks,
+:mod:`milo_ray.execution.optimizer_blocks`) go into the workspace, and the
 runner calls ``optimize(start, seed=, deadline=)`` with ``deadline`` = its own start +
 ``budget_s`` and records every point the program publishes.
 

@@ -1,7 +1,9 @@
 """Runs one optimizer program inside the sandbox (``executor=optimizer``).
 
 This file is copied into the sandbox's workspace, with the problem's formulas
-(:mod:`milo_ray.kernels.autocorr_kit`, uploaded beside it as ``autocorr_kit.py``), and run
+(:mod:`milo_ray.kernels.autocorr_kit`, uploaded beside it as ``autocorr_kit.py``) and the
+optimizer building blocks (:mod:`milo_ray.execution.optimizer_blocks`, uploaded as
+``optimizer_blocks.py``), and run
 by the sandbox's interpreter as
 ``python optimizer_runner.py harness.py start.npy PROBLEM SEED BUDGET_S GRACE_S``. It
 imports numpy, scipy and the standard library only (milo_ray is not visible in the
@@ -11,8 +13,9 @@ What it does:
 
 * loads ``harness.py`` as a module (:func:`load_program`) whose namespace already holds
   the names the program is given (:func:`given_names`): the formulas' public names
-  (exact scores, the smoothed max and its gradient, projections), the ratchet (``offer``,
-  ``best``, ``best_score``, ``reset_best``), ``run_stages``, ``PROBLEM`` (the problem's
+  (exact scores, the smoothed max and its gradient, projections), the building blocks'
+  (the ratchet ``offer``/``best``/``best_score``/``reset_best``, ``run_stages``, the L-BFGS
+  ladder and polish, upsampling, warm restarts), ``PROBLEM`` (the problem's
   name) and the runner's ``publish``; a name the program defines itself replaces the given
   one, except ``PROBLEM`` and ``publish``, set again after its top level ran. It then calls
   ``optimize(start, seed=SEED, deadline=T0 + BUDGET_S)`` where T0 is this process's
@@ -53,9 +56,11 @@ T0 = time.monotonic()
 import numpy as np  # noqa: E402  (T0 first: the runner's own imports count as startup)
 
 if __package__:  # imported as milo_ray.execution.optimizer_runner (the executor, tools, tests)
+    from milo_ray.execution import optimizer_blocks as blocks  # noqa: E402
     from milo_ray.kernels import autocorr_kit as kit  # noqa: E402
-else:  # run as a script in the sandbox: the copy uploaded beside this file (sys.path[0])
+else:  # run as a script in the sandbox: the copies uploaded beside this file (sys.path[0])
     import autocorr_kit as kit  # noqa: E402
+    import optimizer_blocks as blocks  # noqa: E402
 
 BEST_FILE = "best.npy"
 TRAJECTORY_FILE = "trajectory.jsonl"
@@ -67,8 +72,10 @@ FLUSH_S = 0.2
 _WRITE_BUDGET_FACTOR = 50.0
 # Exit code of a run the watchdog ended (the executor reads status.json, this is for logs).
 WATCHDOG_EXIT = 3
-# The file name the formulas are uploaded under, beside the runner (its import name).
+# The file names the formulas and the building blocks are uploaded under, beside the
+# runner (their import names).
 KIT_FILE = "autocorr_kit.py"
+BLOCKS_FILE = "optimizer_blocks.py"
 
 
 def fft_score(problem: str, h: np.ndarray) -> float:
@@ -85,86 +92,14 @@ def fft_score(problem: str, h: np.ndarray) -> float:
 # --------------------------------------------------------------------------- what a program is given
 
 
-class Ratchet:
-    """The single record of a program's run: a point is kept, and published, only when it
-    is feasible and its exact score is strictly below the best so far. It publishes
-    through ``namespace["publish"]`` (the program's module dict) at the time of the call,
-    so whoever sets the program's ``publish`` receives the ratchet's points too."""
-
-    def __init__(self, namespace: dict) -> None:
-        self._namespace = namespace
-        self._h: np.ndarray | None = None
-        self._score = math.inf
-
-    def reset_best(self, h, problem, score=None) -> None:
-        """Make ``h`` the record without publishing it, at its exact score (or ``score``:
-        e.g. the lower of two equal-up-to-rounding scores of a refined point)."""
-        self._h = np.array(h, dtype=np.float64)
-        self._score = kit.score(h, problem) if score is None else float(score)
-
-    def offer(self, h, problem) -> bool:
-        """Project ``h``, score it exactly, keep and publish it if strictly better."""
-        z = kit.project(h, problem)
-        s = kit.score(z, problem)
-        if s < self._score:
-            self._h, self._score = z, s
-            self._namespace["publish"](z.copy())
-            return True
-        return False
-
-    def best(self) -> np.ndarray:
-        """A copy of the record."""
-        return self._h.copy()
-
-    def best_score(self) -> float:
-        """The record's exact score (inf before a feasible point was kept)."""
-        return self._score
-
-
-def _problem_of(namespace: dict) -> str:
-    problem = namespace.get("PROBLEM")
-    if problem is None:
-        raise RuntimeError("PROBLEM is not set: the runner sets the module attribute PROBLEM to one of "
-                           f"{kit.PROBLEMS} before calling optimize")
-    if problem not in kit.PROBLEMS:
-        raise ValueError(f"PROBLEM: expected one of {kit.PROBLEMS}, got {problem!r}")
-    return problem
-
-
 def given_names(namespace: dict) -> dict:
     """The names a program finds in its namespace before its own code runs: the
-    formulas (:data:`autocorr_kit.GIVEN`), a fresh :class:`Ratchet`'s methods and
-    ``run_stages``, all bound to ``namespace`` (the program's module dict)."""
-    ratchet = Ratchet(namespace)
-
-    def run_stages(values, *, seed, deadline, stages, margin_s, margin_frac):
-        """Run the stages named in ``stages`` (each ``x`` the program's
-        ``stage_x(h, rng, deadline, problem)``) in order from ``values``: the record
-        starts at ``values`` (at its projection when ``values`` is infeasible), each stage
-        gets an equal share of the time left (one that ends early leaves its time to the
-        next) and returns a point or None (keep the current one). Returns the best
-        verified point, ``max(margin_s, margin_frac * budget)`` before ``deadline``
-        (returning and serializing take time)."""
-        problem = _problem_of(namespace)
-        h = kit.project(np.asarray(values, dtype=np.float64), problem)
-        ratchet.reset_best(np.asarray(values, dtype=np.float64), problem)
-        if not math.isfinite(ratchet.best_score()):
-            ratchet.reset_best(h, problem)
-        rng = np.random.default_rng(seed)
-        start = time.monotonic()
-        end = deadline - max(margin_s, margin_frac * max(0.0, deadline - start))
-        for i, name in enumerate(stages):
-            now = time.monotonic()
-            if now >= end:
-                break
-            stage_deadline = now + (end - now) / (len(stages) - i)
-            out = namespace["stage_" + name](h, rng, stage_deadline, problem)
-            h = kit.project(out, problem) if out is not None else h
-        return ratchet.best()
-
+    formulas (:data:`autocorr_kit.GIVEN`) and the building blocks
+    (:data:`optimizer_blocks.GIVEN`: the ratchet, ``run_stages``, the L-BFGS ladder and
+    polish, upsampling, warm restarts), bound to a fresh record that publishes through
+    ``namespace`` (the program's module dict)."""
     names = {name: getattr(kit, name) for name in kit.GIVEN}
-    names.update(offer=ratchet.offer, best=ratchet.best, best_score=ratchet.best_score,
-                 reset_best=ratchet.reset_best, run_stages=run_stages)
+    names.update(blocks.Blocks(namespace).given())
     return names
 
 

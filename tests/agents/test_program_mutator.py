@@ -270,3 +270,16 @@ def test_the_evidence_carries_each_runs_grading_and_budget_and_an_early_return_i
     points = [(0.5, 1.58), (1.9, 1.5)]
     assert classify_run(points, roll) == "stall"
     assert classify_run(points, {k: v for k, v in roll.items() if k != "run"}) == "slow"  # by wall time alone
+
+
+@pytest.mark.parametrize("name", ["lse_adam", "lse_lbfgs", "ratchet_upsample", "slp_polish", "subgradient"])
+def test_every_seed_program_parses_its_given_stages_counting_as_its_own(name):
+    """lse_lbfgs and ratchet_upsample are schedules of the runner's ready-made stages: the
+    mutator accepts them, and offers a given stage only where CONFIG holds its settings."""
+    from pathlib import Path
+
+    seeds = Path(__file__).resolve().parents[2] / "milo_ray" / "benchmarks" / "einstein" / "seeds"
+    prog = parse_program((seeds / name / "harness.py").read_text())
+    assert set(prog.stages) <= set(prog.stage_funcs)
+    if name == "lse_lbfgs":  # no restart or upsample settings: those given stages are not offered
+        assert set(prog.stage_funcs) == {"ladder", "polish"}

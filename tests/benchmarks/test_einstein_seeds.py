@@ -16,6 +16,7 @@ import pytest
 
 from milo_ray.benchmarks.einstein.problems import PROBLEMS, check, score
 from milo_ray.benchmarks.einstein.starts import start_values
+from milo_ray.execution.optimizer_blocks import STAGE_SETTINGS
 from milo_ray.execution.optimizer_runner import given_names, load_program
 
 SEEDS_DIR = Path(__file__).resolve().parents[2] / "milo_ray" / "benchmarks" / "einstein" / "seeds"
@@ -61,6 +62,18 @@ def test_seed_improves_a_random_start_feasibly_in_time_publishing_only_improveme
     assert end == pytest.approx(scores[-1], rel=0, abs=1e-12)
 
 
+def test_given_stage_names_the_config_keys_a_program_lacks(tmp_path):
+    """A program that runs a given stage without its settings is told which keys to add."""
+    path = tmp_path / "harness.py"
+    path.write_text('CONFIG = {"t_hot": 1e-3}\nSTAGES = ["ladder"]\n\n'
+                    'def optimize(values, *, seed, deadline):\n'
+                    '    return run_stages(values, seed=seed, deadline=deadline, stages=STAGES, margin_s=0.0, '
+                    'margin_frac=0.0)\n')
+    module = load_program(str(path), "first_autocorrelation", lambda values: None)
+    with pytest.raises(KeyError, match="t_cold.*add them to the program's CONFIG"):
+        module.optimize(np.ones(8), seed=0, deadline=time.monotonic() + 1)
+
+
 @pytest.mark.parametrize("name", SEEDS)
 def test_seed_without_problem_raises_a_clear_error(name):
     module = load(name, "first_autocorrelation", [])
@@ -87,9 +100,12 @@ def test_seed_keeps_the_config_and_stages_layout(name):
                for k, v in config.items())
     assert isinstance(stages, list) and stages and all(isinstance(s, str) for s in stages)
     functions = {node.name: node for node in tree.body if isinstance(node, ast.FunctionDef)}
+    given_stages = {stage for stage in stages if f"stage_{stage}" not in functions}
     for stage in stages:
         fn = functions.get(f"stage_{stage}")
-        assert fn is not None, f"STAGES names {stage!r} but no stage_{stage} is defined"
+        if fn is None:
+            assert stage in STAGE_SETTINGS, f"STAGES names {stage!r} but no stage_{stage} is defined or given"
+            continue
         assert [a.arg for a in fn.args.args] == ["h", "rng", "deadline", "problem"]
     assert "optimize" in functions
     # Only its optimizer: nothing the runner gives is defined (or assigned) again here.
@@ -102,10 +118,12 @@ def test_seed_keeps_the_config_and_stages_layout(name):
                 for alias in node.names}
     imported |= {node.module.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
     assert imported <= {"math", "time", "numpy", "scipy"}, imported
-    # Every tunable is read through CONFIG[...] and every CONFIG key is read: no dead knobs.
+    # Every tunable is read, through CONFIG[...] here or by a given stage the program runs,
+    # and every key read is defined: no dead knobs.
     read = {node.slice.value for node in ast.walk(tree)
             if isinstance(node, ast.Subscript) and getattr(node.value, "id", None) == "CONFIG"
             and isinstance(node.slice, ast.Constant)}
+    read |= {key for stage in given_stages for key in STAGE_SETTINGS[stage]}
     assert read == set(config), f"unread: {set(config) - read}, undefined: {read - set(config)}"
 
 

@@ -94,7 +94,8 @@ def test_a_self_contained_program_runs_bit_for_bit_as_the_seed_using_the_given_n
     assert old.tobytes() == new.tobytes()
 
 
-@pytest.mark.parametrize("module", ["milo_ray/kernels/autocorr_kit.py", "milo_ray/execution/optimizer_runner.py"])
+@pytest.mark.parametrize("module", ["milo_ray/kernels/autocorr_kit.py", "milo_ray/execution/optimizer_blocks.py",
+                                    "milo_ray/execution/optimizer_runner.py"])
 def test_the_files_uploaded_to_the_sandbox_import_only_numpy_scipy_and_the_standard_library(module):
     """milo_ray is not importable in the sandbox: the runner reaches the formulas as the
     file beside it there (its package import runs only on the host)."""
@@ -106,3 +107,28 @@ def test_the_files_uploaded_to_the_sandbox_import_only_numpy_scipy_and_the_stand
     names = {alias.name.split(".")[0] for s in top if isinstance(s, ast.Import) for alias in s.names}
     names |= {s.module.split(".")[0] for s in top if isinstance(s, ast.ImportFrom) and s.module}
     assert names - {"__future__", "numpy", "scipy"} <= set(sys.stdlib_module_names), names
+
+
+def test_a_seed_on_the_given_stages_runs_from_the_uploaded_files_alone(tmp_path):
+    """In the sandbox the runner imports the kit and the blocks as the files beside it:
+    a seed that is only a schedule of given stages runs there (as a script, no milo_ray)."""
+    import os
+    import subprocess
+    import sys
+
+    from milo_ray.benchmarks.einstein.programs import runner_files
+
+    for name, content in runner_files("run_optimizer.py").items():
+        (tmp_path / name).write_bytes(content)
+    (tmp_path / "harness.py").write_bytes((SEEDS_DIR / "lse_lbfgs" / "harness.py").read_bytes())
+    h0 = start_values({"base": "random", "n": 40, "seed": 1}, "erdos_minimum_overlap")
+    np.save(tmp_path / "start.npy", h0)
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    subprocess.run([sys.executable, "run_optimizer.py", "harness.py", "start.npy", "erdos_minimum_overlap",
+                    "0", "1.0", "5"], cwd=tmp_path, env=env, check=True, timeout=60)
+    import json
+
+    assert json.loads((tmp_path / "status.json").read_text())["status"] == "returned"
+    out = np.load(tmp_path / "best.npy")
+    assert check("erdos_minimum_overlap", out) is None
+    assert score("erdos_minimum_overlap", out) < score("erdos_minimum_overlap", h0)

@@ -80,10 +80,10 @@ TEMPLATE_DEFINITIONS = {name: text for template in [T.CORE_TOOLS] + [s.template 
 
 @pytest.mark.parametrize("harness", load_seeds(), ids=lambda h: h.name)
 def test_seed_mechanism_code_is_the_template_code_verbatim(harness):
-    """The seeds are files users and mutators read, so their mechanisms are written out;
-    this ties each written-out definition to the template ``add_mechanism`` inserts, so
-    the two cannot drift: every top-level definition but ``build_agent`` is a template's,
-    character for character, and every mechanism detected in the seed is one of them."""
+    """The seeds are files users and mutators read, so their mechanisms are written out,
+    and the templates of those mechanisms are read from them: every top-level definition
+    but ``build_agent`` is a template's, character for character (a seed defines nothing
+    no template inserts), and every mechanism detected in the seed is one of them."""
     defined = _definitions(harness.source)
     unknown = set(defined) - set(TEMPLATE_DEFINITIONS) - {"build_agent"}
     assert not unknown, f"{harness.name} defines {sorted(unknown)}, which no mechanism template has"

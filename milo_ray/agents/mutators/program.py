@@ -13,7 +13,8 @@ offline. What it edits is the layout every seed optimizer follows (einstein note
   stays in (0, 1), a growth-like value > 1 moves by its excess over 1 and stays > 1.
   Booleans and zeros are not tunables here (a multiplicative step cannot move a zero).
 * ``STAGES = [...]``: a list literal of stage names, each with a ``def stage_<name>``
-  in the same file. Edits: ``swap`` two neighbours, ``repeat`` a stage, ``drop`` one
+  in the same file or one of the runner's ready-made stages
+  (:data:`milo_ray.execution.optimizer_blocks.STAGE_SETTINGS`) whose settings CONFIG holds. Edits: ``swap`` two neighbours, ``repeat`` a stage, ``drop`` one
   (never the last), ``add`` a defined but unused stage. A name without a function is
   never written.
 
@@ -67,6 +68,7 @@ from milo_ray.agents.mutators.diagnosis import parse_memory
 from milo_ray.agents.protocols import MutationRequest, MutationResult
 from milo_ray.agents.usage import AgentUsage
 from milo_ray.core.seeds import derive_seed
+from milo_ray.execution.optimizer_blocks import STAGE_SETTINGS
 from milo_ray.harness.mechanisms.analysis import parse_source
 from milo_ray.harness.model import ENTRY_FILE, Harness
 
@@ -137,7 +139,7 @@ class Program:
     config: dict[str, tuple[int | float, ast.expr]]  # key -> (value, value node)
     stages: list[str]
     stages_node: ast.List
-    stage_funcs: list[str]  # names x with a top-level def stage_x, in file order
+    stage_funcs: list[str]  # names x with a top-level def stage_x (file order), then the given stages it can run
 
 
 def parse_program(source: str) -> Program:
@@ -176,9 +178,14 @@ def parse_program(source: str) -> Program:
             raise ValueError("STAGES: every entry must be a string literal (a stage name)")
         stages.append(e.value)
     stage_funcs = [f[len("stage_"):] for f in funcs if f.startswith("stage_")]
+    # The runner's ready-made stages count as the program's when its CONFIG holds every
+    # setting they read (otherwise naming one would crash the child).
+    stage_funcs += [name for name, keys in STAGE_SETTINGS.items()
+                    if name not in stage_funcs and all(k in config for k in keys)]
     missing = [s for s in stages if s not in stage_funcs]
     if missing:
-        raise ValueError(f"STAGES: {missing[0]!r} has no def stage_{missing[0]} in the file")
+        raise ValueError(f"STAGES: {missing[0]!r} has no def stage_{missing[0]} in the file "
+                         "(nor is it a given stage whose settings CONFIG holds)")
     return Program(source, config, stages, stages_node, stage_funcs)
 
 

@@ -10,8 +10,10 @@ A task is (problem, start, parent program). The agent works in a sandbox whose w
   exactly as it will be graded (``python3 run_optimizer.py optimizer.py start.npy
   PROBLEM SEED BUDGET_S GRACE_S`` writes ``best.npy``, ``trajectory.jsonl`` and
   ``status.json`` into the current directory);
-* ``autocorr_kit.py``: the problem's formulas the runner gives the program (scores, the
-  smoothed max and its gradient, projections).
+* ``autocorr_kit.py`` and ``optimizer_blocks.py``: the problem's formulas (scores, the
+  smoothed max and its gradient, projections) and the building blocks (the ratchet,
+  the L-BFGS ladder and polish, upsampling, warm restarts, ready-made stages) the runner
+  gives the program.
 
 ``python3`` there is the worker's own interpreter (numpy and scipy importable), shown
 read-only. The agent's answer is ``optimizer.py`` as it leaves it. Grading
@@ -47,7 +49,7 @@ from milo_ray.benchmarks.einstein.programs import grade_program, run_program, ru
 from milo_ray.benchmarks.einstein.starts import start_values
 from milo_ray.benchmarks.task_format import SETUP_ALLOWANCE_S
 from milo_ray.core.tasks import Task, Verdict
-from milo_ray.execution.optimizer_runner import KIT_FILE
+from milo_ray.execution.optimizer_runner import BLOCKS_FILE, KIT_FILE
 from milo_ray.execution.sandbox.base import TESTS_DIR, Sandbox, SandboxSpec
 from milo_ray.execution.sandbox.interpreter import interpreter_env, interpreter_paths
 from milo_ray.harness.model import ENTRY_FILE, Harness
@@ -70,6 +72,7 @@ Your workspace is {workdir}:
   {program}      the parent optimizer program: improve it, or replace it
   {runner}  the exact runner that will grade your program
   {kit}   the problem's formulas the runner gives your program
+  {blocks}  the building blocks the runner gives your program
 
 Write your optimizer to {workdir}/{program}. It must be one Python file that defines
 
@@ -77,7 +80,7 @@ Write your optimizer to {workdir}/{program}. It must be one Python file that def
         # values: np.ndarray of float64 (the start); deadline: a time.monotonic() value
         return best_values  # np.ndarray of float64; a different length (a finer grid) is allowed
 
-{given} (The formulas are in {workdir}/{kit}.) Publish every strictly better feasible point. Import only numpy,
+{given} (Their code is in {workdir}/{kit} and {workdir}/{blocks}.) Publish every strictly better feasible point. Import only numpy,
 scipy and the standard library; there is no network.
 
 Grading: your {program} alone is copied to a fresh directory and run on this start for {budget:g} s (stopped
@@ -101,7 +104,7 @@ def agent_instruction(problem: str, start_note: str, start_score: float, parent:
         "the most within the budget (a lower score). The reward is the relative gain of the graded run's final score "
         "over the start's score, on a log scale; an infeasible point, a failing program or no gain earns 0.",
         WORKSPACE.format(workdir=WORKDIR, start=START_FILE, program=PROGRAM_FILE, runner=RUNNER_FILE,
-                         kit=KIT_FILE, given=GIVEN_NAMES.format(problem=problem), problem=problem,
+                         kit=KIT_FILE, blocks=BLOCKS_FILE, given=GIVEN_NAMES.format(problem=problem), problem=problem,
                          budget=budget_s, grace=grace_s, seed=PROGRAM_SEED),
     ])
 

@@ -69,7 +69,8 @@ DEFINITIONS = {
         "most 1e-12). Its score is 2 * max(correlate(h, 1 - h, mode='full')) / n. Lower is better."),
 }
 
-# What the runner gives a program as module globals (milo_ray.execution.optimizer_runner).
+# What the runner gives a program as module globals (milo_ray.execution.optimizer_runner:
+# kernels/autocorr_kit.py and execution/optimizer_blocks.py).
 GIVEN_NAMES = """\
 The runner gives the program these module globals (no import needed; a name the program defines itself replaces
 the given one): PROBLEM, the problem's name ({problem!r}); publish(values), which records an improved point (if
@@ -78,9 +79,16 @@ formulas score(h, problem) (the FFT score, inf when h is infeasible), smooth_val
 (the log-sum-exp smoothed max over shifts and its exact gradient), project(h, problem) (a nearby feasible point),
 shift_values, weighted_grad, conv, xcorr_valid and FIRST, THIRD, ERDOS, PROBLEMS; a ratchet, offer(h, problem)
 (project, score exactly, publish only a strictly better point), best(), best_score(), reset_best(h, problem,
-score=None); and run_stages(values, seed=, deadline=, stages=, margin_s=, margin_frac=), which runs each
+score=None); run_stages(values, seed=, deadline=, stages=, margin_s=, margin_frac=), which runs each
 stage_<name>(h, rng, deadline, problem) of `stages` in order with an equal share of the time left and returns
-best()."""
+best(); building blocks, every setting a keyword argument: lbfgs_smooth(h, temperature, problem, deadline,
+maxiter=, memory=, erdos_sum_weight=) (L-BFGS-B on the smoothed max), temperature_ladder(h, deadline, problem,
+t_hot=, t_cold=, rungs=, maxiter=, memory=, erdos_sum_weight=), polish(deadline, problem, t_start=, cool=, floor=,
+maxiter=, memory=, erdos_sum_weight=), upsample(problem, factor=, max_points=), warm_restarts(deadline, rng,
+problem, ladder=, polish=, seconds=, ladder_share=, sigma=, sigma_min=, shrink=, grow=), jitter(h, sigma, rng,
+problem), normalize(h, problem); and ready-made stages stage_upsample, stage_ladder, stage_polish, stage_restarts
+on those blocks, which read their settings from the program's CONFIG dict (a missing key is named in the error;
+a stage_<name> the program defines replaces the given one)."""
 
 CONTRACT = """\
 Write a Python file harness.py that defines

@@ -55,9 +55,10 @@ class ProgramRun:
 
 def runner_files(runner_name: str = RUNNER_FILE) -> dict[str, bytes]:
     """The files a program runs with, uploaded beside it (file name -> content): the
-    runner as ``runner_name`` and the formulas it gives the program under the name it
-    imports them by."""
-    return {runner_name: Path(runner.__file__).read_bytes(), runner.KIT_FILE: Path(runner.kit.__file__).read_bytes()}
+    runner as ``runner_name``, and the formulas and the building blocks it gives the
+    program under the names it imports them by."""
+    return {runner_name: Path(runner.__file__).read_bytes(), runner.KIT_FILE: Path(runner.kit.__file__).read_bytes(),
+            runner.BLOCKS_FILE: Path(runner.blocks.__file__).read_bytes()}
 
 
 def run_program(sandbox: Any, workdir: str, files: Mapping[str, str | bytes], start: np.ndarray, problem: str,

@@ -9,9 +9,46 @@ keyword literals of the wiring call, with the same defaults on ``__init__`` so a
 call without keywords still means the documented defaults.
 
 Templates use ``{{``/``}}`` nowhere: they are plain text, not format strings.
+
+A mechanism one of the seed harnesses carries is written once, in that seed
+(``milo_ray/harness/seeds/<name>/harness.py``, a file users and mutators read whole):
+its template is read from there (:func:`_from_seed`), so the seed and the template
+cannot drift. The mechanisms no seed carries are written out here.
 '''
 
 from __future__ import annotations
+
+import ast
+from functools import lru_cache
+from pathlib import Path
+
+# The seed harnesses' directory (milo_ray.harness.seeds: data files, never imported).
+_SEEDS_DIR = Path(__file__).resolve().parents[1] / "seeds"
+
+
+@lru_cache(maxsize=None)
+def _seed_definitions(seed: str) -> dict[str, str]:
+    """Top-level name -> the source text of the class, function or assignment defining it."""
+    source = (_SEEDS_DIR / seed / "harness.py").read_text(encoding="utf-8")
+    out: dict[str, str] = {}
+    for stmt in ast.parse(source).body:
+        if isinstance(stmt, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+            out[stmt.name] = ast.get_source_segment(source, stmt)
+        elif isinstance(stmt, ast.Assign):
+            out.update((t.id, ast.get_source_segment(source, stmt)) for t in stmt.targets if isinstance(t, ast.Name))
+    return out
+
+
+def _from_seed(seed: str, *names: str) -> str:
+    """The template of a mechanism the seed ``seed`` carries: its definitions ``names``,
+    as the seed writes them, in the layout of a written-out template (a leading and a
+    trailing newline, two blank lines between definitions)."""
+    definitions = _seed_definitions(seed)
+    missing = [n for n in names if n not in definitions]
+    if missing:
+        raise LookupError(f"the seed harness {seed!r} no longer defines {missing}, which the mechanism templates "
+                          "are read from: restore them there or write the template out in templates.py")
+    return "\n" + "\n\n\n".join(definitions[n] for n in names) + "\n"
 
 # Import lines a template needs; ``add_mechanism`` adds the missing ones.
 IMPORT_LINES: dict[str, str] = {
@@ -28,228 +65,20 @@ IMPORT_LINES: dict[str, str] = {
     "RubricMiddleware": "from deepagents import RubricMiddleware",
 }
 
-CORE_TOOLS = '''
-def make_core_tools(backend):
-    """read_file, write_file and bash over the task sandbox: the smallest tool set
-    that can read task inputs, produce graded files and change executed state."""
+# Written once, in the seeds.
+CORE_TOOLS = _from_seed('minimal', 'make_core_tools')
+SCIENTIST_PROTOCOL = _from_seed('reproduce_first', 'SCIENTIST_PROTOCOL')
+PLAN_PROTOCOL = _from_seed('plan_and_solve', 'PLAN_PROTOCOL')
+DELEGATION_PROTOCOL = _from_seed('division_of_labor', 'DELEGATION_PROTOCOL')
+EXPLORER_SUBAGENT = _from_seed('division_of_labor', 'EXPLORER_SUBAGENT')
+CODER_SUBAGENT = _from_seed('division_of_labor', 'CODER_SUBAGENT')
+VERIFIER_SUBAGENT = _from_seed('division_of_labor', 'VERIFIER_SUBAGENT')
+PLAN_NUDGE = _from_seed('plan_and_solve', 'PlanNudgeMiddleware')
+PLAN_GATE = _from_seed('plan_and_solve', 'PlanCompletionGateMiddleware')
+COMPLETION_GATE = _from_seed('division_of_labor', 'CompletionGateMiddleware')
+RUBRIC_GATE = _from_seed('reproduce_first', 'DEFAULT_RUBRIC', 'DefaultRubricGate')
 
-    @tool
-    def read_file(file_path: str, offset: int = 0, limit: int = 2000) -> str:
-        """Read up to `limit` lines of a file, starting after line `offset`."""
-        r = backend.read(file_path, offset=offset, limit=limit)
-        if r.error:
-            return f"Error: {r.error}"
-        return (r.file_data or {}).get("content", "")
-
-    @tool
-    def write_file(file_path: str, content: str) -> str:
-        """Create or overwrite a file with `content`."""
-        r = backend.write(file_path, content)
-        return f"Error: {r.error}" if r.error else f"wrote {file_path}"
-
-    @tool
-    def bash(command: str) -> str:
-        """Run a shell command in the sandbox; returns combined output and exit code."""
-        r = backend.execute(command)
-        return f"{r.output}\\n[exit code {r.exit_code}]"
-
-    return [read_file, write_file, bash]
-'''
-
-SCIENTIST_PROTOCOL = '''
-SCIENTIST_PROTOCOL = """\\
-Work like an experimenter. (1) Pin the goal down first: turn it into a concrete
-command or test that fails now and must pass when you are done; if none exists,
-write the smallest one. (2) Say in one sentence what you believe causes the gap.
-(3) Change only what that belief requires. (4) Re-run the very same check and read
-its output. A failing re-run is evidence: refine the belief and iterate. Success is
-the check passing in front of you, never an assumption."""
-'''
-
-PLAN_PROTOCOL = '''
-PLAN_PROTOCOL = """\\
-Plan, then solve. Read the task and list its concrete requirements: the exact files,
-inputs, constraints and the end state a grader can check. Record one todo per required
-step with write_todos before touching anything. Then execute the steps in order,
-checking each intermediate result with a real command and keeping the todo list
-current; when reality contradicts the plan, revise the plan."""
-'''
-
-DELEGATION_PROTOCOL = '''
-DELEGATION_PROTOCOL = """\\
-You lead a small team through the `task` tool. Keep your own context for the plan and
-the decisions. Send the explorer to map the environment, hand well-scoped edits to the
-coder with a precise objective and what to report, and before finishing always have the
-verifier inspect the real end state. Trust the verifier's verdict over your own."""
-'''
-
-EXPLORER_SUBAGENT = '''
-EXPLORER_SUBAGENT = {
-    "name": "explorer",
-    "description": "Read-only investigation of the environment; reports paths, wiring and facts.",
-    "system_prompt": (
-        "Investigate what the lead asks about with read-only commands: layout, relevant "
-        "files, configuration, how components connect. Return a short factual summary "
-        "with paths. Never modify anything."
-    ),
-}
-'''
-
-CODER_SUBAGENT = '''
-CODER_SUBAGENT = {
-    "name": "coder",
-    "description": "Implements one well-scoped change and confirms it applied.",
-    "system_prompt": (
-        "Make exactly the change the lead scoped: edit the files or run the commands it "
-        "needs, confirm the change took effect, and report what changed and any problem. "
-        "Do not redesign the approach."
-    ),
-}
-'''
-
-VERIFIER_SUBAGENT = '''
-VERIFIER_SUBAGENT = {
-    "name": "verifier",
-    "description": "Independently checks the real end state; answers SATISFIED or NOT SATISFIED.",
-    "system_prompt": (
-        "Assume the work is not done until you have seen otherwise. Re-derive the task's "
-        "requirements yourself, read produced files back, run the tests, exercise the "
-        "service, and try to falsify the solution. Answer SATISFIED only when every "
-        "requirement was checked; otherwise NOT SATISFIED with the concrete discrepancy."
-    ),
-}
-'''
-
-PLAN_NUDGE = '''
-class PlanNudgeMiddleware(AgentMiddleware):
-    """Before the very first model call, ask for a written todo plan before any action."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self._nudged = False
-
-    def before_model(self, state: dict[str, Any], runtime) -> dict[str, Any] | None:
-        if self._nudged:
-            return None
-        self._nudged = True
-        if any(isinstance(m, AIMessage) for m in state.get("messages") or []):
-            return None
-        directive = (
-            "First extract the concrete requirements and write a complete step-by-step "
-            "plan with write_todos; only then start executing it."
-        )
-        return {"messages": [{"role": "user", "content": directive}]}
-
-    async def abefore_model(self, state: dict[str, Any], runtime) -> dict[str, Any] | None:
-        return self.before_model(state, runtime)
-'''
-
-PLAN_GATE = '''
-class PlanCompletionGateMiddleware(AgentMiddleware):
-    """When the agent tries to stop, send it back over its plan up to `max_gates` times."""
-
-    def __init__(self, max_gates: int = 1) -> None:
-        super().__init__()
-        self.max_gates = max_gates
-        self._gated = 0
-
-    @hook_config(can_jump_to=["model"])
-    def after_model(self, state: dict[str, Any], runtime) -> dict[str, Any] | None:
-        msgs = state.get("messages") or []
-        if not msgs or not isinstance(msgs[-1], AIMessage) or msgs[-1].tool_calls:
-            return None
-        if self._gated >= self.max_gates:
-            return None
-        self._gated += 1
-        directive = (
-            "Before stopping, walk every todo and prove with a concrete command that it "
-            "is done and correct. Fix any step that is missing or wrong, then finish."
-        )
-        return {"messages": [{"role": "user", "content": directive}], "jump_to": "model"}
-
-    @hook_config(can_jump_to=["model"])
-    async def aafter_model(self, state: dict[str, Any], runtime) -> dict[str, Any] | None:
-        return self.after_model(state, runtime)
-'''
-
-COMPLETION_GATE = '''
-class CompletionGateMiddleware(AgentMiddleware):
-    """Refuse to stop until the `verifier` sub-agent has actually been dispatched.
-
-    Evidence-based: the transcript must contain a `task` call naming the verifier.
-    Bounded by `max_gates` so a stuck run still ends.
-    """
-
-    def __init__(self, max_gates: int = 1, verifier_name: str = "verifier") -> None:
-        super().__init__()
-        self.max_gates = max_gates
-        self.verifier_name = verifier_name
-        self._gated = 0
-
-    def _dispatched(self, msgs) -> bool:
-        for m in msgs:
-            for call in getattr(m, "tool_calls", None) or []:
-                if self.verifier_name in str(call.get("args", {})).lower():
-                    return True
-        return False
-
-    @hook_config(can_jump_to=["model"])
-    def after_model(self, state: dict[str, Any], runtime) -> dict[str, Any] | None:
-        msgs = state.get("messages") or []
-        if not msgs or not isinstance(msgs[-1], AIMessage) or msgs[-1].tool_calls:
-            return None
-        if self._dispatched(msgs) or self._gated >= self.max_gates:
-            return None
-        self._gated += 1
-        directive = (
-            "The work has not been independently verified. Dispatch the verifier "
-            "sub-agent with the task tool, act on its verdict, and only then finish."
-        )
-        return {"messages": [{"role": "user", "content": directive}], "jump_to": "model"}
-
-    @hook_config(can_jump_to=["model"])
-    async def aafter_model(self, state: dict[str, Any], runtime) -> dict[str, Any] | None:
-        return self.after_model(state, runtime)
-'''
-
-RUBRIC_GATE = '''
-DEFAULT_RUBRIC = """\\
-Done means every criterion holds, with the command output visible in the transcript:
-1. The failure or requirement was reproduced or pinned down by a concrete command
-   before any change.
-2. The change is minimal and aimed at the identified cause; nothing unrelated moved.
-3. The same defining check was re-run after the change and its passing output shown.
-4. Every requested output, path, format and value was checked against the task."""
-
-
-class DefaultRubricGate(RubricMiddleware):
-    """deepagents' RubricMiddleware with a built-in default rubric.
-
-    RubricMiddleware is dormant unless the invocation state carries a `rubric`; this
-    subclass supplies DEFAULT_RUBRIC when the caller gave none, so the plain
-    build_agent(model, backend) + invoke({"messages": ...}) contract activates the gate.
-    A grader sub-agent re-reads the transcript each time the agent would finish.
-    """
-
-    def __init__(self, model, max_iterations: int = 2, rubric: str = DEFAULT_RUBRIC) -> None:
-        super().__init__(model=model, max_iterations=max_iterations)
-        self.default_rubric = rubric
-
-    def _with_rubric(self, state):
-        if state.get("rubric"):
-            return state, {}
-        return {**state, "rubric": self.default_rubric}, {"rubric": self.default_rubric}
-
-    def before_agent(self, state, runtime):
-        state, extra = self._with_rubric(state)
-        update = super().before_agent(state, runtime) or {}
-        return {**update, **extra} or None
-
-    async def abefore_agent(self, state, runtime):
-        state, extra = self._with_rubric(state)
-        update = await super().abefore_agent(state, runtime) or {}
-        return {**update, **extra} or None
-'''
+# Carried by no seed.
 
 VERIFIER_GATE = '''
 class IndependentVerifierGate(AgentMiddleware):

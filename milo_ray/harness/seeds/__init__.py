@@ -9,9 +9,9 @@
 Seeds are ordinary harness directories: they are loaded as data (never imported by
 the framework) and every one follows the assembly-list layout that
 ``milo_ray.harness.mechanisms`` transforms. Their mechanisms are written out (a seed is a
-file users and mutators read whole), each definition character for character the
-mechanism's template in ``mechanisms/templates.py``; ``tests/harness/test_seeds.py`` holds
-the two together, so a change to one is a change to both.
+file users and mutators read whole), and written only here: ``mechanisms/templates.py``
+reads the template of each mechanism a seed carries from the seed's file, so a change
+to the seed is a change to the template ``add_mechanism`` inserts.
 """
 
 from __future__ import annotations

@@ -10,15 +10,10 @@ hand-off goes through the ratchet: a point is kept and published only when it is
 feasible and its exact (FFT) score is strictly below the best so far.
 """
 
-import math
-import time
-
-import numpy as np
-from scipy.optimize import Bounds, minimize
-
-# Given by the runner as module globals (the problem's formulas, the ratchet and the
-# stage driver; see the seeds' README): ERDOS, FIRST, best, best_score, offer, project,
-# reset_best, run_stages, score, smooth_value_grad.
+# Given by the runner as module globals (the building blocks; see the seeds' README):
+# run_stages, stage_ladder, stage_polish, stage_restarts, stage_upsample.
+# Every stage of STAGES is a given one, reading its settings from CONFIG: this program
+# is its schedule.
 
 CONFIG = {
     "upsample_factor": 4,     # integer refinement of the start (1: keep the grid)
@@ -40,6 +35,7 @@ CONFIG = {
     "jitter_min": 1e-5,       # the jitter never shrinks below this
     "jitter_shrink": 0.7,     # jitter factor after a restart that did not improve
     "jitter_grow": 1.5,       # jitter factor after a restart that improved
+    "restart_ladder_share": 0.7,  # share of a restart's time its ladder gets (the rest: polishing)
     "margin_s": 0.05,         # return this long before the deadline at least ...
     "margin_frac": 0.02,      # ... or this fraction of the budget
 }
@@ -52,143 +48,3 @@ def optimize(values, *, seed, deadline):
     equal share of the time left); returns the best verified point before ``deadline``."""
     return run_stages(values, seed=seed, deadline=deadline, stages=STAGES,
                       margin_s=CONFIG["margin_s"], margin_frac=CONFIG["margin_frac"])
-
-
-# ---------------------------------------------------------------- L-BFGS on the smoothed max
-
-
-class _OutOfTime(Exception):
-    pass
-
-
-def _normalize(h, problem):
-    """First/third scores are scale-invariant: keep heights O(1) so step lengths and
-    the optimizer's tolerances mean the same thing at every stage."""
-    if problem == ERDOS:
-        return h
-    m = abs(float(np.mean(h)))
-    return h / m if m > 0 else h
-
-
-def lbfgs_smooth(h, temperature, problem, deadline, maxiter):
-    """Minimize the smoothed max at ``temperature`` with L-BFGS-B from ``h``; returns
-    the point of lowest objective seen (feasible after ``project``). Bounds: h >= 0
-    (first), [0, 1] (Erdős). Erdős's sum n/2 is a quadratic penalty, not a
-    reparametrization: a shift that restores the sum inside the optimizer would let
-    heights leave [0, 1], where the smoothed value is lower than any feasible one,
-    and the final projection would undo the gain. A uniform shift barely changes
-    the Erdős score, so the projection after a penalized run costs little."""
-    h = _normalize(np.asarray(h, dtype=np.float64), problem)
-    n = h.shape[0]
-    seen = {"h": h.copy(), "f": math.inf}
-    weight = CONFIG["erdos_sum_weight"] / n
-
-    def fun(x):
-        if time.monotonic() >= deadline:
-            raise _OutOfTime
-        f, g = smooth_value_grad(x, temperature, problem)
-        if problem == ERDOS:
-            d = float(x.sum()) - n / 2.0
-            f, g = f + 0.5 * weight * d * d, g + weight * d
-        if f < seen["f"]:
-            seen["h"], seen["f"] = x.copy(), f
-        return f, g
-
-    if problem == FIRST:
-        bounds = Bounds(np.zeros(n), np.full(n, np.inf))
-    elif problem == ERDOS:
-        bounds = Bounds(np.zeros(n), np.ones(n))
-    else:
-        bounds = None
-    try:
-        minimize(fun, h, jac=True, method="L-BFGS-B", bounds=bounds,
-                 options={"maxiter": int(CONFIG["lbfgs_maxiter"]) if maxiter is None else int(maxiter),
-                          "maxcor": int(CONFIG["lbfgs_memory"]), "ftol": 1e-16, "gtol": 1e-14})
-    except _OutOfTime:
-        pass
-    return seen["h"]
-
-
-def temperature_ladder(h, rng, deadline, problem, t_hot, t_cold, rungs):
-    """L-BFGS at temperatures from t_hot down to t_cold (geometric, relative to the
-    current score: T is in score units). Each rung continues from the previous
-    rung's point, so a hot rung may leave the basin; the ratchet keeps the best
-    verified point. Each rung gets an equal share of the time left."""
-    rungs = max(1, int(rungs))
-    for i in range(rungs):
-        now = time.monotonic()
-        if now >= deadline:
-            break
-        frac = i / (rungs - 1) if rungs > 1 else 1.0
-        t_rel = t_hot * (t_cold / t_hot) ** frac
-        rung_deadline = now + (deadline - now) / (rungs - i)
-        out = lbfgs_smooth(h, t_rel * best_score(), problem, rung_deadline, None)
-        offer(out, problem)
-        h = project(out, problem)
-    return h
-
-
-# ---------------------------------------------------------------- stages
-
-
-def stage_upsample(h, rng, deadline, problem):
-    """Repeat each height ``upsample_factor`` times (when that stays within
-    ``max_points``). The refined point has the same score, so it replaces the
-    record without being published; later stages publish refined points."""
-    factor = int(CONFIG["upsample_factor"])
-    h = best()
-    if factor <= 1 or h.shape[0] * factor > CONFIG["max_points"]:
-        return h
-    refined = project(np.repeat(h, factor), problem)
-    s = score(refined, problem)
-    if math.isfinite(s):
-        # Keep the lower of the two (equal up to rounding): a later point must beat both.
-        reset_best(refined, problem, score=min(s, best_score()))
-    return refined
-
-
-def stage_ladder(h, rng, deadline, problem):
-    return temperature_ladder(h, rng, deadline, problem, CONFIG["t_hot"], CONFIG["t_cold"], CONFIG["rungs"])
-
-
-def _polish(deadline, problem):
-    """Cold L-BFGS restarted from the best point (a restart drops curvature pairs
-    gathered far from it); after a run that did not improve, colder."""
-    t_rel = CONFIG["t_polish"]
-    while time.monotonic() < deadline and t_rel >= CONFIG["polish_floor"]:
-        out = lbfgs_smooth(best(), t_rel * best_score(), problem, deadline, CONFIG["polish_maxiter"])
-        if not offer(out, problem):
-            t_rel *= CONFIG["polish_cool"]
-
-
-def stage_polish(h, rng, deadline, problem):
-    _polish(deadline, problem)
-    return best()
-
-
-def _jitter(h, sigma, rng, problem):
-    """Multiplicative noise for the autocorrelation problems (keeps signs and zeros
-    of h), additive noise for Erdős (heights at 0 or 1 may move inward)."""
-    if problem == ERDOS:
-        return h + sigma * rng.standard_normal(h.shape[0])
-    return h * (1.0 + sigma * rng.standard_normal(h.shape[0]))
-
-
-def stage_restarts(h, rng, deadline, problem):
-    sigma = CONFIG["jitter"]
-    while True:
-        now = time.monotonic()
-        if now >= deadline - 0.05 * CONFIG["restart_seconds"]:
-            break
-        restart_deadline = min(deadline, now + CONFIG["restart_seconds"])
-        before = best_score()
-        start = project(_jitter(best(), sigma, rng, problem), problem)
-        ladder_end = now + 0.7 * (restart_deadline - now)
-        temperature_ladder(start, rng, ladder_end, problem, CONFIG["restart_t_hot"], CONFIG["t_cold"],
-                           CONFIG["restart_rungs"])
-        _polish(restart_deadline, problem)
-        if best_score() < before:
-            sigma = sigma * CONFIG["jitter_grow"]
-        else:
-            sigma = max(CONFIG["jitter_min"], sigma * CONFIG["jitter_shrink"])
-    return best()
