@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import ast
 import itertools
 
 import pytest
@@ -62,20 +61,11 @@ def test_detect_finds_the_intended_mechanisms(harness):
     assert set(detect_mechanisms(harness.source)) == EXPECTED[harness.name]
 
 
-def _definitions(source: str) -> dict[str, str]:
-    """Top-level name -> the source text of the class, function or assignment defining it."""
-    out = {}
-    for stmt in ast.parse(source).body:
-        if isinstance(stmt, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
-            out[stmt.name] = ast.get_source_segment(source, stmt)
-        elif isinstance(stmt, ast.Assign):
-            out.update((t.id, ast.get_source_segment(source, stmt)) for t in stmt.targets if isinstance(t, ast.Name))
-    return out
 
 
 # Every definition any mechanism template makes (the bare loop's core tools included).
 TEMPLATE_DEFINITIONS = {name: text for template in [T.CORE_TOOLS] + [s.template for s in MECHANISMS.values()]
-                        for name, text in _definitions(template).items()}
+                        for name, text in T.definitions(template).items()}
 
 
 @pytest.mark.parametrize("harness", load_seeds(), ids=lambda h: h.name)
@@ -84,7 +74,7 @@ def test_seed_mechanism_code_is_the_template_code_verbatim(harness):
     and the templates of those mechanisms are read from them: every top-level definition
     but ``build_agent`` is a template's, character for character (a seed defines nothing
     no template inserts), and every mechanism detected in the seed is one of them."""
-    defined = _definitions(harness.source)
+    defined = T.definitions(harness.source)
     unknown = set(defined) - set(TEMPLATE_DEFINITIONS) - {"build_agent"}
     assert not unknown, f"{harness.name} defines {sorted(unknown)}, which no mechanism template has"
     for name in set(defined) - {"build_agent"}:

@@ -28,8 +28,12 @@ _SEEDS_DIR = Path(__file__).resolve().parents[1] / "seeds"
 
 @lru_cache(maxsize=None)
 def _seed_definitions(seed: str) -> dict[str, str]:
+    """Top-level name -> the source text defining it, in seed harness ``seed``."""
+    return definitions((_SEEDS_DIR / seed / "harness.py").read_text(encoding="utf-8"))
+
+
+def definitions(source: str) -> dict[str, str]:
     """Top-level name -> the source text of the class, function or assignment defining it."""
-    source = (_SEEDS_DIR / seed / "harness.py").read_text(encoding="utf-8")
     out: dict[str, str] = {}
     for stmt in ast.parse(source).body:
         if isinstance(stmt, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
