@@ -114,6 +114,10 @@ def test_a_parent_selection_given_by_target_in_the_config_is_built_and_used():
     assert isl.render(memory=memory, mutator="bold") == "# island 0: 3 harnesses (mutator bold)\n"
 
 
+# In the slow stage: run in one Ray session after tests/milo/test_loop.py's in-process
+# MILO run, this second in-process run waits forever (reproduced, cause not yet found);
+# alone it takes ~20 s.
+@pytest.mark.slow
 def test_the_loop_selects_parents_and_renders_memory_with_the_configured_objects(tmp_path, ray_local):
     from test_loop import SMALL, events, make_ctx
 
