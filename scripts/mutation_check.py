@@ -191,7 +191,7 @@ MUTATIONS: tuple[Mutation, ...] = (
     ),
     Mutation(
         "elimination-off", "milo_ray/ssr/racing.py",
-        "n_keep = keep_count(self.generated, self.config.stages, req.stage)", "n_keep = len(self._active)",
+        "        return keep_count(generated, stages, stage)", "        return active",
         ("tests/ssr/test_racing.py",),
         "successive halving keeps every child after an intermediate stage",
     ),

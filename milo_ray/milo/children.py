@@ -63,7 +63,7 @@ def mutation_request(run: PopulationView, j: int, r: int, parent: LineageNode, m
     """Round r's request to island j's mutator: the parent, its evidence (agentic mode),
     the island's memory rendering, a fresh workdir; written beside the workdir."""
     cfg = run.cfg
-    memory_md = run.state.islands[j].render(memory=cfg.memory, mutator=mutator)
+    memory_md = run.state.islands[j].render(memory=cfg.memory_strategy, mutator=mutator)
     workdir = run.run_dir / "workspace" / "mutations" / f"island-{j}" / f"round-{r}"
     shutil.rmtree(workdir, ignore_errors=True)
     workdir.mkdir(parents=True)
@@ -75,7 +75,7 @@ def mutation_request(run: PopulationView, j: int, r: int, parent: LineageNode, m
     req = MutationRequest(
         parent=run.harness(parent), parent_dir=Path(parent.harness_path).parent, evidence_dir=evidence,
         memory_markdown=memory_md, workdir=workdir, seed=derive_seed(run.ctx.seed, "mutate", j, r),
-        context={"mode": cfg.mutator_mode, "memory": cfg.memory, "island": j, "round": r,
+        context={"mode": cfg.mutator_mode, "memory": cfg.memory_strategy.name, "island": j, "round": r,
                  "parent_node": parent.node_id, "parent_accuracy": parent.accuracy, "parent_costs": parent.costs,
                  "memory_path": str(memory_path),
                  # What the artifact is: an agent harness (build_agent) or an optimizer program (optimize).

@@ -9,7 +9,11 @@ paper (papers/000 §4, App. A.1). The A.5 ablation ladder is expressed with
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from functools import cached_property
 from typing import Any, List, Optional
+
+from milo_ray.milo.strategies import MEMORIES, MUTATOR_MODES, PARENT_SELECTIONS, MemoryRendering, ParentSelection
+from milo_ray.search.strategy import check_choices, choice_field, resolve_field
 
 # ``default_mutator`` value meaning "the first spec of the backend's pool" (App. A.1:
 # every island starts with the pool's first agent; the orchestrator may reassign).
@@ -55,9 +59,13 @@ class MiloConfig:
     mutator_mode: "agentic" (the mutator reads the parent's evidence dir and the memory)
         or "one_shot" (parent source and aggregate score only; passed to the mutator as
         ``context['mode']``).
-    memory: "lineage" (indented tree with verdicts, diffs and the needle ranking) or
-        "flat" (admitted harnesses and scores only).
-    parent_selection: "softmax" (eta/T) or "best" (highest search accuracy).
+    memory: how the island's memory is rendered for its mutator (a
+        :class:`~milo_ray.milo.strategies.MemoryRendering`): "lineage" (indented tree with
+        verdicts, diffs and the needle ranking), "flat" (admitted harnesses and scores
+        only), or a ``{_target_: ...}`` building another rendering.
+    parent_selection: how a round's parent is chosen (a
+        :class:`~milo_ray.milo.strategies.ParentSelection`): "softmax" (eta/T), "best"
+        (highest search accuracy), or a ``{_target_: ...}`` building another selection.
     orchestrator: call the orchestrator on stalls (False: stalls are only recorded).
     round_sync: islands advance in lock-step rounds: every island runs round r, then the
         orchestrator may intervene, then round r+1 (Algorithm 1's round structure; fully
@@ -93,9 +101,10 @@ class MiloConfig:
     search_split: Optional[str] = None
     val_split: str = "val"
     test_split: str = "test"
-    mutator_mode: str = "agentic"
-    memory: str = "lineage"
-    parent_selection: str = "softmax"
+    # The allowed values of these three are declared by their choices (milo/strategies.py).
+    mutator_mode: str = choice_field(MUTATOR_MODES, "agentic")
+    memory: Any = choice_field(MEMORIES, "lineage")
+    parent_selection: Any = choice_field(PARENT_SELECTIONS, "softmax")
     orchestrator: bool = True
     round_sync: bool = True
     validate_timeout_s: float = 60.0
@@ -118,12 +127,7 @@ class MiloConfig:
             bad("eps", "must be in [0, 1)")
         if self.token_cap <= 0 or self.seconds_cap <= 0:
             bad("token_cap" if self.token_cap <= 0 else "seconds_cap", "must be > 0")
-        if self.mutator_mode not in ("agentic", "one_shot"):
-            bad("mutator_mode", "expected 'agentic' or 'one_shot'")
-        if self.memory not in ("lineage", "flat"):
-            bad("memory", "expected 'lineage' or 'flat'")
-        if self.parent_selection not in ("softmax", "best"):
-            bad("parent_selection", "expected 'softmax' or 'best'")
+        check_choices(self, prefix="method")
         if self.max_rounds is not None and self.max_rounds < 0:
             bad("max_rounds", "must be >= 0 or null")
         for f in ("search_size", "val_size"):
@@ -133,6 +137,16 @@ class MiloConfig:
             bad("seeds", "expected a list of seed harness names ([] for all of the benchmark's seeds)")
         if len(set(self.seeds)) != len(self.seeds):
             bad("seeds", "names a seed more than once")
+
+    @cached_property
+    def parent_selection_strategy(self) -> ParentSelection:
+        """The object ``parent_selection`` names."""
+        return resolve_field(self, "parent_selection", prefix="method")
+
+    @cached_property
+    def memory_strategy(self) -> MemoryRendering:
+        """The object ``memory`` names."""
+        return resolve_field(self, "memory", prefix="method")
 
     def for_run(self, benchmark: Any, agents: dict[str, Any]) -> "MiloConfig":
         """This config checked against the run's benchmark and backend, its splits

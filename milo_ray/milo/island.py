@@ -1,5 +1,6 @@
 """One MILO island (papers/000 §4.2): its lineage tree, admitted set H_j^+, parent
-selection, admission verdicts and held-out stall counter.
+selection, admission verdicts and held-out stall counter. How a parent is chosen and
+how the memory is rendered are strategy objects (:mod:`milo_ray.milo.strategies`).
 
 Owns :class:`Island`, a plain object with no Ray or I/O (unit-tested directly). The
 island *decides* (which parent, admitted or not); the loop *carries out* (mutation,
@@ -18,8 +19,9 @@ from typing import Any
 import numpy as np
 
 from milo_ray.kernels.hypervolume import delta_hv
-from milo_ray.kernels.pareto import admits, dominates, sample_parent, selection_scores
+from milo_ray.kernels.pareto import admits, dominates
 from milo_ray.milo.lineage import Lineage, LineageNode
+from milo_ray.milo.strategies import MEMORIES, PARENT_SELECTIONS, MemoryRendering, ParentPool, ParentSelection, SoftmaxSelection
 
 
 @dataclass(frozen=True)
@@ -93,32 +95,25 @@ class Island:
         )
 
     # --- parent selection (§4.2 stage 1) ------------------------------------------------
+    def parent_pool(self) -> ParentPool:
+        """The admitted set a parent selection chooses from (``ValueError`` when empty)."""
+        adm, F = self._admitted_matrix()
+        if not adm:
+            raise ValueError(f"island {self.island}: no admitted harness to select a parent from")
+        return ParentPool(self.island, tuple(adm), F, self._behavior_matrix(adm), self.eps, self.temperature)
+
     def selection_probabilities(self) -> tuple[list[str], list[float]]:
         """softmax(eta/T) over the admitted set, eta = -sum_h2 Dom(h1,h2) * Sim(h1,h2)."""
-        adm, F = self._admitted_matrix()
-        if not adm:
-            raise ValueError(f"island {self.island}: no admitted harness to select a parent from")
-        B = self._behavior_matrix(adm)
-        eta = np.asarray(selection_scores(F, B, eps=self.eps), dtype=float)
-        z = eta / self.temperature
-        p = np.exp(z - z.max())
-        p /= p.sum()
-        return [n.node_id for n in adm], p.tolist()
+        pool = self.parent_pool()
+        return [n.node_id for n in pool.nodes], SoftmaxSelection().probabilities(pool).tolist()
 
-    def select_parent(self, seed: int, mode: str = "softmax") -> str:
-        """The parent's node id. ``mode="best"`` picks the admitted harness with the highest
-        search accuracy (the flat-archive baseline of App. A.5); ties by insertion order."""
-        adm, F = self._admitted_matrix()
-        if not adm:
-            raise ValueError(f"island {self.island}: no admitted harness to select a parent from")
-        if mode == "best":
-            return max(adm, key=lambda n: n.accuracy or 0.0).node_id
-        if mode != "softmax":
-            raise ValueError(f"parent selection mode={mode!r}; expected 'softmax' or 'best'")
-        B = self._behavior_matrix(adm)
-        eta = np.asarray(selection_scores(F, B, eps=self.eps), dtype=float)
-        idx = int(sample_parent(eta, temperature=self.temperature, rng=np.random.default_rng(seed)))
-        return adm[idx].node_id
+    def select_parent(self, seed: int, mode: str | ParentSelection = "softmax") -> str:
+        """The parent's node id, chosen by ``mode``: a :class:`ParentSelection` or a
+        registered name (``"softmax"``: eta/T; ``"best"``: the highest search accuracy,
+        the flat-archive baseline of App. A.5), with a generator seeded by ``seed``."""
+        selection = PARENT_SELECTIONS.resolve(mode, key="mode") if isinstance(mode, str) else mode
+        pool = self.parent_pool()
+        return pool.nodes[selection.select(pool, np.random.default_rng(seed))].node_id
 
     @staticmethod
     def _behavior_matrix(adm: list[LineageNode]) -> np.ndarray:
@@ -207,9 +202,8 @@ class Island:
             ],
         }
 
-    def render(self, *, memory: str = "lineage", mutator: str | None = None) -> str:
-        from milo_ray.milo.render import render_flat_archive, render_island
-
-        if memory == "flat":
-            return render_flat_archive(self.lineage)
-        return render_island(self.lineage, mutator=mutator, stall=self.stall, best_val=self.best_val)
+    def render(self, *, memory: str | MemoryRendering = "lineage", mutator: str | None = None) -> str:
+        """The island's memory as ``memory`` (a :class:`MemoryRendering` or a registered
+        name: ``"lineage"`` tree or ``"flat"`` archive) renders it for ``mutator``."""
+        rendering = MEMORIES.resolve(memory, key="memory") if isinstance(memory, str) else memory
+        return rendering.render(self.lineage, mutator=mutator, stall=self.stall, best_val=self.best_val)

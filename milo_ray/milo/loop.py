@@ -255,7 +255,8 @@ class MiloRun:
         """Round r's mutation on island j: parent selection, the mutator call (its spend
         recorded as role ``mutator``), and the child's way into the island."""
         isl = self.state.islands[j]
-        parent = isl.node(isl.select_parent(derive_seed(self.ctx.seed, "parent", j, r), self.cfg.parent_selection))
+        parent = isl.node(isl.select_parent(derive_seed(self.ctx.seed, "parent", j, r),
+                                           self.cfg.parent_selection_strategy))
         mutator = self.state.assignment[j]
         req = mutation_request(self, j, r, parent, mutator)
         t0 = time.monotonic()

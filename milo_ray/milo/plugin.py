@@ -145,8 +145,10 @@ class MiloPlugin(MethodPlugin):
     def variant(self, config: Mapping[str, Any]) -> str | None:
         """The ablation rung (A..E) the method settings match, ``"custom"`` for none."""
         m = config.get("method") or {}
-        key = (m.get("mutator_mode"), m.get("memory"), m.get("parent_selection"),
-               int(m.get("num_islands") or 1) > 1, bool(m.get("orchestrator")))
+        # A strategy given as a {_target_: ...} mapping is no rung's (and not hashable).
+        named = tuple(v if isinstance(v, str) else None
+                      for v in (m.get("mutator_mode"), m.get("memory"), m.get("parent_selection")))
+        key = (*named, int(m.get("num_islands") or 1) > 1, bool(m.get("orchestrator")))
         return RUNGS.get(key, "custom")
 
 

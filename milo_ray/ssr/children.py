@@ -89,7 +89,7 @@ class ChildMaker:
 
     def evidence_sets(self, order: list[str], m: int, rnd: int) -> list[tuple[str, ...]]:
         rng = np.random.default_rng(derive_seed(self.seed, "evidence", rnd))
-        return ev.evidence_sets(order, self.cfg.scales, self.cfg.evidence, rng)[:m]
+        return ev.evidence_sets(order, self.cfg.scales, self.cfg.evidence_strategy, rng)[:m]
 
     def draw(self, parent: Harness, ev_state: dict, sets: list[tuple[str, ...]], rnd: int,
              rec: RoundRecord) -> tuple[list[Drawn], dict[int, int]]:

@@ -8,11 +8,12 @@ is the run-level ``run.budget.executions``.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from functools import cached_property
 from typing import Any, Optional
 
-EVIDENCE_STRATEGIES = ("rer", "topk_fixed", "topk_resampling", "fixed_n")
-ORDERINGS = ("rer", "random", "quality_only")
-RACINGS = ("successive_halving", "uniform")
+from milo_ray.search.strategy import check_choices, choice_field, resolve_field
+from milo_ray.ssr.racing import RACING_RULES, RacingRule
+from milo_ray.ssr.strategies import EVIDENCE_SETS, ORDERINGS, EvidenceOrdering, EvidenceSets
 
 
 @dataclass
@@ -25,13 +26,18 @@ class SSRConfig:
         split, or ``search`` where it has none.
     scales: evidence fractions α; candidate i gets the ⌈α_i·N⌉ best-ranked records.
         Their count is the number of children M for every evidence strategy.
-    evidence: ``rer`` (nested multiscale prefixes), ``topk_fixed`` (every child gets the
-        same top ⌈scales[0]·N⌉ records), ``topk_resampling`` (each child an independent
+    evidence: the evidence-set strategy (:class:`~milo_ray.ssr.strategies.EvidenceSets`):
+        ``rer`` (nested multiscale prefixes), ``topk_fixed`` (every child gets the same
+        top ⌈scales[0]·N⌉ records), ``topk_resampling`` (each child an independent
         uniform subset of that size), ``fixed_n`` (every child gets all N records).
-    ordering: ``rer`` (submodular quality+coverage greedy), ``random`` (uniform
-        permutation), ``quality_only`` (sort by q = a·u) — used for every prefix.
-    racing: ``successive_halving`` (eliminate to n_r after intermediate stages) or
+    ordering: the evidence ordering (:class:`~milo_ray.ssr.strategies.EvidenceOrdering`):
+        ``rer`` (submodular quality+coverage greedy), ``random`` (uniform permutation),
+        ``quality_only`` (sort by q = a·u) — used for every prefix.
+    racing: the racing rule (:class:`~milo_ray.ssr.racing.RacingRule`):
+        ``successive_halving`` (eliminate to n_r after intermediate stages) or
         ``uniform`` (same batches, no elimination).
+    Each of these three also takes a ``{_target_: ...}`` building another object of its
+    protocol; events and the summary record the object's ``name``.
     stages: K; b_v: validation tasks per stage (one entry per stage, or one for all);
     b_s / b_f: parent-success / parent-failure training tasks per stage;
     rollouts: R executions per (harness, task) in racing.
@@ -60,9 +66,10 @@ class SSRConfig:
     val_split: str = "val"
     test_split: str = "test"
     scales: list[float] = field(default_factory=lambda: [0.25, 0.5, 0.75, 1.0])
-    evidence: str = "rer"
-    ordering: str = "rer"
-    racing: str = "successive_halving"
+    # The allowed values of these three are declared by their choices.
+    evidence: Any = choice_field(EVIDENCE_SETS, "rer")
+    ordering: Any = choice_field(ORDERINGS, "rer")
+    racing: Any = choice_field(RACING_RULES, "successive_halving")
     stages: int = 2
     b_v: list[int] = field(default_factory=lambda: [10, 10])
     b_s: int = 5
@@ -84,12 +91,7 @@ class SSRConfig:
 
     def check(self) -> "SSRConfig":
         """Raise ``ValueError`` naming the field and the fix on a bad value."""
-        if self.evidence not in EVIDENCE_STRATEGIES:
-            raise ValueError(f"method.evidence={self.evidence!r}; choose one of {EVIDENCE_STRATEGIES}")
-        if self.ordering not in ORDERINGS:
-            raise ValueError(f"method.ordering={self.ordering!r}; choose one of {ORDERINGS}")
-        if self.racing not in RACINGS:
-            raise ValueError(f"method.racing={self.racing!r}; choose one of {RACINGS}")
+        check_choices(self, prefix="method")
         scales = [float(a) for a in self.scales]
         if not scales or any(not 0 < a <= 1 for a in scales) or scales != sorted(scales):
             raise ValueError(f"method.scales={list(self.scales)}; give increasing fractions in (0, 1], e.g. [0.25,0.5,0.75,1.0]")
@@ -125,6 +127,21 @@ class SSRConfig:
             val_split=resolve_split(benchmark, self.val_split, field="method.val_split"),
             test_split=resolve_split(benchmark, self.test_split, field="method.test_split"),
         )
+
+    @cached_property
+    def evidence_strategy(self) -> EvidenceSets:
+        """The object ``evidence`` names."""
+        return resolve_field(self, "evidence", prefix="method")
+
+    @cached_property
+    def ordering_strategy(self) -> EvidenceOrdering:
+        """The object ``ordering`` names."""
+        return resolve_field(self, "ordering", prefix="method")
+
+    @cached_property
+    def racing_strategy(self) -> RacingRule:
+        """The object ``racing`` names."""
+        return resolve_field(self, "racing", prefix="method")
 
     @property
     def m(self) -> int:

@@ -13,10 +13,12 @@ evidence the candidate optimizer sees:
    in the driver's store, and threads avoid shipping every trace to a Ray worker.
 2. ``embed_records``: z_i = embedding of summary + insights (records read back from
    the store keep the stored vector and are not embedded again).
-3. ``order_records``: RER greedy over w, q = a·u and S = clipped cosine (or the
-   RANDOM / QUALITY-ONLY ablation orderings).
-4. ``evidence_sets``: the per-candidate record sets (nested multiscale prefixes, or
-   the TOP-K FIXED / TOP-K RESAMPLING / FIXED-N ablations).
+3. ``order_records``: the records in evidence order, by an ordering strategy: RER
+   greedy over w, q = a·u and S = clipped cosine (or the RANDOM / QUALITY-ONLY
+   ablation orderings; :mod:`milo_ray.ssr.strategies`).
+4. ``evidence_sets``: the per-candidate record sets, by an evidence-set strategy
+   (nested multiscale prefixes, or the TOP-K FIXED / TOP-K RESAMPLING / FIXED-N
+   ablations).
 5. ``render_memory``: the markdown the optimizer reads.
 """
 
@@ -31,6 +33,7 @@ import numpy as np
 
 from milo_ray.agents.judges.schema import JudgeOutputError, parse_verdict, verdict_tags
 from milo_ray.agents.usage import AgentUsage, reply_parts
+from milo_ray.ssr.strategies import EVIDENCE_SETS, ORDERINGS, EvidenceOrdering, EvidenceSets
 
 
 @dataclass
@@ -182,29 +185,19 @@ def embed_records(records: Sequence[ExperienceRecord], embedder: Any) -> int:
     return len(todo)
 
 
-def order_records(records: Sequence[ExperienceRecord], ordering: str, rng: np.random.Generator) -> list[str]:
-    """Task ids of the judged records in evidence order (failures excluded).
+def order_records(records: Sequence[ExperienceRecord], ordering: str | EvidenceOrdering,
+                  rng: np.random.Generator) -> list[str]:
+    """Task ids of the judged records in evidence order (judge failures excluded).
 
-    ``rer``: the submodular greedy permutation (ties by lower record index);
-    ``quality_only``: q descending (ties by lower index); ``random``: uniform.
+    ``ordering``: an :class:`~milo_ray.ssr.strategies.EvidenceOrdering` or a registered
+    name: ``rer`` (the submodular greedy permutation, ties by lower record index),
+    ``quality_only`` (q descending, ties by lower index) or ``random`` (uniform).
     """
+    strategy = ORDERINGS.resolve(ordering, key="ordering") if isinstance(ordering, str) else ordering
     ok = [r for r in records if r.ok]
     if not ok:
         return []
-    if ordering == "random":
-        return [ok[i].task_id for i in rng.permutation(len(ok))]
-    q = np.array([r.q for r in ok], dtype=float)
-    if ordering == "quality_only":
-        return [ok[i].task_id for i in sorted(range(len(ok)), key=lambda i: (-q[i], i))]
-    if ordering != "rer":
-        raise ValueError(f"ordering={ordering!r}; choose rer, random or quality_only")
-    from milo_ray.kernels.submodular import clipped_cosine, rer_order
-
-    if any(r.embedding is None for r in ok):
-        raise ValueError("order_records: RER ordering needs embeddings (call embed_records first)")
-    w = np.array([r.w for r in ok], dtype=float)
-    S = clipped_cosine(np.stack([r.embedding for r in ok]))
-    return [ok[int(i)].task_id for i in rer_order(w, q, S)]
+    return [ok[int(i)].task_id for i in strategy.order(ok, rng)]
 
 
 def scale_sizes(n: int, fractions: Sequence[float]) -> list[int]:
@@ -215,32 +208,20 @@ def scale_sizes(n: int, fractions: Sequence[float]) -> list[int]:
     return [int(k) for k in prefix_sizes(n, list(fractions))]
 
 
-def evidence_sets(order: Sequence[str], fractions: Sequence[float], strategy: str,
+def evidence_sets(order: Sequence[str], fractions: Sequence[float], strategy: str | EvidenceSets,
                   rng: np.random.Generator) -> list[tuple[str, ...]]:
     """One evidence set per candidate (task ids, each in evidence order).
 
-    ``rer``: nested prefixes ⌈α_i·N⌉; ``topk_fixed``: the same top ⌈α_1·N⌉ for all;
-    ``topk_resampling``: an independent uniform ⌈α_1·N⌉-subset each; ``fixed_n``: all N.
-    No evidence (every judge call failed) gives no candidates under every strategy,
-    so the ablations stay comparable.
+    ``strategy``: an :class:`~milo_ray.ssr.strategies.EvidenceSets` or a registered name:
+    ``rer`` (nested prefixes ⌈α_i·N⌉), ``topk_fixed`` (the same top ⌈α_1·N⌉ for all),
+    ``topk_resampling`` (an independent uniform ⌈α_1·N⌉-subset each), ``fixed_n`` (all N).
+    No evidence (every judge call failed) gives no candidates under every strategy, so
+    the ablations stay comparable.
     """
-    n, m = len(order), len(fractions)
-    if strategy not in ("rer", "topk_fixed", "topk_resampling", "fixed_n"):
-        raise ValueError(f"evidence={strategy!r}; choose rer, topk_fixed, topk_resampling or fixed_n")
-    if n == 0:
+    sets = EVIDENCE_SETS.resolve(strategy, key="evidence") if isinstance(strategy, str) else strategy
+    if not order:
         return []
-    sizes = scale_sizes(n, fractions)
-    if strategy == "rer":
-        return [tuple(order[:k]) for k in sizes]
-    if strategy == "topk_fixed":
-        return [tuple(order[: sizes[0]]) for _ in range(m)]
-    if strategy == "fixed_n":
-        return [tuple(order) for _ in range(m)]
-    out = []  # topk_resampling
-    for _ in range(m):
-        pick = set(rng.choice(n, size=sizes[0], replace=False).tolist())
-        out.append(tuple(t for i, t in enumerate(order) if i in pick))
-    return out
+    return sets.sets(order, scale_sizes(len(order), fractions), len(fractions), rng)
 
 
 def render_memory(records: Sequence[ExperienceRecord], *, k: int, n: int, evidence_dir: str = "") -> str:

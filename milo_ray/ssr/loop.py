@@ -65,7 +65,7 @@ from milo_ray.ssr.events import (
 )
 from milo_ray.ssr.judging import judge_round
 from milo_ray.ssr.plugin import ROLES
-from milo_ray.ssr.racing import Race, RaceCandidate, RaceConfig, UniformRace
+from milo_ray.ssr.racing import Race, RaceCandidate, RaceConfig
 from milo_ray.ssr.state import RecordedRun, check_parent, check_stage
 from milo_ray.ssr.store_io import StoreWriter
 
@@ -206,10 +206,10 @@ class _SSRRun:
             order = list(rec.refresh.order)
         else:
             rng = np.random.default_rng(derive_seed(self.ctx.seed, "order", rnd))
-            order = ev.order_records(records, self.cfg.ordering, rng)
+            order = ev.order_records(records, self.cfg.ordering_strategy, rng)
         self.emit(Refreshed(rnd, parent.harness_id, len(results), sum(1 for r in results if r.score >= 1.0),
                             float(np.mean([r.score for r in results])), [r.task_id for r in records if not r.ok],
-                            order, self.cfg.ordering, len(self.keys)))
+                            order, self.cfg.ordering_strategy.name, len(self.keys)))
         return {"results": results, "records": records, "order": order}, None
 
     # ------------------------------------------------------------------ candidates
@@ -239,7 +239,8 @@ class _SSRRun:
                     "mutator": self.optimizer_name, "evidence_scale": a.scale,
                     "diff_added": d.added, "diff_deleted": d.deleted, "validation_error": err,
                     "extra": {"candidate_index": a.index, "seed": a.seed, "redraws": redrawn.get(a.index, 0),
-                              "evidence": cfg.evidence, "ordering": cfg.ordering, "report": a.report},
+                              "evidence": cfg.evidence_strategy.name, "ordering": cfg.ordering_strategy.name,
+                              "report": a.report},
                 })
             if err is None:
                 seen.add(child.harness_id)
@@ -247,18 +248,18 @@ class _SSRRun:
         self.emit(CandidatesChosen(rnd, parent.harness_id, [
             {"index": o.index, "scale": o.answer.scale, "seed": o.answer.seed, "error": errors[o.index],
              "harness_id": o.child.harness_id if o.child else None, "redraws": redrawn.get(o.index, 0)}
-            for o in drawn], [c.harness_id for c in racers], cfg.evidence))
+            for o in drawn], [c.harness_id for c in racers], cfg.evidence_strategy.name))
         return racers, len(drawn)
 
     # ------------------------------------------------------------------ racing
     def _race(self, parent: Harness, ev_state: dict, racers: list[RaceCandidate], generated: int, rnd: int):
-        cls = UniformRace if self.cfg.racing == "uniform" else Race
         rec = self.recorded.round(rnd)
         success = [r.task_id for r in ev_state["results"] if r.score >= 1.0]
         failure = [r.task_id for r in ev_state["results"] if r.score < 1.0]
-        race = cls(parent.harness_id, racers, order=ev_state["order"], parent_success=success, parent_failure=failure,
-                   validation=[t.task_id for t in self.val], config=self.race_cfg,
-                   rng=np.random.default_rng(derive_seed(self.ctx.seed, "race", rnd)), generated=generated)
+        race = Race(parent.harness_id, racers, order=ev_state["order"], parent_success=success, parent_failure=failure,
+                    validation=[t.task_id for t in self.val], config=self.race_cfg,
+                    rng=np.random.default_rng(derive_seed(self.ctx.seed, "race", rnd)), generated=generated,
+                    rule=self.cfg.racing_strategy)
         base = 1 + rnd * self.cfg.rollouts
         splits = {t.task_id: self.cfg.val_split for t in self.val} | {t: self.cfg.train_split for t in success + failure}
         while not self.ctx.out_of_time():
@@ -357,7 +358,8 @@ class _SSRRun:
             "method": METHOD, "initial_harness": initial.harness_id, "final_harness": final.harness_id,
             "improved": final.harness_id != initial.harness_id, "rounds": rounds, "stop_reason": stop,
             "executions_used": len(self.keys), "execution_budget": self.cap, "candidates_generated": self.generated,
-            "history": history, "evidence": cfg.evidence, "ordering": cfg.ordering, "racing": cfg.racing,
+            "history": history, "evidence": cfg.evidence_strategy.name, "ordering": cfg.ordering_strategy.name,
+            "racing": cfg.racing_strategy.name,
             "spend_by_role": self.calls.by_role(),
         }
         to_test = [("ssr final", final)]

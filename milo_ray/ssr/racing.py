@@ -18,8 +18,10 @@ Rules (DESIGN §4.3):
   round; a short class is not refilled from the other class.
 * Every surviving child and the protected parent run every task of B_r R times.
 * Cumulative score = mean reward over every (task, rollout) of P_r = B_1 ∪ … ∪ B_r.
-* After an intermediate stage r < K keep n_r = max(1, M − round(r·M/K)) children
-  (round half up); ranking ties: higher score, fewer diff lines, lower index.
+* After an intermediate stage r < K the racing rule (a ``RacingRule`` object, chosen by
+  ``method.racing``) says how many children stay: successive halving keeps
+  n_r = max(1, M − round(r·M/K)) (round half up), the uniform ablation keeps all.
+  Ranking ties: higher score, fewer diff lines, lower index.
 * A stage starts only if R·(|A|+1)·|B_r| fits the remaining budget; otherwise the
   race ends and selects on the last completed stage (none → keep the parent).
 * The best surviving child replaces the parent only on a strictly higher score.
@@ -28,9 +30,11 @@ Rules (DESIGN §4.3):
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Sequence
+from typing import Any, Iterable, Protocol, Sequence, runtime_checkable
 
 import numpy as np
+
+from milo_ray.search.strategy import Choice
 
 Run = tuple[str, str, int]  # (harness_id, task_id, rollout_idx)
 
@@ -85,6 +89,43 @@ def keep_count(m: int, k: int, r: int) -> int:
     The paper's cases have no half: M=4, K=2 → 4/2 and M=12, K=2 → 12/6.
     """
     return max(1, m - (2 * r * m + k) // (2 * k))
+
+
+@runtime_checkable
+class RacingRule(Protocol):
+    """How many children survive an intermediate stage. The race ranks them (higher
+    cumulative score, fewer diff lines, lower index) and keeps that many from the top;
+    the parent is never counted."""
+
+    name: str
+
+    def keep(self, *, generated: int, stages: int, stage: int, active: int) -> int:
+        """Children kept after intermediate stage ``stage`` < ``stages`` of ``active``
+        still racing (``generated``: the M children generated this round)."""
+        ...
+
+
+class SuccessiveHalving:
+    """n_r = max(1, M − round(r·M/K)) (:func:`keep_count`): M is the children
+    *generated*, so an invalid child counts as eliminated before the first stage."""
+
+    name = "successive_halving"
+
+    def keep(self, *, generated: int, stages: int, stage: int, active: int) -> int:
+        return keep_count(generated, stages, stage)
+
+
+class NoElimination:
+    """Every child runs every stage (the uniform-allocation ablation / audit baseline)."""
+
+    name = "uniform"
+
+    def keep(self, *, generated: int, stages: int, stage: int, active: int) -> int:
+        return active
+
+
+RACING_RULES: Choice[RacingRule] = Choice(
+    "racing rule", {"successive_halving": SuccessiveHalving, "uniform": NoElimination}, RacingRule)
 
 
 @dataclass(frozen=True)
@@ -177,7 +218,8 @@ class RaceOutcome:
 
 
 class Race:
-    """Successive-halving race of M children against a protected parent.
+    """A race of M children against a protected parent, successive halving unless
+    another ``rule`` is given.
 
     Parameters
     ----------
@@ -193,9 +235,9 @@ class Race:
     generated: the M children generated this round when some of them did not make it
         to the race (invalid, duplicate); the keep counts n_r are based on M
         (default: ``len(candidates)``).
+    rule: the ``RacingRule`` saying how many children survive each intermediate stage
+        (default: successive halving).
     """
-
-    eliminates = True
 
     def __init__(
         self,
@@ -209,7 +251,9 @@ class Race:
         config: RaceConfig,
         rng: np.random.Generator,
         generated: int | None = None,
+        rule: RacingRule | None = None,
     ) -> None:
+        self.rule: RacingRule = SuccessiveHalving() if rule is None else rule
         ids = [c.harness_id for c in candidates]
         if generated is not None and generated < len(ids):
             raise ValueError(f"race: generated={generated} is fewer than the {len(ids)} candidates racing")
@@ -362,8 +406,9 @@ class Race:
 
         scores = {h: self.score(h) for h in req.harnesses}
         eliminated: tuple[str, ...] = ()
-        if self.eliminates and req.stage < self.config.stages:
-            n_keep = keep_count(self.generated, self.config.stages, req.stage)
+        if req.stage < self.config.stages:
+            n_keep = self.rule.keep(generated=self.generated, stages=self.config.stages, stage=req.stage,
+                                    active=len(self._active))
             ranked = sorted(self._active, key=lambda c: self._rank_key(c, scores))
             eliminated = tuple(c.harness_id for c in ranked[n_keep:])
             kept = {c.harness_id for c in ranked[:n_keep]}
@@ -420,7 +465,8 @@ class Race:
 
 
 class UniformRace(Race):
-    """Same batches and budget gate, no elimination: every child runs every stage
-    (the uniform-allocation ablation / audit baseline)."""
+    """A race under :class:`NoElimination`: same batches and budget gate, every child
+    runs every stage (the uniform-allocation ablation / audit baseline)."""
 
-    eliminates = False
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, rule=NoElimination(), **kwargs)

@@ -99,7 +99,10 @@ def scripted(ray_local, tmp_path_factory) -> ScriptedRun:
     orch = {"_target_": "milo_fakes.ScriptedOrchestrator", "script": "moves"}
     ctx = make_ctx(tmp, orchestrator=orch)
     summary = MiloMethod(num_islands=2, patience=PATIENCE, max_rounds=4, **SMALL).run(ctx)
-    return ScriptedRun(ctx, summary, calls)
+    yield ScriptedRun(ctx, summary, calls)
+    # Its rollout workers hold the session's CPUs until they idle out: free them for the
+    # next in-process run (as run.py does at the end of every run).
+    ctx.scheduler.close()
 
 
 @pytest.fixture(scope="module")
