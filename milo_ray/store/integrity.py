@@ -1,9 +1,9 @@
 """Damage a run's files can suffer, detected: content hashes of part files, a full disk,
 and the one-writer lock's holder.
 
-Part hashes. Each table directory keeps ``parts.sha256`` in ``sha256sum`` format (one
+Part hashes. Each table directory keeps ``_parts.sha256`` in ``sha256sum`` format (one
 ``<hex>  <part name>`` line per part, so ``cd <run>/rollouts && sha256sum -c --ignore-missing
-parts.sha256`` checks a run by hand). A part's line is appended and fsynced *before* its
+_parts.sha256`` checks a run by hand). A part's line is appended and fsynced *before* its
 temp file is renamed into place, so every part that exists has its line; a crash between
 the two leaves a line naming a file that never appeared, which is harmless and pruned by
 the next writer. A run written before hashes were kept has no such file: its parts are
@@ -24,7 +24,8 @@ import time
 import uuid
 from pathlib import Path
 
-LEDGER = "parts.sha256"
+# A leading "_": pyarrow.dataset and Spark skip it when reading a table directory.
+LEDGER = "_parts.sha256"
 _LINE = re.compile(r"^([0-9a-f]{64})  (part-[^/\s]+\.parquet)$")
 _FULL = (errno.ENOSPC, errno.EDQUOT)
 
@@ -58,7 +59,7 @@ def raise_if_full(exc: BaseException, where: Path) -> None:
 
 
 class PartHashes:
-    """The ``parts.sha256`` list of one table directory."""
+    """The ``_parts.sha256`` list of one table directory."""
 
     def __init__(self, table_dir: Path):
         self.dir = Path(table_dir)

@@ -190,3 +190,8 @@ def test_a_full_disk_stops_writes_loses_nothing_stored_and_the_run_goes_on_once_
         done = set(keys(s))
         s.append_rollouts([make_result(i) for i in range(200) if make_result(i).cache_key not in done])
     assert len(keys(open_run(root))) == 200
+
+
+def test_a_table_directory_still_reads_with_pyarrow_alone(run):
+    # The hash list sits beside the parts; readers of a whole directory must skip it.
+    assert pq.read_table(run / "rollouts").num_rows == 2
