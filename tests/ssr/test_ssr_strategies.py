@@ -20,6 +20,7 @@ from milo_ray.ssr.racing import (RACING_RULES, NoElimination, Race, RaceCandidat
                                  UniformRace)
 from milo_ray.ssr.strategies import (EVIDENCE_SETS, ORDERINGS, FixedN, MultiscalePrefixes, QualityOnlyOrdering,
                                      RandomOrdering, RerOrdering, TopKFixed, TopKResampling)
+from test_ssr_evidence import _recs  # one way to build embedded records for both files
 
 CONF = str(Path(__file__).resolve().parents[2] / "conf")
 ORDER = [f"t{i}" for i in range(10)]
@@ -58,13 +59,6 @@ class KeepOne:
         return 1
 
 
-def _recs(qs):
-    out = []
-    for i, q in enumerate(qs):
-        r = ev.ExperienceRecord(f"t{i}", 0, "h", 0.0, False, w=0.5, a=q, u=1.0, summary=f"s{i}")
-        r.embedding = np.eye(len(qs), dtype=np.float32)[i]
-        out.append(r)
-    return out
 
 
 def _race(rule=None, cls=Race, m=4):
