@@ -270,6 +270,7 @@ def test_the_config_group_builds_the_benchmark_and_seeds_are_checked(tmp_path):
     make_task(tmp_path, "a")
     make_task(tmp_path, "b")
     cfg = OmegaConf.load(Path(__file__).resolve().parents[2] / "conf" / "benchmark" / "harbor.yaml")
+    assert cfg.pop("defaults")  # its usual executor, for Hydra; not a constructor argument
     bench = instantiate(cfg, path=str(tmp_path), splits={"search": 1, "test": 1}, seeds=["minimal", "stock"])
     assert sorted(bench.splits()) == ["search", "test"] and bench.name == f"harbor:{tmp_path.name}"
     assert [h.name for h in bench.seed_harnesses()] == ["minimal", "stock"]

@@ -177,6 +177,7 @@ def test_the_config_group_builds_the_benchmark(tmp_path):
 
     f = write_jsonl(tmp_path / "x.jsonl", [row(f"r__{i}") for i in range(10)])
     cfg = OmegaConf.load(Path(__file__).resolve().parents[2] / "conf" / "benchmark" / "swe.yaml")
+    assert cfg.pop("defaults")  # its usual executor, for Hydra; not a constructor argument
     bench = instantiate(cfg, path=str(f), test_cmd="pytest -rA")
     assert {k: len(v) for k, v in bench.splits().items()} == {"search": 5, "val": 3, "test": 2}
     assert len(bench.seed_harnesses()) == 5
