@@ -2,7 +2,7 @@
 
 Everything else about the package is declared in pyproject.toml. ``conf/`` is not under the
 package directory (users know it at the top level), so package-data patterns cannot reach it;
-this copies it into the build tree, where the wheel picks it up, and milo_ray.config_path finds
+this copies it into the build tree, where the wheel picks it up, and milo_ray.config.paths finds
 it in an installed package. Editable installs skip the copy: they read the checkout's conf/.
 """
 

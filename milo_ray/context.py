@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from milo_ray.benchmarks.base import Benchmark
-from milo_ray.config import ModelConfig, model_config
+from milo_ray.config.schemas import ModelConfig, model_config
 from milo_ray.search.agent_calls import AgentCallLog
 from milo_ray.store.base import RunStore
 
@@ -25,7 +25,7 @@ class RunContext:
     started. ``agent_calls``: the run's :class:`~milo_ray.search.agent_calls.AgentCallLog`;
     every agent call is recorded there. ``session``: this session of the run (a resumed run gets a new one);
     agents built for it are never reused by another run or session. ``model``: the solver's
-    :class:`~milo_ray.config.ModelConfig` (checked; ``model.id == model_id``, the cache
+    :class:`~milo_ray.config.schemas.ModelConfig` (checked; ``model.id == model_id``, the cache
     identity; a context built without one gets the model named by ``model_id``).
     ``budget``: the run's budget ledger (the scheduler's). ``agent_env``: the driver's
     values of the key variables the LLM agents read, handed to their Ray tasks (never

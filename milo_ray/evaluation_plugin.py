@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from milo_ray.config import EvalConfig
+from milo_ray.config.schemas import EvalConfig
 from milo_ray.evaluation import EVAL_EVENT_KINDS
 from milo_ray.search.plugin import MethodPlugin
 

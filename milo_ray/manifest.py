@@ -17,7 +17,7 @@ from typing import Any, Iterable
 
 from omegaconf import DictConfig, OmegaConf
 
-from milo_ray.config_errors import UserError
+from milo_ray.config.errors import UserError
 
 _PACKAGES = ("milo_ray", "ray", "numpy", "scipy", "pyarrow", "hydra-core", "deepagents", "langchain",
              "langchain-litellm", "litellm", "sentence-transformers", "torch", "duckdb")

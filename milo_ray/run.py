@@ -40,11 +40,11 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
 from milo_ray import redaction
-from milo_ray.config import register_configs
-from milo_ray.config_errors import (UserError, check_composition, check_overrides, check_resume_overrides,
-                                    check_seed_harnesses, check_settings, check_tasks_runnable, jobs_launched,
-                                    override_key, set_jobs_launched)
-from milo_ray.config_path import conf_dir
+from milo_ray.config.schemas import register_configs
+from milo_ray.config.errors import UserError, jobs_launched, set_jobs_launched
+from milo_ray.config.validate import (check_composition, check_overrides, check_resume_overrides, check_seed_harnesses,
+                                      check_settings, check_tasks_runnable, override_key)
+from milo_ray.config.paths import conf_dir
 from milo_ray.manifest import (EMBEDDER_LOADED, build_manifest, deadline_for, elapsed_before, finish_manifest, new_run_id,
                                read_manifest)
 
@@ -156,7 +156,7 @@ def _embedder_loads(store: Any) -> list[dict[str, Any]]:
 class PreparedRun:
     """What a composed config builds before the run writes anything."""
 
-    plan: Any  # milo_ray.config_targets.Composition: model, executor spec, agents
+    plan: Any  # milo_ray.config.targets.Composition: model, executor spec, agents
     benchmark: Any
     method: Any
     tracker: Any
@@ -229,7 +229,7 @@ def run_job(cfg: DictConfig) -> dict[str, Any]:
     from milo_ray.execution.budget import BudgetLedger
     from milo_ray.execution.cluster import connect
     from milo_ray.execution.scheduler import RolloutScheduler
-    from milo_ray.config_targets import agent_env, worker_env
+    from milo_ray.config.targets import agent_env, worker_env
     from milo_ray.search.agent_calls import AgentCallLog, role_caps
     from milo_ray.store.integrity import DiskFull
 
@@ -452,7 +452,7 @@ def _register_secrets(plan: Any) -> None:
     """The values of the run's key variables (the solver's and every LLM role's) are
     redacted from everything this process persists (``milo_ray/redaction.py``)."""
     from milo_ray.agents.llm import key_env
-    from milo_ray.config_targets import agent_env
+    from milo_ray.config.targets import agent_env
 
     redaction.register_env([key_env(plan.model)])
     redaction.register(agent_env(plan.agents))
@@ -507,7 +507,7 @@ def main(argv: list[str] | None = None) -> int:
     global _job_started
     argv = list(sys.argv[1:] if argv is None else argv)
     if any(a in ("--help", "-h") for a in argv):
-        from milo_ray.cli_help import usage
+        from milo_ray.config.help import usage
 
         print(usage(CONF_DIR))
         return 0

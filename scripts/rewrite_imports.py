@@ -38,18 +38,44 @@ MOVES: dict[str, dict[str, str]] = {
         "format_of": "milo_ray.core.tasks",
     },
 }
+# Whole modules that moved: old module -> the new home of every name MOVES does not list.
+MODULE_MOVES: dict[str, str] = {
+    "milo_ray.config": "milo_ray.config.schemas",
+    "milo_ray.config_path": "milo_ray.config.paths",
+    "milo_ray.cli_help": "milo_ray.config.help",
+    "milo_ray.config_errors": "milo_ray.config.validate",
+    "milo_ray.config_targets": "milo_ray.config.targets",
+}
+MOVES.update({
+    "milo_ray.config_errors": {"UserError": "milo_ray.config.errors", "set_jobs_launched": "milo_ray.config.errors",
+                               "jobs_launched": "milo_ray.config.errors"},
+})
+for _old in MODULE_MOVES:
+    MOVES.setdefault(_old, {})
 # Dotted references in strings and docstrings (monkeypatch targets, Sphinx roles).
 TEXT_MOVES = {f"{old}.{name}": f"{new}.{name}" for old, names in MOVES.items() for name, new in names.items()}
+# Module references in text: ``milo_ray.config_errors.check_x`` and ``milo_ray.cli_help``.
+# ``milo_ray.config`` itself is now the package, so only its dotted names are rewritten, by
+# ast (imports) and by the schema names below.
+_TEXT_MODULES = {old: new for old, new in MODULE_MOVES.items() if old != "milo_ray.config"}
 
 
 _STRING_IMPORT = re.compile(r"^([ \t]*)from (" + "|".join(re.escape(m) for m in MOVES) + r") import ([\w, ]+)$",
                             re.MULTILINE)
 
 
+# ``milo_ray.config.ModelConfig`` (a schema name) -> ``milo_ray.config.schemas.ModelConfig``.
+_SCHEMA_NAMES = ("Config", "RunConfig", "ExecutionConfig", "ModelConfig", "BackendConfig", "AgentsConfig",
+                 "BudgetConfig", "RoleBudgetConfig", "RoleBudgetsConfig", "MlflowTrackingConfig", "EvalConfig",
+                 "register_configs", "model_config", "OFFLINE_MODEL_ID")
+_SCHEMA_REF = re.compile(r"milo_ray\.config\.(" + "|".join(_SCHEMA_NAMES) + r")\b")
+
+
 def _split(indent: str, module: str, names: str) -> str:
     groups: dict[str, list[str]] = {}
     for name in (n.strip() for n in names.split(",") if n.strip()):
-        groups.setdefault(MOVES[module].get(name.split(" as ")[0], module), []).append(name)
+        default = MODULE_MOVES.get(module, module)
+        groups.setdefault(MOVES[module].get(name.split(" as ")[0], default), []).append(name)
     return "\n".join(f"{indent}from {home} import {', '.join(ns)}" for home, ns in groups.items())
 
 
@@ -63,7 +89,7 @@ def rewrite(text: str) -> str:
         moves = MOVES[node.module]
         groups: dict[str, list[str]] = {}
         for alias in node.names:
-            home = moves.get(alias.name, node.module)
+            home = moves.get(alias.name, MODULE_MOVES.get(node.module, node.module))
             groups.setdefault(home, []).append(alias.name + (f" as {alias.asname}" if alias.asname else ""))
         first = lines[node.lineno - 1]
         indent = first[: len(first) - len(first.lstrip())]
@@ -80,6 +106,9 @@ def rewrite(text: str) -> str:
     out = _STRING_IMPORT.sub(lambda m: _split(m.group(1), m.group(2), m.group(3)), out)
     for old, new in TEXT_MOVES.items():
         out = out.replace(old, new)
+    for old, new in _TEXT_MODULES.items():
+        out = re.sub(re.escape(old) + r"\b", new, out)
+    out = _SCHEMA_REF.sub(lambda m: f"milo_ray.config.schemas.{m.group(1)}", out)
     return out
 
 

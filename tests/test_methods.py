@@ -207,7 +207,7 @@ def toy_run(toy, tmp_path_factory):
 
 
 def test_the_entry_point_finds_preflights_and_refuses_through_the_plugin(toy):
-    from milo_ray.config_errors import UserError
+    from milo_ray.config.errors import UserError
     from milo_ray.run import _method_plugin
 
     assert _method_plugin(ToyMethod()) is toy

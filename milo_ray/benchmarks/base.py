@@ -69,7 +69,7 @@ def seed_names(seeds: Any, field: str = "benchmark.seeds") -> list[str] | None:
     of a harness directory of the user's own (holding ``harness.py``; a relative path is
     taken from the working directory and stored absolute). ``ValueError`` names ``field``,
     the bad entry and the fix. The harness itself is validated before the run starts
-    (``milo_ray.config_errors.check_seed_harnesses``)."""
+    (``milo_ray.config.validate.check_seed_harnesses``)."""
 
     if not seeds:
         return None

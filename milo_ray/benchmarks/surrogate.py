@@ -71,7 +71,7 @@ class SurrogateBenchmark(SplitTasks):
         (``model``: a model mapping; None: the offline model), for code that builds a
         RolloutScheduler without the entry point (tests, scripts). Not part of the
         Benchmark protocol: a run takes its executor from the ``executor`` config group."""
-        from milo_ray.config import model_config
+        from milo_ray.config.schemas import model_config
 
         return {"_target_": "milo_ray.benchmarks.surrogate_executor.SurrogateExecutor", "preset": self.name,
                 "seed": self.seed, "label_noise": self.label_noise, "calibrate_to": self.calibrate_to,

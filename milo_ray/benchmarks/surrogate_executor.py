@@ -42,7 +42,7 @@ class SurrogateExecutor:
 
     def __init__(self, preset: str = "surrogate_swepro", seed: int = 0, label_noise: float = 0.1,
                  calibrate_to: str | None = None, model: Any = None) -> None:
-        from milo_ray.config import model_config
+        from milo_ray.config.schemas import model_config
 
         self.preset = get_preset(preset)
         check_calibrate_to(preset, calibrate_to)

@@ -31,8 +31,9 @@ LAYERS: tuple[Layer, ...] = (
     Layer("core", ("milo_ray", "milo_ray.core"),
           "value types every part shares: tasks and task formats, rollouts and cache keys, the executor "
           "protocol, seeds, endpoint-failure classification, this table"),
-    Layer("schemas", ("milo_ray.config", "milo_ray.config_path", "milo_ray.cli_help", "milo_ray.redaction"),
-          "leaf modules with no milo_ray imports: the structured config dataclasses, the --help text, "
+    Layer("schemas", ("milo_ray.config", "milo_ray.redaction"),
+          "the config package's leaf modules (structured config dataclasses, where conf/ is, the --help text, "
+          "the typed errors of bad input) and "
           "secret redaction (the store redacts what it writes)"),
     Layer("kernels", ("milo_ray.kernels",), "pure numpy/scipy functions"),
     Layer("store", ("milo_ray.store",), "the run store: Parquet tables, blobs, resume"),
@@ -54,7 +55,7 @@ LAYERS: tuple[Layer, ...] = (
     Layer("search", ("milo_ray.search", "milo_ray.context"),
           "services both methods share (mutation runner, recording, final test, event base) and the "
           "run context they are handed"),
-    Layer("config checks", ("milo_ray.config_targets", "milo_ray.config_errors", "milo_ray.manifest"),
+    Layer("config checks", ("milo_ray.config.targets", "milo_ray.config.validate", "milo_ray.manifest"),
           "validation of a composed config against what it builds (agents, seeds, role caps) and the "
           "manifest that records it"),
     Layer("methods", ("milo_ray.milo", "milo_ray.ssr", "milo_ray.evaluation", "milo_ray.evaluation_plugin"),

@@ -97,7 +97,7 @@ class AgentExecutor:
     def __init__(self, model: Any = None, sandbox: Any = None, agent: str = "harness", recursion_limit: int = 150,
                  scratch_dir: str | None = None, keep_scratch: bool = False, max_model_calls: int | None = 500,
                  startup_timeout_s: float = 120.0, warm_processes: int | str = 0) -> None:
-        from milo_ray.config import model_config
+        from milo_ray.config.schemas import model_config
 
         if agent not in AGENTS:
             raise ValueError(f"executor.agent={agent!r}: choose one of {AGENTS}")

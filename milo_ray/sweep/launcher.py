@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
-from milo_ray.config_errors import set_jobs_launched
+from milo_ray.config.errors import set_jobs_launched
 from milo_ray.sweep.jobs import SUCCEEDED, JobOutcome, JobRunner, JobSpec
 from milo_ray.sweep.local_ray import local_ray, use_configured_token
 from milo_ray.sweep.points import SweepPoint, compose_points, expand, job_overrides

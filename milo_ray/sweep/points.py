@@ -8,7 +8,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-from milo_ray.config_errors import UserError, check_known_keys, explain, override_key
+from milo_ray.config.errors import UserError
+from milo_ray.config.validate import check_known_keys, explain, override_key
 
 BASIC_SWEEPER = "hydra._internal.core_plugins.basic_sweeper.BasicSweeper"
 # Settings of the one Ray a sweep's jobs share (a job's driver joins it, so these cannot

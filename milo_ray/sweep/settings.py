@@ -12,7 +12,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Dict, Optional
 
-from milo_ray.config_errors import UserError
+from milo_ray.config.errors import UserError
 
 LAUNCHER_TARGET = "hydra_plugins.milo_ray_jobs_launcher.ray_jobs_launcher.RayJobsLauncher"
 

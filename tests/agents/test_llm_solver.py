@@ -9,7 +9,7 @@ import time
 import pytest
 
 from milo_ray.agents.llm import api_key, build_chat_model, check_credentials, price, usage_of
-from milo_ray.config import ModelConfig
+from milo_ray.config.schemas import ModelConfig
 from milo_ray.agents.solver_calls import SolverCallRecorder
 from milo_ray.testing.openai_server import Reply, ScriptedOpenAIServer, error, reply, tool_call
 
@@ -175,7 +175,7 @@ def test_the_litellm_yaml_carries_every_knob_to_the_chat_model(key_env):
 
     from omegaconf import OmegaConf
 
-    from milo_ray.config import model_config
+    from milo_ray.config.schemas import model_config
     from milo_ray.run import CONF_DIR
 
     yaml = OmegaConf.load(Path(CONF_DIR) / "model" / "litellm.yaml")

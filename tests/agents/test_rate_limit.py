@@ -15,7 +15,7 @@ import pytest
 
 from milo_ray.agents.llm import build_chat_model
 from milo_ray.agents.rate_limit import RateBudget, SharedRateLimiter, rate_limiter_for
-from milo_ray.config import ModelConfig
+from milo_ray.config.schemas import ModelConfig
 from milo_ray.testing.openai_server import ScriptedOpenAIServer, reply
 
 KEY = "OPENAI_API_KEY_FOR_TESTS"

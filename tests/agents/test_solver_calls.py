@@ -12,7 +12,7 @@ from langchain_core.messages import HumanMessage, ToolMessage
 
 from milo_ray.agents.llm import build_chat_model
 from milo_ray.agents.solver_calls import SolverCallRecorder
-from milo_ray.config import ModelConfig
+from milo_ray.config.schemas import ModelConfig
 from milo_ray.testing.openai_server import ScriptedOpenAIServer, error, reply, tool_call
 
 KEY = "OPENAI_API_KEY_FOR_TESTS"

@@ -13,7 +13,7 @@ from omegaconf import OmegaConf
 from milo_ray.benchmarks.base import Benchmark
 from milo_ray.benchmarks.surrogate import SurrogateBenchmark
 from milo_ray.benchmarks.surrogate_executor import SurrogateExecutor
-from milo_ray.config import ModelConfig, register_configs
+from milo_ray.config.schemas import ModelConfig, register_configs
 from milo_ray.harness.seeds import load_seeds
 from milo_ray.run import CONF_DIR
 

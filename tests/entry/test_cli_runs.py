@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
-from milo_ray.config_errors import UserError, check_overrides
+from milo_ray.config.errors import UserError
+from milo_ray.config.validate import check_overrides
 from milo_ray.run import CONF_DIR
 
 HERE = Path(__file__).parent

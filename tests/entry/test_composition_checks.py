@@ -10,9 +10,10 @@ import pytest
 from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 
-from milo_ray.config import ModelConfig, model_config, register_configs
-from milo_ray.config_errors import UserError, check_overrides
-from milo_ray.config_targets import CompositionError, check_agents, check_spec
+from milo_ray.config.schemas import ModelConfig, model_config, register_configs
+from milo_ray.config.errors import UserError
+from milo_ray.config.validate import check_overrides
+from milo_ray.config.targets import CompositionError, check_agents, check_spec
 from milo_ray.run import CONF_DIR
 
 register_configs()
@@ -123,7 +124,7 @@ def test_each_model_field_is_checked_naming_it(field, value):
 
 
 def test_the_offline_path_never_imports_litellm():
-    code = ("import sys; from milo_ray.run import CONF_DIR; from milo_ray.config_errors import check_overrides; "
+    code = ("import sys; from milo_ray.run import CONF_DIR; from milo_ray.config.validate import check_overrides; "
             "check_overrides(CONF_DIR, []); check_overrides(CONF_DIR, ['method=ssr']); "
             "print('litellm' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=180)
@@ -167,7 +168,7 @@ def test_a_run_stored_before_the_executor_group_resumes_with_the_same_executor_a
 
     from omegaconf import OmegaConf
 
-    from milo_ray.config_errors import check_composition
+    from milo_ray.config.validate import check_composition
     from milo_ray.run import _resume_config
 
     GlobalHydra.instance().clear()

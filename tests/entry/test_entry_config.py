@@ -11,8 +11,9 @@ from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 from hydra.utils import get_class
 
-from milo_ray.config import register_configs
-from milo_ray.config_errors import UserError, check_overrides
+from milo_ray.config.schemas import register_configs
+from milo_ray.config.errors import UserError
+from milo_ray.config.validate import check_overrides
 from milo_ray.run import CONF_DIR
 
 register_configs()

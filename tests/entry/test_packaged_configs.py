@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from milo_ray.config_path import checkout_conf_dir, conf_dir, packaged_conf_dir
+from milo_ray.config.paths import checkout_conf_dir, conf_dir, packaged_conf_dir
 
 ROOT = Path(__file__).resolve().parents[2]
 CONF = ROOT / "conf"

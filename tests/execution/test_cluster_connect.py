@@ -8,7 +8,7 @@ import sys
 
 CODE = """
 import os
-from milo_ray.config import ExecutionConfig
+from milo_ray.config.schemas import ExecutionConfig
 from milo_ray.execution.cluster import connect
 info = connect(ExecutionConfig(num_cpus=1, join_running=False))
 print(info.started_here, info.slots, os.environ.get("RAY_AUTH_MODE"))

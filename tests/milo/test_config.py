@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from hydra import compose, initialize_config_dir
 
-from milo_ray.config import register_configs
+from milo_ray.config.schemas import register_configs
 from milo_ray.milo.config import MiloConfig
 from milo_ray.milo.loop import MiloMethod
 

@@ -12,7 +12,7 @@ from hydra import compose, initialize_config_dir
 from hydra.utils import instantiate
 
 from milo_helpers import node
-from milo_ray.config import register_configs
+from milo_ray.config.schemas import register_configs
 from milo_ray.milo.config import MiloConfig
 from milo_ray.milo.island import Island
 from milo_ray.milo.loop import MiloMethod

@@ -13,7 +13,7 @@ import pytest
 from hydra import compose, initialize_config_dir
 from hydra.utils import instantiate
 
-from milo_ray.config import register_configs
+from milo_ray.config.schemas import register_configs
 from milo_ray.ssr import evidence as ev
 from milo_ray.ssr.config import SSRConfig
 from milo_ray.ssr.racing import (RACING_RULES, NoElimination, Race, RaceCandidate, RaceConfig, SuccessiveHalving,

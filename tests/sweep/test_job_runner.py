@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from milo_ray.config_errors import UserError
+from milo_ray.config.errors import UserError
 from milo_ray.sweep.jobs import JobRunner, JobSpec
 from milo_ray.sweep.settings import default_max_concurrent, settings_from
 

@@ -11,7 +11,7 @@ import pytest
 from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 
-from milo_ray.config_errors import UserError
+from milo_ray.config.errors import UserError
 from milo_ray.run import CONF_DIR, _build
 from milo_ray.store.memory import MemoryRunStore
 from milo_ray.tracking import TRACKING_FAILED, NoTracking, RunStatus, TrackingSession, final_metrics, flatten_config

@@ -269,7 +269,7 @@ class AgentsConfig:
     Before a run writes anything every spec given is checked without being built (its
     ``_target_`` importable, every key a keyword its constructor accepts), and every
     role the method declares in ``agent_roles`` must be set
-    (:mod:`milo_ray.config_targets`)."""
+    (:mod:`milo_ray.config.targets`)."""
 
     mutators: list[Any] = field(default_factory=list)
     orchestrator: Any = None

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-_PACKAGE_DIR = Path(__file__).resolve().parent
+_PACKAGE_DIR = Path(__file__).resolve().parent.parent  # milo_ray/
 PRIMARY_CONFIG = "config.yaml"
 
 

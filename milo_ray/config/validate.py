@@ -1,132 +1,175 @@
-"""Turning bad input into one clear line (key + fix) before a run writes anything.
+"""One validation pass over a command line and the config it composes, before a run writes
+anything; every problem found is a :class:`~milo_ray.config.errors.Problem` (key, what is
+wrong, the fix) and all of them are raised together as one
+:class:`~milo_ray.config.errors.ConfigError` (exit 2).
 
-Hydra's own errors are multi-line and exit with 1; the entry point composes the
-config once up front, maps any failure to a single ``UserError`` message here, and
-exits with 2.
+The facts come from Hydra's own objects, never from its message texts: overrides are
+parsed with Hydra's override parser, a missing option is a ``MissingConfigException``
+carrying the missing file and the options, a bad value an OmegaConf error carrying its
+``full_key``. Keys an override adds with ``+`` to a typed section are looked up in the
+structured schema (``+`` bypasses Hydra's struct mode, so Hydra would accept them).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import re
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterable, Sequence
+
+from milo_ray.config.errors import ConfigError, Problem, UserError, raise_all
 
 # Flags after which Hydra does not run a job (or runs a sweep we cannot pre-compose).
 _NO_PRECHECK_FLAGS = {"-m", "--multirun", "--help", "-h", "--hydra-help", "--cfg", "-c", "--info", "-i",
                       "--shell-completion", "-sc", "--version", "--resolve", "-p", "--package"}
+# Sections typed by a dataclass schema (milo_ray.config.schemas.Config): ``+`` may not add keys there.
+_TYPED_SECTIONS = ("run", "execution", "model", "backend")
+_UNKNOWN_FIX = "check the spelling (print every key with --cfg job)"
 
 
-class UserError(Exception):
-    """Bad input from the person running the command; printed as one line, exit 2."""
+def _first_line(text: Any) -> str:
+    text = str(text).strip()
+    return text.splitlines()[0] if text else text
 
 
-# Hydra exits with 1 on its own input errors, which the entry point reports as bad input
-# (2) unless a job has started. A launcher whose jobs run in their own processes
-# (milo_ray.sweep) says when it started them; kept here, not in the entry point's module,
-# because under ``python -m milo_ray.run`` that module is ``__main__``, not the one a
-# launcher imports.
-_jobs_launched = False
+def config_groups(conf_dir: str) -> dict[str, list[str]]:
+    """Every config group (``conf/`` directories and the ConfigStore's groups) -> its
+    selectable options (YAML files and stored nodes; schemas, ``*_schema``, excluded)."""
+    from hydra.core.config_store import ConfigStore
+
+    groups: dict[str, set[str]] = {}
+    for folder in sorted(Path(conf_dir).iterdir()):
+        if folder.is_dir() and not folder.name.startswith((".", "_")):
+            groups[folder.name] = {p.stem for p in folder.glob("*.yaml")}
+    for name, node in ConfigStore.instance().repo.items():
+        if isinstance(node, dict) and name != "hydra":
+            groups.setdefault(name, set()).update(
+                n.removesuffix(".yaml") for n in node if not n.removesuffix(".yaml").endswith("_schema"))
+    return {g: sorted(o) for g, o in groups.items()}
 
 
-def set_jobs_launched(value: bool = True) -> None:
-    global _jobs_launched
-    _jobs_launched = bool(value)
+def _top_level_keys() -> set[str]:
+    from milo_ray.config.schemas import Config
+
+    return {f.name for f in dataclasses.fields(Config)}
 
 
-def jobs_launched() -> bool:
-    return _jobs_launched
+def _schema_has(key: str) -> bool:
+    """Whether the structured schema declares ``key`` (a dotted key in a typed section);
+    below a field that is not itself a schema (an agent spec, ``model.extra_body``) any
+    key is the field's own business."""
+    from milo_ray.config.schemas import Config
+
+    schema: Any = Config
+    for part in key.split("."):
+        if not dataclasses.is_dataclass(schema):
+            return True
+        field = {f.name: f for f in dataclasses.fields(schema)}.get(part)
+        if field is None:
+            return False
+        schema = field.default_factory() if field.default_factory is not dataclasses.MISSING else field.default
+    return True
 
 
-def _available(conf_dir: str, group: str) -> list[str]:
-    folder = Path(conf_dir) / group
-    return sorted(p.stem for p in folder.glob("*.yaml")) if folder.is_dir() else []
+def parse_overrides(argv: Sequence[str]) -> tuple[list[Any], list[Problem]]:
+    """Hydra's parsed overrides of ``argv`` and a problem for every one it cannot parse."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import OverrideParseException
+
+    parser = OverridesParser.create()
+    parsed, problems = [], []
+    for arg in argv:
+        try:
+            parsed += parser.parse_overrides([arg])
+        except OverrideParseException as exc:
+            problems.append(Problem(exc.override or arg, f"cannot be parsed ({_first_line(exc.message)})",
+                                    "write overrides as key=value, quoting values with spaces, = or {...}"))
+    return parsed, problems
 
 
-def _first_line(text: str) -> str:
-    return text.strip().splitlines()[0] if text.strip() else text
+def override_problems(overrides: Iterable[Any], conf_dir: str) -> list[Problem]:
+    """What is wrong with parsed overrides before anything is composed: a group option that
+    does not exist, a key outside every section, a ``+`` key a typed section does not declare."""
+    groups, top = config_groups(conf_dir), _top_level_keys()
+    problems = []
+    for o in overrides:
+        key = o.key_or_group
+        head = key.split(".")[0].split("@")[0]
+        if head == "hydra" or key.startswith("hydra/"):
+            continue
+        if key in groups and not o.is_delete() and not o.is_sweep_override():
+            value = o.value()
+            if isinstance(value, str) and value not in groups[key]:
+                what = "experiment" if key == "experiment" else f"option for '{key}'"
+                problems.append(Problem(f"{key}={value}", f"no {what} named '{value}'",
+                                        f"available: {', '.join(groups[key]) or 'none'}"))
+            continue
+        if head not in top and head not in groups:
+            problems.append(Problem(key, "unknown config key", _UNKNOWN_FIX))
+        elif (o.is_add() or o.is_force_add()) and head in _TYPED_SECTIONS and not _schema_has(key):
+            problems.append(Problem(key, "unknown config key", _UNKNOWN_FIX))
+    return problems
 
 
-def explain(exc: BaseException, conf_dir: str) -> str:
-    """One line naming the offending key and how to fix it."""
-    text = str(exc)
-    cause = exc.__cause__
-    missing = re.search(r"Could not find '([^/']+)/([^']+)'", text)
-    if missing:
-        group, name = missing.groups()
-        options = ", ".join(_available(conf_dir, group)) or "none"
+def explain(exc: BaseException, conf_dir: str) -> Problem:
+    """The problem a failed composition reports, from the facts its exception carries."""
+    from hydra.errors import MissingConfigException
+    from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException, ValidationError
+
+    if isinstance(exc, MissingConfigException) and exc.missing_cfg_file and "/" in exc.missing_cfg_file:
+        group, name = exc.missing_cfg_file.rsplit("/", 1)
+        options = exc.options if exc.options is not None else config_groups(conf_dir).get(group, [])
         what = "experiment" if group == "experiment" else f"option for '{group}'"
-        return f"{group}={name}: no {what} named '{name}'; available: {options}"
-    unknown = re.search(r"Could not override '([^']+)'", text)
-    if unknown:
-        key = unknown.group(1)
-        return f"{key}: unknown config key; check the spelling (print every key with --cfg job)"
-    if cause is not None and "could not be converted" in str(cause):
-        key = re.search(r"full_key: (\S+)", str(cause))
-        return f"{key.group(1) if key else '?'}: {_first_line(str(cause))}; pass a value of the declared type"
-    if "Error parsing override" in text:
-        return f"{_first_line(text)}; write overrides as key=value"
-    detail = _first_line(str(cause)) if cause is not None else _first_line(text)
-    return f"configuration error: {detail}"
-
-
-def _check_known_keys(node: Any, schema: type, path: str) -> None:
-    """Reject keys a typed section does not declare (``+run.x=1`` would otherwise pass)."""
-    fields = {f.name: f for f in dataclasses.fields(schema)}
-    for key in node.keys():
-        if key not in fields:
-            raise UserError(f"{path}.{key}: unknown config key; check the spelling (print every key with --cfg job)")
-        factory = fields[key].default_factory
-        if factory is not dataclasses.MISSING and dataclasses.is_dataclass(default := factory()):
-            _check_known_keys(node[key], type(default), f"{path}.{key}")
-
-
-def check_known_keys(cfg: Any) -> None:
-    """Refuse keys the typed sections (run, execution, model, backend) do not declare."""
-    from milo_ray.config import BackendConfig, ExecutionConfig, ModelConfig, RunConfig
-
-    for section, schema in (("run", RunConfig), ("execution", ExecutionConfig), ("model", ModelConfig),
-                            ("backend", BackendConfig)):
-        _check_known_keys(cfg[section], schema, section)
+        return Problem(f"{group}={name}", f"no {what} named '{name}'", f"available: {', '.join(options) or 'none'}")
+    cause = exc.__cause__ if exc.__cause__ is not None else exc
+    if isinstance(cause, ValidationError):
+        return Problem(cause.full_key or "?", _first_line(cause.msg), "pass a value of the declared type")
+    if isinstance(cause, (ConfigAttributeError, ConfigKeyError)):
+        return Problem(cause.full_key or str(cause.key), "unknown config key", _UNKNOWN_FIX)
+    if isinstance(cause, OmegaConfBaseException) and cause.full_key:
+        return Problem(cause.full_key, _first_line(cause.msg), "give a value the config accepts")
+    return Problem("configuration", _first_line(cause), "fix the config (print it with --cfg job)")
 
 
 def check_overrides(conf_dir: str, argv: list[str]) -> None:
-    """Compose the config for ``argv`` and raise ``UserError`` on any problem.
+    """Check the command line ``argv`` and the config it composes; ``ConfigError`` listing
+    every problem found.
 
     Sweeps and Hydra's informational flags are left to Hydra (each sweep job is
     still checked by the structured schema when it is composed)."""
     if any(a in _NO_PRECHECK_FLAGS or a.startswith("--config") for a in argv):
         return
-    overrides = [a for a in argv if not a.startswith("hydra.") and not a.startswith("hydra/")
-                 and not a.startswith("+hydra")]
+    argv = [a for a in argv if not a.startswith("hydra.") and not a.startswith("hydra/")
+            and not a.startswith("+hydra")]
+    parsed, problems = parse_overrides(argv)
+    problems += override_problems(parsed, conf_dir)
+    raise_all(problems)
     from hydra import compose, initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
 
     GlobalHydra.instance().clear()
     try:
         with initialize_config_dir(config_dir=conf_dir, version_base="1.3"):
-            cfg = compose("config", overrides=overrides)
+            cfg = compose("config", overrides=argv)
     except Exception as exc:  # Hydra raises several unrelated types for input errors
-        raise UserError(explain(exc, conf_dir)) from None
+        raise ConfigError([explain(exc, conf_dir)]) from None
     finally:
         GlobalHydra.instance().clear()
-    check_known_keys(cfg)
     if cfg.run.resume:
         manifest = Path(cfg.run.resume).expanduser() / "manifest.json"
         if not manifest.is_file():
-            raise UserError(f"run.resume={cfg.run.resume}: no run there (manifest.json missing); "
-                            "pass the run directory printed at the end of a run")
-        check_resume_overrides(overrides)
+            raise ConfigError([Problem(f"run.resume={cfg.run.resume}", "no run there (manifest.json missing)",
+                                       "pass the run directory printed at the end of a run")])
+        check_resume_overrides(argv)
     check_settings(cfg)
     if not cfg.run.resume:  # a resumed run runs its stored config: the job checks that one
         check_composition(cfg)
 
 
 def check_composition(cfg: Any) -> Any:
-    """:func:`milo_ray.config_targets.check_composition` with its error as a ``UserError``:
+    """:func:`milo_ray.config.targets.check_composition` with its error as a ``UserError``:
     the model, the benchmark/executor/method specs, the executor's preflight and the agents
     the method needs, all checked without building anything."""
-    from milo_ray.config_targets import CompositionError, check_composition as check
+    from milo_ray.config.targets import CompositionError, check_composition as check
 
     try:
         return check(cfg)
@@ -139,7 +182,7 @@ def check_tasks_runnable(executor_spec: Any, executor_node: Any, tasks: Any, *, 
     a time. Tasks it cannot run refuse the run with a ``UserError`` listing every one of
     them, one per line; with ``skip`` (``run.skip_unrunnable_tasks``) they are returned
     instead ({task id: why}) for the caller to drop with a warning."""
-    from milo_ray.config_targets import CompositionError, locate
+    from milo_ray.config.targets import CompositionError, locate
 
     try:
         cls = locate("executor", executor_spec)
@@ -240,7 +283,7 @@ def check_settings(cfg: Any) -> None:
         if value is not None and value < 0:
             raise UserError(f"run.budget.{name}={value}: must be >= 0 (or null for unlimited)")
     _check_role_caps(run.budget.get("roles"))
-    from milo_ray.config import model_config
+    from milo_ray.config.schemas import model_config
 
     try:
         model = model_config(cfg.model)

@@ -11,7 +11,7 @@ until the run really starts.
 Two declarations connect the groups:
 
 * an executor class may define ``preflight(model, benchmark)`` (a static or class
-  method; ``model`` a checked :class:`~milo_ray.config.ModelConfig`, ``benchmark`` the
+  method; ``model`` a checked :class:`~milo_ray.config.schemas.ModelConfig`, ``benchmark`` the
   benchmark's config mapping) raising ``ValueError`` for a model or benchmark it cannot
   run (the surrogate executor simulates the solver, so it refuses a litellm model);
 * a method class declares the agent roles it needs in ``agent_roles`` (MILO: mutators
@@ -25,7 +25,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from milo_ray.config import ModelConfig, model_config
+from milo_ray.config.schemas import ModelConfig, model_config
 
 AGENT_ROLES = ("mutators", "orchestrator", "judge", "optimizer", "embedder")
 # Keys Hydra's instantiate reads itself; they are never constructor keywords.

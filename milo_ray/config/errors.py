@@ -1,0 +1,67 @@
+"""The errors of bad input: what the entry point prints as one line per problem and exits 2.
+
+A :class:`Problem` carries the config key, what is wrong and how to fix it, so a check
+states facts and the message is written in one place. A :class:`ConfigError` holds every
+problem one validation pass found: a person fixing a config sees all of them at once,
+not one per attempt.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterable
+
+
+class UserError(Exception):
+    """Bad input from the person running the command; printed whole, exit 2."""
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One thing wrong with the input: ``key`` (a config key such as ``run.seed``, or a
+    key with its given value, ``run.seed=x``), ``problem`` and ``fix`` (may be empty)."""
+
+    key: str
+    problem: str
+    fix: str = ""
+
+    def line(self) -> str:
+        return f"{self.key}: {self.problem}" + (f"; {self.fix}" if self.fix else "")
+
+
+class ConfigError(UserError):
+    """Every problem one validation pass found, one line each."""
+
+    def __init__(self, problems: Iterable[Problem]) -> None:
+        self.problems = tuple(problems)
+        if not self.problems:
+            raise ValueError("ConfigError needs at least one problem")
+        super().__init__("\n".join(p.line() for p in self.problems))
+
+    @property
+    def keys(self) -> tuple[str, ...]:
+        return tuple(p.key for p in self.problems)
+
+
+def raise_all(problems: Iterable[Problem]) -> None:
+    """Raise a :class:`ConfigError` if ``problems`` holds any."""
+    found = list(problems)
+    if found:
+        raise ConfigError(found)
+
+
+# Hydra exits with 1 on its own input errors, which the entry point reports as bad input
+# (2) unless a job has started. A launcher whose jobs run in their own processes
+# (milo_ray.sweep) says when it started them; kept here, not in the entry point's module,
+# because under ``python -m milo_ray.run`` that module is ``__main__``, not the one a
+# launcher imports.
+_jobs_launched = False
+
+
+def set_jobs_launched(value: bool = True) -> None:
+    global _jobs_launched
+    _jobs_launched = bool(value)
+
+
+def jobs_launched() -> bool:
+    return _jobs_launched
