@@ -6,7 +6,7 @@ at any indentation and across parenthesized lines, splitting one statement into 
 new home; names that did not move stay where they were. Purely mechanical, so it can be
 rerun on any branch that still imports the old homes:
 
-    python scripts/rewrite_imports.py milo_ray tests scripts
+    python scripts/rewrite_imports.py milo_ray tests scripts hydra_plugins
 """
 
 from __future__ import annotations
@@ -129,4 +129,4 @@ def main(roots: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:] or ["milo_ray", "tests", "scripts"]))
+    sys.exit(main(sys.argv[1:] or ["milo_ray", "tests", "scripts", "hydra_plugins"]))

@@ -33,7 +33,7 @@ class RayJobsLauncher(Launcher):
 
     def setup(self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig) -> None:
         # Every point is checked here, before the sweeper makes the sweep directory.
-        from milo_ray.config_errors import UserError
+        from milo_ray.config.errors import UserError
         from milo_ray.sweep.launcher import SweepLauncher
         from milo_ray.sweep.settings import settings_from
 
@@ -45,7 +45,7 @@ class RayJobsLauncher(Launcher):
             raise SystemExit(EXIT_BAD_INPUT) from None
 
     def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
-        from milo_ray.config_errors import UserError
+        from milo_ray.config.errors import UserError
 
         try:
             points, result = self._launcher.launch(job_overrides, initial_job_idx)

@@ -9,7 +9,8 @@ from dataclasses import dataclass
 from typing import Any, Sequence
 
 from milo_ray.config.errors import UserError
-from milo_ray.config.validate import check_known_keys, explain, override_key
+from milo_ray.config.errors import ConfigError
+from milo_ray.config.validate import explain, override_key, override_problems, parse_overrides
 
 BASIC_SWEEPER = "hydra._internal.core_plugins.basic_sweeper.BasicSweeper"
 # Settings of the one Ray a sweep's jobs share (a job's driver joins it, so these cannot
@@ -52,14 +53,17 @@ def expand(config: Any, config_loader: Any) -> list[list[str]]:
     return BasicSweeper.split_arguments(parsed, None)[0]
 
 
-def check_point(cfg: Any) -> None:
+def check_point(cfg: Any, overrides: Sequence[str] = ()) -> None:
     """The checks ``python -m milo_ray.run`` makes before it writes anything (``UserError``)."""
-    from milo_ray.run import prepare_run
+    from milo_ray.run import CONF_DIR, prepare_run
 
     if cfg.run.resume:
         raise UserError(f"run.resume={cfg.run.resume}: a sweep starts new runs; resume a run on its own "
                         "with python -m milo_ray.run run.resume=<run dir>")
-    check_known_keys(cfg)
+    parsed, problems = parse_overrides([o for o in overrides if not override_key(o).startswith("hydra")])
+    problems += override_problems(parsed, CONF_DIR)
+    if problems:
+        raise ConfigError(problems)
     prepare_run(cfg)
 
 
@@ -74,9 +78,9 @@ def compose_points(config: Any, config_loader: Any, job_overrides: Sequence[Sequ
         try:
             cfg = config_loader.load_sweep_config(config, list(overrides))
         except Exception as exc:  # Hydra raises several unrelated types for input errors
-            raise SweepRefused(num, overrides, explain(exc, CONF_DIR)) from None
+            raise SweepRefused(num, overrides, explain(exc, CONF_DIR).line()) from None
         try:
-            check_point(cfg)
+            check_point(cfg, overrides)
         except UserError as exc:
             raise SweepRefused(num, overrides, str(exc)) from None
         points.append(SweepPoint(num=num, overrides=tuple(overrides), config=cfg))
