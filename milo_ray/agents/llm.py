@@ -80,10 +80,11 @@ def secret(name: str) -> str | None:
     return os.environ.get(name)
 
 
-def api_key(cfg: Any, env: Mapping[str, str] | None = None) -> str | None:
+def api_key(cfg: Any, env: Mapping[str, str] | None = None, *, where: str = "model") -> str | None:
     """The key for ``cfg`` (a ModelConfig or its dict) from the variable :func:`key_env`
     names -- in ``env`` when given, else among the secrets of :func:`use_secrets`, else in
-    this process's environment; ``ValueError`` names the variable when it is unset."""
+    this process's environment; ``ValueError`` names the variable, and the config node
+    ``where`` that names it, when it is unset."""
     if env is None:
         with _SECRETS_LOCK:
             env = {**os.environ, **_SECRETS} if _SECRETS else os.environ
@@ -92,8 +93,8 @@ def api_key(cfg: Any, env: Mapping[str, str] | None = None) -> str | None:
         return None
     value = env.get(name)
     if not value:
-        field = f"model.api_key_env={name}" if _field(cfg, "api_key_env") else \
-            f"model.api_key_env (unset: {str(_field(cfg, 'solver')).split('/')[0]}/ models read {name})"
+        field = f"{where}.api_key_env={name}" if _field(cfg, "api_key_env") else \
+            f"{where}.api_key_env (unset: {str(_field(cfg, 'solver')).split('/')[0]}/ models read {name})"
         raise ValueError(f"{field}: the environment variable {name} is not set; export it before the run "
                          "(any non-empty value for a local server)")
     return value

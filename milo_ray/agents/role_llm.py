@@ -24,34 +24,25 @@ from dataclasses import asdict, dataclass, fields
 from typing import Any, Iterator, Mapping, Protocol, Sequence
 
 from milo_ray.agents.usage import AgentUsage
+from milo_ray.core.llm_endpoint import LLMEndpoint
+from milo_ray.core.problems import Problem, raise_invalid
 
 
-@dataclass(frozen=True)
-class RoleLLM:
-    """One search role's model. Fields mean what they mean for the solver
-    (``conf/model/litellm.yaml``); ``model`` is the litellm model string.
-    ``context_tokens``: how many tokens the model reads in one call (a judge condenses a
-    longer trajectory to fit)."""
+@dataclass(kw_only=True)
+class RoleLLM(LLMEndpoint):
+    """One search role's model: ``model`` is the litellm model string; the endpoint fields
+    mean what they mean for the solver (:class:`~milo_ray.core.llm_endpoint.LLMEndpoint`,
+    the one type both use). ``context_tokens``: how many tokens the model reads in one call
+    (a judge condenses a longer trajectory to fit)."""
 
     model: str
-    api_base: str | None = None
-    api_key_env: str | None = None
-    temperature: float | None = 0.0
-    max_output_tokens: int | None = None
     request_timeout_s: float | None = 600.0
-    max_retries: int = 3
-    retry_base_s: float = 1.0
-    retry_max_s: float = 60.0
-    rpm: int | None = None
-    tpm: int | None = None
-    usd_per_mtok_input: float | None = None
-    usd_per_mtok_output: float | None = None
     context_tokens: int = 128_000
 
     @classmethod
     def of(cls, spec: "RoleLLM | Mapping[str, Any] | None", *, where: str) -> "RoleLLM":
         """A checked RoleLLM from a spec mapping; ``where`` names the config node in
-        errors (e.g. ``backend.agents.judge.llm``)."""
+        errors (e.g. ``backend.agents.judge.llm``); ``ValueError``, one line per problem."""
         if isinstance(spec, RoleLLM):
             return spec
         if spec is None or not isinstance(spec, Mapping):
@@ -65,13 +56,10 @@ class RoleLLM:
             raise ValueError(f"{where}.model: not set; give a litellm model string such as openai/NAME "
                              "(backend.model=... sets it for every role)")
         llm = cls(**{k: v for k, v in spec.items()})
-        for name in ("max_retries",):
-            if int(getattr(llm, name)) < 0:
-                raise ValueError(f"{where}.{name}={getattr(llm, name)}: must be >= 0")
-        if llm.context_tokens < 1000:
-            raise ValueError(f"{where}.context_tokens={llm.context_tokens}: must be >= 1000")
-        if (llm.usd_per_mtok_input is None) != (llm.usd_per_mtok_output is None):
-            raise ValueError(f"{where}: give both usd_per_mtok_input and usd_per_mtok_output, or neither")
+        problems = llm.endpoint_problems(where)
+        if not isinstance(llm.context_tokens, int) or llm.context_tokens < 1000:
+            problems.append(Problem(f"{where}.context_tokens={llm.context_tokens}", "must be an integer >= 1000"))
+        raise_invalid(problems)
         return llm
 
     def model_config(self) -> dict[str, Any]:

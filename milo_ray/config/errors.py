@@ -1,6 +1,6 @@
 """The errors of bad input: what the entry point prints as one line per problem and exits 2.
 
-A :class:`Problem` carries the config key, what is wrong and how to fix it, so a check
+A :class:`~milo_ray.core.problems.Problem` carries the config key, what is wrong and how to fix it, so a check
 states facts and the message is written in one place. A :class:`ConfigError` holds every
 problem one validation pass found: a person fixing a config sees all of them at once,
 not one per attempt.
@@ -8,25 +8,13 @@ not one per attempt.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Iterable
+
+from milo_ray.core.problems import Problem
 
 
 class UserError(Exception):
     """Bad input from the person running the command; printed whole, exit 2."""
-
-
-@dataclass(frozen=True)
-class Problem:
-    """One thing wrong with the input: ``key`` (a config key such as ``run.seed``, or a
-    key with its given value, ``run.seed=x``), ``problem`` and ``fix`` (may be empty)."""
-
-    key: str
-    problem: str
-    fix: str = ""
-
-    def line(self) -> str:
-        return f"{self.key}: {self.problem}" + (f"; {self.fix}" if self.fix else "")
 
 
 class ConfigError(UserError):

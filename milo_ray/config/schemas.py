@@ -11,13 +11,15 @@ data and seed harnesses; the executor says how one harness runs on one task and 
 from __future__ import annotations
 
 import dataclasses
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
+
+from milo_ray.core.llm_endpoint import LLMEndpoint
+from milo_ray.core.problems import Problem, raise_invalid
 
 
 @dataclass
@@ -138,102 +140,46 @@ class ExecutionConfig:
 
 OFFLINE_MODEL_ID = "offline-surrogate"
 
-# Prefixes of provider keys (OpenAI/Anthropic, AWS access key ids, GitHub, Slack, Google,
-# Hugging Face): a value like these in ``api_key_env`` is a key pasted where the NAME of
-# its environment variable belongs, and would end up in the manifest.
-_KEY_PREFIXES = ("sk-", "sk_", "AKIA", "ASIA", "ghp_", "gho_", "github_pat_", "xoxb-", "xoxp-", "AIza", "hf_")
-_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-
 
 @dataclass
-class ModelConfig:
+class ModelConfig(LLMEndpoint):
     """``model``: the frozen solver. The executor receives it as ``${model}``.
 
     id: the model's cache identity, part of every rollout's cache key (runs against
         different models never share results). Defaults to ``solver`` when that is set.
     solver: the litellm model string (``openai/NAME``, ``bedrock/...``, ``anthropic/...``,
         ``hosted_vllm/...``); None offline, where the surrogate executor simulates the solver.
-    api_base: the endpoint (a LiteLLM proxy, a vLLM server); None: the provider's default.
-    api_key_env: the NAME of the environment variable holding the API key (never the key
-        itself: the config is stored in the manifest); None: the provider's default variable.
-    temperature: sampling temperature of the solver's calls.
-    max_output_tokens: cap on the output tokens of one call (None: the provider's default).
-    request_timeout_s: timeout of one HTTP request in seconds (None: litellm's default); a
-        request that times out is retried like a dropped connection.
-    max_retries: retries of a failed request (429, 5xx, timeouts, dropped connections) after
-        the first attempt; other 4xx answers are never retried. The HTTP client's own retries
-        are switched off, so a call sends at most ``max_retries + 1`` requests.
-    retry_base_s / retry_max_s: exponential backoff with full jitter between retries: retry
-        i (from 1) sleeps uniformly in [0, min(retry_max_s, retry_base_s * 2**(i-1))].
-    rpm / tpm: requests and tokens (input + output) per minute allowed for this model id,
-        shared by every process of the run (a Ray actor per model); None: unlimited.
     extra_body: extra JSON fields sent with every request (e.g. vLLM sampling options).
-    usd_per_mtok_input / usd_per_mtok_output: prices in USD per million tokens. They
-        price every rollout whose executor reports no cost of its own, which is what
-        ``run.budget.cost_usd`` counts; None: the model is unpriced, and a USD cap is
-        refused rather than silently never reached.
+
+    The endpoint fields (``api_base``, ``api_key_env``, ``temperature``, retries, ``rpm`` /
+    ``tpm``, prices) are :class:`~milo_ray.core.llm_endpoint.LLMEndpoint`'s, shared with every
+    search role's ``llm`` block. The prices price every rollout whose executor reports no
+    cost of its own, which is what ``run.budget.cost_usd`` counts.
     """
 
     id: Optional[str] = None
     solver: Optional[str] = None
-    api_base: Optional[str] = None
-    api_key_env: Optional[str] = None
-    temperature: float = 0.0
-    max_output_tokens: Optional[int] = None
-    request_timeout_s: Optional[float] = None
-    max_retries: int = 3
-    retry_base_s: float = 1.0
-    retry_max_s: float = 60.0
-    rpm: Optional[int] = None
-    tpm: Optional[int] = None
     extra_body: dict[str, Any] = field(default_factory=dict)
-    usd_per_mtok_input: Optional[float] = None
-    usd_per_mtok_output: Optional[float] = None
 
     def check(self) -> "ModelConfig":
-        """This config with ``id`` filled in from ``solver`` when not given; ``ValueError``
-        names the field and the fix (one line; a key given in ``api_key_env`` is never echoed)."""
+        """This config with ``id`` filled in from ``solver`` when not given;
+        :class:`~milo_ray.core.problems.InvalidSettings` (a ``ValueError``) listing every
+        problem, each naming the field and the fix."""
+        problems = []
         if self.solver is not None and (not isinstance(self.solver, str) or not self.solver.strip()
                                         or any(c.isspace() for c in self.solver)):
-            raise ValueError(f"model.solver={self.solver!r}: give a litellm model string such as "
-                             "openai/gpt-4o-mini, anthropic/claude-sonnet-4-5 or bedrock/<model id>")
+            problems.append(Problem(f"model.solver={self.solver!r}", "not a litellm model string",
+                                    "give one such as openai/gpt-4o-mini, anthropic/claude-sonnet-4-5 or "
+                                    "bedrock/<model id>"))
         ident = self.id if self.id not in (None, "") else self.solver
-        if not ident:
-            raise ValueError("model.solver: missing; give the litellm model string (e.g. "
-                             "model.solver=openai/gpt-4o-mini), or at least model.id, the model's cache identity")
-        if self.api_base is not None and not str(self.api_base).startswith(("http://", "https://")):
-            raise ValueError(f"model.api_base={self.api_base!r}: give an http(s):// URL (or null for the "
-                             "provider's default endpoint)")
-        if self.api_key_env is not None:
-            name = str(self.api_key_env)
-            if name.startswith(_KEY_PREFIXES) or not _ENV_NAME.fullmatch(name):
-                raise ValueError("model.api_key_env: this looks like an API key, not the name of the environment "
-                                 "variable holding one; export the key (e.g. OPENAI_API_KEY=...) and set "
-                                 "model.api_key_env=OPENAI_API_KEY")
-        if not 0.0 <= float(self.temperature) <= 2.0:
-            raise ValueError(f"model.temperature={self.temperature}: must be in [0, 2]")
-        if self.max_output_tokens is not None and int(self.max_output_tokens) < 1:
-            raise ValueError(f"model.max_output_tokens={self.max_output_tokens}: must be an integer >= 1 (or null)")
-        if self.request_timeout_s is not None and float(self.request_timeout_s) <= 0:
-            raise ValueError(f"model.request_timeout_s={self.request_timeout_s}: must be > 0 seconds (or null)")
-        if int(self.max_retries) < 0:
-            raise ValueError(f"model.max_retries={self.max_retries}: must be an integer >= 0")
-        if float(self.retry_base_s) < 0 or float(self.retry_max_s) < float(self.retry_base_s):
-            raise ValueError(f"model.retry_base_s={self.retry_base_s}, model.retry_max_s={self.retry_max_s}: "
-                             "need 0 <= retry_base_s <= retry_max_s seconds")
-        for name in ("rpm", "tpm"):
-            value = getattr(self, name)
-            if value is not None and int(value) < 1:
-                raise ValueError(f"model.{name}={value}: must be an integer >= 1 (or null: unlimited)")
+        if not ident and not problems:
+            problems.append(Problem("model.solver", "missing", "give the litellm model string (e.g. "
+                                    "model.solver=openai/gpt-4o-mini), or at least model.id, the model's cache identity"))
+        problems += self.endpoint_problems("model")
         if not isinstance(self.extra_body, Mapping):
-            raise ValueError(f"model.extra_body: must be a mapping of extra request fields, got "
-                             f"{type(self.extra_body).__name__}")
-        prices = (self.usd_per_mtok_input, self.usd_per_mtok_output)
-        for name, value in zip(("usd_per_mtok_input", "usd_per_mtok_output"), prices):
-            if value is not None and value < 0:
-                raise ValueError(f"model.{name}={value}: must be >= 0 USD per million tokens (or null)")
-        if (prices[0] is None) != (prices[1] is None):
-            raise ValueError("model.usd_per_mtok_input / model.usd_per_mtok_output: give both prices or neither")
+            problems.append(Problem("model.extra_body", f"must be a mapping of extra request fields, got "
+                                    f"{type(self.extra_body).__name__}"))
+        raise_invalid(problems)
         return dataclasses.replace(self, id=str(ident), extra_body=dict(self.extra_body))
 
 
@@ -279,31 +225,20 @@ class AgentsConfig:
 
 
 @dataclass
-class BackendConfig:
+class BackendConfig(LLMEndpoint):
     """``backend``: which agents run the search (offline stand-ins or LLM agents).
 
     The other fields are the default model of every LLM search role (``backend=litellm``
     hands them to each agent spec's ``llm``; a spec may override any of them, e.g.
-    ``backend.agents.judge.llm.model=...``). They mean what the solver's fields mean
-    (``ModelConfig``); ``model`` is the litellm model string, ``context_tokens`` how much
-    one call may read (the judge condenses longer trajectories). Setting ``model`` with a
-    backend whose agents use no LLM is refused, never ignored.
+    ``backend.agents.judge.llm.model=...``): ``model`` is the litellm model string,
+    ``context_tokens`` how much one call may read (the judge condenses longer
+    trajectories), and the endpoint fields are :class:`LLMEndpoint`'s, as for the solver.
+    Setting ``model`` with a backend whose agents use no LLM is refused, never ignored.
     """
 
     agents: AgentsConfig = field(default_factory=AgentsConfig)
     model: Optional[str] = None
-    api_base: Optional[str] = None
-    api_key_env: Optional[str] = None
-    temperature: float = 0.0
-    max_output_tokens: Optional[int] = None
     request_timeout_s: Optional[float] = 600.0
-    max_retries: int = 3
-    retry_base_s: float = 1.0
-    retry_max_s: float = 60.0
-    rpm: Optional[int] = None
-    tpm: Optional[int] = None
-    usd_per_mtok_input: Optional[float] = None
-    usd_per_mtok_output: Optional[float] = None
     context_tokens: int = 128000
 
 

@@ -154,7 +154,7 @@ def check_composition(cfg: Any) -> Composition:
     try:
         model = model_config(cfg.model)
     except ValueError as exc:
-        raise CompositionError(_first_line(exc)) from None
+        raise CompositionError(str(exc)) from None
     if cfg.model.id != model.id:
         cfg.model.id = model.id
     benchmark = _resolved(cfg, "benchmark")
@@ -211,9 +211,9 @@ def check_agent_models(agents: Mapping[str, Any], roles: Sequence[str], *, backe
         try:
             llm = RoleLLM.of(block, where=where)
             if role in roles:
-                api_key(llm.model_config(), env)
+                api_key(llm.model_config(), env, where=where)
         except ValueError as exc:
-            raise CompositionError(_first_line(str(exc).replace("model.api_key_env", f"{where}.api_key_env"))) from None
+            raise CompositionError(str(exc)) from None
 
 
 def agent_env(agents: Mapping[str, Any]) -> dict[str, str]:

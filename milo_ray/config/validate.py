@@ -16,7 +16,8 @@ import dataclasses
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
-from milo_ray.config.errors import ConfigError, Problem, UserError, raise_all
+from milo_ray.config.errors import ConfigError, UserError, raise_all
+from milo_ray.core.problems import InvalidSettings, Problem
 
 # Flags after which Hydra does not run a job (or runs a sweep we cannot pre-compose).
 _NO_PRECHECK_FLAGS = {"-m", "--multirun", "--help", "-h", "--hydra-help", "--cfg", "-c", "--info", "-i",
@@ -259,49 +260,68 @@ def check_resume_overrides(overrides: list[str]) -> None:
                         "with run.resume (start a new run to change anything else)")
 
 
-def _check_role_caps(roles: Any) -> None:
+def _role_cap_problems(roles: Any) -> list[Problem]:
     from omegaconf import OmegaConf
 
     from milo_ray.search.agent_calls import role_caps
 
     try:
         role_caps(OmegaConf.to_container(roles, resolve=True) if roles is not None else None)
-    except ValueError as exc:
-        raise UserError(str(exc)) from None
+    except InvalidSettings as exc:
+        return list(exc.problems)
+    return []
 
 
-def check_settings(cfg: Any) -> None:
-    """Value checks of the run, execution and model settings (``UserError`` naming the key).
+def _at_least(key: str, value: Any, low: float, *, nullable: bool, integer: bool, unit: str = "") -> Problem | None:
+    if value is None:
+        return None if nullable else Problem(f"{key}={value}", f"must be {'an integer ' if integer else ''}>= {low:g}"
+                                                               f"{unit}")
+    if value < low:
+        return Problem(f"{key}={value}", f"must be {'an integer ' if integer else ''}>= {low:g}{unit}"
+                                         + (" (or null)" if nullable else ""))
+    return None
 
-    The command-line pre-check calls it, and so does every job before it writes
-    anything (multirun jobs included: the pre-check does not see sweeps)."""
+
+def settings_problems(cfg: Any) -> list[Problem]:
+    """Every problem of the run, execution and model settings' values."""
+    from milo_ray.config.schemas import model_config
+
     run, ex = cfg.run, cfg.execution
+    problems: list[Problem] = []
     if run.time_limit_s is not None and run.time_limit_s <= 0:
-        raise UserError(f"run.time_limit_s={run.time_limit_s}: must be > 0 seconds (or null for no limit)")
+        problems.append(Problem(f"run.time_limit_s={run.time_limit_s}", "must be > 0 seconds (or null for no limit)"))
     for name in ("executions", "tokens", "cost_usd"):
         value = run.budget[name]
         if value is not None and value < 0:
-            raise UserError(f"run.budget.{name}={value}: must be >= 0 (or null for unlimited)")
-    _check_role_caps(run.budget.get("roles"))
-    from milo_ray.config.schemas import model_config
-
+            problems.append(Problem(f"run.budget.{name}={value}", "must be >= 0 (or null for unlimited)"))
+    problems += _role_cap_problems(run.budget.get("roles"))
+    model = None
     try:
         model = model_config(cfg.model)
+    except InvalidSettings as exc:
+        problems += exc.problems
     except ValueError as exc:
-        raise UserError(_first_line(str(exc))) from None
-    if run.budget.cost_usd is not None and model.usd_per_mtok_input is None:
-        raise UserError(f"run.budget.cost_usd={run.budget.cost_usd}: model {model.id!r} has no price, so a USD cap "
-                        "would never be reached; set model.usd_per_mtok_input and model.usd_per_mtok_output, "
-                        "or cap run.budget.tokens instead")
+        problems.append(Problem("model", str(exc)))
+    if model is not None and run.budget.cost_usd is not None and model.usd_per_mtok_input is None:
+        problems.append(Problem(f"run.budget.cost_usd={run.budget.cost_usd}",
+                                f"model {model.id!r} has no price, so a USD cap would never be reached",
+                                "set model.usd_per_mtok_input and model.usd_per_mtok_output, or cap run.budget.tokens "
+                                "instead"))
     for name, low, nullable in (("slots_per_node", 1, False), ("num_cpus", 1, True), ("group_limit", 1, True),
                                 ("max_retries", 0, False), ("slots_per_worker", 1, True), ("max_workers", 1, True)):
-        value = ex[name]
-        if value is None and nullable:
-            continue
-        if value is None or value < low:
-            raise UserError(f"execution.{name}={value}: must be an integer >= {low}" + (" (or null)" if nullable else ""))
-    if ex.worker_idle_s is None or ex.worker_idle_s < 0:
-        raise UserError(f"execution.worker_idle_s={ex.worker_idle_s}: must be >= 0 seconds")
+        problems.append(_at_least(f"execution.{name}", ex[name], low, nullable=nullable, integer=True))
+    problems.append(_at_least("execution.worker_idle_s", ex.worker_idle_s, 0, nullable=False, integer=False,
+                              unit=" seconds"))
     if not ex.slot_resource:
-        raise UserError("execution.slot_resource is empty: name the Ray resource each node declares per sandbox "
-                        "(default sandbox_slot)")
+        problems.append(Problem("execution.slot_resource", "empty", "name the Ray resource each node declares per "
+                                "sandbox (default sandbox_slot)"))
+    return [p for p in problems if p is not None]
+
+
+def check_settings(cfg: Any) -> None:
+    """Value checks of the run, execution and model settings: a ``ConfigError`` listing
+    every problem, each naming the key.
+
+    The command-line pre-check calls it, and so does every job before it writes
+    anything (multirun jobs included: the pre-check does not see sweeps)."""
+    raise_all(settings_problems(cfg))

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 from milo_ray.agents.usage import ROLES, AgentUsage
+from milo_ray.core.problems import Problem, raise_invalid
 
 
 @dataclass(frozen=True)
@@ -33,20 +34,24 @@ class RoleCap:
 
 
 def role_caps(config: Mapping[str, Any] | None) -> dict[str, RoleCap]:
-    """``run.budget.roles`` as RoleCaps; an unknown role or a negative cap is a
-    ValueError naming the field."""
+    """``run.budget.roles`` as RoleCaps; an unknown role or a negative cap is
+    :class:`~milo_ray.core.problems.InvalidSettings` naming every such field."""
     out: dict[str, RoleCap] = {}
+    problems: list[Problem] = []
     for role, caps in (config or {}).items():
         if role not in ROLES:
-            raise ValueError(f"run.budget.roles.{role}: unknown role; roles are {', '.join(ROLES)}")
+            problems.append(Problem(f"run.budget.roles.{role}", "unknown role", f"roles are {', '.join(ROLES)}"))
+            continue
         caps = dict(caps or {})
         for key in caps:
             if key not in ("tokens", "cost_usd"):
-                raise ValueError(f"run.budget.roles.{role}.{key}: unknown cap; use tokens or cost_usd")
-            if caps[key] is not None and caps[key] < 0:
-                raise ValueError(f"run.budget.roles.{role}.{key}={caps[key]}: must be >= 0 (or null for unlimited)")
+                problems.append(Problem(f"run.budget.roles.{role}.{key}", "unknown cap", "use tokens or cost_usd"))
+            elif caps[key] is not None and caps[key] < 0:
+                problems.append(Problem(f"run.budget.roles.{role}.{key}={caps[key]}",
+                                        "must be >= 0 (or null for unlimited)"))
         if caps.get("tokens") is not None or caps.get("cost_usd") is not None:
             out[role] = RoleCap(tokens=caps.get("tokens"), cost_usd=caps.get("cost_usd"))
+    raise_invalid(problems)
     return out
 
 

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any, Dict, Optional
 
 from milo_ray.config.errors import UserError
+from milo_ray.core.llm_endpoint import KEY_PREFIXES
 
 LAUNCHER_TARGET = "hydra_plugins.milo_ray_jobs_launcher.ray_jobs_launcher.RayJobsLauncher"
 
@@ -67,14 +68,13 @@ class LauncherSettings:
 
 # Variable names that hold secrets by convention; values that look like provider keys.
 _SECRET_NAME = re.compile(r"(KEY|TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL)", re.IGNORECASE)
-_KEY_PREFIXES = ("sk-", "sk_", "AKIA", "ASIA", "ghp_", "gho_", "github_pat_", "xoxb-", "xoxp-", "AIza", "hf_")
 
 
 def check_runtime_env(runtime_env: dict[str, Any] | None) -> None:
     """Refuse a runtime_env that carries a key (by its variable's name or its value's form)."""
     env_vars = (runtime_env or {}).get("env_vars") or {}
     for name, value in env_vars.items():
-        if _SECRET_NAME.search(str(name)) or str(value).startswith(_KEY_PREFIXES):
+        if _SECRET_NAME.search(str(name)) or str(value).startswith(KEY_PREFIXES):
             raise UserError(f"hydra.launcher.runtime_env.env_vars.{name}: keys never travel in a job's runtime_env "
                             "(Ray logs it and shows it on the dashboard); set it in the environment of the Ray "
                             "nodes (the head's, for the jobs' drivers) and name it with model.api_key_env")

@@ -25,7 +25,8 @@ def key_env(monkeypatch):
     ({}, "backend.agents.judge.llm.model: not set"),
     ({"model": "openai/x", "temprature": 0.1}, "unknown key(s) ['temprature']"),
     ({"model": "openai/x", "max_retries": -1}, "backend.agents.judge.llm.max_retries=-1"),
-    ({"model": "openai/x", "usd_per_mtok_input": 1.0}, "both usd_per_mtok_input and usd_per_mtok_output"),
+    ({"model": "openai/x", "usd_per_mtok_input": 1.0},
+     "backend.agents.judge.llm.usd_per_mtok_input / backend.agents.judge.llm.usd_per_mtok_output: only one price"),
     ({"model": "openai/x", "context_tokens": 10}, "context_tokens=10"),
 ])
 def test_a_bad_role_model_is_refused_naming_the_field(spec, needle):

@@ -1,0 +1,41 @@
+"""What is wrong with a setting, as data: the key, the problem, the fix.
+
+Checks anywhere (an endpoint's fields, a role's caps, a run's settings) return
+:class:`Problem` values, so a caller can gather every problem of one pass and report
+them together; the message is written in one place (:meth:`Problem.line`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterable
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One thing wrong with the input: ``key`` (a config key such as ``run.seed``, or a
+    key with its given value, ``run.seed=x``), ``problem`` and ``fix`` (may be empty)."""
+
+    key: str
+    problem: str
+    fix: str = ""
+
+    def line(self) -> str:
+        return f"{self.key}: {self.problem}" + (f"; {self.fix}" if self.fix else "")
+
+
+class InvalidSettings(ValueError):
+    """Settings that failed their check: every problem found, one line each."""
+
+    def __init__(self, problems: Iterable[Problem]) -> None:
+        self.problems = tuple(problems)
+        if not self.problems:
+            raise ValueError("InvalidSettings needs at least one problem")
+        super().__init__("\n".join(p.line() for p in self.problems))
+
+
+def raise_invalid(problems: Iterable[Problem]) -> None:
+    """Raise :class:`InvalidSettings` if ``problems`` holds any."""
+    found = list(problems)
+    if found:
+        raise InvalidSettings(found)
