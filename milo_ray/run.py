@@ -116,26 +116,32 @@ def _resume_config(cfg: DictConfig, overrides: list[str]) -> DictConfig:
 
 
 def _build(section: str, node: DictConfig) -> Any:
-    """Instantiate one config section; a constructor's complaint about its arguments is
-    bad input, reported as one line naming the section."""
+    """Instantiate one config section. Arguments its constructor does not take are bad
+    input (the spec is bound to the constructor's signature first, nested specs too), and
+    so is a constructor's ``ValueError`` about a value; anything else a constructor raises,
+    a ``TypeError`` included, is a bug in it and propagates as a crash (exit 1)."""
     from hydra.errors import InstantiationException
     from hydra.utils import instantiate
 
     from milo_ray.benchmarks.base import BenchmarkDataMissing
+    from milo_ray.config.targets import CompositionError, check_spec
 
+    try:
+        check_spec(section, OmegaConf.to_container(node, resolve=True))
+    except CompositionError as exc:
+        raise UserError(str(exc)) from None
     try:
         return instantiate(node, _convert_="all")
     except BenchmarkDataMissing as exc:
         raise UserError(f"{section}: {str(exc).strip()}") from None
     except InstantiationException as exc:
         cause = exc.__cause__ or exc
-        if isinstance(cause, (ValueError, TypeError, BenchmarkDataMissing)):
+        if isinstance(cause, (ValueError, BenchmarkDataMissing)):
             # The whole message: a suite with several broken tasks lists every one of them
             # on the lines after its first (a first line alone would say only how many).
             raise UserError(f"{section}: {str(cause).strip()}") from None
-        if str(exc).startswith("Error locating target"):
-            target = node.get("_target_") if hasattr(node, "get") else None
-            raise UserError(f"{section}._target_={target}: no such class or function; check the dotted path") from None
+        if cause is not exc:
+            raise cause from None  # the constructor's own failure, with its own traceback
         raise
 
 

@@ -75,6 +75,17 @@ def test_a_crash_exits_1_not_2_and_leaves_a_failed_manifest_and_its_traceback_in
     assert sorted(p.name for p in tmp_path.iterdir()) == ["run"]
 
 
+def test_a_constructor_bug_is_a_crash_while_an_argument_it_does_not_take_is_bad_input(tmp_path):
+    common = ("method=eval", "method._target_=crashing_method.BuggyConstructorEval", "benchmark=surrogate_deepswe",
+              "execution.num_cpus=1")
+    bug = _cli(tmp_path, *common, f"run.dir={tmp_path / 'bug'}")
+    assert bug.returncode == 1, (bug.returncode, bug.stderr[-2000:])
+    assert "TypeError" in bug.stderr and "len(self.k)" in bug.stderr  # the constructor's own traceback
+    wrong = _cli(tmp_path, *common, "+method.widht=3", f"run.dir={tmp_path / 'wrong'}")
+    assert wrong.returncode == 2, wrong.stderr[-2000:]
+    assert _err_lines(wrong)[0].startswith("error: method.widht: BuggyConstructorEval has no parameter 'widht'")
+
+
 def test_help_lists_the_real_options_and_no_internal_schema():
     proc = subprocess.run([sys.executable, "-m", "milo_ray.run", "--help"], capture_output=True, text=True,
                           timeout=120, env=ENV)
