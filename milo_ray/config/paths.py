@@ -41,3 +41,19 @@ def conf_dir(package_dir: Path = _PACKAGE_DIR) -> str:
             f"{package_dir / 'conf'} (an installed wheel) has {PRIMARY_CONFIG}; reinstall milo_ray from a "
             "wheel built by its setup.py (pip install <checkout>), which copies conf/ into the package")
     return str(found)
+
+
+def config_groups(conf_dir: str) -> dict[str, list[str]]:
+    """Every config group (``conf/`` directories and the ConfigStore's groups) -> its
+    selectable options (YAML files and stored nodes; schemas, ``*_schema``, excluded)."""
+    from hydra.core.config_store import ConfigStore
+
+    groups: dict[str, set[str]] = {}
+    for folder in sorted(Path(conf_dir).iterdir()):
+        if folder.is_dir() and not folder.name.startswith((".", "_")):
+            groups[folder.name] = {p.stem for p in folder.glob("*.yaml")}
+    for name, node in ConfigStore.instance().repo.items():
+        if isinstance(node, dict) and name != "hydra":
+            groups.setdefault(name, set()).update(
+                n.removesuffix(".yaml") for n in node if not n.removesuffix(".yaml").endswith("_schema"))
+    return {g: sorted(o) for g, o in groups.items()}

@@ -22,12 +22,17 @@ from milo_ray.core.llm_endpoint import LLMEndpoint
 from milo_ray.core.problems import Problem, raise_invalid
 
 
+def setting(default: Any = dataclasses.MISSING, *, help: str, factory: Any = dataclasses.MISSING) -> Any:
+    """A schema field with its one-line ``--help`` text (``milo_ray.config.help`` lists it)."""
+    return field(default=default, default_factory=factory, metadata={"help": help})
+
+
 @dataclass
 class RoleBudgetConfig:
     """Caps of one agent role (``run.budget.roles.<role>``); None: unlimited."""
 
-    tokens: Optional[int] = None
-    cost_usd: Optional[float] = None
+    tokens: Optional[int] = setting(None, help="token cap of this agent role (null: unlimited)")
+    cost_usd: Optional[float] = setting(None, help="USD cap of this agent role (null: unlimited)")
 
 
 @dataclass
@@ -53,10 +58,11 @@ class BudgetConfig:
     (roles: solver, mutator, orchestrator, judge, optimizer, embedder); reaching one
     stops new work of that role, and the run ends with its incumbent."""
 
-    executions: Optional[int] = None
-    tokens: Optional[int] = None
-    cost_usd: Optional[float] = None
-    roles: RoleBudgetsConfig = field(default_factory=RoleBudgetsConfig)
+    executions: Optional[int] = setting(None, help="rollout budget; cached rollouts are free (null: unlimited)")
+    tokens: Optional[int] = setting(None, help="token cap on rollouts and agent calls (null: unlimited)")
+    cost_usd: Optional[float] = setting(None, help="USD cap on rollouts and agent calls; needs model prices "
+                                                   "(null: unlimited)")
+    roles: RoleBudgetsConfig = setting(factory=RoleBudgetsConfig, help="per-role caps")
 
 
 @dataclass
@@ -87,14 +93,17 @@ class RunConfig:
         ``skipped_tasks``.
     """
 
-    dir: Optional[str] = None
-    resume: Optional[str] = None
-    seed: int = 0
-    time_limit_s: Optional[float] = None
-    budget: BudgetConfig = field(default_factory=BudgetConfig)
-    progress: Optional[bool] = None
-    report: bool = True
-    skip_unrunnable_tasks: bool = False
+    dir: Optional[str] = setting(None, help="the run directory, the only one a run writes (default runs/<timestamp>)")
+    resume: Optional[str] = setting(None, help="continue an interrupted run from its directory, with its stored config")
+    seed: int = setting(0, help="the run seed (islands, candidates and rollouts derive theirs)")
+    time_limit_s: Optional[float] = setting(None, help="wall-clock limit of the run, earlier sessions counted "
+                                                       "(null: none)")
+    budget: BudgetConfig = setting(factory=BudgetConfig, help="what the run may spend")
+    progress: Optional[bool] = setting(None, help="live progress (rollouts, islands/races, best, spend, ETA; "
+                                                  "true/false; null: when a terminal)")
+    report: bool = setting(True, help="write the run's HTML report when it finishes")
+    skip_unrunnable_tasks: bool = setting(False, help="drop tasks the sandbox cannot run, with a warning, instead "
+                                                      "of refusing the run")
 
 
 @dataclass

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, Iterable, Sequence
 
 from milo_ray.config.errors import ConfigError, UserError, raise_all
+from milo_ray.config.paths import config_groups
 from milo_ray.core.problems import InvalidSettings, Problem
 
 # Flags after which Hydra does not run a job (or runs a sweep we cannot pre-compose).
@@ -30,22 +31,6 @@ _UNKNOWN_FIX = "check the spelling (print every key with --cfg job)"
 def _first_line(text: Any) -> str:
     text = str(text).strip()
     return text.splitlines()[0] if text else text
-
-
-def config_groups(conf_dir: str) -> dict[str, list[str]]:
-    """Every config group (``conf/`` directories and the ConfigStore's groups) -> its
-    selectable options (YAML files and stored nodes; schemas, ``*_schema``, excluded)."""
-    from hydra.core.config_store import ConfigStore
-
-    groups: dict[str, set[str]] = {}
-    for folder in sorted(Path(conf_dir).iterdir()):
-        if folder.is_dir() and not folder.name.startswith((".", "_")):
-            groups[folder.name] = {p.stem for p in folder.glob("*.yaml")}
-    for name, node in ConfigStore.instance().repo.items():
-        if isinstance(node, dict) and name != "hydra":
-            groups.setdefault(name, set()).update(
-                n.removesuffix(".yaml") for n in node if not n.removesuffix(".yaml").endswith("_schema"))
-    return {g: sorted(o) for g, o in groups.items()}
 
 
 def _top_level_keys() -> set[str]:

@@ -86,15 +86,25 @@ def test_a_constructor_bug_is_a_crash_while_an_argument_it_does_not_take_is_bad_
     assert _err_lines(wrong)[0].startswith("error: method.widht: BuggyConstructorEval has no parameter 'widht'")
 
 
-def test_help_lists_the_real_options_and_no_internal_schema():
+def test_help_lists_every_group_option_and_run_key_and_no_internal_schema():
+    from milo_ray.config.help import GROUP_HELP, run_keys
+    from milo_ray.config.paths import config_groups
+
     proc = subprocess.run([sys.executable, "-m", "milo_ray.run", "--help"], capture_output=True, text=True,
                           timeout=120, env=ENV)
     assert proc.returncode == 0
     assert "schema" not in proc.stdout
-    for group in ("method", "benchmark", "executor", "backend", "model", "execution", "experiment"):
+    groups = {p.name for p in Path(CONF_DIR).iterdir() if p.is_dir()}
+    assert {"sandbox", "tracking", "experiment"} <= groups <= set(config_groups(CONF_DIR))
+    for group in groups:
+        assert group == "experiment" or group in GROUP_HELP, f"group {group} has no description in GROUP_HELP"
         for option in (p.stem for p in (Path(CONF_DIR) / group).glob("*.yaml")):
             assert option in proc.stdout, f"{group}={option} missing from --help"
-    for key in ("run.dir", "run.resume", "run.seed", "run.time_limit_s", "run.budget.cost_usd", "run.progress"):
+    keys = dict(run_keys())
+    assert {"run.dir", "run.resume", "run.seed", "run.report", "run.skip_unrunnable_tasks",
+            "run.budget.roles.ROLE.tokens"} <= set(keys)
+    for key, text in keys.items():
+        assert text, f"{key} has no help text (give its schema field setting(..., help=...))"
         assert key in proc.stdout
 
 
