@@ -43,14 +43,38 @@ def git_sha() -> str | None:
     return out.stdout.strip() or None if out.returncode == 0 else None
 
 
+# The manifest's own layout; a run written by a newer milo_ray says so and is refused by
+# name rather than misread. Manifests written before the field existed are version 1.
+MANIFEST_VERSION = 1
+
+
+def newer_manifest(manifest: dict[str, Any]) -> str | None:
+    """Why this milo_ray cannot read ``manifest`` (written by a newer one), or None."""
+    version = manifest.get("manifest_version", 1)
+    if isinstance(version, int) and version <= MANIFEST_VERSION:
+        return None
+    return (f"manifest.json is from a newer milo_ray (manifest_version {version!r}; this one reads up to "
+            f"{MANIFEST_VERSION}); upgrade milo_ray to open this run")
+
+
 def read_manifest(run_dir: Path) -> dict[str, Any]:
     path = Path(run_dir) / "manifest.json"
     try:
-        return json.loads(path.read_text())
+        manifest = json.loads(path.read_text())
     except FileNotFoundError:
         raise UserError(f"run.resume={run_dir}: no run there (manifest.json missing)") from None
     except json.JSONDecodeError as exc:
         raise UserError(f"run.resume={run_dir}: manifest.json is not valid JSON ({exc})") from None
+    except OSError as exc:
+        raise UserError(f"run.resume={run_dir}: cannot read manifest.json ({exc.strerror or exc}); check the "
+                        "directory's permissions and mount") from None
+    if not isinstance(manifest, dict):
+        raise UserError(f"run.resume={run_dir}: manifest.json holds a JSON {type(manifest).__name__}, not a run's "
+                        "manifest; restore it or start a new run")
+    newer = newer_manifest(manifest)
+    if newer:
+        raise UserError(f"run.resume={run_dir}: {newer}")
+    return manifest
 
 
 def new_run_id() -> str:
@@ -72,6 +96,7 @@ def build_manifest(cfg: DictConfig, *, run_dir: Path, cluster: Any, resumed: boo
         "resumed": resumed,
     }
     return {
+        "manifest_version": MANIFEST_VERSION,
         "run_id": run_id or new_run_id(),
         "status": "running",
         "config": OmegaConf.to_container(cfg, resolve=True),

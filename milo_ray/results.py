@@ -39,6 +39,7 @@ import pyarrow as pa
 
 from milo_ray import methods
 from milo_ray.kernels.metrics import pass_at_k, pr_at_k, rr_at_k
+from milo_ray.manifest import newer_manifest
 from milo_ray.search.plugin import FinalTestSpec, MethodPlugin, rebuilt_split, recorded_tasks
 from milo_ray.search.scores import interval
 from milo_ray.store import blobs, schema
@@ -82,6 +83,9 @@ def _read_manifest(path: Path) -> dict[str, Any]:
         hint = (f"it holds {len(below)} run(s) below it (a sweep): use find_runs({str(path)!r}) or "
                 f"connect({str(path)!r})") if below else "pass the run.dir of a run (the directory holding manifest.json)"
         raise RunDirError(f"{path}: not a run directory (no {MANIFEST}); {hint}") from None
+    except OSError as e:
+        raise RunDirError(f"{file}: cannot be read ({e.strerror or e}); check the directory's permissions and mount") \
+            from None
     try:
         manifest = json.loads(text)
     except ValueError as e:
@@ -90,6 +94,9 @@ def _read_manifest(path: Path) -> dict[str, Any]:
     if not isinstance(manifest, dict):
         raise RunDirError(f"{file}: corrupt manifest, a JSON {type(manifest).__name__} instead of an object; "
                           "restore it or move the run aside")
+    newer = newer_manifest(manifest)
+    if newer:
+        raise RunDirError(f"{path}: {newer}")
     return manifest
 
 

@@ -116,14 +116,15 @@ def explain(exc: BaseException, conf_dir: str) -> Problem:
     return Problem("configuration", _first_line(cause), "fix the config (print it with --cfg job)")
 
 
-def check_overrides(conf_dir: str, argv: list[str]) -> None:
+def check_overrides(conf_dir: str, argv: list[str]) -> Any:
     """Check the command line ``argv`` and the config it composes; ``ConfigError`` listing
-    every problem found.
+    every problem found. Returns the composed config (None when the flags leave the
+    command to Hydra).
 
     Sweeps and Hydra's informational flags are left to Hydra (each sweep job is
     still checked by the structured schema when it is composed)."""
     if any(a in _NO_PRECHECK_FLAGS or a.startswith("--config") for a in argv):
-        return
+        return None
     argv = [a for a in argv if not a.startswith("hydra.") and not a.startswith("hydra/")
             and not a.startswith("+hydra")]
     parsed, problems = parse_overrides(argv)
@@ -149,6 +150,7 @@ def check_overrides(conf_dir: str, argv: list[str]) -> None:
     check_settings(cfg)
     if not cfg.run.resume:  # a resumed run runs its stored config: the job checks that one
         check_composition(cfg)
+    return cfg
 
 
 def check_composition(cfg: Any) -> Any:
@@ -287,7 +289,8 @@ def settings_problems(cfg: Any) -> list[Problem]:
         problems += exc.problems
     except ValueError as exc:
         problems.append(Problem("model", str(exc)))
-    if model is not None and run.budget.cost_usd is not None and model.usd_per_mtok_input is None:
+    if model is not None and run.budget.cost_usd is not None and run.budget.cost_usd >= 0 \
+            and model.usd_per_mtok_input is None:
         problems.append(Problem(f"run.budget.cost_usd={run.budget.cost_usd}",
                                 f"model {model.id!r} has no price, so a USD cap would never be reached",
                                 "set model.usd_per_mtok_input and model.usd_per_mtok_output, or cap run.budget.tokens "

@@ -96,7 +96,8 @@ class LLMEndpoint:
         if not out and float(self.retry_max_s) < float(self.retry_base_s):
             out.append(Problem(f"{where}.retry_base_s={self.retry_base_s}, {where}.retry_max_s={self.retry_max_s}",
                                "the backoff's cap is below its base", "need 0 <= retry_base_s <= retry_max_s seconds"))
-        if (self.usd_per_mtok_input is None) != (self.usd_per_mtok_output is None):
+        priced = [p for p in out if ".usd_per_mtok_" in p.key]
+        if not priced and (self.usd_per_mtok_input is None) != (self.usd_per_mtok_output is None):
             out.append(Problem(f"{where}.usd_per_mtok_input / {where}.usd_per_mtok_output", "only one price given",
                                "give both prices or neither"))
         return out

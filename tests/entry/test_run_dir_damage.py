@@ -112,3 +112,44 @@ def test_a_run_whose_disk_fills_stops_with_exit_3_and_resumes_once_space_is_back
         assert json.loads((run_dir / "manifest.json").read_text())["status"] == "finished"
     finally:
         disk.unmount()
+
+
+def _finished_run(run_dir: Path, **manifest: object) -> Path:
+    with ParquetRunStore(run_dir, run_id="r", flush_seconds=None) as s:
+        s.write_manifest({"run_id": "r", "status": "interrupted", "method": "milo_ray.evaluation.EvalMethod",
+                          **manifest})
+        s.append_rollouts([make_result(i) for i in range(2)])
+    return run_dir
+
+
+def test_a_run_written_by_a_newer_milo_ray_is_refused_by_name_on_resume_and_by_the_results_api(tmp_path):
+    from milo_ray.results import RunDirError, load_run
+
+    run_dir = _finished_run(tmp_path / "run", manifest_version=99)
+    before = (run_dir / "manifest.json").read_bytes()
+    proc = _cli("milo_ray.run", [f"run.resume={run_dir}", "run.progress=false"], tmp_path)
+    assert proc.returncode == EXIT_BAD_INPUT, proc.stderr[-3000:]
+    assert "manifest.json is from a newer milo_ray (manifest_version 99" in _error_line(proc)
+    assert (run_dir / "manifest.json").read_bytes() == before
+    with pytest.raises(RunDirError, match="manifest_version 99"):
+        load_run(run_dir)
+
+
+@pytest.mark.parametrize("damage", ["not_an_object", "unreadable"])
+def test_a_manifest_that_is_not_a_run_manifest_is_refused_in_one_line(tmp_path, damage):
+    from milo_ray.config.errors import UserError
+    from milo_ray.manifest import read_manifest
+    from milo_ray.results import RunDirError, load_run
+
+    run_dir = _finished_run(tmp_path / "run")
+    manifest = run_dir / "manifest.json"
+    manifest.unlink()
+    if damage == "not_an_object":
+        manifest.write_text("[1, 2]")
+    else:
+        manifest.mkdir()  # reading it fails with an OSError, as an unreadable file would
+    with pytest.raises(UserError) as info:
+        read_manifest(run_dir)
+    assert str(info.value).startswith(f"run.resume={run_dir}: ") and "\n" not in str(info.value)
+    with pytest.raises(RunDirError):
+        load_run(run_dir)
