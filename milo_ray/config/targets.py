@@ -21,11 +21,14 @@ Two declarations connect the groups:
 from __future__ import annotations
 
 import inspect
+import types
+import typing
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from milo_ray.config.schemas import ModelConfig, model_config
+from milo_ray.core.problems import Bounds, Problem
 
 AGENT_ROLES = ("mutators", "orchestrator", "judge", "optimizer", "embedder")
 # Keys Hydra's instantiate reads itself; they are never constructor keywords.
@@ -94,6 +97,9 @@ def check_spec(path: str, spec: Any) -> Any:
             hint = f"; {_HINTS[bad]}" if bad in _HINTS else ""
             raise CompositionError(f"{path}.{bad}: {name} has no parameter '{bad}' (it takes {', '.join(takes) or 'none'})"
                             f"{hint}") from None
+    problem = next(iter(value_problems(path, target, kwargs)), None)
+    if problem is not None:
+        raise CompositionError(problem.line())
     if spec.get("_recursive_", True):
         for key, value in kwargs.items():
             for i, item in enumerate(value if isinstance(value, (list, tuple)) else [value]):
@@ -101,6 +107,66 @@ def check_spec(path: str, spec: Any) -> Any:
                     suffix = f"[{i}]" if isinstance(value, (list, tuple)) else ""
                     check_spec(f"{path}.{key}{suffix}", item)
     return target
+
+
+_SCALARS = (bool, int, float, str)
+
+
+def _parameter_hints(target: Any) -> dict[str, Any]:
+    """The constructor's parameter annotations, ``Annotated`` extras kept ({} when they
+    cannot be resolved: then only the constructor itself checks its values)."""
+    func = target.__init__ if inspect.isclass(target) else target
+    try:
+        return typing.get_type_hints(func, include_extras=True)
+    except Exception:  # an annotation naming something only a type checker imports
+        return {}
+
+
+def _accepts(kind: Any, value: Any) -> bool:
+    """Whether ``value`` fits a scalar annotation (int for float; never bool for a number)."""
+    if kind is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if kind is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    return isinstance(value, kind)
+
+
+def value_problems(path: str, target: Any, kwargs: Mapping[str, Any]) -> list[Problem]:
+    """Values that do not fit the constructor's scalar parameter types or the bounds its
+    parameters declare (``Annotated[..., Bounds(...)]``)."""
+    problems = []
+    hints = _parameter_hints(target)
+    for name, value in kwargs.items():
+        hint = hints.get(name)
+        if hint is None or value is None and _nullable(hint):
+            continue
+        extras: tuple = ()
+        if typing.get_origin(hint) is typing.Annotated:
+            hint, *rest = typing.get_args(hint)
+            extras = tuple(rest)
+        kinds = _scalar_kinds(hint)
+        if kinds and not any(_accepts(k, value) for k in kinds):
+            names = " or ".join(k.__name__ for k in kinds) + (" (or null)" if _nullable(hint) else "")
+            problems.append(Problem(f"{path}.{name}={value!r}", f"expected {names}", "pass a value of that type"))
+            continue
+        for extra in extras:
+            found = extra.problem(f"{path}.{name}", value) if isinstance(extra, Bounds) else None
+            if found is not None:
+                problems.append(found)
+    return problems
+
+
+def _nullable(hint: Any) -> bool:
+    if typing.get_origin(hint) is typing.Annotated:
+        hint = typing.get_args(hint)[0]
+    return type(None) in typing.get_args(hint)
+
+
+def _scalar_kinds(hint: Any) -> tuple[type, ...]:
+    """The scalar types a hint allows, when it allows only scalars (and None); else ()."""
+    args = typing.get_args(hint) if typing.get_origin(hint) in (typing.Union, types.UnionType) else (hint,)
+    kinds = tuple(a for a in args if a is not type(None))
+    return kinds if kinds and all(k in _SCALARS for k in kinds) else ()
 
 
 def check_agents(agents: Mapping[str, Any], roles: Sequence[str], method: str) -> None:

@@ -8,7 +8,7 @@ them together; the message is written in one place (:meth:`Problem.line`).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterable
+from typing import Any, Iterable
 
 
 @dataclass(frozen=True)
@@ -39,3 +39,27 @@ def raise_invalid(problems: Iterable[Problem]) -> None:
     found = list(problems)
     if found:
         raise InvalidSettings(found)
+
+
+@dataclass(frozen=True)
+class Bounds:
+    """A constructor parameter's range, declared where the parameter is:
+    ``budget_s: Annotated[float, Bounds(0, strict=True)]``. The composition check reads it
+    (with the parameter's type) before anything is built, so a bad value is bad input named
+    by its config key, not an error deep inside a run. ``strict``: the low end is excluded."""
+
+    low: float | None = None
+    high: float | None = None
+    strict: bool = False
+
+    def problem(self, key: str, value: Any) -> Problem | None:
+        if value is None or isinstance(value, bool) or not isinstance(value, (int, float)):
+            return None  # the type check speaks for these
+        low_ok = self.low is None or value > self.low or (not self.strict and value == self.low)
+        if low_ok and (self.high is None or value <= self.high):
+            return None
+        if self.high is None:
+            return Problem(f"{key}={value}", f"must be {'>' if self.strict else '>='} {self.low:g}")
+        if self.low is None:
+            return Problem(f"{key}={value}", f"must be <= {self.high:g}")
+        return Problem(f"{key}={value}", f"must be in {'(' if self.strict else '['}{self.low:g}, {self.high:g}]")

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import typing
+from pathlib import Path
 
 import pytest
 
@@ -30,6 +31,8 @@ register_configs()
 NEGATIVE_OK = {
     "run.seed": "any integer seeds a run",
     "method.seed": "any integer seeds a method",
+    "benchmark.seed": "any integer generates a surrogate task pool",
+    "benchmark.split_seed": "any integer shuffles the task ids",
 }
 # Fields not reachable by a plain override value (specs, mappings) or owned by a group
 # other than the schema's (the method's _target_ picks the method).
@@ -53,7 +56,49 @@ def _leaves(schema: type, prefix: str):
             yield key, base
 
 
+# Groups built from a ``_target_`` spec: the numeric keys of each option file are the fields.
+SPEC_GROUPS = ("benchmark", "executor", "sandbox")
+# An executor option that needs a benchmark of its kind to be composed at all.
+_EXECUTOR_BENCHMARK = {"deepagents": "harbor", "optimizer": "einstein", "surrogate": "surrogate_tb21"}
+# Real agents need a model; the tasks' reference solutions run without one (offline).
+_OFFLINE_AGENT = "executor.agent=oracle"
+_AGENT_BENCHMARKS = ("harbor", "swe", "einstein_agent")
+
+
+def _swe_rows() -> str:
+    """A one-row SWE JSONL file (the swe benchmark needs a path before it checks values)."""
+    import json
+    import tempfile
+
+    row = {"instance_id": "o__r-1", "repo": "o/r", "base_commit": "abc", "problem_statement": "fix it",
+           "FAIL_TO_PASS": ["t.py::test_a"], "PASS_TO_PASS": [], "image_name": "img/o__r-1:1"}
+    path = Path(tempfile.mkdtemp(prefix="swe-rows-")) / "rows.jsonl"
+    path.write_text(json.dumps(row) + "\n")
+    return str(path)
+
+
+def _spec_cases():
+    import yaml
+
+    for group in SPEC_GROUPS:
+        for path in sorted((Path(CONF) / group).glob("*.yaml")):
+            node = yaml.safe_load(path.read_text()) or {}
+            pre = [f"{group}={path.stem}"]
+            if group == "executor":
+                pre = [f"benchmark={_EXECUTOR_BENCHMARK[path.stem]}", *pre]
+            elif group == "sandbox":
+                pre = ["benchmark=harbor", *pre]
+            if "benchmark=harbor" in pre or path.stem in _AGENT_BENCHMARKS or path.stem == "deepagents":
+                pre.append(_OFFLINE_AGENT)
+            if group == "benchmark" and path.stem == "swe":
+                pre.append(f"benchmark.path={_swe_rows()}")
+            for key, value in node.items():
+                if isinstance(value, (int, float)) and not isinstance(value, bool):
+                    yield pre, f"{group}.{key}", type(value)
+
+
 def _cases():
+    yield from _spec_cases()
     for section, schema in SECTIONS.items():
         for key, base in _leaves(schema, section):
             yield [], key, base
@@ -75,7 +120,8 @@ def _refusal(argv: list[str]) -> str | None:
     except UserError as exc:
         return str(exc)
     try:
-        _build("method", cfg.method)  # the method's own value checks
+        for section in ("benchmark", "executor", "method"):
+            _build(section, cfg[section])  # each constructor's own value checks
     except UserError as exc:
         return str(exc)
     return None
