@@ -19,18 +19,21 @@ Rules (DESIGN §4.3):
 * Every surviving child and the protected parent run every task of B_r R times.
 * Cumulative score = mean reward over every (task, rollout) of P_r = B_1 ∪ … ∪ B_r.
 * After an intermediate stage r < K the racing rule (a ``RacingRule`` object, chosen by
-  ``method.racing``) says how many children stay: successive halving keeps
-  n_r = max(1, M − round(r·M/K)) (round half up), the uniform ablation keeps all.
-  Ranking ties: higher score, fewer diff lines, lower index.
+  ``method.racing``) says which children stay and whether the race stops early:
+  successive halving keeps n_r = max(1, M − round(r·M/K)) (round half up; the paper's),
+  ``halving`` keeps ⌈M/2^r⌉, ``paired`` drops every child significantly worse than the
+  leader on paired per-task differences and stops at one survivor, the uniform
+  ablation keeps all. Ranking ties: higher score, fewer diff lines, lower index.
 * A stage starts only if R·(|A|+1)·|B_r| fits the remaining budget; otherwise the
   race ends and selects on the last completed stage (none → keep the parent).
-* The best surviving child replaces the parent only on a strictly higher score.
+* The best surviving child replaces the parent only on a strictly higher score (and,
+  with ``replace_alpha`` set, a significant paired advantage over the parent).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Protocol, Sequence, runtime_checkable
+from typing import Any, Iterable, Mapping, Protocol, Sequence, runtime_checkable
 
 import numpy as np
 
@@ -56,13 +59,20 @@ class RaceCandidate:
 
 @dataclass(frozen=True)
 class RaceConfig:
-    """K stages, per-stage validation quota b_v, class quotas b_s/b_f, R rollouts."""
+    """K stages, per-stage validation quota b_v, class quotas b_s/b_f, R rollouts.
+
+    ``replace_alpha``: the parent-replacement gate (None: off, the paper's rule). When
+    set, the best child replaces the parent only when, besides a strictly higher
+    cumulative score, its paired per-task difference to the parent is significantly
+    positive (one-sided paired t test at this level over the tasks raced): fewer
+    regressions accepted on noise, more true improvements left on the table."""
 
     stages: int = 2
     b_v: tuple[int, ...] = (10, 10)
     b_s: int = 5
     b_f: int = 5
     rollouts: int = 2
+    replace_alpha: float | None = None
 
     def __post_init__(self) -> None:
         if self.stages < 1:
@@ -77,6 +87,8 @@ class RaceConfig:
             raise ValueError("race quotas b_v, b_s, b_f must be >= 0")
         if self.rollouts < 1:
             raise ValueError(f"race.rollouts (R) must be >= 1, got {self.rollouts}")
+        if self.replace_alpha is not None and not 0.0 < float(self.replace_alpha) < 0.5:
+            raise ValueError(f"race.replace_alpha must be in (0, 0.5) or null, got {self.replace_alpha}")
 
 
 def keep_count(m: int, k: int, r: int) -> int:
@@ -91,17 +103,41 @@ def keep_count(m: int, k: int, r: int) -> int:
     return max(1, m - (2 * r * m + k) // (2 * k))
 
 
+@dataclass(frozen=True)
+class StageView:
+    """What a racing rule sees after a completed stage: the children still racing,
+    ranked best first (higher cumulative score, fewer diff lines, lower index), and
+    every runner's per-task mean reward over P_r (``per_task[h][j]`` is harness ``h`` on
+    ``tasks[j]``), so a rule can test paired differences without re-running anything."""
+
+    stage: int
+    stages: int
+    generated: int
+    ranked: tuple[str, ...]
+    parent_id: str
+    tasks: tuple[str, ...]
+    per_task: Mapping[str, np.ndarray]
+    scores: Mapping[str, float]
+
+
+@dataclass(frozen=True)
+class RuleDecision:
+    """The children that keep racing (a subset of the ranked ones, at least one) and
+    whether the race stops here (the remaining stages are not run)."""
+
+    keep: tuple[str, ...]
+    stop: bool = False
+
+
 @runtime_checkable
 class RacingRule(Protocol):
-    """How many children survive an intermediate stage. The race ranks them (higher
-    cumulative score, fewer diff lines, lower index) and keeps that many from the top;
-    the parent is never counted."""
+    """Decides after every stage but the last which children keep racing and whether
+    the race stops early. The parent is never among the children: it always runs."""
 
     name: str
 
-    def keep(self, *, generated: int, stages: int, stage: int, active: int) -> int:
-        """Children kept after intermediate stage ``stage`` < ``stages`` of ``active``
-        still racing (``generated``: the M children generated this round)."""
+    def after_stage(self, view: StageView) -> RuleDecision:
+        """The decision after completed stage ``view.stage`` < ``view.stages``."""
         ...
 
 
@@ -114,18 +150,98 @@ class SuccessiveHalving:
     def keep(self, *, generated: int, stages: int, stage: int, active: int) -> int:
         return keep_count(generated, stages, stage)
 
+    def after_stage(self, view: StageView) -> RuleDecision:
+        n = self.keep(generated=view.generated, stages=view.stages, stage=view.stage, active=len(view.ranked))
+        return RuleDecision(view.ranked[:n])
+
+
+class GeometricHalving:
+    """The K-stage halving schedule: n_r = max(1, ⌈M / 2^r⌉) children after stage r
+    (M = 12: 6, 3, 2, 1), so with K = ⌈log2 M⌉ + 1 stages each stage halves the field
+    and the last compares one or two survivors with the parent. Against the paper's
+    linear quota (:class:`SuccessiveHalving`, 12 → 6 over K = 2) it spends less on
+    stage 1 and more on the leaders."""
+
+    name = "halving"
+
+    def keep(self, *, generated: int, stages: int, stage: int, active: int) -> int:
+        return max(1, -(-generated // (2 ** stage)))
+
+    def after_stage(self, view: StageView) -> RuleDecision:
+        n = self.keep(generated=view.generated, stages=view.stages, stage=view.stage, active=len(view.ranked))
+        return RuleDecision(view.ranked[:n])
+
 
 class NoElimination:
     """Every child runs every stage (the uniform-allocation ablation / audit baseline)."""
 
     name = "uniform"
 
-    def keep(self, *, generated: int, stages: int, stage: int, active: int) -> int:
-        return active
+    def after_stage(self, view: StageView) -> RuleDecision:
+        return RuleDecision(view.ranked)
+
+
+def paired_t(diffs: np.ndarray) -> np.ndarray:
+    """One-sample t statistics of paired differences along the last axis (n ≥ 2 tasks).
+
+    A zero standard deviation gives ±inf by the sign of the mean (every task agrees) and
+    0 for a zero mean. Vectorized: the audit calls it on (replays × candidates × tasks)."""
+    d = np.asarray(diffs, dtype=float)
+    n = d.shape[-1]
+    mean = d.mean(axis=-1)
+    sd = d.std(axis=-1, ddof=1)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        t = mean / (sd / np.sqrt(n))
+    tied = np.where(mean > 0, np.inf, np.where(mean < 0, -np.inf, 0.0))
+    return np.where(sd > 0, t, tied)
+
+
+def t_critical(alpha: float, n: int) -> float:
+    """One-sided critical value t_{1−α, n−1}."""
+    from scipy.stats import t as student_t
+
+    return float(student_t.ppf(1.0 - alpha, n - 1))
+
+
+class PairedElimination:
+    """Eliminate the children whose paired difference to the leader is significantly
+    negative; stop as soon as one child is left.
+
+    After every stage, the leader is the top-ranked child; for every other child c the
+    per-task differences d_t = mean_i r(c, t, i) − mean_i r(leader, t, i) over the tasks
+    raced so far (each task a block of R rollouts of both, so task difficulty cancels)
+    give a one-sided paired t statistic, and c is dropped when it is below
+    −t_{1−α, n−1}. Nothing is tested before ``min_tasks`` tasks. The race then runs its
+    further stages on the survivors only, until one is left (``settled``), the stages
+    run out, or the budget gate refuses a stage. Each look is a test at ``alpha``;
+    over many stages the chance of dropping a truly better child grows, which is why
+    near-ties stay in the race rather than being settled early.
+    """
+
+    name = "paired"
+
+    def __init__(self, alpha: float = 0.05, min_tasks: int = 10) -> None:
+        if not 0.0 < float(alpha) < 0.5:
+            raise ValueError(f"method.racing: paired alpha must be in (0, 0.5), got {alpha}")
+        if int(min_tasks) < 2:
+            raise ValueError(f"method.racing: paired min_tasks must be >= 2, got {min_tasks}")
+        self.alpha, self.min_tasks = float(alpha), int(min_tasks)
+
+    def after_stage(self, view: StageView) -> RuleDecision:
+        n = len(view.tasks)
+        if n < self.min_tasks or len(view.ranked) < 2:
+            return RuleDecision(view.ranked, stop=len(view.ranked) == 1)
+        leader = view.per_task[view.ranked[0]]
+        rest = view.ranked[1:]
+        t = paired_t(np.stack([view.per_task[c] - leader for c in rest]))
+        worse = t < -t_critical(self.alpha, n)
+        keep = (view.ranked[0],) + tuple(c for c, w in zip(rest, worse) if not w)
+        return RuleDecision(keep, stop=len(keep) == 1)
 
 
 RACING_RULES: Choice[RacingRule] = Choice(
-    "racing rule", {"successive_halving": SuccessiveHalving, "uniform": NoElimination}, RacingRule)
+    "racing rule", {"successive_halving": SuccessiveHalving, "uniform": NoElimination, "halving": GeometricHalving,
+                    "paired": PairedElimination}, RacingRule)
 
 
 @dataclass(frozen=True)
@@ -192,7 +308,8 @@ class StageReport:
 class RaceOutcome:
     """The race's decision. ``selected`` is the new incumbent (the parent when kept).
 
-    ``stop_reason``: ``completed`` (all K stages ran), ``budget`` (a stage did not
+    ``stop_reason``: ``completed`` (all K stages ran), ``settled`` (the racing rule
+    stopped early, e.g. one child left under ``paired``), ``budget`` (a stage did not
     fit), ``exhausted`` (no unused task left for the next stage), ``no_candidates``.
     """
 
@@ -406,17 +523,25 @@ class Race:
 
         scores = {h: self.score(h) for h in req.harnesses}
         eliminated: tuple[str, ...] = ()
+        settled = False
         if req.stage < self.config.stages:
-            n_keep = self.rule.keep(generated=self.generated, stages=self.config.stages, stage=req.stage,
-                                    active=len(self._active))
-            ranked = sorted(self._active, key=lambda c: self._rank_key(c, scores))
-            eliminated = tuple(c.harness_id for c in ranked[n_keep:])
-            kept = {c.harness_id for c in ranked[:n_keep]}
+            ranked = tuple(c.harness_id for c in sorted(self._active, key=lambda c: self._rank_key(c, scores)))
+            view = StageView(req.stage, self.config.stages, self.generated, ranked, self.parent_id,
+                             tuple(self._tasks), {h: self.per_task(h) for h in req.harnesses}, scores)
+            decision = self.rule.after_stage(view)
+            kept = set(decision.keep)
+            if not kept or not kept <= set(ranked):
+                raise ValueError(f"racing rule {self.rule.name!r}: kept {sorted(kept)}, which is not a non-empty "
+                                 f"subset of the children racing {list(ranked)}")
+            eliminated = tuple(h for h in ranked if h not in kept)
             self._active = [c for c in self._active if c.harness_id in kept]
+            settled = decision.stop
         report = StageReport(req.stage, scores, eliminated, tuple(c.harness_id for c in self._active), len(self._tasks))
         self._reports.append(report)
         if req.stage >= self.config.stages:
             self._stop_reason = "completed"
+        elif settled:
+            self._stop_reason = "settled"
         return report
 
     def abort(self, reason: str = "budget") -> None:
@@ -428,6 +553,12 @@ class Race:
     @staticmethod
     def _rank_key(c: RaceCandidate, scores: dict[str, float]) -> tuple[float, int, int]:
         return (-scores[c.harness_id], c.diff_size, c.index)
+
+    def per_task(self, harness_id: str) -> np.ndarray:
+        """Mean reward per task of P_r (in P_r's order): the sum of the task's R rollouts
+        over R, the same arithmetic as the audit's vectorized replay."""
+        R = self.config.rollouts
+        return np.array([sum(self._rewards[(harness_id, t)]) for t in self._tasks]) / R
 
     def score(self, harness_id: str) -> float:
         """Cumulative μ̂ over every (task, rollout) of P_r, all tasks equally weighted."""
@@ -450,6 +581,9 @@ class Race:
         best = min(self._active, key=lambda c: self._rank_key(c, last))
         p, b = last[self.parent_id], last[best.harness_id]
         replaced = b > p
+        if replaced and self.config.replace_alpha is not None:
+            d = self.per_task(best.harness_id) - self.per_task(self.parent_id)
+            replaced = len(d) >= 2 and bool(paired_t(d) > t_critical(self.config.replace_alpha, len(d)))
         return RaceOutcome(self.parent_id, best.harness_id if replaced else self.parent_id, replaced, self.stage,
                            self._stop_reason, p, best.harness_id, b, self._executions, dict(last))
 
