@@ -35,6 +35,7 @@ import shlex
 import sys
 import tempfile
 import time
+from typing import Any
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -106,13 +107,16 @@ def main(argv: list[str] | None = None) -> int:
                                           write_parquet)
 
     seeds = _seeds(args.seeds)
+    groups: list[tuple[str, Any]]  # one table per group (a regime, or the matrices given)
     if args.load:
         matrices = ((os.path.basename(f).removesuffix(".npz"), RewardMatrix.load(f)) for f in args.load.split(","))
     elif args.regimes:
         from milo_ray.ssr.audit_regimes import synthetic_matrix
 
-        matrices = ((f"{r}-seed{s}", synthetic_matrix(r, seed=s, rollouts=args.rollouts))
-                    for r in args.regimes.split(",") for s in seeds)
+        def regime(r: str):  # binds r now: a generator expression would read it when consumed
+            return ((f"{r}-seed{s}", synthetic_matrix(r, seed=s, rollouts=args.rollouts)) for s in seeds)
+
+        groups = [(r, regime(r)) for r in args.regimes.split(",")]
     elif args.run:
         import pyarrow.dataset as ds
 
@@ -123,33 +127,41 @@ def main(argv: list[str] | None = None) -> int:
                           held_out_from_rollouts(m, rows, split=args.held_out_split))])
     else:
         matrices = _generate(args, seeds)
+    if not args.regimes:
+        groups = [(args.load or args.run or args.preset, matrices)]
     rules = (RuleSpec("uniform", "uniform", stages=1),
              RuleSpec("successive_halving", "successive_halving", stages=2),
              RuleSpec("halving_k4", "halving", stages=4),
              RuleSpec("paired", "paired", block=args.paired_block, alpha=args.paired_alpha),
              RuleSpec("successive_halving+gate", "successive_halving", stages=2, replace_alpha=args.gate_alpha))
     fractions = [float(x) for x in args.budgets.split(",")]
-    per_matrix = []
-    t0 = time.perf_counter()
-    try:
-        for k, (name, m) in enumerate(matrices):
-            if args.save_dir:
-                os.makedirs(args.save_dir, exist_ok=True)
-                m.save(os.path.join(args.save_dir, f"{name}.npz"))
-            per_matrix += audit_matrix(m, fractions=fractions, rules=rules, replays=args.replays, seed=k, label=name)
-    except ValueError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    summary = summarize(per_matrix)
-    n = len({r["matrix"] for r in per_matrix})
-    print(f"{n} matrices, {args.replays} task-order replays each ({time.perf_counter() - t0:.1f} s incl. generation):")
-    print(format_spreads(per_matrix))
-    print("true regret in points (mean ± SE across matrices); '- uniform': paired difference to the uniform subset "
-          "at the same budget; in-sample: the same selections scored on the matrix itself")
-    print(format_table(summary))
-    print(verdict(summary))
+    all_matrix, all_summary = [], []
+    for group, matrices in groups:
+        per_matrix = []
+        t0 = time.perf_counter()
+        try:
+            for k, (name, m) in enumerate(matrices):
+                if args.save_dir:
+                    os.makedirs(args.save_dir, exist_ok=True)
+                    m.save(os.path.join(args.save_dir, f"{name}.npz"))
+                per_matrix += audit_matrix(m, fractions=fractions, rules=rules, replays=args.replays, seed=k,
+                                           label=name)
+        except ValueError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+        summary = summarize(per_matrix)
+        n = len({r["matrix"] for r in per_matrix})
+        print(f"\n== {group}: {n} matrices, {args.replays} task-order replays each "
+              f"({time.perf_counter() - t0:.1f} s incl. generation)")
+        print(format_spreads(per_matrix))
+        print("true regret in points (mean ± SE across matrices); '- uniform': paired difference to the uniform "
+              "subset at the same budget; in-sample: the same selections scored on the matrix itself")
+        print(format_table(summary))
+        print(verdict(summary))
+        all_matrix += [{"group": group, **r} for r in per_matrix]
+        all_summary += [{"group": group, **r} for r in summary]
     if args.parquet:
-        write_parquet(args.parquet, per_matrix, summary, source=args.regimes or args.run or args.load or args.preset)
+        write_parquet(args.parquet, all_matrix, all_summary)
         print(f"wrote {args.parquet}")
     return 0
 
