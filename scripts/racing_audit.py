@@ -11,7 +11,8 @@ Matrix sources (one audit pools all the matrices it is given):
                         (milo_ray/ssr/audit_regimes.py), one per seed, per regime
   --run RUN_DIR         a run's Parquet rollouts table (largest complete sub-matrix),
                         scored by the run's other executions of the same harnesses
-                        (--held-out-split, never the selection cells)
+                        (--held-out-split, never the selection cells); the table goes
+                        to RUN_DIR/racing_audit.parquet, where the run's report plots it
   --load a.npz,b.npz    matrices written by --save-dir
 
 Each matrix gets --replays task orders shared by every rule (paired differences).
@@ -160,6 +161,8 @@ def main(argv: list[str] | None = None) -> int:
         print(verdict(summary))
         all_matrix += [{"group": group, **r} for r in per_matrix]
         all_summary += [{"group": group, **r} for r in summary]
+    if args.run and not args.parquet:  # where the run's report finds it (milo_ray/ssr/figures.py)
+        args.parquet = os.path.join(args.run, "racing_audit.parquet")
     if args.parquet:
         write_parquet(args.parquet, all_matrix, all_summary)
         print(f"wrote {args.parquet}")

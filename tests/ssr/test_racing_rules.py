@@ -141,3 +141,13 @@ def test_every_rule_is_selectable_by_name_and_the_gate_is_validated():
         SSRConfig(replace_alpha=0.9)
     with pytest.raises(ValueError, match="paired alpha"):
         SSRConfig(racing={"_target_": "milo_ray.ssr.racing.PairedElimination", "alpha": 2.0})
+
+
+def test_halving_keeps_half_the_generated_children_each_stage():
+    race = _race(RACING_RULES.resolve("halving", key="k"), m=12, cfg=RaceConfig(4, (2,), 0, 0, 1))
+    kept = []
+    while (req := race.next_stage()) is not None:
+        rep = race.record([(h, t, i, 0.0 if h == "parent" else int(h[1:]) / 12) for h, t, i in req.runs])
+        kept.append(len(rep.survivors))
+    assert kept == [6, 3, 2, 2]  # ⌈12/2⌉, ⌈12/4⌉, ⌈12/8⌉; the last stage eliminates no one
+    assert {c.harness_id for c in race.active} == {"c10", "c11"}
