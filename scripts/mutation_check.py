@@ -190,7 +190,7 @@ MUTATIONS: tuple[Mutation, ...] = (
         "the best child replaces the parent without a strictly higher score",
     ),
     Mutation(
-        "elimination-off", "milo_ray/ssr/racing.py",
+        "elimination-off", "milo_ray/ssr/racing_rules.py",
         "        return keep_count(generated, stages, stage)", "        return active",
         ("tests/ssr/test_racing.py",),
         "successive halving keeps every child after an intermediate stage",
@@ -202,19 +202,19 @@ MUTATIONS: tuple[Mutation, ...] = (
         "the paired rule runs a further block the remaining budget cannot cover",
     ),
     Mutation(
-        "paired-never-eliminates", "milo_ray/ssr/racing.py",
+        "paired-never-eliminates", "milo_ray/ssr/racing_rules.py",
         "worse = t < -t_critical(self.alpha, n)", "worse = t < -np.inf",
         ("tests/ssr/test_racing_rules.py",),
         "the paired rule keeps a clearly dominated child",
     ),
     Mutation(
-        "paired-never-settles", "milo_ray/ssr/racing.py",
+        "paired-never-settles", "milo_ray/ssr/racing_rules.py",
         "return RuleDecision(keep, stop=len(keep) == 1)", "return RuleDecision(keep, stop=False)",
         ("tests/ssr/test_racing_rules.py",),
         "the paired rule keeps racing one child against the parent after the others are out",
     ),
     Mutation(
-        "halving-keeps-all", "milo_ray/ssr/racing.py",
+        "halving-keeps-all", "milo_ray/ssr/racing_rules.py",
         "return max(1, -(-generated // (2 ** stage)))", "return generated",
         ("tests/ssr/test_racing_rules.py",),
         "the K-stage halving schedule eliminates no one",
