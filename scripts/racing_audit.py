@@ -1,17 +1,31 @@
-"""Racing cost-quality audit (SSR §6.5): Racing vs Uniform-Subset selection on a
-fixed reward matrix, at validation budgets of 20-60% of the full-matrix cost.
+"""Racing cost-quality audit (SSR §6.5): every racing rule against the uniform subset on
+fixed reward matrices, scored by true quality, at 20/40/60% of the full-matrix cost.
 
-Matrix sources:
-  --run RUN_DIR        a run's Parquet ``rollouts`` table (largest complete sub-matrix)
-  --generate           the surrogate: 12 children (3 per RER scale) of one parent,
-                       every harness run R times on the audit tasks (default): the val
-                       split, disjoint from the candidate-generation (train) and test
-                       tasks as in the paper (a split overlapping them is refused)
+Matrix sources (one audit pools all the matrices it is given):
+  --generate (default)  the surrogate, one matrix per --seeds entry: the SSR experiment's
+                        parent (stock, calibrated to stock) and 12 children (3 per RER
+                        scale) run R=2 times on the preset's 160-task audit split
+                        (disjoint from train, val and test); truth = each harness's exact
+                        expected score on the test split
+  --regimes a,b         synthetic matrices with a documented generator and known truth
+                        (milo_ray/ssr/audit_regimes.py), one per seed, per regime
+  --run RUN_DIR         a run's Parquet rollouts table (largest complete sub-matrix),
+                        scored by the run's other executions of the same harnesses
+                        (--held-out-split, never the selection cells); the table goes
+                        to RUN_DIR/racing_audit.parquet, where the run's report plots it
+  --load a.npz,b.npz    matrices written by --save-dir
+
+Each matrix gets --replays task orders shared by every rule (paired differences).
+The table gives true regret in points (mean ± SE across matrices), the paired
+difference to the uniform subset (± SE across matrices), the in-sample regret
+(selection scored on the matrix itself, labelled), actual spend, how often the truly
+best child survives to the decision, and how often the pick is truly worse than the
+parent. --parquet writes the same rows (per matrix and summary).
 
 Examples:
-  python scripts/racing_audit.py --generate --preset surrogate_swepro --replays 3
-  python scripts/racing_audit.py --run runs/2026-01-01_12-00-00 --rollouts 2
-  python scripts/racing_audit.py --generate --save m.npz && python scripts/racing_audit.py --load m.npz --replays 20
+  python scripts/racing_audit.py --seeds 0-4 --save-dir audit_matrices --parquet racing_audit.parquet
+  python scripts/racing_audit.py --regimes near_tied,surrogate_like,wide,bimodal --seeds 0-9
+  python scripts/racing_audit.py --run runs/2026-01-01_12-00-00 --held-out-split test
 """
 
 from __future__ import annotations
@@ -21,79 +35,137 @@ import os
 import shlex
 import sys
 import tempfile
+import time
+from typing import Any
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
 
+def _seeds(text: str) -> list[int]:
+    out: list[int] = []
+    for part in text.split(","):
+        a, _, b = part.partition("-")
+        out += list(range(int(a), int(b) + 1)) if b else [int(a)]
+    return out
+
+
+def _generate(args, seeds):
+    from milo_ray.agents.embedder import SentenceTransformerEmbedder
+    from milo_ray.agents.judges.offline import OfflineJudge
+    from milo_ray.agents.mutators.offline import OfflineCandidateOptimizer
+    from milo_ray.benchmarks.surrogate import SurrogateBenchmark
+    from milo_ray.ssr.audit import generate_surrogate_matrix
+
+    embedder = SentenceTransformerEmbedder(args.embedder)
+    for seed in seeds:
+        bench = SurrogateBenchmark(preset=args.preset, seed=seed, calibrate_to=args.calibrate_to or None,
+                                   audit_split=True)
+        parent = next((h for h in bench.seed_harnesses() if h.name == args.parent), None) if args.parent else None
+        if args.parent and parent is None:
+            raise ValueError(f"--parent {args.parent!r}: not a seed harness of {args.preset}")
+        with tempfile.TemporaryDirectory() as tmp:
+            m = generate_surrogate_matrix(bench, executor=bench.executor_config(), optimizer=OfflineCandidateOptimizer(),
+                                          judge=OfflineJudge(), embedder=embedder, workdir=tmp,
+                                          per_scale=args.per_scale, rollouts=args.rollouts, seed=seed, parent=parent,
+                                          audit_splits=tuple(args.audit_splits.split(",")) if args.audit_splits else None)
+        yield f"{args.preset}-seed{seed}", m
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     src = p.add_mutually_exclusive_group()
+    src.add_argument("--generate", action="store_true", help="generate matrices on the surrogate (default)")
+    src.add_argument("--regimes", default=None, help="synthetic regimes (comma-separated; see audit_regimes.py)")
     src.add_argument("--run", help="run directory whose rollouts table holds the matrix")
-    src.add_argument("--generate", action="store_true", help="generate the matrix on the surrogate (default)")
+    src.add_argument("--load", default=None, help="comma-separated .npz matrices written by --save-dir")
     p.add_argument("--preset", default="surrogate_swepro")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--calibrate-to", default="stock", help="surrogate calibration seed ('' = best seed)")
+    p.add_argument("--parent", default="stock", help="parent seed harness (generate; '' = the first seed)")
+    p.add_argument("--seeds", default="0-4", help="matrix seeds, e.g. 0-4 or 0,3,7")
     p.add_argument("--per-scale", type=int, default=3, help="children per evidence scale (generate)")
     p.add_argument("--rollouts", type=int, default=2, help="R rollouts per (harness, task)")
+    p.add_argument("--audit-splits", default=None, help="splits the matrix runs on (generate; default: audit)")
     p.add_argument("--split", default=None, help="only rollouts of this split (--run)")
-    p.add_argument("--parent", default=None, help="parent harness id (--run; default: most complete)")
+    p.add_argument("--parent-id", default=None, help="parent harness id (--run; default: most complete)")
+    p.add_argument("--held-out-split", default=None, help="split whose rollouts score the selections (--run)")
     p.add_argument("--min-tasks", type=int, default=10)
-    p.add_argument("--replays", type=int, default=3, help="task-order replays per budget level")
-    p.add_argument("--stages", type=int, default=2)
-    p.add_argument("--budgets", default="0.2,0.3,0.4,0.5,0.6", help="fractions of the full-matrix cost")
+    p.add_argument("--replays", type=int, default=500, help="task-order replays per matrix (>= 500 for a report)")
+    p.add_argument("--budgets", default="0.2,0.4,0.6", help="fractions of the full-matrix cost")
+    p.add_argument("--paired-alpha", type=float, default=0.05)
+    p.add_argument("--paired-block", type=int, default=5, help="paired: tasks per stage")
+    p.add_argument("--gate-alpha", type=float, default=0.1, help="the gated rule's parent-replacement level")
     p.add_argument("--embedder", default="packaged", help="sentence-transformers model (generate)")
-    p.add_argument("--audit-splits", default="val",
-                   help="comma-separated splits the matrix runs on (generate); disjoint from train and test")
-    p.add_argument("--save", default=None, help="write the matrix to this .npz file")
-    p.add_argument("--load", default=None, help="read the matrix from a .npz file written by --save")
+    p.add_argument("--save-dir", default=None, help="write each matrix to DIR/<name>.npz")
+    p.add_argument("--parquet", default=None, help="write the per-matrix and summary rows to this Parquet file")
     args = p.parse_args(argv)
     print(f"command: python scripts/racing_audit.py {shlex.join(sys.argv[1:] if argv is None else argv)}")
 
-    from milo_ray.ssr.audit import audit, format_table, generate_surrogate_matrix, matrix_from_rollouts
+    from milo_ray.ssr.audit import RewardMatrix, held_out_from_rollouts, matrix_from_rollouts
+    from milo_ray.ssr.audit_replay import RuleSpec
+    from milo_ray.ssr.audit_table import (audit_matrix, format_spreads, format_table, summarize, verdict,
+                                          write_parquet)
 
+    seeds = _seeds(args.seeds)
+    groups: list[tuple[str, Any]]  # one table per group (a regime, or the matrices given)
     if args.load:
-        import numpy as np
+        matrices = ((os.path.basename(f).removesuffix(".npz"), RewardMatrix.load(f)) for f in args.load.split(","))
+    elif args.regimes:
+        from milo_ray.ssr.audit_regimes import synthetic_matrix
 
-        from milo_ray.ssr.audit import RewardMatrix
+        def regime(r: str):  # binds r now: a generator expression would read it when consumed
+            return ((f"{r}-seed{s}", synthetic_matrix(r, seed=s, rollouts=args.rollouts)) for s in seeds)
 
-        z = np.load(args.load)
-        m = RewardMatrix(tuple(z["harness_ids"].tolist()), tuple(z["task_ids"].tolist()), z["rewards"],
-                         tuple(int(x) for x in z["diff_sizes"]))
+        groups = [(r, regime(r)) for r in args.regimes.split(",")]
     elif args.run:
         import pyarrow.dataset as ds
 
         rows = ds.dataset(os.path.join(args.run, "rollouts"), format="parquet").to_table().to_pylist()
-        m = matrix_from_rollouts(rows, rollouts=args.rollouts, parent=args.parent, split=args.split,
+        m = matrix_from_rollouts(rows, rollouts=args.rollouts, parent=args.parent_id, split=args.split,
                                  min_tasks=args.min_tasks)
+        matrices = iter([(os.path.basename(os.path.normpath(args.run)),
+                          held_out_from_rollouts(m, rows, split=args.held_out_split))])
     else:
-        from milo_ray.agents.embedder import SentenceTransformerEmbedder
-        from milo_ray.agents.judges.offline import OfflineJudge
-        from milo_ray.agents.mutators.offline import OfflineCandidateOptimizer
-        from milo_ray.benchmarks.surrogate import SurrogateBenchmark
-
-        bench = SurrogateBenchmark(preset=args.preset, seed=args.seed)
-        with tempfile.TemporaryDirectory() as tmp:
-            try:
-                m = generate_surrogate_matrix(bench, executor=bench.executor_config(),
-                                              optimizer=OfflineCandidateOptimizer(), judge=OfflineJudge(),
-                                              embedder=SentenceTransformerEmbedder(args.embedder), workdir=tmp,
-                                              per_scale=args.per_scale, rollouts=args.rollouts, seed=args.seed,
-                                              audit_splits=tuple(args.audit_splits.split(",")))
-            except ValueError as exc:
-                print(f"error: {exc}", file=sys.stderr)
-                return 2
-    if args.save:
-        import numpy as np
-
-        np.savez(args.save, harness_ids=np.array(m.harness_ids), task_ids=np.array(m.task_ids), rewards=m.rewards,
-                 diff_sizes=np.array(m.diff_sizes or (0,) * len(m.harness_ids)))
-    q = m.quality()
-    print(f"matrix: {len(m.harness_ids)} harnesses (parent + {len(m.harness_ids) - 1} children) x "
-          f"{len(m.task_ids)} tasks x {m.rewards.shape[2]} rollouts = {m.full_cost} executions")
-    print(f"full-matrix quality: parent {q[0]:.4f}, best {q.max():.4f}, children mean {q[1:].mean():.4f}")
+        matrices = _generate(args, seeds)
+    if not args.regimes:
+        groups = [(args.load or args.run or args.preset, matrices)]
+    rules = (RuleSpec("uniform", "uniform", stages=1),
+             RuleSpec("successive_halving", "successive_halving", stages=2),
+             RuleSpec("halving_k4", "halving", stages=4),
+             RuleSpec("paired", "paired", block=args.paired_block, alpha=args.paired_alpha),
+             RuleSpec("successive_halving+gate", "successive_halving", stages=2, replace_alpha=args.gate_alpha))
     fractions = [float(x) for x in args.budgets.split(",")]
-    print(format_table(audit(m, fractions, replays=args.replays, stages=args.stages, seed=args.seed)))
+    all_matrix, all_summary = [], []
+    for group, matrices in groups:
+        per_matrix = []
+        t0 = time.perf_counter()
+        try:
+            for k, (name, m) in enumerate(matrices):
+                if args.save_dir:
+                    os.makedirs(args.save_dir, exist_ok=True)
+                    m.save(os.path.join(args.save_dir, f"{name}.npz"))
+                per_matrix += audit_matrix(m, fractions=fractions, rules=rules, replays=args.replays, seed=k,
+                                           label=name)
+        except ValueError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+        summary = summarize(per_matrix)
+        n = len({r["matrix"] for r in per_matrix})
+        print(f"\n== {group}: {n} matrices, {args.replays} task-order replays each "
+              f"({time.perf_counter() - t0:.1f} s incl. generation)")
+        print(format_spreads(per_matrix))
+        print("true regret in points (mean ± SE across matrices); '- uniform': paired difference to the uniform "
+              "subset at the same budget; in-sample: the same selections scored on the matrix itself")
+        print(format_table(summary))
+        print(verdict(summary))
+        all_matrix += [{"group": group, **r} for r in per_matrix]
+        all_summary += [{"group": group, **r} for r in summary]
+    if args.run and not args.parquet:  # where the run's report finds it (milo_ray/ssr/figures.py)
+        args.parquet = os.path.join(args.run, "racing_audit.parquet")
+    if args.parquet:
+        write_parquet(args.parquet, all_matrix, all_summary)
+        print(f"wrote {args.parquet}")
     return 0
 
 

@@ -46,10 +46,12 @@ class SurrogateBenchmark(SplitTasks):
     or an ambiguous, failure mode than the one that occurred (scores are unaffected).
     calibrate_to: the seed harness whose test resolve rate calibration puts at the
     preset's target (None: the best seed).
+    audit_split: also expose the preset's ``audit`` split (160 tasks disjoint from every
+    other split, for the racing audit); off for runs, whose splits stay the paper's.
     """
 
     def __init__(self, preset: str = "surrogate_swepro", seed: int = 0, label_noise: float = 0.1,
-                 calibrate_to: str | None = None) -> None:
+                 calibrate_to: str | None = None, audit_split: bool = False) -> None:
         if not 0.0 <= float(label_noise) <= 1.0:
             raise ValueError(f"label_noise: must be in [0, 1], got {label_noise}")
         self.preset: Preset = get_preset(preset)
@@ -58,7 +60,8 @@ class SurrogateBenchmark(SplitTasks):
         self.seed = int(seed)
         self.label_noise = float(label_noise)
         self.calibrate_to = calibrate_to
-        self.offset, self._splits = calibrated_tasks(preset, self.seed, calibrate_to)
+        self.audit_split = bool(audit_split)
+        self.offset, self._splits = calibrated_tasks(preset, self.seed, calibrate_to, self.audit_split)
         self._by_id: dict[str, Task] = {}
         for split in self._splits.values():  # first split wins: search/train copy over test copy
             for t in split:

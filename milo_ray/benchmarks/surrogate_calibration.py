@@ -81,12 +81,13 @@ def calibrate_offset(preset_name: str, seed: int, calibrate_to: str | None = Non
 
 
 @lru_cache(maxsize=16)
-def calibrated_tasks(preset_name: str, seed: int,
-                     calibrate_to: str | None = None) -> tuple[float, dict[str, tuple[Task, ...]]]:
-    """(offset, splits) with ``base_logits`` in every task's metadata."""
+def calibrated_tasks(preset_name: str, seed: int, calibrate_to: str | None = None,
+                     audit: bool = False) -> tuple[float, dict[str, tuple[Task, ...]]]:
+    """(offset, splits) with ``base_logits`` in every task's metadata; ``audit`` adds the
+    preset's audit split (the offset is solved on the test split either way)."""
     preset = get_preset(preset_name)
     offset = calibrate_offset(preset_name, seed, calibrate_to)
-    raw = generate_tasks(preset, seed)
+    raw = generate_tasks(preset, seed, preset.audit_tasks if audit else 0)
     raw = [dataclasses.replace(t, metadata={**t.metadata, "base_logits": [float(x) for x in base_logits(t.metadata, offset)]})
            for t in raw]
     return offset, {k: tuple(v) for k, v in assign_splits(preset, raw, seed).items()}

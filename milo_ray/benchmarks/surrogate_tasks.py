@@ -12,6 +12,13 @@ distinct per task. The presets mirror the split sizes of the papers' benchmarks:
   held-out monitor), ``test`` = all 89 tasks, because the paper reports the full
   benchmark. A test task shares its task_id (and cached rollouts) with its copy in
   search/val.
+
+Every preset also has an ``audit`` split of 160 further tasks (papers/002 §6.5: the
+racing audit's matrix is 160 tasks disjoint from candidate generation and test), drawn
+from the same task distribution *after* the pool, so the pool, its splits and the
+calibration are the same with or without it. It is exposed only when asked for
+(``SurrogateBenchmark(audit_split=True)``, as ``scripts/racing_audit.py`` does), so
+runs that walk every split never see it.
 """
 
 from __future__ import annotations
@@ -52,6 +59,7 @@ class Preset:
     concentration: float = 4.0
     difficulty_sd: float = 1.0
     full_test: bool = False  # test = every task (Terminal-Bench) instead of a disjoint split
+    audit_tasks: int = 160  # the racing audit's split, generated after the pool
     seed_names: tuple[str, ...] = ("minimal", "stock", "division_of_labor", "plan_and_solve", "reproduce_first")
     extra: dict = field(default_factory=dict)
 
@@ -115,8 +123,11 @@ def _instruction(rng: np.random.Generator, i: int, n_tests: int) -> str:
             f"the grader runs hidden tests against the final state of the environment.")
 
 
-def generate_tasks(preset: Preset, seed: int) -> list[Task]:
-    """The preset's task pool (no splits assigned yet: ``split=''``), deterministic in seed.
+def generate_tasks(preset: Preset, seed: int, extra: int = 0) -> list[Task]:
+    """The preset's task pool (no splits assigned yet: ``split=''``), deterministic in seed,
+    followed by ``extra`` further tasks of the same distribution (the audit split). The
+    tasks are drawn one after another from one stream, so the first ``n_tasks`` do not
+    depend on ``extra``.
 
     Metadata (read by the surrogate executor only): difficulty, propensity (list over
     FAILURE_MODES), n_tests, tokens (nominal output tokens), seconds (nominal agent seconds).
@@ -125,7 +136,7 @@ def generate_tasks(preset: Preset, seed: int) -> list[Task]:
     prior = np.asarray(preset.mode_prior, dtype=float)
     prior = prior / prior.sum()
     tasks = []
-    for i in range(preset.n_tasks):
+    for i in range(preset.n_tasks + int(extra)):
         difficulty = float(rng.normal(0.0, preset.difficulty_sd))
         propensity = rng.dirichlet(preset.concentration * prior * M)
         lo, hi = preset.tests_range
@@ -146,7 +157,10 @@ def generate_tasks(preset: Preset, seed: int) -> list[Task]:
 
 
 def assign_splits(preset: Preset, tasks: list[Task], seed: int) -> dict[str, list[Task]]:
-    """Seeded split assignment; with ``full_test`` the test split is the whole pool."""
+    """Seeded split assignment; with ``full_test`` the test split is the whole pool. Tasks
+    past the pool's ``n_tasks`` (from ``generate_tasks(extra=...)``) form the ``audit``
+    split, outside every other split."""
+    tasks, beyond = tasks[: preset.n_tasks], tasks[preset.n_tasks:]
     rng = preset_rng(preset.name, seed, "splits")
     order = rng.permutation(len(tasks))
     out: dict[str, list[Task]] = {}
@@ -160,4 +174,6 @@ def assign_splits(preset: Preset, tasks: list[Task], seed: int) -> dict[str, lis
         out[name] = [dataclasses.replace(tasks[i], split=name) for i in idx]
     if at > len(tasks):
         raise ValueError(f"preset {preset.name}: splits {preset.splits} need {at} tasks, pool has {len(tasks)}")
+    if beyond:
+        out["audit"] = [dataclasses.replace(t, split="audit") for t in beyond]
     return out

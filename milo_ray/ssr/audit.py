@@ -1,42 +1,74 @@
-"""Racing cost–quality audit (SSR §6.5): replay selection on a fixed reward matrix.
+"""Racing audit (SSR §6.5): the fixed reward matrix, the truth it is scored against, and
+the matrix generator.
 
-Given a complete matrix of rewards (harnesses × tasks × rollouts) — one parent and
-its children — the audit replays two selection rules at several validation-budget
-levels (fractions of the full-matrix cost H·T·R), over several task-order replays:
-
-* **Racing**: the ``Race`` decision object (successive halving, protected parent)
-  with every audit task in the validation pool; the per-stage batch size b_v is the
-  largest that keeps the whole race within the budget given the elimination quotas.
-* **Uniform subset**: every harness runs the same uniformly drawn task subset of the
-  size the budget allows (``UniformRace`` with one stage), then the same selection
-  rule (best child, replaces the parent only on a strictly higher score).
-
-Quality of a selection is the selected harness's mean over the *full* matrix; the
-reference is the full-matrix best. Rewards come from the matrix, never from new
-executions, so the audit works on any run's ``rollouts`` table.
+A ``RewardMatrix`` holds rewards[h, t, i] of one parent (harness 0) and its children on
+the audit tasks; the replays (:mod:`milo_ray.ssr.audit_replay`) select from it. What a
+selection is *worth* never comes from the cells that chose it: ``truth`` is each
+harness's exact expected quality where the benchmark has ground truth (the surrogate:
+its expectation on the test split), or its mean over fresh held-out executions
+(:class:`HeldOut`: other tasks or rollout indices, checked disjoint from the selection
+cells). The in-sample matrix mean (:meth:`RewardMatrix.quality`) is reported beside it,
+labelled as such: on 20 tasks the harness that looks best on the matrix is rarely the
+truly best one.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Iterable, Sequence
 
 import numpy as np
 
 from milo_ray.core.seeds import derive_seed
 from milo_ray.harness.diff import diff
 from milo_ray.harness.validate import forbidden_fragments_for, validate
-from milo_ray.ssr.racing import Race, RaceCandidate, RaceConfig, UniformRace, keep_count
+
+Cell = tuple[str, str, int]  # (harness_id, task_id, rollout_idx)
+
+
+@dataclass(frozen=True)
+class HeldOut:
+    """Held-out quality: per harness, the mean over its held-out executions (each task's
+    rollouts averaged first), with the cells they came from so that
+    :meth:`RewardMatrix.check_truth` can refuse any overlap with the selection cells."""
+
+    values: tuple[float, ...]
+    cells: frozenset[Cell]
+
+    @classmethod
+    def from_results(cls, harness_ids: Sequence[str], results: Iterable[tuple[str, str, int, float]]) -> "HeldOut":
+        by: dict[str, dict[str, list[float]]] = {h: {} for h in harness_ids}
+        cells: set[Cell] = set()
+        for h, t, i, s in results:
+            if h in by:
+                by[h].setdefault(t, []).append(float(s))
+                cells.add((h, t, int(i)))
+        missing = [h for h, tasks in by.items() if not tasks]
+        if missing:
+            raise ValueError(f"held-out scoring: no held-out executions for {missing[:3]}; run every harness "
+                             f"on the held-out tasks (e.g. the test split) first")
+        return cls(tuple(float(np.mean([np.mean(v) for v in by[h].values()])) for h in harness_ids), frozenset(cells))
 
 
 @dataclass(frozen=True)
 class RewardMatrix:
-    """rewards[h, t, i] for harness_ids[h], task_ids[t], rollout i; harness 0 is the parent."""
+    """rewards[h, t, i] for harness_ids[h], task_ids[t], rollout i; harness 0 is the parent.
+
+    truth: per-harness quality the selections are scored by (None: none known; the audit
+    then refuses to report regret). truth_source says where it came from
+    (``exact:<split>`` or ``held-out:<what>``). held_out: the held-out cells when truth is
+    a held-out mean. cells: the (harness, task, rollout index) of every reward when the
+    indices are not 0..R−1 (a run's rollouts table).
+    """
 
     harness_ids: tuple[str, ...]
     task_ids: tuple[str, ...]
     rewards: np.ndarray
     diff_sizes: tuple[int, ...] = ()
+    truth: tuple[float, ...] | None = None
+    truth_source: str = ""
+    held_out: HeldOut | None = None
+    cells: frozenset[Cell] | None = None
 
     def __post_init__(self) -> None:
         if self.rewards.shape[:2] != (len(self.harness_ids), len(self.task_ids)) or self.rewards.ndim != 3:
@@ -44,13 +76,58 @@ class RewardMatrix:
                              f"{len(self.harness_ids)} harnesses × {len(self.task_ids)} tasks × R")
         if len(self.harness_ids) < 2:
             raise ValueError("RewardMatrix: need a parent and at least one child")
+        if self.truth is not None and len(self.truth) != len(self.harness_ids):
+            raise ValueError(f"RewardMatrix: truth has {len(self.truth)} values for {len(self.harness_ids)} harnesses")
+        if self.held_out is not None:
+            self.check_truth(self.held_out)
 
     @property
     def full_cost(self) -> int:
         return int(self.rewards.size)
 
     def quality(self) -> np.ndarray:
+        """In-sample: each harness's mean over the whole matrix (the cells selection sees)."""
         return self.rewards.mean(axis=(1, 2))
+
+    def selection_cells(self) -> set[Cell]:
+        if self.cells is not None:
+            return set(self.cells)
+        R = self.rewards.shape[2]
+        return {(h, t, i) for h in self.harness_ids for t in self.task_ids for i in range(R)}
+
+    def check_truth(self, held_out: HeldOut) -> None:
+        """``ValueError`` when a held-out cell is one the selection could see."""
+        shared = held_out.cells & self.selection_cells()
+        if shared:
+            raise ValueError(f"held-out scoring: {len(shared)} held-out executions are selection cells of the "
+                             f"matrix (e.g. {sorted(shared)[0]}); score on other tasks or rollout indices")
+
+    def with_truth(self, truth: Sequence[float] | HeldOut, source: str) -> "RewardMatrix":
+        from dataclasses import replace
+
+        if isinstance(truth, HeldOut):
+            return replace(self, truth=truth.values, truth_source=source, held_out=truth)
+        return replace(self, truth=tuple(float(x) for x in truth), truth_source=source, held_out=None)
+
+    def true_values(self) -> np.ndarray:
+        if self.truth is None:
+            raise ValueError("RewardMatrix: no truth (exact quality or held-out executions) to score selections "
+                             "by; generate on a benchmark with ground truth or give held-out rollouts")
+        return np.asarray(self.truth, dtype=float)
+
+    def save(self, path: Any) -> None:
+        np.savez(path, harness_ids=np.array(self.harness_ids), task_ids=np.array(self.task_ids), rewards=self.rewards,
+                 diff_sizes=np.array(self.diff_sizes or (0,) * len(self.harness_ids)),
+                 truth=np.array(self.truth if self.truth is not None else [], dtype=float),
+                 truth_source=np.array(self.truth_source))
+
+    @classmethod
+    def load(cls, path: Any) -> "RewardMatrix":
+        z = np.load(path)
+        truth = z["truth"].tolist() if "truth" in z and z["truth"].size else None
+        return cls(tuple(z["harness_ids"].tolist()), tuple(z["task_ids"].tolist()), z["rewards"],
+                   tuple(int(x) for x in z["diff_sizes"]), None if truth is None else tuple(truth),
+                   str(z["truth_source"]) if "truth_source" in z else "")
 
 
 def matrix_from_rollouts(rows: Sequence[dict[str, Any]], *, rollouts: int = 2, parent: str | None = None,
@@ -87,76 +164,10 @@ def matrix_from_rollouts(rows: Sequence[dict[str, Any]], *, rollouts: int = 2, p
                          "run the candidates on a shared task set (e.g. scripts/racing_audit.py --generate)")
     chosen = [parent] + [h for h in chosen if h != parent]
     tasks = sorted(common)
-    R = np.array([[[cells[(h, t)][i] for i in sorted(cells[(h, t)])[:rollouts]] for t in tasks] for h in chosen])
-    return RewardMatrix(tuple(chosen), tuple(tasks), R)
-
-
-def _candidates(m: RewardMatrix) -> list[RaceCandidate]:
-    sizes = m.diff_sizes or (0,) * len(m.harness_ids)
-    return [RaceCandidate(h, i - 1, (), int(sizes[i])) for i, h in enumerate(m.harness_ids) if i > 0]
-
-
-def racing_batch_size(m: RewardMatrix, budget: int, stages: int) -> int:
-    """Largest per-stage batch b with R·Σ_r (n_{r-1} + 1)·b ≤ budget."""
-    M, R = len(m.harness_ids) - 1, m.rewards.shape[2]
-    active = [M] + [keep_count(M, stages, r) for r in range(1, stages)]
-    per_task = R * sum(a + 1 for a in active)
-    return max(0, budget // per_task)
-
-
-def _reward_fn(m: RewardMatrix):
-    hi = {h: i for i, h in enumerate(m.harness_ids)}
-    ti = {t: i for i, t in enumerate(m.task_ids)}
-    return lambda h, t, i: float(m.rewards[hi[h], ti[t], i])
-
-
-def replay(m: RewardMatrix, fraction: float, rule: str, *, stages: int = 2, seed: int = 0) -> dict[str, Any]:
-    """One replay of ``rule`` ('racing' or 'uniform') at ``fraction`` of the full cost."""
-    R = m.rewards.shape[2]
-    budget = int(fraction * m.full_cost)
-    rng = np.random.default_rng(seed)
-    if rule == "racing":
-        b = racing_batch_size(m, budget, stages)
-        cfg = RaceConfig(stages, (b,), 0, 0, R)
-        race: Race = Race(m.harness_ids[0], _candidates(m), order=[], parent_success=[], parent_failure=[],
-                          validation=list(m.task_ids), config=cfg, rng=rng)
-    elif rule == "uniform":
-        b = budget // (R * len(m.harness_ids))
-        cfg = RaceConfig(1, (b,), 0, 0, R)
-        race = UniformRace(m.harness_ids[0], _candidates(m), order=[], parent_success=[], parent_failure=[],
-                           validation=list(m.task_ids), config=cfg, rng=rng)
-    else:
-        raise ValueError(f"rule={rule!r}; choose racing or uniform")
-    out = race.run(_reward_fn(m), remaining_budget=budget)
-    q = m.quality()
-    return {"rule": rule, "fraction": fraction, "batch": b, "selected": out.selected,
-            "selected_quality": float(q[m.harness_ids.index(out.selected)]), "executions": out.executions}
-
-
-def audit(m: RewardMatrix, fractions: Sequence[float] = (0.2, 0.3, 0.4, 0.5, 0.6), *, replays: int = 3,
-          stages: int = 2, seed: int = 0) -> list[dict[str, Any]]:
-    """Mean over ``replays`` task orders of each rule at each budget level."""
-    q = m.quality()
-    best = float(q.max())
-    rows = []
-    for f in fractions:
-        for rule in ("racing", "uniform"):
-            reps = [replay(m, f, rule, stages=stages, seed=seed + k) for k in range(replays)]
-            sel = float(np.mean([r["selected_quality"] for r in reps]))
-            rows.append({"fraction": f, "rule": rule, "batch": reps[0]["batch"], "selected_quality": sel,
-                         "full_matrix_best": best, "gap": best - sel, "parent_quality": float(q[0]),
-                         "executions": float(np.mean([r["executions"] for r in reps])),
-                         "cost_fraction": float(np.mean([r["executions"] for r in reps])) / m.full_cost})
-    return rows
-
-
-def format_table(rows: Sequence[dict[str, Any]]) -> str:
-    head = f"{'budget':>7} {'rule':>8} {'b/stage':>7} {'selected':>9} {'best':>7} {'gap':>7} {'execs':>8} {'cost':>6}"
-    lines = [head, "-" * len(head)]
-    for r in rows:
-        lines.append(f"{r['fraction']:>7.0%} {r['rule']:>8} {r['batch']:>7d} {r['selected_quality']:>9.4f} "
-                     f"{r['full_matrix_best']:>7.4f} {r['gap']:>7.4f} {r['executions']:>8.0f} {r['cost_fraction']:>6.1%}")
-    return "\n".join(lines)
+    used = {(h, t): sorted(cells[(h, t)])[:rollouts] for h in chosen for t in tasks}
+    R = np.array([[[cells[(h, t)][i] for i in used[(h, t)]] for t in tasks] for h in chosen])
+    return RewardMatrix(tuple(chosen), tuple(tasks), R,
+                        cells=frozenset((h, t, i) for (h, t), idx in used.items() for i in idx))
 
 
 def audit_tasks(benchmark: Any, audit_splits: Sequence[str], *, train_split: str = "train",
@@ -183,20 +194,26 @@ def audit_tasks(benchmark: Any, audit_splits: Sequence[str], *, train_split: str
 
 def generate_surrogate_matrix(benchmark: Any, *, executor: Any, optimizer: Any, judge: Any, embedder: Any,
                               workdir: Any, per_scale: int = 3, scales: Sequence[float] = (0.25, 0.5, 0.75, 1.0),
-                              audit_splits: Sequence[str] = ("val",), rollouts: int = 2, seed: int = 0,
-                              parent: Any = None) -> RewardMatrix:
+                              audit_splits: Sequence[str] | None = None, rollouts: int = 2, seed: int = 0,
+                              parent: Any = None, truth_split: str = "test",
+                              held_out_rollouts: int = 2) -> RewardMatrix:
     """Build the audit's fixed matrix on a benchmark (offline: the surrogate).
 
     The parent (default: the first seed harness) runs once on every training task;
     the judge, embedder and RER ordering give the nested prefixes; ``per_scale``
     children per scale are independent optimizer edits (distinct derived seeds), as in
     the paper's 12-candidate audit. Parent and children then run ``rollouts`` times on
-    every task of ``audit_splits`` (default: the validation split; disjoint from the
-    training evidence and the test split, see :func:`audit_tasks`), executed in this
+    every task of ``audit_splits`` (default: the benchmark's ``audit`` split when it has
+    one, else its validation split; disjoint from the training evidence and the test
+    split, see :func:`audit_tasks`), executed in this
     process by ``executor`` (an executor, or the ``_target_`` spec of one, e.g. the
     surrogate's ``benchmark.executor_config()``). Invalid or duplicate children are
     dropped and replaced by further seeds (up to 3·per_scale tries per scale), so a
     scale may end up with fewer children when the optimizer keeps repeating itself.
+
+    Truth: with ground truth (``benchmark.true_quality``) each harness's exact expected
+    score on ``truth_split``; otherwise ``held_out_rollouts`` fresh executions per task
+    of ``truth_split`` with rollout indices after the matrix's, never a selection cell.
     """
     from pathlib import Path
 
@@ -204,6 +221,8 @@ def generate_surrogate_matrix(benchmark: Any, *, executor: Any, optimizer: Any, 
     from milo_ray.execution.workers import build_executor
     from milo_ray.ssr import evidence as ev
 
+    if audit_splits is None:
+        audit_splits = ("audit",) if "audit" in benchmark.splits() else ("val",)
     audit_set = audit_tasks(benchmark, audit_splits)
     executor = build_executor(executor)
     parent = parent or benchmark.seed_harnesses()[0]
@@ -251,5 +270,25 @@ def generate_surrogate_matrix(benchmark: Any, *, executor: Any, optimizer: Any, 
     harnesses = [parent] + children
     R = np.array([[[executor.execute(h, t, i, seed).score for i in range(rollouts)] for t in audit_set]
                   for h in harnesses])
-    return RewardMatrix(tuple(h.harness_id for h in harnesses), tuple(t.task_id for t in audit_set), R,
-                        (0,) + tuple(sizes))
+    m = RewardMatrix(tuple(h.harness_id for h in harnesses), tuple(t.task_id for t in audit_set), R,
+                     (0,) + tuple(sizes))
+    if callable(getattr(benchmark, "true_quality", None)):
+        exact = [benchmark.true_quality(h, truth_split)["score"] for h in harnesses]
+        return m.with_truth(exact, f"exact:{truth_split}")
+    fresh = range(rollouts, rollouts + held_out_rollouts)  # indices the matrix never used
+    runs = [(h.harness_id, t.task_id, i, executor.execute(h, t, i, seed).score)
+            for h in harnesses for t in benchmark.tasks(truth_split) for i in fresh]
+    return m.with_truth(HeldOut.from_results(m.harness_ids, runs),
+                        f"held-out:{truth_split} x{held_out_rollouts} rollouts")
+
+
+def held_out_from_rollouts(m: RewardMatrix, rows: Sequence[dict[str, Any]], *,
+                           split: str | None = None) -> RewardMatrix:
+    """``m`` scored by a run's other executions of its harnesses: every row of a
+    ``rollouts`` table (of ``split``, when given) that is not a selection cell (other
+    tasks, or the same tasks at other rollout indices)."""
+    picked = m.selection_cells()
+    runs = [(r["harness_id"], r["task_id"], int(r["rollout_idx"]), float(r["score"])) for r in rows
+            if (split is None or r.get("split") == split)
+            and (r["harness_id"], r["task_id"], int(r["rollout_idx"])) not in picked]
+    return m.with_truth(HeldOut.from_results(m.harness_ids, runs), f"held-out:{split or 'other cells'}")

@@ -34,13 +34,21 @@ class SSRConfig:
         ``rer`` (submodular quality+coverage greedy), ``random`` (uniform permutation),
         ``quality_only`` (sort by q = a·u) — used for every prefix.
     racing: the racing rule (:class:`~milo_ray.ssr.racing.RacingRule`):
-        ``successive_halving`` (eliminate to n_r after intermediate stages) or
+        ``successive_halving`` (the paper's: keep n_r = M − round(r·M/K) after
+        intermediate stages), ``halving`` (keep ⌈M/2^r⌉: the K-stage halving schedule,
+        e.g. stages=4 for M=12), ``paired`` (drop children significantly worse than the
+        leader on paired per-task differences, stop at one survivor; set stages to the
+        number of task blocks, b_v to the block size; alpha and min_tasks via
+        ``{_target_: milo_ray.ssr.racing.PairedElimination, alpha: 0.05}``) or
         ``uniform`` (same batches, no elimination).
     Each of these three also takes a ``{_target_: ...}`` building another object of its
     protocol; events and the summary record the object's ``name``.
     stages: K; b_v: validation tasks per stage (one entry per stage, or one for all);
     b_s / b_f: parent-success / parent-failure training tasks per stage;
     rollouts: R executions per (harness, task) in racing.
+    replace_alpha: the parent-replacement gate (None: off, the paper's rule): a child
+        replaces the parent only if its paired per-task advantage over the parent is
+        significant at this one-sided level, besides being strictly higher.
     patience: P consecutive rounds without strict improvement stop the run.
     candidate_cap: cap on the total number of children generated over the run (None:
         only budget, deadline and patience stop it).
@@ -75,6 +83,7 @@ class SSRConfig:
     b_s: int = 5
     b_f: int = 5
     rollouts: int = 2
+    replace_alpha: Optional[float] = None
     patience: int = 2
     candidate_cap: Optional[int] = None
     test_rollouts: int = 3
@@ -106,6 +115,8 @@ class SSRConfig:
                 raise ValueError(f"method.{name} must be >= 0, got {getattr(self, name)}")
         if not self.optimizer_time_cap_s > 0:
             raise ValueError(f"method.optimizer_time_cap_s must be > 0 seconds, got {self.optimizer_time_cap_s}")
+        if self.replace_alpha is not None and not 0.0 < float(self.replace_alpha) < 0.5:
+            raise ValueError(f"method.replace_alpha must be in (0, 0.5) or null (off), got {self.replace_alpha}")
         if self.candidate_cap is not None and self.candidate_cap < 1:
             raise ValueError(f"method.candidate_cap must be >= 1 or null, got {self.candidate_cap}")
         return self

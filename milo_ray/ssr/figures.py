@@ -7,11 +7,14 @@ maximized), the race as a bracket (generated candidates, their cumulative stage
 scores, eliminations, the accepted/kept decision), and the execution budget spent
 over wall time. Everything is read from stored events and tables; nothing is
 re-decided here. A run without the data for a figure simply gets no such figure.
+A run directory holding ``racing_audit.parquet`` (``scripts/racing_audit.py --run DIR``
+writes it there) also gets the audit's true regret against budget, per racing rule.
 """
 
 from __future__ import annotations
 
 import math
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -29,7 +32,7 @@ ACCEPT, KEEP, ELIM, PARENT = "#2e7d32", "#616161", "#c62828", "#37474f"
 def figures(res: Any) -> list[Figure]:
     """The SSR figures this run (a ``RunResults`` of an SSR run) has data for."""
     out = []
-    for build in (coverage_figure, bracket_figure, budget_figure):
+    for build in (coverage_figure, bracket_figure, budget_figure, audit_figure):
         fig = build(res)
         if fig is not None:
             out.append(fig)
@@ -365,3 +368,47 @@ def _agent_spend(ax, calls: pd.DataFrame, t0: float, scale: float, t_end: float)
     ax.legend(fontsize=8, frameon=False, loc="upper left", bbox_to_anchor=(1.0, 1.0))
     ax.grid(alpha=0.3)
     _tidy(ax)
+
+
+# ---------------------------------------------------------------------------- audit
+AUDIT_FILE = "racing_audit.parquet"
+
+
+def audit_figure(res: Any) -> Figure | None:
+    """True regret against budget per racing rule with ±1 SE (across matrices) bands,
+    the full matrix and keep-the-parent as reference lines; one panel per audit group."""
+    path = Path(res.run_dir) / AUDIT_FILE
+    if not path.is_file():
+        return None
+    t = pd.read_parquet(path)
+    t = t[t["level"] == "summary"] if "level" in t else t
+    if "group" not in t:
+        t = t.assign(group="")
+    groups = list(dict.fromkeys(t["group"]))
+    fig = MplFigure(figsize=(4.6 * len(groups), 3.6), layout="constrained")
+    axes = fig.subplots(1, len(groups), squeeze=False)[0]
+    refs = {"full_matrix": ("full matrix (100%)", "0.35"), "keep_parent": ("keep parent", PARENT)}
+    for ax, g in zip(axes, groups):
+        sub = t[t["group"] == g]
+        rules = [r for r in dict.fromkeys(sub["rule"]) if r not in ("full_matrix", "keep_parent", "oracle",
+                                                                     "random_child")]
+        for color, rule in zip(_palette(len(rules)), rules):
+            r = sub[sub["rule"] == rule].sort_values("fraction")
+            x, y = 100 * r["fraction"].to_numpy(float), r["regret"].to_numpy(float)
+            se = np.nan_to_num(r["regret_se"].to_numpy(float))
+            ax.plot(x, y, "o-", color=color, lw=1.6, ms=4, label=rule)
+            ax.fill_between(x, y - se, y + se, color=color, alpha=0.15, lw=0)
+        for rule, (label, color) in refs.items():
+            row = sub[sub["rule"] == rule]
+            if len(row):
+                ax.axhline(float(row["regret"].iloc[0]), color=color, ls="--", lw=1, label=label)
+        ax.set_title(str(g), fontsize=9)
+        ax.set_xlabel("budget (% of the full-matrix cost)")
+        ax.grid(alpha=0.3)
+        _tidy(ax)
+    axes[0].set_ylabel("true regret (points)")
+    axes[-1].legend(fontsize=7, frameon=False, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    return Figure("ssr_racing_audit", "Racing audit: true regret against budget",
+                  "Mean true regret of each racing rule's selection (points below the best candidate's true "
+                  "quality) at each budget, with ±1 standard error across matrices; every rule replays the same "
+                  f"task orders. From {AUDIT_FILE} (scripts/racing_audit.py).", fig)

@@ -112,7 +112,7 @@ class _SSRRun:
             raise ValueError(f"ssr: benchmark split {cfg.train_split!r} is empty (method.train_split)")
         self.tasks = {t.task_id: t for split in self.bench.splits().values() for t in split}
         self.race_cfg = RaceConfig(cfg.stages, tuple(cfg.b_v) if not isinstance(cfg.b_v, int) else (cfg.b_v,),
-                                   cfg.b_s, cfg.b_f, cfg.rollouts)
+                                   cfg.b_s, cfg.b_f, cfg.rollouts, cfg.replace_alpha)
         self.cap = getattr(self.sched.budget, "executions", None)
         self.keys: set[str] = set()  # distinct rollouts this run asked for under the budget
         self.out = StoreWriter(self.store, resumed=bool(ctx.resumed))

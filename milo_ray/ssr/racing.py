@@ -19,22 +19,30 @@ Rules (DESIGN §4.3):
 * Every surviving child and the protected parent run every task of B_r R times.
 * Cumulative score = mean reward over every (task, rollout) of P_r = B_1 ∪ … ∪ B_r.
 * After an intermediate stage r < K the racing rule (a ``RacingRule`` object, chosen by
-  ``method.racing``) says how many children stay: successive halving keeps
-  n_r = max(1, M − round(r·M/K)) (round half up), the uniform ablation keeps all.
-  Ranking ties: higher score, fewer diff lines, lower index.
+  ``method.racing``) says which children stay and whether the race stops early:
+  successive halving keeps n_r = max(1, M − round(r·M/K)) (round half up; the paper's),
+  ``halving`` keeps ⌈M/2^r⌉, ``paired`` drops every child significantly worse than the
+  leader on paired per-task differences and stops at one survivor, the uniform
+  ablation keeps all. Ranking ties: higher score, fewer diff lines, lower index.
 * A stage starts only if R·(|A|+1)·|B_r| fits the remaining budget; otherwise the
   race ends and selects on the last completed stage (none → keep the parent).
-* The best surviving child replaces the parent only on a strictly higher score.
+* The best surviving child replaces the parent only on a strictly higher score (and,
+  with ``replace_alpha`` set, a significant paired advantage over the parent).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Protocol, Sequence, runtime_checkable
+from typing import Any, Iterable, Sequence
 
 import numpy as np
 
-from milo_ray.search.strategy import Choice
+from milo_ray.ssr.racing_rules import (RACING_RULES, GeometricHalving, NoElimination, PairedElimination, RacingRule,
+                                       RuleDecision, StageView, SuccessiveHalving, keep_count, paired_t, t_critical)
+
+__all__ = ["RACING_RULES", "GeometricHalving", "NoElimination", "PairedElimination", "Race", "RaceCandidate",
+           "RaceConfig", "RaceOutcome", "RacingRule", "RuleDecision", "StageView", "SuccessiveHalving", "UniformRace",
+           "keep_count", "paired_t", "t_critical"]
 
 Run = tuple[str, str, int]  # (harness_id, task_id, rollout_idx)
 
@@ -56,13 +64,20 @@ class RaceCandidate:
 
 @dataclass(frozen=True)
 class RaceConfig:
-    """K stages, per-stage validation quota b_v, class quotas b_s/b_f, R rollouts."""
+    """K stages, per-stage validation quota b_v, class quotas b_s/b_f, R rollouts.
+
+    ``replace_alpha``: the parent-replacement gate (None: off, the paper's rule). When
+    set, the best child replaces the parent only when, besides a strictly higher
+    cumulative score, its paired per-task difference to the parent is significantly
+    positive (one-sided paired t test at this level over the tasks raced): fewer
+    regressions accepted on noise, more true improvements left on the table."""
 
     stages: int = 2
     b_v: tuple[int, ...] = (10, 10)
     b_s: int = 5
     b_f: int = 5
     rollouts: int = 2
+    replace_alpha: float | None = None
 
     def __post_init__(self) -> None:
         if self.stages < 1:
@@ -77,55 +92,8 @@ class RaceConfig:
             raise ValueError("race quotas b_v, b_s, b_f must be >= 0")
         if self.rollouts < 1:
             raise ValueError(f"race.rollouts (R) must be >= 1, got {self.rollouts}")
-
-
-def keep_count(m: int, k: int, r: int) -> int:
-    """n_r = max(1, M − round(r·M/K)) children kept after stage r.
-
-    ``round`` is the arithmetic one, halves up, in exact integer arithmetic — not
-    Python's ``round`` (halves to even), which would make the removals depend on the
-    parity of ⌊r·M/K⌋: M=5, K=2 keeps 2 after stage 1 here (2.5 → 3 removed) where
-    banker's rounding would keep 3; M=2, K=4 keeps 1 (0.5 → 1) where it would keep 2.
-    The paper's cases have no half: M=4, K=2 → 4/2 and M=12, K=2 → 12/6.
-    """
-    return max(1, m - (2 * r * m + k) // (2 * k))
-
-
-@runtime_checkable
-class RacingRule(Protocol):
-    """How many children survive an intermediate stage. The race ranks them (higher
-    cumulative score, fewer diff lines, lower index) and keeps that many from the top;
-    the parent is never counted."""
-
-    name: str
-
-    def keep(self, *, generated: int, stages: int, stage: int, active: int) -> int:
-        """Children kept after intermediate stage ``stage`` < ``stages`` of ``active``
-        still racing (``generated``: the M children generated this round)."""
-        ...
-
-
-class SuccessiveHalving:
-    """n_r = max(1, M − round(r·M/K)) (:func:`keep_count`): M is the children
-    *generated*, so an invalid child counts as eliminated before the first stage."""
-
-    name = "successive_halving"
-
-    def keep(self, *, generated: int, stages: int, stage: int, active: int) -> int:
-        return keep_count(generated, stages, stage)
-
-
-class NoElimination:
-    """Every child runs every stage (the uniform-allocation ablation / audit baseline)."""
-
-    name = "uniform"
-
-    def keep(self, *, generated: int, stages: int, stage: int, active: int) -> int:
-        return active
-
-
-RACING_RULES: Choice[RacingRule] = Choice(
-    "racing rule", {"successive_halving": SuccessiveHalving, "uniform": NoElimination}, RacingRule)
+        if self.replace_alpha is not None and not 0.0 < float(self.replace_alpha) < 0.5:
+            raise ValueError(f"race.replace_alpha must be in (0, 0.5) or null, got {self.replace_alpha}")
 
 
 @dataclass(frozen=True)
@@ -192,7 +160,8 @@ class StageReport:
 class RaceOutcome:
     """The race's decision. ``selected`` is the new incumbent (the parent when kept).
 
-    ``stop_reason``: ``completed`` (all K stages ran), ``budget`` (a stage did not
+    ``stop_reason``: ``completed`` (all K stages ran), ``settled`` (the racing rule
+    stopped early, e.g. one child left under ``paired``), ``budget`` (a stage did not
     fit), ``exhausted`` (no unused task left for the next stage), ``no_candidates``.
     """
 
@@ -406,17 +375,25 @@ class Race:
 
         scores = {h: self.score(h) for h in req.harnesses}
         eliminated: tuple[str, ...] = ()
+        settled = False
         if req.stage < self.config.stages:
-            n_keep = self.rule.keep(generated=self.generated, stages=self.config.stages, stage=req.stage,
-                                    active=len(self._active))
-            ranked = sorted(self._active, key=lambda c: self._rank_key(c, scores))
-            eliminated = tuple(c.harness_id for c in ranked[n_keep:])
-            kept = {c.harness_id for c in ranked[:n_keep]}
+            ranked = tuple(c.harness_id for c in sorted(self._active, key=lambda c: self._rank_key(c, scores)))
+            view = StageView(req.stage, self.config.stages, self.generated, ranked, self.parent_id,
+                             tuple(self._tasks), {h: self.per_task(h) for h in req.harnesses}, scores)
+            decision = self.rule.after_stage(view)
+            kept = set(decision.keep)
+            if not kept or not kept <= set(ranked):
+                raise ValueError(f"racing rule {self.rule.name!r}: kept {sorted(kept)}, which is not a non-empty "
+                                 f"subset of the children racing {list(ranked)}")
+            eliminated = tuple(h for h in ranked if h not in kept)
             self._active = [c for c in self._active if c.harness_id in kept]
+            settled = decision.stop
         report = StageReport(req.stage, scores, eliminated, tuple(c.harness_id for c in self._active), len(self._tasks))
         self._reports.append(report)
         if req.stage >= self.config.stages:
             self._stop_reason = "completed"
+        elif settled:
+            self._stop_reason = "settled"
         return report
 
     def abort(self, reason: str = "budget") -> None:
@@ -428,6 +405,12 @@ class Race:
     @staticmethod
     def _rank_key(c: RaceCandidate, scores: dict[str, float]) -> tuple[float, int, int]:
         return (-scores[c.harness_id], c.diff_size, c.index)
+
+    def per_task(self, harness_id: str) -> np.ndarray:
+        """Mean reward per task of P_r (in P_r's order): the sum of the task's R rollouts
+        over R, the same arithmetic as the audit's vectorized replay."""
+        R = self.config.rollouts
+        return np.array([sum(self._rewards[(harness_id, t)]) for t in self._tasks]) / R
 
     def score(self, harness_id: str) -> float:
         """Cumulative μ̂ over every (task, rollout) of P_r, all tasks equally weighted."""
@@ -450,6 +433,9 @@ class Race:
         best = min(self._active, key=lambda c: self._rank_key(c, last))
         p, b = last[self.parent_id], last[best.harness_id]
         replaced = b > p
+        if replaced and self.config.replace_alpha is not None:
+            d = self.per_task(best.harness_id) - self.per_task(self.parent_id)
+            replaced = len(d) >= 2 and bool(paired_t(d) > t_critical(self.config.replace_alpha, len(d)))
         return RaceOutcome(self.parent_id, best.harness_id if replaced else self.parent_id, replaced, self.stage,
                            self._stop_reason, p, best.harness_id, b, self._executions, dict(last))
 

@@ -33,6 +33,20 @@ def test_splits_have_the_preset_sizes():
     assert len({t.instruction for t in s["test"]}) == 89
 
 
+@pytest.mark.parametrize("preset", ["surrogate_swepro", "surrogate_deepswe", "surrogate_tb21"])
+def test_the_audit_split_is_160_further_tasks_and_changes_nothing_else(preset):
+    plain, audited = SurrogateBenchmark(preset), SurrogateBenchmark(preset, audit_split=True)
+    a, b = plain.splits(), audited.splits()
+    assert "audit" not in a and set(b) == set(a) | {"audit"} and len(b["audit"]) == 160
+    for name in a:  # the pool, its splits and the calibration are untouched
+        assert [(t.task_id, t.metadata) for t in a[name]] == [(t.task_id, t.metadata) for t in b[name]]
+    assert plain.offset == audited.offset
+    others = {t.task_id for name in a for t in a[name]}
+    assert not {t.task_id for t in b["audit"]} & others
+    seed = load_seeds()[0]
+    assert 0 < audited.true_quality(seed, "audit")["score"] < 1
+
+
 def test_rollouts_do_not_depend_on_order_or_executor_instance(tb):
     hs = load_seeds()
     reqs = [(h, t, i) for h in hs for t in tb.tasks("search")[:10] for i in range(2)]

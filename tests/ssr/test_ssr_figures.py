@@ -162,3 +162,22 @@ def test_budget_curve_counts_budgeted_executions_against_the_cap():
 def test_every_figure_is_absent_without_its_data(kind):
     build = {"coverage": S.coverage_figure, "bracket": S.bracket_figure, "budget": S.budget_figure}[kind]
     assert build(_run([])) is None
+
+
+def test_the_audit_figure_plots_each_rules_regret_from_the_runs_audit_file(tmp_path):
+    from milo_ray.ssr.audit_regimes import synthetic_matrix
+    from milo_ray.ssr.audit_table import audit_matrix, summarize, write_parquet
+
+    res = _run([])
+    assert S.audit_figure(res) is None  # no audit file: no figure
+    rows = audit_matrix(synthetic_matrix("wide", seed=0, tasks=40), fractions=(0.2, 0.4), replays=10)
+    summary = [{"group": "wide", **r} for r in summarize(rows)]
+    write_parquet(tmp_path / S.AUDIT_FILE, rows, summary)
+    res = R.RunResults(**{**res.__dict__, "run_dir": tmp_path})
+    fig = S.audit_figure(res)
+    assert fig is not None and fig.name == "ssr_racing_audit"
+    ax = fig.fig.axes[0]
+    lines = {ln.get_label(): ln for ln in ax.get_lines()}
+    sh = next(r for r in summary if r["rule"] == "successive_halving" and r["fraction"] == 0.4)
+    assert lines["successive_halving"].get_ydata()[1] == pytest.approx(sh["regret"])
+    assert {"uniform", "paired", "full matrix (100%)", "keep parent"} <= set(lines)

@@ -16,8 +16,8 @@ from hydra.utils import instantiate
 from milo_ray.config.schemas import register_configs
 from milo_ray.ssr import evidence as ev
 from milo_ray.ssr.config import SSRConfig
-from milo_ray.ssr.racing import (RACING_RULES, NoElimination, Race, RaceCandidate, RaceConfig, SuccessiveHalving,
-                                 UniformRace)
+from milo_ray.ssr.racing import (RACING_RULES, GeometricHalving, NoElimination, PairedElimination, Race, RaceCandidate,
+                                 RaceConfig, RuleDecision, SuccessiveHalving, UniformRace)
 from milo_ray.ssr.strategies import (EVIDENCE_SETS, ORDERINGS, FixedN, MultiscalePrefixes, QualityOnlyOrdering,
                                      RandomOrdering, RerOrdering, TopKFixed, TopKResampling)
 from test_ssr_evidence import _recs  # one way to build embedded records for both files
@@ -55,8 +55,8 @@ class KeepOne:
 
     name = "keep_one"
 
-    def keep(self, *, generated, stages, stage, active):
-        return 1
+    def after_stage(self, view):
+        return RuleDecision(view.ranked[:1])
 
 
 
@@ -78,8 +78,8 @@ def test_registered_names_map_to_their_objects():
         [RerOrdering, RandomOrdering, QualityOnlyOrdering]
     assert [type(EVIDENCE_SETS.resolve(n, key="k")) for n in ("rer", "topk_fixed", "topk_resampling", "fixed_n")] == \
         [MultiscalePrefixes, TopKFixed, TopKResampling, FixedN]
-    assert [type(RACING_RULES.resolve(n, key="k")) for n in ("successive_halving", "uniform")] == \
-        [SuccessiveHalving, NoElimination]
+    assert [type(RACING_RULES.resolve(n, key="k")) for n in ("successive_halving", "uniform", "halving", "paired")] == \
+        [SuccessiveHalving, NoElimination, GeometricHalving, PairedElimination]
     cfg = SSRConfig(evidence="fixed_n", ordering="random", racing="uniform")
     assert (cfg.evidence_strategy.name, cfg.ordering_strategy.name, cfg.racing_strategy.name) == \
         ("fixed_n", "random", "uniform")
@@ -108,7 +108,7 @@ def test_the_racing_rules_eliminate_as_their_races_did():
 @pytest.mark.parametrize("field,value,allowed", [
     ("evidence", "best", "'rer', 'topk_fixed', 'topk_resampling', 'fixed_n'"),
     ("ordering", "alphabetical", "'rer', 'random', 'quality_only'"),
-    ("racing", "knockout", "'successive_halving', 'uniform'"),
+    ("racing", "knockout", "'successive_halving', 'uniform', 'halving', 'paired'"),
 ])
 def test_an_unknown_name_is_refused_naming_the_key_the_allowed_values_and_the_fix(field, value, allowed):
     with pytest.raises(ValueError) as err:
@@ -119,7 +119,7 @@ def test_an_unknown_name_is_refused_naming_the_key_the_allowed_values_and_the_fi
 
 
 def test_a_target_that_builds_no_racing_rule_is_refused_naming_what_it_lacks():
-    with pytest.raises(ValueError, match=r"method\.racing=.*ReverseOrdering is not a RacingRule \(it lacks keep\)"):
+    with pytest.raises(ValueError, match=r"method\.racing=.*ReverseOrdering is not a RacingRule \(it lacks after_stage\)"):
         SSRConfig(racing={"_target_": "test_ssr_strategies.ReverseOrdering"})
 
 
