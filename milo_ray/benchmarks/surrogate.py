@@ -53,7 +53,8 @@ class SurrogateBenchmark(SplitTasks):
     def __init__(self, preset: str = "surrogate_swepro", seed: int = 0, label_noise: float = 0.1,
                  calibrate_to: str | None = None, audit_split: bool = False) -> None:
         if not 0.0 <= float(label_noise) <= 1.0:
-            raise ValueError(f"label_noise: must be in [0, 1], got {label_noise}")
+            raise ValueError(f"benchmark.label_noise={label_noise}: must be in [0, 1] (the chance a failed trace shows "
+                             "the wrong failure mode)")
         self.preset: Preset = get_preset(preset)
         check_calibrate_to(preset, calibrate_to)
         self.name = preset

@@ -104,17 +104,18 @@ class SSRConfig:
         scales = [float(a) for a in self.scales]
         if not scales or any(not 0 < a <= 1 for a in scales) or scales != sorted(scales):
             raise ValueError(f"method.scales={list(self.scales)}; give increasing fractions in (0, 1], e.g. [0.25,0.5,0.75,1.0]")
-        b_v = list(self.b_v) if not isinstance(self.b_v, int) else [self.b_v]
-        if len(b_v) not in (1, self.stages):
-            raise ValueError(f"method.b_v={b_v}; give one entry per stage (stages={self.stages}) or a single number")
         for name in ("stages", "rollouts", "patience", "test_rollouts", "judge_workers", "max_concurrent_candidates"):
             if int(getattr(self, name)) < 1:
                 raise ValueError(f"method.{name} must be >= 1, got {getattr(self, name)}")
+        b_v = list(self.b_v) if not isinstance(self.b_v, int) else [self.b_v]
+        if len(b_v) not in (1, self.stages):
+            raise ValueError(f"method.b_v={b_v}; give one entry per stage (stages={self.stages}) or a single number")
         for name in ("b_s", "b_f", "judge_retries", "duplicate_retries"):
             if int(getattr(self, name)) < 0:
                 raise ValueError(f"method.{name} must be >= 0, got {getattr(self, name)}")
-        if not self.optimizer_time_cap_s > 0:
-            raise ValueError(f"method.optimizer_time_cap_s must be > 0 seconds, got {self.optimizer_time_cap_s}")
+        for name in ("optimizer_time_cap_s", "validate_timeout_s"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"method.{name} must be > 0 seconds, got {getattr(self, name)}")
         if self.replace_alpha is not None and not 0.0 < float(self.replace_alpha) < 0.5:
             raise ValueError(f"method.replace_alpha must be in (0, 0.5) or null (off), got {self.replace_alpha}")
         if self.candidate_cap is not None and self.candidate_cap < 1:
