@@ -433,6 +433,51 @@ MUTATIONS: tuple[Mutation, ...] = (
         ("tests/entry/test_run_dir_damage.py::test_a_run_whose_disk_fills_stops_with_exit_3_and_resumes_once_space_is_back",),
         "a full disk crashes the run (exit 1, a traceback) instead of stopping it for a resume",
     ),
+    Mutation(
+        "retry-after-ignored", "milo_ray/agents/llm.py",
+        "            return min(asked, self.max_s)\n", "            return float(self._backoff(retry_state))\n",
+        ("tests/agents/test_retry_after_and_stream_tpm.py",),
+        "a 429's Retry-After is ignored: the retry comes after the jittered backoff and meets the limit again",
+    ),
+    Mutation(
+        "stream-tokens-not-counted", "milo_ray/agents/llm.py",
+        "                return _counted_stream(response, report)\n", "                return response\n",
+        ("tests/agents/test_retry_after_and_stream_tpm.py",),
+        "a streamed answer's tokens never count toward the model's tpm",
+    ),
+    Mutation(
+        "transport-5xx-not-retried", "milo_ray/agents/llm.py",
+        "        return status == 429 or status >= 500\n", "        return status == 429\n",
+        ("tests/reliability/test_faulty_endpoint.py::test_solver_retries_a_transport_fault_and_records_the_retry",),
+        "a 5xx, a dropped body or an empty/truncated answer fails the call instead of being retried",
+    ),
+    Mutation(
+        "resume-forgets-failed-attempt-calls", "milo_ray/search/agent_calls.py",
+        "    if prefix.endswith(\":\" + FAILED_MARK):\n        return True\n",
+        "    if prefix.endswith(\":\" + FAILED_MARK):\n        return False\n",
+        ("tests/search/test_agent_calls.py",),
+        "a resumed run no longer charges the solver calls of failed attempts it restored",
+    ),
+    Mutation(
+        "run-spend-admits-after-exhaustion", "milo_ray/execution/gateway/run_budget.py",
+        "                self.refused += 1\n            return self.exhausted\n",
+        "                self.refused += 1\n            return None\n",
+        ("tests/reliability/test_exact_spend.py",),
+        "the gateways' counter keeps paying for calls once the run's token/USD budget is spent",
+    ),
+    Mutation(
+        "failed-attempt-charged-twice", "milo_ray/execution/budget.py",
+        "            self._push_locked(int(tokens) - int(metered[0]), float(cost_usd or 0.0) - float(metered[1]))\n",
+        "            self._push_locked(int(tokens), float(cost_usd or 0.0))\n",
+        ("tests/reliability/test_exact_spend.py",),
+        "a failed attempt's calls, already charged at the gateway, are pushed into the counter again",
+    ),
+    Mutation(
+        "executions-reserved-over-cap", "milo_ray/execution/budget.py",
+        "            if n > remaining:\n", "            if False:\n",
+        ("tests/reliability/test_exact_spend.py",),
+        "concurrent rollouts reserve more executions than the cap",
+    ),
 )
 
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import os
 import threading
+import time
 from typing import Any, Iterator, Mapping
 
 from milo_ray.agents.usage import AgentUsage
@@ -176,6 +177,57 @@ def gateway_client_timeout(cfg: Any) -> float | None:
     return float(timeout) * (retries + 1) + retries * float(_field(cfg, "retry_max_s", 60.0)) + 60.0
 
 
+def retry_after_s(exc: BaseException | None) -> float | None:
+    """The wait a failed request's answer asked for: its ``Retry-After-Ms`` or
+    ``Retry-After`` header (seconds, or an HTTP date), None when it names none. litellm's
+    errors carry the provider's headers as ``litellm_response_headers`` and on
+    ``response`` (an httpx response); the openai client's on ``response``."""
+    import email.utils
+
+    if exc is None:
+        return None
+    for headers in (getattr(exc, "litellm_response_headers", None), getattr(getattr(exc, "response", None),
+                                                                              "headers", None)):
+        if not headers:
+            continue
+        for name, divisor in (("retry-after-ms", 1000.0), ("retry-after", 1.0)):
+            value = headers.get(name)
+            if value is None:
+                continue
+            try:
+                seconds = float(value) / divisor
+            except ValueError:
+                parsed = email.utils.parsedate_tz(str(value))
+                if parsed is None:
+                    continue
+                seconds = email.utils.mktime_tz(parsed) - time.time()
+            if seconds == seconds:  # not NaN
+                return max(0.0, seconds)
+    return None
+
+
+class RetryWait:
+    """The wait before a retry: full-jitter exponential backoff (``base_s`` doubling, at
+    most ``max_s``), or, when the failed answer names a ``Retry-After``, that wait --
+    a provider that says when to come back rejects an earlier retry again, so jitter
+    under it only spends an attempt. It is capped at ``max_s`` (the config's longest
+    wait between retries, ``retry_max_s``): a provider asking for more gets the retry
+    at ``max_s`` and, if still limited, the next ``Retry-After``. A tenacity ``wait``."""
+
+    def __init__(self, base_s: float, max_s: float) -> None:
+        from tenacity import wait_random_exponential
+
+        self.max_s = float(max_s)
+        self._backoff = wait_random_exponential(multiplier=float(base_s), max=float(max_s))
+
+    def __call__(self, retry_state: Any) -> float:
+        outcome = retry_state.outcome
+        asked = retry_after_s(outcome.exception() if outcome is not None and outcome.failed else None)
+        if asked is not None:
+            return min(asked, self.max_s)
+        return float(self._backoff(retry_state))
+
+
 def retryable(exc: BaseException) -> bool:
     """Whether a failed request is worth repeating: no answer arrived (timeout, dropped or
     refused connection), or the server said so (429, 5xx). Other 4xx answers (bad
@@ -212,7 +264,7 @@ def _define_solver_class() -> Any:
     import litellm
     from langchain_litellm import ChatLiteLLM
     from pydantic import Field
-    from tenacity import AsyncRetrying, Retrying, retry_if_exception, stop_after_attempt, wait_random_exponential
+    from tenacity import AsyncRetrying, Retrying, retry_if_exception, stop_after_attempt
 
     class SolverChatLiteLLM(ChatLiteLLM):
         """ChatLiteLLM whose retries are exactly the config's.
@@ -221,10 +273,12 @@ def _define_solver_class() -> Any:
         client under litellm retries twice more inside every attempt, so one call could
         send three times the requests it was allowed. Here each attempt is one HTTP
         request (``max_retries=0`` for the client, ``num_retries=0`` for litellm), retried
-        only when :func:`retryable`, ``max_retries`` times, with full-jitter backoff; each
-        retry is announced to the callbacks (``on_retry``), which is how a call's retries
-        are counted. Each attempt takes a slot of ``request_limiter`` (retries are
-        requests the provider counts too) and reports its tokens to it."""
+        only when :func:`retryable`, ``max_retries`` times, after :class:`RetryWait`
+        (full-jitter backoff, or the answer's ``Retry-After``); each retry is announced
+        to the callbacks (``on_retry``), which is how a call's retries are counted. Each
+        attempt takes a slot of ``request_limiter`` (retries are requests the provider
+        counts too) and reports its tokens to it -- a streamed answer's from the usage
+        of its last chunk, as the stream is consumed."""
 
         max_retries: int = 3
         """Retries after the first attempt (not ChatLiteLLM's attempts)."""
@@ -242,7 +296,7 @@ def _define_solver_class() -> Any:
                     await run_manager.on_retry(state)
 
             return cls(stop=stop_after_attempt(int(self.max_retries) + 1),
-                       wait=wait_random_exponential(multiplier=float(self.retry_base_s), max=float(self.retry_max_s)),
+                       wait=RetryWait(float(self.retry_base_s), float(self.retry_max_s)),
                        retry=retry_if_exception(retryable), reraise=True,
                        before_sleep=abefore_sleep if cls is AsyncRetrying else before_sleep)
 
@@ -250,13 +304,23 @@ def _define_solver_class() -> Any:
         def _single_request(kwargs: dict[str, Any]) -> dict[str, Any]:
             return {**kwargs, "max_retries": 0, "num_retries": 0}
 
-        def _report(self, response: Any) -> None:
-            """Count an answer's tokens against the limiter's tpm (a stream's usage is
-            not known here: streamed calls count only as requests)."""
+        def _report(self, response: Any, *, is_async: bool = False) -> Any:
+            """Count an answer's tokens against the limiter's tpm. A stream's usage comes
+            in its last chunk (``include_usage``, which ChatLiteLLM asks for): the stream
+            is returned wrapped, and reports when it ends -- also when it is cut short,
+            with the usage seen by then (none, if the provider never sent it)."""
             report = getattr(self.request_limiter, "report_tokens", None)
-            usage = response.get("usage") if report is not None and hasattr(response, "get") else None
-            if usage:
-                report(int(usage.get("prompt_tokens") or 0) + int(usage.get("completion_tokens") or 0))
+            if report is None:
+                return response
+            if hasattr(response, "get"):  # a whole answer (litellm's ModelResponse)
+                report(_usage_tokens(response.get("usage")))
+                return response
+            # litellm's stream wrapper iterates both ways; the caller's path says which.
+            if is_async and hasattr(response, "__aiter__"):
+                return _counted_astream(response, report)
+            if not is_async and hasattr(response, "__iter__"):
+                return _counted_stream(response, report)
+            return response
 
         def completion_with_retry(self, run_manager: Any = None, **kwargs: Any) -> Any:
             kwargs = self._single_request(kwargs)
@@ -271,8 +335,7 @@ def _define_solver_class() -> Any:
             except BaseException as exc:
                 exc.add_note(f"{self.model}: failed after {attempts} request(s)")
                 raise
-            self._report(response)
-            return response
+            return self._report(response)
 
         async def acompletion_with_retry(self, run_manager: Any = None, **kwargs: Any) -> Any:
             kwargs = self._single_request(kwargs)
@@ -287,8 +350,7 @@ def _define_solver_class() -> Any:
             except BaseException as exc:
                 exc.add_note(f"{self.model}: failed after {attempts} request(s)")
                 raise
-            self._report(response)
-            return response
+            return self._report(response, is_async=True)
 
     # litellm prints a feedback banner to stdout on every failed request, retried or not;
     # the error itself still propagates and is recorded.
@@ -296,6 +358,42 @@ def _define_solver_class() -> Any:
     # Named as importable: ``from milo_ray.agents.llm import SolverChatLiteLLM`` (module __getattr__).
     SolverChatLiteLLM.__module__, SolverChatLiteLLM.__qualname__ = __name__, "SolverChatLiteLLM"
     return SolverChatLiteLLM
+
+
+def _usage_tokens(usage: Any) -> int:
+    """Input + output tokens of a response's or chunk's ``usage`` (a dict or an object)."""
+    if not usage:
+        return 0
+    get = usage.get if hasattr(usage, "get") else (lambda k: getattr(usage, k, None))
+    return int(get("prompt_tokens") or 0) + int(get("completion_tokens") or 0)
+
+
+def _chunk_tokens(chunk: Any) -> int:
+    return _usage_tokens(chunk.get("usage") if isinstance(chunk, Mapping) else getattr(chunk, "usage", None))
+
+
+def _counted_stream(chunks: Any, report: Any) -> Iterator[Any]:
+    """``chunks`` passed through; the last usage seen is reported when the stream ends,
+    however it ends (a provider bills a stream the caller stopped reading)."""
+    tokens = 0
+    try:
+        for chunk in chunks:
+            tokens = _chunk_tokens(chunk) or tokens
+            yield chunk
+    finally:
+        if tokens:
+            report(tokens)
+
+
+async def _counted_astream(chunks: Any, report: Any) -> Any:
+    tokens = 0
+    try:
+        async for chunk in chunks:
+            tokens = _chunk_tokens(chunk) or tokens
+            yield chunk
+    finally:
+        if tokens:
+            report(tokens)
 
 
 def usage_of(message: Any, cfg: Any, *, seconds: float = 0.0, retries: int = 0) -> AgentUsage:

@@ -485,7 +485,9 @@ class RolloutScheduler:
         self.spend.charge_failed_attempt(job.ledger, calls, metered)
         if self.agent_calls is not None:
             r = job.request
-            self.agent_calls.record_solver_calls(calls, cache_key=job.key, harness_id=r.harness_id, round=r.round)
+            self.agent_calls.record_solver_calls(
+                calls, cache_key=job.key, harness_id=r.harness_id, round=r.round,
+                failed_attempt="counted" if self.spend.counts(job.ledger) else "uncounted")
 
     def _infra_failure(self, job: _Job, error: str, node: WorkerHandle) -> RolloutResult | None:
         """Schedule a retry (None) or, past the limit, build the final infra result."""

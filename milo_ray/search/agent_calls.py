@@ -7,6 +7,14 @@ names what it was for (``mutate:i2:r7``, ``judge:r0:task-17:a1``); on resume the
 stored rows are read back, so spend before the interruption still counts against
 every cap, and :meth:`AgentCallLog.recorded` tells a method which paid calls it must
 not make again.
+
+Solver calls on resume (each paid call counted once, across any number of resumes):
+a stored rollout row carries the tokens and USD of its final attempt, and the scheduler
+restores the budget from those rows; the calls of attempts that failed are stored here
+only, with ``:failed:`` in their id, and are charged again from here. A final attempt's
+calls stored without their rollout row (the driver died between the two writes) ran and
+were paid, and the rollout runs again: they are charged too -- a solver row is covered
+by a rollout row only when that row has its cache key and began no later than the call.
 """
 
 from __future__ import annotations
@@ -108,12 +116,15 @@ class AgentCallLog:
             self._restore()
 
     def _restore(self) -> None:
+        covering = _rollout_starts(self.store)
         for row in self.store.read("agent_calls").to_pylist():
             u = AgentUsage(int(row.get("input_tokens") or 0), int(row.get("output_tokens") or 0), row.get("cost_usd"),
                            float(row.get("latency_s") or 0.0), int(row.get("retries") or 0), row.get("error"))
             self._spend[row["role"]].add(u)
             self._ids.add(row["call_id"])
             self._charge(row["role"], u)
+            if row["role"] == "solver" and self.budget is not None and _uncovered_solver_call(row["call_id"], covering):
+                self.budget.charge(tokens=u.tokens, cost_usd=u.cost_usd)
 
     # --- writing -----------------------------------------------------------------------
     def record(self, role: str, usage: AgentUsage, *, call_id: str, agent: str | None = None,
@@ -148,14 +159,20 @@ class AgentCallLog:
         self.record_solver_calls(calls, cache_key=result.cache_key, harness_id=result.harness_id, round=result.round)
 
     def record_solver_calls(self, calls: list[dict[str, Any]], *, cache_key: str, harness_id: str,
-                            round: int | None = None) -> None:
+                            round: int | None = None, failed_attempt: str | None = None) -> None:
         """Record model calls of one rollout attempt (role ``solver``). Each call's id is the
         rollout's cache key plus the call's start time and index: an attempt run again
-        (after an infrastructure failure, or a crash) made new calls, recorded too."""
+        (after an infrastructure failure, or a crash) made new calls, recorded too.
+        ``failed_attempt``: None for the calls of a stored result; ``"counted"`` for an
+        attempt that failed in a budgeted batch (no stored row carries its calls, so a
+        resumed run charges them from here), ``"uncounted"`` for one outside the budget."""
+        if failed_attempt not in (None, "counted", "uncounted"):
+            raise ValueError(f"failed_attempt={failed_attempt!r}: expected None, 'counted' or 'uncounted'")
+        tag = {None: "", "counted": f"{FAILED_MARK}:", "uncounted": f"{FAILED_UNCOUNTED_MARK}:"}[failed_attempt]
         for i, c in enumerate(calls):
             usage = AgentUsage(int(c.get("input_tokens") or 0), int(c.get("output_tokens") or 0), c.get("cost_usd"),
                                float(c.get("seconds") or 0.0), int(c.get("retries") or 0), c.get("error"))
-            self.record("solver", usage, call_id=f"{cache_key}:{float(c.get('started_at') or 0):.6f}:{i}",
+            self.record("solver", usage, call_id=f"{cache_key}:{tag}{float(c.get('started_at') or 0):.6f}:{i}",
                         agent=harness_id, model=c.get("model"), round=round)
 
     def _charge(self, role: str, usage: AgentUsage) -> None:
@@ -197,6 +214,43 @@ class AgentCallLog:
         """Spend per role (roles with at least one call), for summaries and manifests."""
         with self._lock:
             return {r: self._spend[r].as_dict() for r in ROLES if self._spend.get(r) and self._spend[r].calls}
+
+
+FAILED_MARK = "failed"
+FAILED_UNCOUNTED_MARK = "failed-uncounted"
+
+
+def _rollout_starts(store: Any) -> dict[str, float]:
+    """cache key -> the earliest ``started_at`` of its stored rollout rows."""
+    try:
+        rollouts = store.read("rollouts")
+    except Exception:  # a run without rollouts yet
+        return {}
+    if rollouts.num_rows == 0 or "cache_key" not in rollouts.column_names:
+        return {}
+    out: dict[str, float] = {}
+    starts = rollouts["started_at"].to_pylist() if "started_at" in rollouts.column_names else [None] * rollouts.num_rows
+    for key, start in zip(rollouts["cache_key"].to_pylist(), starts):
+        start = float("-inf") if start is None else float(start)
+        out[key] = min(out.get(key, start), start)
+    return out
+
+
+def _uncovered_solver_call(call_id: str, rollout_starts: Mapping[str, float]) -> bool:
+    """Whether a stored solver call's spend is carried by no stored rollout row (see the
+    module docstring): a counted failed attempt's, or a final attempt's whose rollout row
+    was never stored (or is later than the call: the rollout ran again after a resume)."""
+    try:
+        prefix, started, _index = call_id.rsplit(":", 2)
+        started_at = float(started)
+    except ValueError:  # not a solver call id of this module
+        return False
+    if prefix.endswith(":" + FAILED_UNCOUNTED_MARK):
+        return False
+    if prefix.endswith(":" + FAILED_MARK):
+        return True
+    first = rollout_starts.get(prefix)
+    return first is None or first > started_at
 
 
 def spec_model(spec: Any) -> str | None:

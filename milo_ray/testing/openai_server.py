@@ -3,8 +3,12 @@ of everything that talks to a model through litellm and langchain.
 
 Nothing in the product is mocked: litellm's ``openai/`` provider sends real HTTP
 requests to this server, which answers from a script (text or tool calls, with usage
-fields) and can answer with an HTTP error first (429, 500) to exercise retries. Every
-request body is recorded.
+fields) and can answer with an HTTP error first (429, 500) to exercise retries. A
+request with ``"stream": true`` is answered as server-sent events (the reply's text in
+chunks, its usage in the last chunk). A reply can also break the transport the way a
+real provider does (``fault``: a connection dropped mid-body, a stream cut mid-message,
+an empty or truncated JSON body; :mod:`milo_ray.testing.fault_server` names them all).
+Every request body is recorded.
 
     with ScriptedOpenAIServer([reply("hello", prompt_tokens=12, completion_tokens=3)]) as srv:
         model = ChatLiteLLM(model="openai/scripted", api_base=srv.url, api_key="x")
@@ -23,7 +27,15 @@ from typing import Any, Callable
 @dataclass
 class Reply:
     """One scripted answer: an HTTP ``status`` other than 200 answers with an error body
-    (and is not counted as an answer); ``delay_s`` sleeps before answering."""
+    (and is not counted as an answer); ``delay_s`` sleeps before answering; ``headers``
+    are sent with it (e.g. ``Retry-After`` on a 429).
+
+    ``fault`` breaks the answer on the wire (the reply is then not counted as answered,
+    except ``stream_cut``, whose usage a provider bills although the client never saw it):
+    ``drop_mid_body`` sends the headers and half the body, then closes the connection;
+    ``empty_body`` a 200 with no body; ``truncated_json`` a 200 whose JSON stops halfway;
+    ``stream_cut`` (streamed requests) sends half the chunks, then closes without the
+    final chunk or ``[DONE]``."""
 
     content: str | None = None
     tool_calls: list[dict[str, Any]] = field(default_factory=list)
@@ -31,6 +43,11 @@ class Reply:
     completion_tokens: int = 0
     status: int = 200
     delay_s: float = 0.0
+    headers: dict[str, str] = field(default_factory=dict)
+    fault: str | None = None
+
+
+FAULTS = ("drop_mid_body", "empty_body", "truncated_json", "stream_cut")
 
 
 def reply(content: str, *, prompt_tokens: int = 10, completion_tokens: int = 5) -> Reply:
@@ -44,8 +61,9 @@ def tool_call(name: str, arguments: dict[str, Any], *, prompt_tokens: int = 10, 
                  prompt_tokens=prompt_tokens, completion_tokens=completion_tokens)
 
 
-def error(status: int) -> Reply:
-    return Reply(status=status)
+def error(status: int, *, retry_after: float | None = None) -> Reply:
+    """An HTTP error answer; ``retry_after`` (seconds) is sent as the ``Retry-After`` header."""
+    return Reply(status=status, headers={} if retry_after is None else {"Retry-After": f"{retry_after:g}"})
 
 
 class ScriptedOpenAIServer:
@@ -103,10 +121,16 @@ class ScriptedOpenAIServer:
                 out[m] = (p + r.prompt_tokens, c + r.completion_tokens)
         return out
 
-    def _answer(self, r: Reply, body: dict[str, Any]) -> dict[str, Any]:
+    def _bill(self, r: Reply, body: dict[str, Any]) -> None:
         with self._lock:
             self.answered.append(r)
             self.answered_models.append(body.get("model"))
+
+    def _answer(self, r: Reply, body: dict[str, Any]) -> dict[str, Any]:
+        self._bill(r, body)
+        return self._completion(r)
+
+    def _completion(self, r: Reply) -> dict[str, Any]:
         message: dict[str, Any] = {"role": "assistant", "content": r.content}
         if r.tool_calls:
             message["tool_calls"] = r.tool_calls
@@ -125,25 +149,88 @@ class ScriptedOpenAIServer:
             def log_message(self, *args: Any) -> None:  # keep test output clean
                 pass
 
+            def handle_one_request(self) -> None:
+                try:
+                    super().handle_one_request()
+                except (BrokenPipeError, ConnectionResetError):  # the client gave up (its timeout): expected
+                    self.close_connection = True
+
             def do_POST(self) -> None:  # noqa: N802 (http.server's naming)
                 if not self.path.rstrip("/").endswith("/chat/completions"):
                     self._send(404, {"error": {"message": f"no route {self.path}"}})
                     return
                 body = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)) or b"{}")
                 r = server._take(body)
+                if r.fault is not None and r.fault not in FAULTS:
+                    raise ValueError(f"Reply.fault={r.fault!r}: expected one of {FAULTS}")
                 if r.delay_s:
                     time.sleep(r.delay_s)
                 if r.status != 200:
                     self._send(r.status, {"error": {"message": f"scripted HTTP {r.status}", "type": "server_error",
-                                                    "code": r.status}})
+                                                    "code": r.status}}, r.headers)
                     return
-                self._send(200, server._answer(r, body))
+                if body.get("stream"):
+                    self._stream(r, body)
+                    return
+                if r.fault == "empty_body":
+                    self._send_bytes(200, b"", r.headers)
+                    return
+                data = json.dumps(server._completion(r)).encode()
+                if r.fault == "truncated_json":
+                    self._send_bytes(200, data[: len(data) // 2], r.headers)
+                    return
+                if r.fault == "drop_mid_body":
+                    self._send_bytes(200, data[: len(data) // 2], r.headers, length=len(data))
+                    self.close_connection = True
+                    return
+                server._bill(r, body)
+                self._send_bytes(200, data, r.headers)
 
-            def _send(self, status: int, payload: dict[str, Any]) -> None:
-                data = json.dumps(payload).encode()
+            def _stream(self, r: Reply, body: dict[str, Any]) -> None:
+                """Server-sent chunks: the text a few characters at a time, then a chunk
+                with the usage (the provider's ``include_usage``), then ``[DONE]``."""
+                text = r.content or ""
+                pieces = [text[i:i + 8] for i in range(0, len(text), 8)] or [""]
+                base = {"id": f"chatcmpl-{len(server.requests)}", "object": "chat.completion.chunk",
+                        "created": int(time.time()), "model": server.model}
+                events = [{**base, "choices": [{"index": 0, "delta": {"role": "assistant", "content": p}
+                                                if i == 0 else {"content": p}, "finish_reason": None}]}
+                          for i, p in enumerate(pieces)]
+                if r.tool_calls:
+                    events.append({**base, "choices": [{"index": 0, "delta": {"tool_calls": [
+                        {"index": k, **tc} for k, tc in enumerate(r.tool_calls)]}, "finish_reason": None}]})
+                events.append({**base, "choices": [{"index": 0, "delta": {},
+                                                    "finish_reason": "tool_calls" if r.tool_calls else "stop"}]})
+                events.append({**base, "choices": [], "usage": {
+                    "prompt_tokens": r.prompt_tokens, "completion_tokens": r.completion_tokens,
+                    "total_tokens": r.prompt_tokens + r.completion_tokens}})
+                # A cut stream was still generated, and billed, by the provider.
+                server._bill(r, body)
+                if r.fault == "stream_cut":
+                    events = events[: max(1, len(events) // 2)]
+                self.send_response(200)
+                self.send_header("Content-Type", "text/event-stream")
+                for k, v in r.headers.items():
+                    self.send_header(k, v)
+                self.send_header("Connection", "close")
+                self.end_headers()
+                for e in events:
+                    self.wfile.write(b"data: " + json.dumps(e).encode() + b"\n\n")
+                    self.wfile.flush()
+                if r.fault != "stream_cut":
+                    self.wfile.write(b"data: [DONE]\n\n")
+                self.close_connection = True
+
+            def _send(self, status: int, payload: dict[str, Any], headers: dict[str, str] | None = None) -> None:
+                self._send_bytes(status, json.dumps(payload).encode(), headers or {})
+
+            def _send_bytes(self, status: int, data: bytes, headers: dict[str, str], *,
+                            length: int | None = None) -> None:
                 self.send_response(status)
                 self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
+                for k, v in headers.items():
+                    self.send_header(k, v)
+                self.send_header("Content-Length", str(len(data) if length is None else length))
                 self.end_headers()
                 self.wfile.write(data)
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from milo_ray.core.rollouts import RolloutResult
 from milo_ray.agents.usage import AgentReply, AgentUsage, reply_parts
 from milo_ray.execution.budget import BudgetLedger
 from milo_ray.search.agent_calls import AgentCallLog, RoleCap, role_caps
@@ -121,3 +122,40 @@ def test_solver_calls_are_ledgered_but_not_charged_twice():
     log = AgentCallLog(MemoryRunStore(run_id="r"), budget=budget)
     log.record("solver", usage(400, 100), call_id="solve:h:t:0")
     assert budget.tokens_used == 0 and log.by_role()["solver"]["input_tokens"] == 400
+
+
+def _solver_calls(n: int, started: float, tokens: int = 100) -> list[dict]:
+    return [{"input_tokens": tokens, "output_tokens": 0, "cost_usd": 0.001, "started_at": started + i, "seconds": 0.1,
+             "model": "m"} for i in range(n)]
+
+
+def test_a_resume_charges_the_failed_attempts_solver_calls_once_and_the_stored_results_not_again():
+    """Each paid solver call is counted once across a resume: a stored rollout row carries
+    its final attempt (the scheduler restores it), a counted failed attempt's calls live
+    only in agent_calls and are charged from there, an uncounted one's are not, and a
+    final attempt stored without its row (killed between the two writes) is charged."""
+    store = MemoryRunStore(run_id="r")
+    log = AgentCallLog(store, budget=BudgetLedger(tokens=1_000_000))
+    log.record_solver_calls(_solver_calls(2, 100.0), cache_key="k1", harness_id="h", failed_attempt="counted")
+    log.record_solver_calls(_solver_calls(3, 200.0), cache_key="k1", harness_id="h")  # the stored result
+    log.record_solver_calls(_solver_calls(1, 300.0), cache_key="k2", harness_id="h", failed_attempt="uncounted")
+    log.record_solver_calls(_solver_calls(4, 400.0), cache_key="k3", harness_id="h")  # its row never stored
+    # k4: the first session's final attempt (row lost), rerun and stored in a later session.
+    log.record_solver_calls(_solver_calls(1, 500.0), cache_key="k4", harness_id="h")
+    log.record_solver_calls(_solver_calls(1, 600.0), cache_key="k4", harness_id="h")
+    rows = []
+    for key, start in (("k1", 199.5), ("k4", 599.5)):
+        row = RolloutResult("h", "t", 0, 1.0, cache_key=key, run_id="r", budgeted=True)
+        row.started_at = start
+        rows.append(row)
+    store.append_rollouts(rows)
+    budget = BudgetLedger(tokens=1_000_000)
+    AgentCallLog(store, budget=budget, resumed=True)
+    # k1's failed attempt (2 calls) + k3's unstored result (4) + k4's first session (1).
+    assert budget.tokens_used == (2 + 4 + 1) * 100
+
+
+def test_a_failed_attempt_tag_must_be_known():
+    with pytest.raises(ValueError, match="failed_attempt"):
+        AgentCallLog(MemoryRunStore(run_id="r")).record_solver_calls([], cache_key="k", harness_id="h",
+                                                                      failed_attempt="yes")

@@ -6,8 +6,10 @@ The caller chooses the messages and sampling parameters, never the model, the ke
 endpoint or the retry policy: the request is rebuilt from an allowlist of fields on top
 of the config (:func:`request_kwargs`). Each attempt is one HTTP request to the provider
 (litellm's own retries off), retried when :func:`~milo_ray.agents.llm.retryable`, with
-full-jitter backoff; each attempt takes a slot of the model's shared rate limiter, and
-the answer's tokens are reported to it.
+full-jitter backoff or the wait a 429's ``Retry-After`` names
+(:class:`~milo_ray.agents.llm.RetryWait`); each attempt takes a slot of the model's
+shared rate limiter, and the answer's tokens are reported to it (a stream's when it
+ends, however it ends).
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, AsyncIterator, Mapping
 
-from milo_ray.agents.llm import _field, price, retryable
+from milo_ray.agents.llm import RetryWait, _field, price, retryable
 
 # Request fields a harness may set; everything else comes from the model config.
 ALLOWED_FIELDS = ("messages", "tools", "tool_choice", "temperature", "top_p", "stop", "response_format",
@@ -78,14 +80,13 @@ def with_endpoint(kwargs: dict[str, Any], cfg: Any, key: str | None, *,
 
 
 def _retrying(cfg: Any, counter: list[int]) -> Any:
-    from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait_random_exponential
+    from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt
 
     async def count(_state: Any) -> None:
         counter[0] += 1
 
     return AsyncRetrying(stop=stop_after_attempt(int(_field(cfg, "max_retries", 3)) + 1),
-                         wait=wait_random_exponential(multiplier=float(_field(cfg, "retry_base_s", 1.0)),
-                                                      max=float(_field(cfg, "retry_max_s", 60.0))),
+                         wait=RetryWait(float(_field(cfg, "retry_base_s", 1.0)), float(_field(cfg, "retry_max_s", 60.0))),
                          retry=retry_if_exception(retryable), reraise=True, before_sleep=count)
 
 
@@ -142,13 +143,16 @@ async def stream(cfg: Any, key: str | None, body: Mapping[str, Any], limiter: An
     kwargs.update(stream=True, stream_options={"include_usage": True})
     response, usage_out["retries"] = await call_retried(cfg, kwargs, limiter, litellm.acompletion)
     tin = tout = 0
-    async for chunk in response:
-        cin, cout = _usage(chunk)
-        if cin or cout:
-            tin, tout = cin, cout
-        yield _as_dict(chunk)
-    usage_out["input_tokens"], usage_out["output_tokens"] = tin, tout
-    _report(limiter, tin + tout)
+    try:
+        async for chunk in response:
+            cin, cout = _usage(chunk)
+            if cin or cout:
+                tin, tout = cin, cout
+            yield _as_dict(chunk)
+    finally:
+        # A stream cut midway was billed for what the provider reported by then.
+        usage_out["input_tokens"], usage_out["output_tokens"] = tin, tout
+        _report(limiter, tin + tout)
 
 
 def _report(limiter: Any, tokens: int) -> None:
