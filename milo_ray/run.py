@@ -177,8 +177,10 @@ def prepare_run(cfg: DictConfig) -> PreparedRun:
     benchmark = _build("benchmark", cfg.benchmark)
     # Tasks the sandbox cannot run are refused by name, or skipped with a warning when the
     # run asks for it, before the method sees the splits.
-    skipped = check_tasks_runnable(plan.executor, cfg.executor, [t for s in benchmark.splits().values() for t in s],
-                                   skip=bool(OmegaConf.select(cfg, "run.skip_unrunnable_tasks", default=False)))
+    from milo_ray.tasks.preflight import check_runnable  # the sandbox's refusals and, under Docker, missing images
+
+    skipped = check_runnable(plan.executor, cfg.executor, [t for s in benchmark.splits().values() for t in s],
+                             skip=bool(OmegaConf.select(cfg, "run.skip_unrunnable_tasks", default=False)))
     if skipped:
         _skip_tasks(benchmark, skipped)
     check_seed_harnesses(benchmark, cfg.get("sandbox"))
