@@ -21,16 +21,22 @@ from conftest import EXPECTED, make_task
 REPO = Path(__file__).resolve().parents[2]
 
 
+# The suite's check starts Ray and runs 7 tasks' rollouts under bwrap (~25 s).
+slow = pytest.mark.slow
+
+
 @pytest.fixture(scope="module")
 def suite_result(verdict_suite, ray_local):
     return run_check(verdict_suite.path, verdict_suite.overrides, repeat=2)
 
 
+@slow
 def test_each_task_of_the_suite_gets_its_verdict(suite_result):
     got = {v.task_id: v.verdict for v in suite_result.verdicts}
     assert got == EXPECTED, {v.task_id: v.reason for v in suite_result.verdicts if got[v.task_id] != EXPECTED[v.task_id]}
 
 
+@slow
 def test_a_failed_reference_solution_scores_zero_with_its_reason(suite_result):
     v = next(v for v in suite_result.verdicts if v.task_id == "broken-solution")
     # The untouched workspace scores 0.5 (the no-op shows it); the failed solution must not.
@@ -38,6 +44,7 @@ def test_a_failed_reference_solution_scores_zero_with_its_reason(suite_result):
     assert "solve.sh exited 3" in v.reason and "patch does not apply" in v.reason
 
 
+@slow
 def test_reasons_name_what_decided_the_verdict(suite_result):
     by = {v.task_id: v for v in suite_result.verdicts}
     assert by["flaky-verifier"].oracle_scores in ((1.0, 0.0), (0.0, 1.0))
@@ -48,6 +55,7 @@ def test_reasons_name_what_decided_the_verdict(suite_result):
     assert by["run-step"].oracle_scores == () and by["no-verifier"].oracle_scores == ()  # never ran
 
 
+@slow
 def test_verdicts_are_written_as_parquet_markdown_and_an_ok_split_file(suite_result, tmp_path):
     paths = write(suite_result, tmp_path / "out")
     rows = pq.read_table(paths["parquet"]).to_pylist()
@@ -83,6 +91,7 @@ def test_missing_images_are_unrunnable_before_anything_runs(tmp_path, fake_docke
     assert "base-present" not in {v.task_id for v in present.verdicts if "not on the Docker host" in v.reason}
 
 
+@slow
 def test_the_command_line_checks_a_suite_and_exits_1_when_a_task_is_not_ok(tmp_path, fake_docker):
     suite = tmp_path / "suite"
     make_task(suite, "base-missing")
