@@ -104,3 +104,10 @@ def test_the_command_line_checks_a_suite_and_exits_1_when_a_task_is_not_ok(tmp_p
     bad = subprocess.run([sys.executable, "-m", "milo_ray.tasks", "check", str(tmp_path / "nowhere")],
                          capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path)
     assert bad.returncode == 2 and "no such file or directory" in bad.stderr
+
+
+@slow
+def test_the_bundled_suite_is_all_ok(ray_local):
+    result = run_check(REPO / "milo_ray" / "data" / "harbor_tasks", ["execution.num_cpus=2"])
+    assert len(result.verdicts) == 15
+    assert {v.task_id: v.verdict for v in result.verdicts if v.verdict != "ok"} == {}
