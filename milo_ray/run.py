@@ -42,7 +42,7 @@ from omegaconf import DictConfig, OmegaConf
 from milo_ray import redaction
 from milo_ray.config import register_configs
 from milo_ray.config_errors import (UserError, check_composition, check_overrides, check_resume_overrides,
-                                    check_seed_harnesses, check_settings, check_tasks_runnable, jobs_launched,
+                                    check_seed_harnesses, check_settings, jobs_launched,
                                     override_key, set_jobs_launched)
 from milo_ray.config_path import conf_dir
 from milo_ray.manifest import (EMBEDDER_LOADED, build_manifest, deadline_for, elapsed_before, finish_manifest, new_run_id,
