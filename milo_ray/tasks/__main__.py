@@ -40,7 +40,13 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parser().parse_args(argv)
+    p = parser()
+    # Overrides may come before or after the options (argparse alone takes them only before).
+    args, rest = p.parse_known_args(argv)
+    unknown = [r for r in rest if r.startswith("-")]
+    if unknown:
+        p.error(f"unrecognized arguments: {' '.join(unknown)}")
+    args.overrides = [*args.overrides, *rest]
     from milo_ray.config_errors import UserError
     from milo_ray.tasks.check import run_check
     from milo_ray.tasks.output import print_table, write, write_split_file

@@ -96,8 +96,8 @@ def test_the_command_line_checks_a_suite_and_exits_1_when_a_task_is_not_ok(tmp_p
     suite = tmp_path / "suite"
     make_task(suite, "base-missing")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
-    proc = subprocess.run([sys.executable, "-m", "milo_ray.tasks", "check", str(suite), "sandbox=docker",
-                           f"sandbox.docker=[{fake_docker}]", "--out", str(tmp_path / "out")],
+    proc = subprocess.run([sys.executable, "-m", "milo_ray.tasks", "check", str(suite), "--no-noop", "sandbox=docker",
+                           "--out", str(tmp_path / "out"), f"sandbox.docker=[{fake_docker}]"],
                           capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path)
     assert proc.returncode == 1, proc.stderr[-2000:]
     assert "unrunnable" in proc.stdout and (tmp_path / "out" / "verdicts.parquet").is_file()
