@@ -16,7 +16,8 @@ import pytest
 from milo_ray.tasks.check import run_check
 from milo_ray.tasks.output import write, write_split_file
 
-from conftest import EXPECTED, make_task
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from task_suite import EXPECTED, make_task  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 

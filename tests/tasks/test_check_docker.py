@@ -5,13 +5,16 @@ Skips without a daemon that can be started, except under CI=true (CI starts one)
 from __future__ import annotations
 
 import os
+import sys
+from pathlib import Path
 
 import pytest
 
 from milo_ray.tasks.check import run_check
 from milo_ray.testing.dockerd import ensure_dockerd, local_base_image, local_host_mounts
 
-from conftest import make_task
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from task_suite import make_task  # noqa: E402
 
 pytestmark = pytest.mark.slow  # image builds and containers
 
