@@ -103,7 +103,9 @@ class EvalMethod:
         """``executor.agent=oracle``: the reference solutions run instead of any harness, so
         every harness would score the same. Validate the suite instead: every task of every
         split once (``method.split``, ``method.k`` and ``method.names`` do not apply), one
-        row per task, and the tasks whose oracle is not resolved listed by name."""
+        row per task, and the tasks whose oracle is not resolved listed by name (a reference
+        solution that failed scores 0 with its reason). The fuller check -- a do-nothing
+        agent, repeats, images, one verdict per task -- is ``python -m milo_ray.tasks check``."""
         seed_h = self._seeds(ctx.benchmark)[0]  # a rollout names a harness; the oracle ignores it
         ctx.scheduler.add_harness(seed_h)
         HarnessRecorder(ctx.store, resumed=ctx.resumed).record(seed_h, origin="seed", admitted=True)
@@ -145,6 +147,9 @@ def print_oracle_table(title: str, rows: list[dict[str, Any]]) -> None:
     console = Console(width=160)
     console.print(table)
     console.print(f"{sum(r['resolved'] for r in rows)}/{len(rows)} tasks resolved by their reference solution")
+    # This mode answers one question; the task check also grades a do-nothing agent,
+    # repeats the oracle for flaky verifiers and looks for missing images.
+    console.print("for a verdict per task (trivial, flaky, needs-network, ...): python -m milo_ray.tasks check PATH")
 
 
 def _fmt(value: Any, spec: str = ".3f") -> str:

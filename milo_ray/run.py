@@ -40,11 +40,11 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
 from milo_ray import redaction
-from milo_ray.config.schemas import register_configs
 from milo_ray.config.errors import UserError, jobs_launched, set_jobs_launched
-from milo_ray.config.validate import (check_composition, check_overrides, check_resume_overrides, check_seed_harnesses,
-                                      check_settings, check_tasks_runnable, override_key)
 from milo_ray.config.paths import conf_dir
+from milo_ray.config.schemas import register_configs
+from milo_ray.config.validate import (check_composition, check_overrides, check_resume_overrides, check_seed_harnesses,
+                                      check_settings, override_key)
 from milo_ray.manifest import (EMBEDDER_LOADED, build_manifest, deadline_for, elapsed_before, finish_manifest, new_run_id,
                                read_manifest)
 
@@ -183,8 +183,10 @@ def prepare_run(cfg: DictConfig) -> PreparedRun:
     benchmark = _build("benchmark", cfg.benchmark)
     # Tasks the sandbox cannot run are refused by name, or skipped with a warning when the
     # run asks for it, before the method sees the splits.
-    skipped = check_tasks_runnable(plan.executor, cfg.executor, [t for s in benchmark.splits().values() for t in s],
-                                   skip=bool(OmegaConf.select(cfg, "run.skip_unrunnable_tasks", default=False)))
+    from milo_ray.tasks.preflight import check_runnable  # the sandbox's refusals and, under Docker, missing images
+
+    skipped = check_runnable(plan.executor, cfg.executor, [t for s in benchmark.splits().values() for t in s],
+                             skip=bool(OmegaConf.select(cfg, "run.skip_unrunnable_tasks", default=False)))
     if skipped:
         _skip_tasks(benchmark, skipped)
     check_seed_harnesses(benchmark, cfg.get("sandbox"))

@@ -264,12 +264,16 @@ class HarborBenchmark(SplitTasks):
       instruction.md or tests/; names starting with "." or "_" (e.g. ``_template``) are
       skipped. splits / split_seed / split_file: see
       :mod:`milo_ray.benchmarks.splits`. token_cap: each task's output-token cap (the
-      paper's 20M). seeds: seed harness names (default all five).
+      paper's 20M). seeds: seed harness names (default all five). skip_invalid: leave
+      out the tasks that have problems and list them in ``invalid_tasks`` (task id ->
+      problems) instead of refusing the suite (the task check reports them as verdicts;
+      a run refuses them).
     A task's time cap is its ``[agent] timeout_sec`` (600 s when absent).
     """
 
     def __init__(self, path: str | None = None, splits: Mapping[str, Any] | None = None, split_seed: int = 0,
-                 split_file: str | None = None, token_cap: int = 20_000_000, seeds: list[str] | None = None):
+                 split_file: str | None = None, token_cap: int = 20_000_000, seeds: list[str] | None = None,
+                 skip_invalid: bool = False):
         root = Path(path).expanduser() if path else BUNDLED_SUITE
         if not root.is_dir():
             raise BenchmarkDataMissing(f"benchmark.path={str(root)!r}: no such directory "
@@ -286,10 +290,18 @@ class HarborBenchmark(SplitTasks):
                                        "(each needs instruction.md, task.toml and tests/test.sh)")
         specs: list[HarborTaskSpec] = []
         problems: list[str] = []
+        # Tasks left out for their problems (skip_invalid): task id -> the problems, one a line.
+        self.invalid_tasks: dict[str, str] = {}
         for d in dirs:
             spec, probs = parse_task_dir(d)
+            if probs and skip_invalid:
+                self.invalid_tasks[spec.task_id] = "\n".join(probs)
+                continue
             problems.extend(probs)
             specs.append(spec)
+        if not specs:
+            raise BenchmarkDataMissing(f"benchmark.path={str(self.root)!r}: no valid task directory:\n"
+                                       + "\n".join(self.invalid_tasks.values()))
         if problems:
             raise ValueError(f"Harbor suite {self.root}: {len(problems)} problem(s):\n" + "\n".join(problems))
         self._specs = {s.task_id: s for s in specs}

@@ -230,13 +230,15 @@ class SweBenchmark(SplitTasks):
     rows without one (``{instance_id}``, ``{instance_id_docker}``, ``{repo}``,
     ``{dockerhub_tag}``). time_cap_s: the agent's time cap per task (the paper's 7,200 s).
     verifier_timeout_s: the test command's timeout. token_cap: output-token cap per task.
-    seeds: seed harness names (default all five).
+    seeds: seed harness names (default all five). skip_invalid: leave out the rows that
+    have problems and list them in ``invalid_tasks`` (instance id, or ``line N`` for a row
+    without one -> problems) instead of refusing the file.
     """
 
     def __init__(self, path: str | None = None, splits: Mapping[str, Any] | None = None, split_seed: int = 0,
                  split_file: str | None = None, test_cmd: str | None = None, workdir: str = "/testbed",
                  image_template: str | None = None, time_cap_s: float = 7200.0, verifier_timeout_s: float = 1800.0,
-                 token_cap: int = 20_000_000, seeds: list[str] | None = None):
+                 token_cap: int = 20_000_000, seeds: list[str] | None = None, skip_invalid: bool = False):
         if not path:
             raise BenchmarkDataMissing("benchmark.path: no JSONL file given (benchmark.path=/path/to/tasks.jsonl)")
         p = Path(path).expanduser()
@@ -254,6 +256,8 @@ class SweBenchmark(SplitTasks):
         metas: dict[str, dict[str, Any]] = {}
         seen: dict[str, int] = {}
         problems: list[str] = []
+        # Rows left out for their problems (skip_invalid): instance id (or "line N") -> problems.
+        self.invalid_tasks: dict[str, str] = {}
         for lineno, line in enumerate(self.path.read_text().splitlines(), 1):
             if not line.strip():
                 continue
@@ -264,18 +268,23 @@ class SweBenchmark(SplitTasks):
                 continue
             meta, probs = parse_row(row, lineno, test_cmd=test_cmd, workdir=workdir, image_template=image_template,
                                     verifier_timeout_s=verifier_timeout_s)
-            problems += probs
             iid = row.get("instance_id") if isinstance(row, dict) else None
             if isinstance(iid, str):
                 if iid in seen:
-                    problems.append(f"line {lineno} ({iid}): instance_id {iid!r} appears twice (first on line {seen[iid]})")
+                    probs.append(f"line {lineno} ({iid}): instance_id {iid!r} appears twice (first on line {seen[iid]})")
                 seen.setdefault(iid, lineno)
+            if probs and skip_invalid:
+                key = iid if isinstance(iid, str) and iid.strip() and iid not in metas else f"line {lineno}"
+                self.invalid_tasks[key] = "\n".join(probs)
+                continue
+            problems += probs
             if meta is not None:
                 metas[meta["instance_id"]] = meta
         if problems:
             raise ValueError(f"SWE task file {self.path}: {len(problems)} problem(s):\n" + "\n".join(problems))
         if not metas:
-            raise BenchmarkDataMissing(f"benchmark.path={str(self.path)!r}: holds no rows")
+            raise BenchmarkDataMissing(f"benchmark.path={str(self.path)!r}: holds no valid rows"
+                                       + "".join(f"\n{v}" for v in self.invalid_tasks.values()))
         assignment = resolve_splits(list(metas), sizes=dict(splits.items()) if splits else None,
                                     seed=int(split_seed), split_file=split_file)
         self._splits = {name: [self._task(metas[t], name) for t in ids] for name, ids in assignment.items()}

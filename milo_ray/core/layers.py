@@ -63,6 +63,8 @@ LAYERS: tuple[Layer, ...] = (
     Layer("read side", ("milo_ray.methods", "milo_ray.results", "milo_ray.einstein", "milo_ray.tracking",
                        "milo_ray.report"),
           "the method registry, results API, einstein record checks, run status and MLflow, the HTML report"),
-    Layer("entry points", ("milo_ray.run", "milo_ray.sweep", "milo_ray.integrations", "milo_ray.testing"),
-          "python -m milo_ray.run / .sweep, adapters for other tools, and the test support package"),
+    Layer("entry points", ("milo_ray.run", "milo_ray.sweep", "milo_ray.tasks", "milo_ray.integrations",
+                           "milo_ray.testing"),
+          "python -m milo_ray.run / .sweep / .tasks (the task check, and the run preflight it shares with run), "
+          "adapters for other tools, and the test support package"),
 )

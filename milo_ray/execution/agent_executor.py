@@ -377,11 +377,18 @@ class _AgentRun:
         if self.startup_s is not None:
             traj["startup_s"] = round(self.startup_s, 3)
             traj["warm_process"] = self.warm
+        score = float(verdict.score)
+        if self.status == "oracle" and self.error:
+            # A reference solution that failed (a gold patch that does not apply, solve.sh
+            # exiting non-zero) solved nothing: grading the untouched tree would give the
+            # task the score of doing nothing, which can look almost right (0.8 of the tests
+            # already pass). The verifier's view stays in the trace.
+            score = 0.0
         trace = {"trajectory": traj, "ctrf": verdict.ctrf,
                  "verifier": {"score": verdict.score, "reward": verdict.reward, "error": verdict.error,
                               "seconds": round(verdict.seconds, 3), "output": verdict.output,
                               "details": verdict.details}}
-        return RolloutResult(harness_id, task.task_id, rollout_idx, score=float(verdict.score),
+        return RolloutResult(harness_id, task.task_id, rollout_idx, score=score,
                              input_tokens=traj["final"]["input_tokens"], output_tokens=traj["final"]["output_tokens"],
                              cost_usd=cost, latency_s=float(self.seconds), timed_out=self.status == "timeout",
                              error_kind=error_kind, error=error, trace=trace)

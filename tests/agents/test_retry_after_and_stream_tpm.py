@@ -10,7 +10,7 @@ import pytest
 
 from milo_ray.agents.llm import RetryWait, build_chat_model, retry_after_s
 from milo_ray.agents.rate_limit import SharedRateLimiter
-from milo_ray.config import ModelConfig
+from milo_ray.config.schemas import ModelConfig
 from milo_ray.testing.openai_server import Reply, ScriptedOpenAIServer, error, reply
 
 KEY = "OPENAI_API_KEY_FOR_TESTS"

@@ -181,3 +181,37 @@ def test_the_config_group_builds_the_benchmark(tmp_path):
     bench = instantiate(cfg, path=str(f), test_cmd="pytest -rA")
     assert {k: len(v) for k, v in bench.splits().items()} == {"search": 5, "val": 3, "test": 2}
     assert len(bench.seed_harnesses()) == 5
+
+
+@needs_bwrap
+def test_a_gold_patch_that_does_not_apply_scores_zero_with_the_reason_not_the_untouched_trees_score(swe_repo):
+    # The untouched tree passes test_add (PASS_TO_PASS), half the listed tests: graded as
+    # is, a broken gold patch would score 0.5 and look half right.
+    import dataclasses
+
+    from milo_ray.execution.agent_executor import AgentExecutor
+    from milo_ray.harness.model import Harness
+
+    task, checkout = swe_repo
+    broken = dataclasses.replace(task, metadata={**task.metadata, "patch": task.metadata["patch"].replace(
+        "-    return a + b", "-    return a * b")})
+
+    class Checkouts:
+        name = "dir"
+
+        def unsupported(self, spec):
+            return None
+
+        def open(self, spec, scratch, **_):
+            return checkout()
+
+    executor = AgentExecutor(sandbox=Checkouts(), agent="oracle")
+    oracle = Harness.from_source("# the oracle ignores the harness\n")
+    with checkout() as sb:
+        assert SWE.verify(broken, sb).score == 0.5  # what the untouched tree scores
+    result = executor.execute(oracle, broken, 0, 0)
+    assert result.score == 0.0 and result.error_kind == "task"
+    assert "the gold patch does not apply" in result.error
+    assert result.trace["verifier"]["score"] == 0.5  # the verifier's own view is kept for diagnosis
+    good = executor.execute(oracle, task, 0, 0)
+    assert good.score == 1.0 and good.error is None
