@@ -138,8 +138,8 @@ def value_problems(path: str, target: Any, kwargs: Mapping[str, Any]) -> list[Pr
     hints = _parameter_hints(target)
     for name, value in kwargs.items():
         hint = hints.get(name)
-        if hint is None or value is None and _nullable(hint):
-            continue
+        if hint is None or value is None and _nullable(hint) or isinstance(value, Mapping) and "_target_" in value:
+            continue  # a nested spec is checked on its own and built into what the parameter takes
         extras: tuple = ()
         if typing.get_origin(hint) is typing.Annotated:
             hint, *rest = typing.get_args(hint)
