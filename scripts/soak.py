@@ -130,7 +130,17 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("--rollouts must be >= 4 x --batch and >= --warm (a quarter needs a whole batch)")
     from milo_ray.execution.cluster import start_local
 
-    start_local(num_cpus=args.num_cpus, slots=args.slots, configure_logging=False)
+    for attempt in range(3):  # on a loaded machine Ray's start-up can time out
+        try:
+            start_local(num_cpus=args.num_cpus, slots=args.slots, configure_logging=False)
+            break
+        except Exception as exc:  # noqa: BLE001 - Ray raises a bare Exception for this
+            if attempt == 2 or "timed out during startup" not in str(exc):
+                raise
+            import ray
+
+            ray.shutdown()
+            print(f"Ray did not start ({exc}); trying again", flush=True)
     with tempfile.TemporaryDirectory(prefix="soak_") as tmp:
         result = soak(args.dir or Path(tmp) / "run", rollouts=args.rollouts, fault_rate=args.fault_rate,
                       batch=args.batch, warm=args.warm, slots=args.slots)
