@@ -81,6 +81,7 @@ METHODS = {
 # Columns that legitimately differ between an interrupted and an uninterrupted run.
 _VOLATILE = {"started_at", "finished_at", "latency_s", "node", "trace_ref", "time", "seq", "created_at", "run_id",
              "attempts"}
+_INFRA_EVENTS = {"rollout_worker_released", "rollout_retry"}
 BREAKS = ("ignore-duplicates", "ignore-lost", "ignore-calls", "ignore-budget", "ignore-lineage", "ignore-tables")
 
 
@@ -200,16 +201,32 @@ def snapshot(run_dir: Path) -> dict[str, Any]:
     from milo_ray.results import load_run
 
     if not (run_dir / "manifest.json").exists():
-        return {"rollouts": [], "harnesses": [], "agent_calls": [], "events": [], "manifest": {}}
+        return {"rollouts": [], "harnesses": [], "agent_calls": [], "events": [], "manifest": {},
+                "run_dir": str(run_dir)}
     res = load_run(run_dir)
     return {"rollouts": _records(res.rollouts), "harnesses": _records(res.harnesses),
             "agent_calls": _records(res.agent_calls),
-            "events": _records(res.events.drop(columns=["data"])), "manifest": res.manifest}
+            "events": _records(res.events.drop(columns=["data"])), "manifest": res.manifest,
+            "run_dir": str(run_dir)}
 
 
-def _stable(rows: list[dict[str, Any]]) -> Counter:
-    return Counter(json.dumps({k: v for k, v in r.items() if k not in _VOLATILE}, sort_keys=True, default=str)
-                   for r in rows)
+def _stable(rows: list[dict[str, Any]], run_dir: str | None = None) -> Counter:
+    """Rows as comparable text: volatile columns dropped, the run's own directory (which
+    MILO's node payloads name) replaced by ``<run>``, events about the Ray workers rather
+    than the run (a worker released when idle, an infrastructure retry) left out, and the
+    agents' wall seconds of a summary's ``spend_by_role`` dropped (its tokens are in
+    ``agent_calls``, compared on their own)."""
+    out: Counter = Counter()
+    for r in rows:
+        if r.get("kind") in _INFRA_EVENTS:
+            continue
+        if r.get("kind") and r.get("payload") and "spend_by_role" in r["payload"]:
+            payload = json.loads(r["payload"])
+            payload.pop("spend_by_role", None)
+            r = {**r, "payload": json.dumps(payload, sort_keys=True)}
+        text = json.dumps({k: v for k, v in r.items() if k not in _VOLATILE}, sort_keys=True, default=str)
+        out[text.replace(run_dir, "<run>") if run_dir else text] += 1
+    return out
 
 
 # ---- checks ------------------------------------------------------------------------------------
@@ -261,7 +278,7 @@ def check(final: dict[str, Any], before: list[dict[str, Any]], reference: dict[s
                     break
     if reference is not None and "ignore-tables" not in breaks:
         for table in ("rollouts", "harnesses", "agent_calls", "events"):
-            a, b = _stable(final[table]), _stable(reference[table])
+            a, b = _stable(final[table], final.get("run_dir")), _stable(reference[table], reference.get("run_dir"))
             if a != b:
                 extra, missing = sum((a - b).values()), sum((b - a).values())
                 sample = next(iter((a - b) or (b - a)))[:300]
@@ -287,7 +304,7 @@ def reference_run(spec: MethodSpec, out: Path, run_seed: int) -> tuple[dict[str,
     cached = run_dir / "reference.json"
     if cached.exists():
         data = json.loads(cached.read_text())
-        return data["snapshot"], data["seconds"]
+        return {**data["snapshot"], "run_dir": str(run_dir)}, data["seconds"]
     run_dir.parent.mkdir(parents=True, exist_ok=True)
     killed, seconds, code = _session([*spec.args, *QUIET, f"run.seed={run_seed}", f"run.dir={run_dir}"],
                                      run_dir=run_dir, ray_tmp=_ray_tmp(f"{spec.name}-ref{run_seed}"),
@@ -297,7 +314,7 @@ def reference_run(spec: MethodSpec, out: Path, run_seed: int) -> tuple[dict[str,
                            f"{run_dir.parent / f'reference-seed{run_seed}.log'}")
     snap = snapshot(run_dir)
     cached.write_text(json.dumps({"snapshot": snap, "seconds": seconds}, default=str))
-    return json.loads(cached.read_text())["snapshot"], seconds
+    return {**json.loads(cached.read_text())["snapshot"], "run_dir": str(run_dir)}, seconds
 
 
 def run_trial(spec: MethodSpec, index: int, *, out: Path, seed: int, run_seed: int, max_kills: int,
