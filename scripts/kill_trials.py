@@ -81,7 +81,9 @@ METHODS = {
 # Columns that legitimately differ between an interrupted and an uninterrupted run.
 _VOLATILE = {"started_at", "finished_at", "latency_s", "node", "trace_ref", "time", "seq", "created_at", "run_id",
              "attempts"}
-_INFRA_EVENTS = {"rollout_worker_released", "rollout_retry"}
+# Events about a session rather than the run: a Ray worker released when idle, an
+# infrastructure retry, SSR's note that a resumed session fast-forwards.
+_SESSION_EVENTS = {"rollout_worker_released", "rollout_retry", "ssr.resume"}
 BREAKS = ("ignore-duplicates", "ignore-lost", "ignore-calls", "ignore-budget", "ignore-lineage", "ignore-tables")
 
 
@@ -212,13 +214,13 @@ def snapshot(run_dir: Path) -> dict[str, Any]:
 
 def _stable(rows: list[dict[str, Any]], run_dir: str | None = None) -> Counter:
     """Rows as comparable text: volatile columns dropped, the run's own directory (which
-    MILO's node payloads name) replaced by ``<run>``, events about the Ray workers rather
-    than the run (a worker released when idle, an infrastructure retry) left out, and the
+    MILO's node payloads name) replaced by ``<run>``, events about a session rather than
+    the run (``_SESSION_EVENTS``) left out, and the
     agents' wall seconds of a summary's ``spend_by_role`` dropped (its tokens are in
     ``agent_calls``, compared on their own)."""
     out: Counter = Counter()
     for r in rows:
-        if r.get("kind") in _INFRA_EVENTS:
+        if r.get("kind") in _SESSION_EVENTS:
             continue
         if r.get("kind") and r.get("payload") and "spend_by_role" in r["payload"]:
             payload = json.loads(r["payload"])
