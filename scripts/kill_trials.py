@@ -82,8 +82,9 @@ METHODS = {
 _VOLATILE = {"started_at", "finished_at", "latency_s", "node", "trace_ref", "time", "seq", "created_at", "run_id",
              "attempts"}
 # Events about a session rather than the run: a Ray worker released when idle, an
-# infrastructure retry, SSR's note that a resumed session fast-forwards.
-_SESSION_EVENTS = {"rollout_worker_released", "rollout_retry", "ssr.resume"}
+# infrastructure retry, SSR's note that a resumed session fast-forwards, the embedder each
+# session loads.
+_SESSION_EVENTS = {"rollout_worker_released", "rollout_retry", "ssr.resume", "embedder.loaded"}
 BREAKS = ("ignore-duplicates", "ignore-lost", "ignore-calls", "ignore-budget", "ignore-lineage", "ignore-tables")
 
 

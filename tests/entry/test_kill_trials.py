@@ -90,10 +90,12 @@ def test_each_break_switch_silences_its_check(brk):
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(900)
 def test_three_killed_and_resumed_runs_match_their_uninterrupted_runs(tmp_path):
     # One trial each of a deterministic method per family (eval, lock-step MILO, SSR), up
-    # to two kills each: the CI-sized version of the >= 20-trial runs in the README.
-    code = kt.main(["--trials", "1", "--max-kills", "2", "--methods", "eval,milo_lockstep,ssr",
+    # to two kills each, the three at once (each driver has its own Ray): the CI-sized
+    # version of the >= 20-trial runs in the README.
+    code = kt.main(["--trials", "1", "--max-kills", "2", "--methods", "eval,milo_lockstep,ssr", "--jobs", "3",
                     "--out", str(tmp_path), "--seed", "1"])
     results = (tmp_path / "results.json").read_text()
     assert code == 0, results
