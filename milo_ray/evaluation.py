@@ -4,6 +4,7 @@ method prints (pass@k, PR@k, RR@k with task-clustered 95% intervals, tokens, sec
 
 from __future__ import annotations
 
+import json
 from typing import Any, Sequence
 
 from milo_ray.context import RunContext
@@ -14,6 +15,7 @@ from milo_ray.search.final_test import true_score
 from milo_ray.search.plugin import SPEC_KEY, final_test_record
 from milo_ray.search.recording import HarnessRecorder
 from milo_ray.search.scores import HarnessScore, print_scores, summarize
+from milo_ray.store.schema import json_dumps
 
 EVAL_SUMMARY, ORACLE_SUMMARY = "eval_summary", "oracle_summary"  # the method's records in ``events``
 EVAL_EVENT_KINDS = (EVAL_SUMMARY, ORACLE_SUMMARY)
@@ -90,8 +92,8 @@ class EvalMethod:
                           true_score=true_score(ctx.benchmark, h, self.split)) for h in seeds] if k_done else []
         if rows:
             print_scores(f"{ctx.benchmark.name}: {self.split} split, k={k_done}", rows)
-        ctx.store.event(EVAL_SUMMARY, {"split": self.split, "k": k_done, "k_requested": self.k, "stop_reason": stop,
-                                       "rows": [r.as_dict() for r in rows]})
+        _record_once(ctx, EVAL_SUMMARY, {"split": self.split, "k": k_done, "k_requested": self.k,
+                                         "stop_reason": stop, "rows": [r.as_dict() for r in rows]})
         summary = {"method": "eval", "split": self.split, "k": k_done, "k_requested": self.k, "stop_reason": stop,
                    "harnesses": [r.as_dict() for r in rows]}
         if k_done:  # what the read side tests against: these tasks, these rollouts
@@ -123,8 +125,19 @@ class EvalMethod:
         print_oracle_table(ctx.benchmark.name, rows)
         summary = {"method": "eval", "mode": "oracle", "tasks": len(rows), "resolved": len(rows) - len(failing),
                    "failing": [row["task_id"] for row in failing], "rows": rows}
-        ctx.store.event(ORACLE_SUMMARY, summary)
+        _record_once(ctx, ORACLE_SUMMARY, summary)
         return summary
+
+
+def _record_once(ctx: RunContext, kind: str, payload: dict[str, Any]) -> None:
+    """Store the summary event unless a resumed run already holds the same one: a session
+    killed after storing it, before the run was marked finished, must not leave it twice."""
+    if ctx.resumed:
+        want = json.loads(json_dumps(payload))
+        events = ctx.store.read("events").to_pylist()
+        if any(e["kind"] == kind and e["payload"] is not None and json.loads(e["payload"]) == want for e in events):
+            return
+    ctx.store.event(kind, payload)
 
 
 def oracle_mode(scheduler: Any) -> bool:
