@@ -24,7 +24,7 @@ nodes instead of piling onto the driver's.
 
 from __future__ import annotations
 
-from typing import Any, Callable, TypeVar
+from typing import Any, Callable, Iterable, TypeVar
 
 import ray
 
@@ -134,12 +134,22 @@ def island_node(j: int) -> Any:
     return NodeAffinitySchedulingStrategy(node_id=nodes[int(j) % len(nodes)], soft=False)
 
 
-def island_actors(*, eps: float, temperature: float) -> Callable[[int], IslandRef]:
-    """The island factory of a run: each island a new actor, spread over the cluster."""
+def island_actors(*, eps: float, temperature: float, prestart: Iterable[int] = ()) -> Callable[[int], IslandRef]:
+    """The island factory of a run: each island a new actor, spread over the cluster.
 
-    def make(j: int) -> IslandRef:
+    ``prestart``: islands whose actors are started now, before the run's events create
+    the islands. An actor is a new worker process (seconds to start on a busy machine);
+    started with the run, the initial islands' actors come up while the seeds are
+    evaluated instead of after."""
+
+    def start(j: int) -> IslandRef:
         actor = IslandActor.options(scheduling_strategy=island_node(j)).remote(j, eps=eps, temperature=temperature)
         return IslandRef(j, actor)
+
+    started = {int(j): start(int(j)) for j in prestart}
+
+    def make(j: int) -> IslandRef:
+        return started.pop(int(j), None) or start(j)
 
     return make
 

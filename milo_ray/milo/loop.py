@@ -106,8 +106,10 @@ class MiloRun:
         self._orchestrator: Any = None
         # Each island is a Ray actor, the only in-memory owner of its state; this state
         # holds the run-level rest and routes each island its events.
+        # The initial islands' actors start now, while the seeds are evaluated.
+        initial = range(1 if cfg.num_islands == 1 else min(cfg.num_islands, len(self.seeds)))
         self.state = MiloState(eps=cfg.eps, temperature=cfg.temperature,
-                               island_factory=island_actors(eps=cfg.eps, temperature=cfg.temperature))
+                               island_factory=island_actors(eps=cfg.eps, temperature=cfg.temperature, prestart=initial))
         # ``_apply`` looked up per event, so an instance that overrides it is honoured.
         self.events = EventLog(self.store, MILO_EVENTS, apply=lambda event: self._apply(event))
         self.harnesses: dict[str, Harness] = {}  # harness id -> source (a cache of the store's blobs)
