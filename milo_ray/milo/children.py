@@ -54,14 +54,16 @@ async def heldout(run: PopulationView, j: int, node: LineageNode, *, round: int)
     """Measure and record a node's held-out score once; whether it was a new island best.
 
     A node whose score is already recorded (a resumed round) is not measured again;
-    island j (which holds the node) says whether the score was a new best."""
-    island = run.state.islands[j]
-    gain = await ask(island, Island.held_out_gain, node.node_id)
-    if gain is None:
+    island j (which holds the node) says whether the score was a new best. ``node`` is
+    current (just built, or read from its island): its ``val_accuracy`` is set exactly
+    when its ``milo.heldout`` event was applied, so one question suffices."""
+    if node.val_accuracy is None:
         ev = await eval_val(run, run.harness(node), island=j, round=round)
         run.emit(HeldOut(j, node.node_id, ev.accuracy), island=j, round=round, harness_id=node.harness_id)
-        gain = await ask(island, Island.held_out_gain, node.node_id)
-    return bool(gain)
+    gain = await ask(run.state.islands[j], Island.held_out_gain, node.node_id)
+    if gain is None:
+        raise RuntimeError(f"island {j}: node {node.node_id!r} has a held-out score but no verdict")
+    return gain
 
 
 def mutation_request(run: PopulationView, j: int, r: int, parent: LineageNode, mutator: str,

@@ -42,7 +42,8 @@ class IslandRef:
     The loop asks through :func:`ask` (awaited, so free-running islands never block one
     another); the few blocking readers (``status``, ``nodes``, ``snapshot``, ...) serve
     the read side outside the event loop (a finished run's inspection, ``MiloState``'s
-    readers) and speciation, whose new island needs the moved subtree at once."""
+    readers) and speciation, whose driver-side index needs the moved node ids at once
+    (the source island is running: one round trip)."""
 
     def __init__(self, island: int, actor: Any) -> None:
         self.island = int(island)
@@ -85,7 +86,10 @@ class IslandRef:
         return self.get(Island.detach, node_id)
 
     def adopt(self, part: IslandPart) -> None:
-        self.get(Island.adopt, part)
+        """Sent, not awaited (like an event): a new island's actor may still be starting,
+        and its next question waits for it anyway."""
+        self._flush()
+        self._sent.append(self.actor.adopt.remote(part))
 
     def status(self) -> tuple[int, int]:
         return self.get(Island.status)

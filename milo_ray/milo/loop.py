@@ -282,25 +282,22 @@ class MiloRun:
                                  mutator=mutator)
 
     # ------------------------------------------------------------------ driving
-    async def _should_orchestrate(self, j: int) -> bool:
+    async def _should_orchestrate(self, j: int, status: tuple[int, int] | None = None) -> bool:
         """stall_j >= P, island j has run P rounds since its last intervention, and the
         orchestrator role may still spend.
 
         stall_j itself only resets on a held-out gain (it is what the orchestrator reads);
         the spacing gives each intervention P rounds to show an effect before the next one.
         """
-        rounds, stall = await ask(self.state.islands[j], Island.status)
+        rounds, stall = status or await ask(self.state.islands[j], Island.status)
         P = self.cfg.patience
         last = self.state.last_intervention
         spaced = j not in last or rounds - last[j] >= P
         due = bool(self.cfg.orchestrator and self.cfg.max_moves > 0 and stall >= P and spaced)
         return due and self.role_refused("orchestrator") is None
 
-    async def _island_done(self, j: int) -> bool:
-        if self.cfg.max_rounds is None:
-            return False
-        rounds, _ = await ask(self.state.islands[j], Island.status)
-        return rounds >= self.cfg.max_rounds
+    def _island_done(self, rounds_done: int) -> bool:
+        return self.cfg.max_rounds is not None and rounds_done >= self.cfg.max_rounds
 
     async def _rounds_done(self, islands: list[int]) -> dict[int, int]:
         """Rounds done per island, asked of all of them at once."""
@@ -330,10 +327,11 @@ class MiloRun:
             if self.out_of_time():
                 self._halt("time limit")
                 break
-            if await self._should_orchestrate(j):
+            status = await ask(self.state.islands[j], Island.status)  # one question for both checks
+            if await self._should_orchestrate(j, status):
                 await self._orchestrate(j)
                 continue
-            if await self._island_done(j):
+            if self._island_done(status[0]):
                 break
             await self._guarded(self.island_round(j))
 
@@ -379,7 +377,7 @@ class MiloRun:
                 self._halt("time limit")
                 break
             done = await self._rounds_done(sorted(self.state.islands))
-            active = [j for j in sorted(done) if self.cfg.max_rounds is None or done[j] < self.cfg.max_rounds]
+            active = [j for j in sorted(done) if not self._island_done(done[j])]
             if not active:
                 break
             reason = self.role_refused("mutator")
