@@ -10,7 +10,6 @@ Mutation children and graft children go through the same :func:`admit_child`.
 
 from __future__ import annotations
 
-import asyncio
 import shutil
 from pathlib import Path
 from typing import Any
@@ -20,6 +19,8 @@ from milo_ray.core.seeds import derive_seed
 from milo_ray.harness.model import Harness
 from milo_ray.milo.evaluate import Evaluation, empty_dir, evaluate, write_request_record
 from milo_ray.milo.events import HeldOut
+from milo_ray.milo.island import Island
+from milo_ray.milo.island_actor import ask
 from milo_ray.milo.lineage import LineageNode
 from milo_ray.milo.records import build_node, record_node
 from milo_ray.milo.view import PopulationView
@@ -52,18 +53,25 @@ async def eval_val(run: PopulationView, h: Harness, *, island: int | str, round:
 async def heldout(run: PopulationView, j: int, node: LineageNode, *, round: int) -> bool:
     """Measure and record a node's held-out score once; whether it was a new island best.
 
-    A node whose score is already recorded (a resumed round) is not measured again."""
-    if node.node_id not in run.state.val_gain:
+    A node whose score is already recorded (a resumed round) is not measured again;
+    island j (which holds the node) says whether the score was a new best. ``node`` is
+    current (just built, or read from its island): its ``val_accuracy`` is set exactly
+    when its ``milo.heldout`` event was applied, so one question suffices."""
+    if node.val_accuracy is None:
         ev = await eval_val(run, run.harness(node), island=j, round=round)
         run.emit(HeldOut(j, node.node_id, ev.accuracy), island=j, round=round, harness_id=node.harness_id)
-    return run.state.val_gain[node.node_id]
+    gain = await ask(run.state.islands[j], Island.held_out_gain, node.node_id)
+    if gain is None:
+        raise RuntimeError(f"island {j}: node {node.node_id!r} has a held-out score but no verdict")
+    return gain
 
 
-def mutation_request(run: PopulationView, j: int, r: int, parent: LineageNode, mutator: str) -> MutationRequest:
+def mutation_request(run: PopulationView, j: int, r: int, parent: LineageNode, mutator: str,
+                     memory_md: str) -> MutationRequest:
     """Round r's request to island j's mutator: the parent, its evidence (agentic mode),
-    the island's memory rendering, a fresh workdir; written beside the workdir."""
+    the island's memory as rendered for it (``memory_md``), a fresh workdir; written
+    beside the workdir."""
     cfg = run.cfg
-    memory_md = run.state.islands[j].render(memory=cfg.memory_strategy, mutator=mutator)
     workdir = run.run_dir / "workspace" / "mutations" / f"island-{j}" / f"round-{r}"
     shutil.rmtree(workdir, ignore_errors=True)
     workdir.mkdir(parents=True)
@@ -114,7 +122,8 @@ async def admit_child(run: PopulationView, j: int, r: int, *, node_id: str, pare
                        validation_error=invalid, verdict_reason=f"invalid child: {invalid}", **base)
         record_node(run, n)
         return n
-    dup = run.state.islands[j].find(h.harness_id)
+    island = run.state.islands[j]
+    dup = await ask(island, Island.find, h.harness_id)
     if dup is not None:
         n = build_node(run, node_id=node_id, h=h, ev=None, admitted=False, mutation=label,
                        verdict_reason=f"duplicate of {dup} (no behavioral change)", **base)
@@ -126,7 +135,8 @@ async def admit_child(run: PopulationView, j: int, r: int, *, node_id: str, pare
         async with run.lock:
             if version != run.state.version:
                 continue  # the curriculum changed during evaluation: re-fit on the new B_search
-            verdict = run.state.islands[j].judge(ev.fitness)
+            # The lock keeps the admitted set this verdict reads unchanged until the node is recorded.
+            verdict = await ask(island, Island.judge, ev.fitness)
             n = build_node(run, node_id=node_id, h=h, ev=ev, admitted=verdict.admitted, delta_hv=verdict.delta_hv,
                            verdict_reason=verdict.reason, mutation=label, **base)
             record_node(run, n)

@@ -1,25 +1,31 @@
 """One MILO island (papers/000 §4.2): its lineage tree, admitted set H_j^+, parent
-selection, admission verdicts and held-out stall counter. How a parent is chosen and
-how the memory is rendered are strategy objects (:mod:`milo_ray.milo.strategies`).
+selection, admission verdicts, held-out stall counter and which held-out scores were
+new bests. How a parent is chosen and how the memory is rendered are strategy objects
+(:mod:`milo_ray.milo.strategies`).
 
-Owns :class:`Island`, a plain object with no Ray or I/O (unit-tested directly). The
-island *decides* (which parent, admitted or not); the loop *carries out* (mutation,
-evaluation, events). Islands live in :class:`milo_ray.milo.state.MiloState` on the
-driver and change only by the application of ``events`` rows, so replaying the store
-rebuilds them exactly. Their work (a Pareto check, a softmax over a few dozen nodes,
-rendering a tree) is microseconds next to a rollout; a Ray actor per island would
-only add a second copy of the state to keep in step.
+Owns :class:`Island`, a plain object with no Ray or I/O (unit-tested directly), and the
+plain values it answers with (:class:`Verdict`, :class:`RoundPlan`, :class:`IslandView`,
+:class:`IslandPart`). The island *decides* (which parent, admitted or not, a new
+held-out best or not); the loop *carries out* (mutation, evaluation, events). An island
+changes only by :meth:`Island.apply` of its own ``events`` rows (and by handing a
+subtree to a new island), so replaying the store rebuilds it exactly. In a run each
+island is a Ray actor wrapping this class (:mod:`milo_ray.milo.island_actor`), the only
+in-memory owner of the island's state; read-side projections use it directly.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any
+import copy
+from dataclasses import dataclass, field
+from typing import Any, Iterable
 
 import numpy as np
 
+from milo_ray.core.seeds import derive_seed
+
 from milo_ray.kernels.hypervolume import delta_hv
 from milo_ray.kernels.pareto import admits, dominates
+from milo_ray.milo.events import HeldOut, NodeRecorded, Progress, Refit
 from milo_ray.milo.lineage import Lineage, LineageNode
 from milo_ray.milo.strategies import MEMORIES, PARENT_SELECTIONS, MemoryRendering, ParentPool, ParentSelection, SoftmaxSelection
 
@@ -31,6 +37,47 @@ class Verdict:
     admitted: bool
     delta_hv: float
     reason: str
+
+
+@dataclass(frozen=True)
+class RoundPlan:
+    """What the loop needs from island j to start round ``rounds_done + 1``, in one answer:
+    the counters, the parent the selection strategy draws (None, with ``problem``, when
+    the island has no admitted harness) and the memory rendered for the mutator."""
+
+    rounds_done: int
+    stall: int
+    parent: LineageNode | None
+    memory: str
+    problem: str | None = None
+
+
+@dataclass(frozen=True)
+class IslandView:
+    """What the orchestrator reads of one island: its summary and its rendered tree."""
+
+    summary: dict[str, Any]
+    tree: str
+
+
+@dataclass
+class IslandPart:
+    """A subtree handed from one island to another by Speciate: the nodes (parents
+    first), the nodes as their ``milo.node`` events recorded them, and the held-out
+    verdicts of the moved nodes (they follow their nodes, so a moved node is never
+    measured twice)."""
+
+    nodes: list[LineageNode]
+    recorded: dict[str, LineageNode] = field(default_factory=dict)
+    val_gain: dict[str, bool] = field(default_factory=dict)
+
+    @property
+    def node_ids(self) -> list[str]:
+        return [n.node_id for n in self.nodes]
+
+
+# The events an island applies to itself; the run-level state routes them here.
+ISLAND_EVENTS: tuple[type, ...] = (NodeRecorded, HeldOut, Progress, Refit)
 
 
 class Island:
@@ -49,6 +96,34 @@ class Island:
         self.rounds_done = 0
         self.best_val: float | None = None
         self.best_val_node: str | None = None
+        self.recorded: dict[str, LineageNode] = {}  # node id -> the node as its milo.node event recorded it
+        self.val_gain: dict[str, bool] = {}  # node id -> whether its held-out score was a new island best
+
+    # --- events (the only way a run changes an island) -------------------------------
+    def apply(self, event: Any) -> None:
+        """Apply one of this island's events (:data:`ISLAND_EVENTS`). Events are never
+        mutated: the island keeps copies."""
+        if isinstance(event, NodeRecorded):
+            n = event.node
+            self.recorded[n.node_id] = copy.deepcopy(n)
+            self.add_node(copy.deepcopy(n))  # the lineage's copy is relabelled later
+        elif isinstance(event, HeldOut):
+            # The island answers whether this is a new best; replay gives the same answer.
+            self.val_gain[event.node_id] = bool(self.record_val(event.node_id, event.val_accuracy))
+        elif isinstance(event, Progress):
+            self.set_progress(event.rounds_done, event.stall)
+        elif isinstance(event, Refit):
+            self.relabel(event.node_id, copy.deepcopy(event.changes))
+        else:
+            raise TypeError(f"island {self.island}: {type(event).__name__} is not an island event "
+                            f"(expected one of {[t.__name__ for t in ISLAND_EVENTS]})")
+
+    def apply_all(self, events: Iterable[Any]) -> int:
+        """Apply events in order (one actor call per batch); how many were applied."""
+        k = 0
+        for k, e in enumerate(events, 1):
+            self.apply(e)
+        return k
 
     # --- lineage ---------------------------------------------------------------------
     def add_node(self, node: LineageNode | dict[str, Any]) -> None:
@@ -158,6 +233,20 @@ class Island:
             self.best_val, self.best_val_node = max(vals) if vals else (None, None)
         return moved
 
+    def detach(self, node_id: str) -> IslandPart:
+        """Hand the subtree rooted at ``node_id`` to a new island (Speciate), with the
+        recorded copies and held-out verdicts of its nodes."""
+        moved = self.detach_subtree(node_id)
+        ids = [n.node_id for n in moved]
+        return IslandPart(moved, {i: self.recorded.pop(i) for i in ids if i in self.recorded},
+                          {i: self.val_gain.pop(i) for i in ids if i in self.val_gain})
+
+    def adopt(self, part: IslandPart) -> None:
+        """Found this (new) island on a subtree another island handed over."""
+        self.adopt_subtree(part.nodes)
+        self.recorded.update(part.recorded)
+        self.val_gain.update(part.val_gain)
+
     def adopt_subtree(self, nodes: list[LineageNode]) -> None:
         """Seed this (new) island with a moved subtree (the nodes become this island's);
         its root becomes admitted here, since the dominating lineage it was crowded out
@@ -170,6 +259,57 @@ class Island:
         for n in self.lineage.admitted():
             if n.val_accuracy is not None and (self.best_val is None or n.val_accuracy > self.best_val):
                 self.best_val, self.best_val_node = n.val_accuracy, n.node_id
+
+    # --- answers the loop asks for (one call each; see RoundPlan) -------------------------
+    def status(self) -> tuple[int, int]:
+        """(rounds done, stall)."""
+        return self.rounds_done, self.stall
+
+    def plan(self, run_seed: int, selection: str | ParentSelection, memory: str | MemoryRendering,
+             mutator: str | None) -> RoundPlan:
+        """Everything round ``rounds_done + 1`` starts from: the parent drawn with the
+        round's derived seed and the memory rendered for ``mutator``, read from one
+        state (nothing can change the island between the two)."""
+        r = self.rounds_done + 1
+        try:
+            parent: LineageNode | None = self.node(self.select_parent(derive_seed(run_seed, "parent", self.island, r),
+                                                                      selection))
+            problem = None
+        except ValueError as e:  # no admitted harness: the loop raises it if it needs a parent
+            parent, problem = None, str(e)
+        return RoundPlan(self.rounds_done, self.stall, parent, self.render(memory=memory, mutator=mutator), problem)
+
+    def held_out_gain(self, node_id: str) -> bool | None:
+        """Whether the node's held-out score was a new island best; None before it is measured."""
+        return self.val_gain.get(node_id)
+
+    def refit_due(self, version: int) -> list[str]:
+        """Admitted, evaluated nodes measured on another curriculum version than ``version``."""
+        return [n.node_id for n in self.lineage.admitted() if n.evaluated and n.search_version != version]
+
+    def speciation_root(self, key: str) -> tuple[str | None, str | None]:
+        """(the node a Speciate of ``key`` (node or harness id) would move, or None; why
+        it cannot, or None). A root would empty the island; an unevaluated node has no
+        fitness to found an island with."""
+        found = self.find(key)
+        if found is None or self.is_root(found):
+            return None, f"{key!r} is missing or a root of island {self.island}"
+        if self.node(found).fitness is None:
+            return None, f"{key!r} was never evaluated (invalid or missing child): it cannot found an island"
+        return found, None
+
+    def view(self, recent: int = 5, mutator: str | None = None) -> IslandView:
+        """The orchestrator's view: summary and lineage tree, in one answer."""
+        return IslandView(self.summary(recent), self.render(memory="lineage", mutator=mutator))
+
+    def recorded_nodes(self) -> list[LineageNode]:
+        return list(self.recorded.values())
+
+    def snapshot(self) -> dict[str, Any]:
+        """The island as plain data (equal islands give equal snapshots)."""
+        return {"nodes": [n.to_dict() for n in self.nodes()], "rounds_done": self.rounds_done, "stall": self.stall,
+                "best_val": self.best_val, "best_val_node": self.best_val_node,
+                "recorded": {k: n.to_dict() for k, n in self.recorded.items()}, "val_gain": dict(self.val_gain)}
 
     # --- summaries for the orchestrator --------------------------------------------------
     def summary(self, recent: int = 5) -> dict[str, Any]:

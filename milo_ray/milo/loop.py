@@ -34,6 +34,8 @@ from milo_ray.kernels.pareto import most_dissimilar
 from milo_ray.milo.children import admit_child, eval_search, heldout, mutation_request
 from milo_ray.milo.config import MiloConfig
 from milo_ray.milo.events import MILO_EVENTS, Init, Progress, RoleBudget, SeedScore, Step, Stopped
+from milo_ray.milo.island import Island, RoundPlan
+from milo_ray.milo.island_actor import ask, island_actors, node_of
 from milo_ray.milo.lineage import LineageNode
 from milo_ray.milo.mutator_pool import MutatorPool, MutatorPoolActor
 from milo_ray.milo.plugin import PLUGIN
@@ -102,7 +104,12 @@ class MiloRun:
             ctx.session, ctx.agent_env)
         self.orch_spec = agents.get("orchestrator")
         self._orchestrator: Any = None
-        self.state = MiloState(eps=cfg.eps, temperature=cfg.temperature)
+        # Each island is a Ray actor, the only in-memory owner of its state; this state
+        # holds the run-level rest and routes each island its events.
+        # The initial islands' actors start now, while the seeds are evaluated.
+        initial = range(1 if cfg.num_islands == 1 else min(cfg.num_islands, len(self.seeds)))
+        self.state = MiloState(eps=cfg.eps, temperature=cfg.temperature,
+                               island_factory=island_actors(eps=cfg.eps, temperature=cfg.temperature, prestart=initial))
         # ``_apply`` looked up per event, so an instance that overrides it is honoured.
         self.events = EventLog(self.store, MILO_EVENTS, apply=lambda event: self._apply(event))
         self.harnesses: dict[str, Harness] = {}  # harness id -> source (a cache of the store's blobs)
@@ -204,7 +211,7 @@ class MiloRun:
             members={j: [(self._seed_node_id(j, seeds[i]), int(i)) for i in idxs] for j, idxs in enumerate(groups)},
         ))
         # Seeds left without an island were still evaluated: the harnesses table keeps them.
-        write_missing_rows(self)
+        await write_missing_rows(self)
         await self.seed_islands(dict(enumerate(evs)))
 
     @staticmethod
@@ -220,11 +227,11 @@ class MiloRun:
         for j, members in sorted(self.state.init_members.items()):
             for node_id, i in members:
                 if self.state.has_node(node_id):
-                    n = self.state.node(node_id)
+                    n = await node_of(self.state, node_id)
                 else:
                     h = self.seeds[i]
                     ev = evs[i] if evs is not None else await eval_search(self, h, island="init", round=0)
-                    verdict = self.state.islands[j].judge(ev.fitness)
+                    verdict = await ask(self.state.islands[j], Island.judge, ev.fitness)
                     n = build_node(self, node_id=node_id, h=h, island=j, round=0, origin="seed", parent=None, ev=ev,
                                    admitted=verdict.admitted, delta_hv=verdict.delta_hv,
                                    verdict_reason=verdict.reason, mutation=f"seed {h.name}")
@@ -234,31 +241,36 @@ class MiloRun:
 
     # ------------------------------------------------------------------ one round
     async def island_round(self, j: int) -> None:
-        r = self.state.rounds_done(j) + 1
+        island, mutator = self.state.islands[j], self.state.assignment[j]
+        # One question opens the round: the counters, the parent drawn with the round's
+        # seed and the memory rendered for the island's mutator.
+        plan = await ask(island, Island.plan, self.ctx.seed, self.cfg.parent_selection_strategy,
+                         self.cfg.memory_strategy, mutator)
+        r = plan.rounds_done + 1
         node_id = f"{j}-{r}"
         if self.state.has_node(node_id):
             # A crash interrupted this round after its child was recorded: finish the round.
-            n = self.state.node(node_id)
+            n = await node_of(self.state, node_id)
         else:
             reason = self.role_refused("mutator")
             if reason is not None:
                 self._halt(f"mutator budget: {reason}")
                 return
-            n = await self._mutate(j, r, node_id)
+            n = await self._mutate(j, r, node_id, plan, mutator)
         new_best = bool(n.admitted) and await heldout(self, j, n, round=r)
         # Read the counter now, not at the start of the round: a graft into this island may
         # have produced a held-out gain (and reset it) while this round's mutation ran.
-        stall = self.state.stall(j)
+        _, stall = await ask(island, Island.status)
         self.emit(Progress(j, r, 0 if new_best else stall + 1), island=j, round=r)
 
-    async def _mutate(self, j: int, r: int, node_id: str) -> LineageNode:
-        """Round r's mutation on island j: parent selection, the mutator call (its spend
-        recorded as role ``mutator``), and the child's way into the island."""
-        isl = self.state.islands[j]
-        parent = isl.node(isl.select_parent(derive_seed(self.ctx.seed, "parent", j, r),
-                                           self.cfg.parent_selection_strategy))
-        mutator = self.state.assignment[j]
-        req = mutation_request(self, j, r, parent, mutator)
+    async def _mutate(self, j: int, r: int, node_id: str, plan: RoundPlan, mutator: str) -> LineageNode:
+        """Round r's mutation on island j: from the round's plan (parent, memory), the
+        mutator call (its spend recorded as role ``mutator``), and the child's way into
+        the island."""
+        if plan.parent is None:
+            raise ValueError(plan.problem)
+        parent = plan.parent
+        req = mutation_request(self, j, r, parent, mutator, plan.memory)
         t0 = time.monotonic()
         # Packed here, on the driver, whose disk holds the files (see search/mutation.py).
         shipped = await asyncio.to_thread(ship_files, req)
@@ -270,22 +282,27 @@ class MiloRun:
                                  mutator=mutator)
 
     # ------------------------------------------------------------------ driving
-    def _should_orchestrate(self, j: int) -> bool:
+    async def _should_orchestrate(self, j: int, status: tuple[int, int] | None = None) -> bool:
         """stall_j >= P, island j has run P rounds since its last intervention, and the
         orchestrator role may still spend.
 
         stall_j itself only resets on a held-out gain (it is what the orchestrator reads);
         the spacing gives each intervention P rounds to show an effect before the next one.
         """
-        rounds, stall = self.state.progress[j]
+        rounds, stall = status or await ask(self.state.islands[j], Island.status)
         P = self.cfg.patience
         last = self.state.last_intervention
         spaced = j not in last or rounds - last[j] >= P
         due = bool(self.cfg.orchestrator and self.cfg.max_moves > 0 and stall >= P and spaced)
         return due and self.role_refused("orchestrator") is None
 
-    def _island_done(self, j: int) -> bool:
-        return self.cfg.max_rounds is not None and self.state.rounds_done(j) >= self.cfg.max_rounds
+    def _island_done(self, rounds_done: int) -> bool:
+        return self.cfg.max_rounds is not None and rounds_done >= self.cfg.max_rounds
+
+    async def _rounds_done(self, islands: list[int]) -> dict[int, int]:
+        """Rounds done per island, asked of all of them at once."""
+        status = await asyncio.gather(*(ask(self.state.islands[j], Island.status) for j in islands))
+        return {j: s[0] for j, s in zip(islands, status)}
 
     def _halt(self, reason: str) -> None:
         if not self.stop:
@@ -301,7 +318,7 @@ class MiloRun:
         from milo_ray.milo.orchestrator import intervene
 
         async with self.orch_lock:
-            if self._should_orchestrate(j) and not self.stop:
+            if await self._should_orchestrate(j) and not self.stop:
                 await self._guarded(intervene(self, j))
 
     async def island_loop(self, j: int) -> None:
@@ -310,10 +327,11 @@ class MiloRun:
             if self.out_of_time():
                 self._halt("time limit")
                 break
-            if self._should_orchestrate(j):
+            status = await ask(self.state.islands[j], Island.status)  # one question for both checks
+            if await self._should_orchestrate(j, status):
                 await self._orchestrate(j)
                 continue
-            if self._island_done(j):
+            if self._island_done(status[0]):
                 break
             await self._guarded(self.island_round(j))
 
@@ -345,26 +363,28 @@ class MiloRun:
     async def run_lockstep(self) -> None:
         # A crash inside a step: its islands that had not closed their round finish it
         # first, before any orchestrator call, exactly as the uninterrupted run would.
-        unfinished = {j: r for j, r in self.state.last_step.items() if self.state.rounds_done(j) < r}
+        done = await self._rounds_done(list(self.state.last_step))
+        unfinished = {j: r for j, r in self.state.last_step.items() if done[j] < r}
         if unfinished and not self.stop:
             await self.run_rounds(unfinished)
         while not self.stop:
             for j in sorted(self.state.islands):
-                if self._should_orchestrate(j):
+                if await self._should_orchestrate(j):
                     await self._orchestrate(j)
             if self.stop:
                 break
             if self.out_of_time():
                 self._halt("time limit")
                 break
-            active = [j for j in sorted(self.state.islands) if not self._island_done(j)]
+            done = await self._rounds_done(sorted(self.state.islands))
+            active = [j for j in sorted(done) if not self._island_done(done[j])]
             if not active:
                 break
             reason = self.role_refused("mutator")
             if reason is not None:
                 self._halt(f"mutator budget: {reason}")
                 break
-            rounds = {j: self.state.rounds_done(j) + 1 for j in active}
+            rounds = {j: done[j] + 1 for j in active}
             self.emit(Step(rounds))
             await self.run_rounds(rounds)
 
@@ -383,7 +403,7 @@ class MiloRun:
             if not resumed:
                 await self.initialize()
             else:
-                write_missing_rows(self)
+                await write_missing_rows(self)
                 await self.seed_islands()
                 await self.finish_pending()
             if not self.stop:

@@ -11,6 +11,7 @@ its events) finishes it, so resume completes an interrupted intervention.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,6 +21,8 @@ from milo_ray.agents.protocols import MutationRequest
 from milo_ray.milo.children import admit_child, eval_search, heldout
 from milo_ray.milo.evaluate import write_evidence
 from milo_ray.milo.events import CurriculumChanged, IslandFounded, MoveFailed, Progress, Reassign, Refit
+from milo_ray.milo.island import Island
+from milo_ray.milo.island_actor import ask, node_of
 from milo_ray.milo.lineage import LineageNode
 from milo_ray.milo.view import PopulationView
 from milo_ray.search.agent_calls import spec_model
@@ -90,12 +93,7 @@ class SpeciateMove:
             # A crash interrupted this move after the new island was created: finish it.
             new, node_id = st.speciations[(decision_id, index)]
         else:
-            found = st.islands[src].find(self.harness_id)
-            problem = None
-            if found is None or st.islands[src].is_root(found):
-                problem = f"{self.harness_id!r} is missing or a root of island {src}"  # would empty its island
-            elif st.node(found).fitness is None:
-                problem = f"{self.harness_id!r} was never evaluated (invalid or missing child): it cannot found an island"
+            found, problem = await ask(st.islands[src], Island.speciation_root, self.harness_id)
             if problem:
                 run.emit(MoveFailed(decision_id, index, problem), island=src)
                 return
@@ -104,9 +102,9 @@ class SpeciateMove:
         # The root becomes admitted on its new island; if it was judged on an older B_search
         # (rejected nodes are not re-fit by a curriculum change), judge it on the current one.
         async with run.lock:
-            if st.node(node_id).search_version != st.version:
+            if (await node_of(st, node_id)).search_version != st.version:
                 await refit(run, new, node_id, round)
-        root = st.node(node_id)
+        root = await node_of(st, node_id)
         if root.val_accuracy is None:
             await heldout(run, new, root, round=0)
         run.spawn(new)
@@ -129,13 +127,13 @@ class GraftMove:
 
     async def apply(self, run: PopulationView, decision_id: str, index: int, round: int) -> None:
         dst, donor, st = self.dest_island, self.donor_island, run.state
-        r = st.rounds_done(dst)  # the child is a node of the destination's current round
+        r, _ = await ask(st.islands[dst], Island.status)  # the child is a node of the destination's current round
         node_id = f"{decision_id}-g{index}"
         if st.has_node(node_id):
             # A crash interrupted this move after its child was recorded: finish it.
-            child = st.node(node_id)
+            child = await node_of(st, node_id)
         else:
-            a, b = st.islands[dst].best(), st.islands[donor].best()
+            a, b = await asyncio.gather(ask(st.islands[dst], Island.best), ask(st.islands[donor], Island.best))
             if a is None or b is None:
                 run.emit(MoveFailed(decision_id, index, f"island {dst if a is None else donor} has no evaluated harness"),
                          island=dst)
@@ -155,7 +153,8 @@ class GraftMove:
                                                        "search_version": b.search_version})
         if child.admitted and await heldout(run, dst, child, round=r):
             # A held-out gain on the destination island resets its stall like any other.
-            run.emit(Progress(dst, st.rounds_done(dst), 0), island=dst, round=r)
+            rounds_done, _ = await ask(st.islands[dst], Island.status)
+            run.emit(Progress(dst, rounds_done, 0), island=dst, round=r)
 
     async def _child(self, run: PopulationView, decision_id: str, index: int, a: LineageNode,
                      b: LineageNode) -> MutationOutcome:
@@ -198,9 +197,8 @@ class CurriculumMove:
                 run.emit(CurriculumChanged(st.version + 1, list(self.tasks), decision_id), round=round)
             run.ctx.scheduler.add_tasks([run.ctx.benchmark.task(t) for t in st.search_tasks])
             for j in sorted(st.islands):
-                for n in [n for n in st.islands[j].lineage.admitted() if n.evaluated]:
-                    if n.search_version != st.version:
-                        await refit(run, j, n.node_id, round)
+                for node_id in await ask(st.islands[j], Island.refit_due, st.version):
+                    await refit(run, j, node_id, round)
 
 
 # Application order: reassign first (it is instantaneous), then every speciation, every
@@ -221,7 +219,7 @@ def moves_of(decision: dict[str, Any]) -> list[Move]:
 async def refit(run: PopulationView, j: int, node_id: str, r: int) -> None:
     """Re-evaluate one node of island j on the current B_search (cached rollouts are
     reused) and relabel it.  The caller holds ``run.lock``."""
-    node = run.state.node(node_id)
+    node = await node_of(run.state, node_id)
     h = run.harness(node)
     ev = await eval_search(run, h, island=j, round=r)
     tasks = [run.ctx.benchmark.task(t) for t in run.state.search_tasks]

@@ -25,34 +25,32 @@ from milo_ray.agents.usage import AgentUsage, reply_parts
 from milo_ray.kernels.pareto import task_regret
 from milo_ray.milo.evaluate import dumps
 from milo_ray.milo.events import Decision, DecisionInvalid, InterventionDone, MoveDone
+from milo_ray.milo.island import Island, IslandView
+from milo_ray.milo.island_actor import ask
 from milo_ray.milo.moves import agent_name, moves_of
 from milo_ray.milo.render import render_population
 from milo_ray.milo.view import PopulationView
 from milo_ray.core.seeds import derive_seed
 
 
-def population_regret(run: PopulationView) -> dict[str, float]:
-    """rho(tau) over every admitted harness H+ on the current B_search."""
-    tasks = run.state.search_tasks
-    rows = []
-    for j in sorted(run.state.islands):
-        for n in run.state.islands[j].lineage.admitted():
-            if n.evaluated and all(t in n.behavior for t in tasks):
-                rows.append([n.behavior[t] for t in tasks])
+def population_regret(views: dict[int, IslandView], tasks: list[str]) -> dict[str, float]:
+    """rho(tau) over every admitted harness H+ (the islands' views) on B_search ``tasks``."""
+    rows = [[a["behavior"][t] for t in tasks] for j in sorted(views) for a in views[j].summary["admitted"]
+            if all(t in a["behavior"] for t in tasks)]
     if not rows:
         return {t: 0.0 for t in tasks}
     rho = task_regret(np.array(rows))
     return {t: float(x) for t, x in zip(tasks, rho)}
 
 
-def build_inputs(run: PopulationView, trigger: int | None) -> tuple[str, dict[str, Any]]:
-    """The population snapshot markdown and the structured state the orchestrator reads."""
+def inputs_from(run: PopulationView, trigger: int | None, views: dict[int, IslandView]) -> tuple[str, dict[str, Any]]:
+    """The population snapshot markdown and the structured state the orchestrator reads,
+    from each island's view."""
     st = run.state
-    islands = sorted(st.islands)
-    summaries = {j: st.islands[j].summary(5) for j in islands}
-    trees = {j: st.islands[j].render(memory="lineage", mutator=st.assignment.get(j)) for j in islands}
-    regret = population_regret(run)
-    md = render_population([(j, summaries[j], trees[j]) for j in islands], assignment=st.assignment,
+    islands = sorted(views)
+    summaries = {j: views[j].summary for j in islands}
+    regret = population_regret(views, st.search_tasks)
+    md = render_population([(j, summaries[j], views[j].tree) for j in islands], assignment=st.assignment,
                            pool=run.pool_names, regret=regret, search_tasks=st.search_tasks, trigger=trigger,
                            curriculum_version=st.version)
     state = {
@@ -71,6 +69,20 @@ def build_inputs(run: PopulationView, trigger: int | None) -> tuple[str, dict[st
     return md, state
 
 
+def build_inputs(run: PopulationView, trigger: int | None) -> tuple[str, dict[str, Any]]:
+    """:func:`inputs_from` a state of plain islands (read side, tests)."""
+    st = run.state
+    return inputs_from(run, trigger, {j: st.islands[j].view(5, st.assignment.get(j)) for j in sorted(st.islands)})
+
+
+async def gather_inputs(run: PopulationView, trigger: int | None) -> tuple[str, dict[str, Any]]:
+    """:func:`inputs_from` the islands' views, asked of every island at once."""
+    st = run.state
+    islands = sorted(st.islands)
+    views = await asyncio.gather(*(ask(st.islands[j], Island.view, 5, st.assignment.get(j)) for j in islands))
+    return inputs_from(run, trigger, dict(zip(islands, views)))
+
+
 async def intervene(run: PopulationView, j: int) -> None:
     """Island j stalled (stall_j >= P): diagnose and apply at most ``max_moves`` moves.
 
@@ -78,9 +90,9 @@ async def intervene(run: PopulationView, j: int) -> None:
     answer in ``decision.reask.json``); a second refusal is a ``DecisionInvalid`` carrying
     both errors, and the intervention is skipped. Resume re-runs an intervention only
     when neither a ``Decision`` nor a ``DecisionInvalid`` was stored for it."""
-    r = run.state.rounds_done(j)
+    r, _ = await ask(run.state.islands[j], Island.status)
     did = f"d{j}-{r}"
-    md, state = build_inputs(run, j)
+    md, state = await gather_inputs(run, j)
     odir = run.run_dir / "orchestrator" / did
     odir.mkdir(parents=True, exist_ok=True)
     (odir / "snapshot.md").write_text(md)

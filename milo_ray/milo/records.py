@@ -12,6 +12,7 @@ kill in between leaves a row :func:`write_missing_rows` adds on resume (once).
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from typing import Any
@@ -20,6 +21,8 @@ from milo_ray.harness.diff import diff
 from milo_ray.harness.model import Harness
 from milo_ray.milo.evaluate import Evaluation, write_evidence, write_harness_dir
 from milo_ray.milo.events import NodeRecorded
+from milo_ray.milo.island import Island
+from milo_ray.milo.island_actor import ask
 from milo_ray.milo.lineage import LineageNode
 from milo_ray.milo.state import MiloState
 from milo_ray.milo.view import PopulationView
@@ -59,12 +62,9 @@ def record_node(run: PopulationView, node: LineageNode) -> None:
 
 
 def harness_row(state: MiloState, n: LineageNode) -> dict[str, Any]:
-    def harness_of(node_id: str | None) -> str | None:
-        return state.node(node_id).harness_id if node_id and state.has_node(node_id) else None
-
     return {
         "harness_id": n.harness_id or f"none:{n.node_id}", "name": n.name, "island": n.island,
-        "parent_id": harness_of(n.parent), "co_parent_id": harness_of(n.co_parent),
+        "parent_id": state.harness_of(n.parent), "co_parent_id": state.harness_of(n.co_parent),
         "round": n.round, "origin": n.origin, "mutator": n.mutator, "admitted": bool(n.admitted),
         "verdict_reason": n.verdict_reason, "fitness": n.fitness, "delta_hv": n.delta_hv,
         "diff_added": n.diff_added, "diff_deleted": n.diff_deleted, "source_ref": n.source_ref,
@@ -82,13 +82,14 @@ def node_row_key(row: dict[str, Any]) -> tuple[str, str]:
     return str(extra.get("node_id") or ""), row["harness_id"]
 
 
-def write_missing_rows(run: PopulationView) -> None:
+async def write_missing_rows(run: PopulationView) -> None:
     """The ``harnesses`` rows the events imply and the store lacks: a node recorded
     just before a kill, or the seeds left without an island when the kill came right
     after ``milo.init``. Rows already stored are never written twice (the recorder
-    knows every stored key)."""
+    knows every stored key). The islands hold their nodes as recorded."""
     state, rows = run.state, run.harness_rows
-    for n in state.recorded.values():
+    recorded = await asyncio.gather(*(ask(state.islands[j], Island.recorded_nodes) for j in sorted(state.islands)))
+    for n in (n for nodes in recorded for n in nodes):
         rows.record(None, **harness_row(state, n))
     placed = {i for members in state.init_members.values() for _, i in members}
     K = len(state.init_members)

@@ -8,9 +8,12 @@ charged to the search's ledger and the manifest reports the search's own spendin
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 from milo_ray.milo.events import Summarized
+from milo_ray.milo.island import Island
+from milo_ray.milo.island_actor import ask
 from milo_ray.milo.lineage import LineageNode
 from milo_ray.milo.view import PopulationView
 from milo_ray.search.final_test import FinalTest, true_score
@@ -26,9 +29,13 @@ async def final_summary(run: PopulationView, stop_reason: str) -> dict[str, Any]
     used = int(sched.budget.executions_used)
     islands: dict[str, Any] = {}
     bests: list[tuple[float, float, int, LineageNode]] = []
-    for j in sorted(st.islands):
-        b = st.islands[j].best()
-        rounds, stall = st.progress[j]
+    order = sorted(st.islands)
+    answers = await asyncio.gather(*(ask(st.islands[j], Island.best) for j in order),
+                                   *(ask(st.islands[j], Island.status) for j in order))
+    best_of, status_of = dict(zip(order, answers[:len(order)])), dict(zip(order, answers[len(order):]))
+    for j in order:
+        b = best_of[j]
+        rounds, stall = status_of[j]
         entry: dict[str, Any] = {"mutator": st.assignment.get(j), "rounds": rounds, "stall": stall}
         if b is not None:
             entry.update(best_node=b.node_id, harness_id=b.harness_id, search_accuracy=b.accuracy,
@@ -42,7 +49,7 @@ async def final_summary(run: PopulationView, stop_reason: str) -> dict[str, Any]
     final_test = FinalTest(sched, run.ctx.benchmark, split=cfg.test_split, k=cfg.k_test, seed=run.ctx.seed,
                            method="milo", stage="final", group="final")
     for val, acc, j, b in bests[: cfg.final_candidates]:
-        for sc in await final_test.arows([(f"island-{j}:{b.node_id}", run.harness(b))], round=st.rounds_done(j)):
+        for sc in await final_test.arows([(f"island-{j}:{b.node_id}", run.harness(b))], round=status_of[j][0]):
             final.append({"island": j, "node_id": b.node_id, **sc.as_dict()})
     seed_true = {h.name or h.harness_id: _true(run, h) for h in run.seeds}
     best = bests[0][3] if bests else None

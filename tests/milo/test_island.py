@@ -121,3 +121,35 @@ def test_bad_settings_are_rejected():
         Island(0, temperature=0)
     with pytest.raises(ValueError, match="no admitted"):
         Island(0).select_parent(0)
+
+
+def test_a_speciated_subtree_takes_its_recorded_nodes_and_held_out_verdicts_along():
+    from milo_ray.milo.events import HeldOut, NodeRecorded
+    from milo_ray.milo.lineage import LineageNode
+
+    src = Island(0)
+    for n in (node("s0", acc=0.5), node("0-1", parent="s0", acc=0.6), node("0-2", parent="0-1", acc=0.7)):
+        src.apply(NodeRecorded(LineageNode.from_dict(n)))
+    src.apply(HeldOut(0, "0-1", 0.6))
+    part = src.detach("0-1")
+    assert part.node_ids == ["0-1", "0-2"] and part.val_gain == {"0-1": True}
+    dst = Island(1)
+    dst.adopt(part)
+    # The moved node is never measured again (its verdict moved), and nothing stays behind.
+    assert (dst.held_out_gain("0-1"), src.held_out_gain("0-1")) == (True, None)
+    assert sorted(dst.recorded) == ["0-1", "0-2"] and list(src.recorded) == ["s0"]
+    assert dst.recorded["0-1"].island == 0 and dst.node("0-1").island == 1  # as recorded vs. as held now
+
+
+def test_a_round_plan_is_the_parent_draw_and_the_memory_of_one_state():
+    isl = _island_with_seed()
+    isl.add_node(node("0-1", parent="s0", acc=0.55, tokens=5e4))
+    isl.set_progress(1, 0)
+    plan = isl.plan(7, "softmax", "lineage", "bold")
+    from milo_ray.core.seeds import derive_seed
+
+    assert plan.parent.node_id == isl.select_parent(derive_seed(7, "parent", 0, 2), "softmax")
+    assert (plan.rounds_done, plan.stall, plan.problem) == (1, 0, None)
+    assert plan.memory == isl.render(memory="lineage", mutator="bold")
+    empty = Island(3).plan(7, "softmax", "lineage", None)
+    assert empty.parent is None and "no admitted harness" in empty.problem

@@ -87,6 +87,18 @@ class ScriptedRun(NamedTuple):
     calls: list[dict[str, Any]]  # what the scripted orchestrator was called with, in call order
 
 
+ISLAND_ACTORS: dict[str, int] = {}  # run -> island actors it started
+
+
+def _island_actors() -> set[str]:
+    """Ids of the island actors this Ray job has started so far (alive or not)."""
+    import ray
+    from ray._private import state
+
+    job = ray.get_runtime_context().get_job_id()
+    return {a["ActorID"] for a in state.actors().values() if a["ActorClassName"] == "Island" and a["JobID"] == job}
+
+
 @pytest.fixture(scope="module")
 def scripted(ray_local, tmp_path_factory) -> ScriptedRun:
     from milo_ray.milo.loop import MiloMethod
@@ -98,7 +110,9 @@ def scripted(ray_local, tmp_path_factory) -> ScriptedRun:
     SCRIPTS["moves"] = SCRIPT
     orch = {"_target_": "milo_fakes.ScriptedOrchestrator", "script": "moves"}
     ctx = make_ctx(tmp, orchestrator=orch)
+    before = _island_actors()
     summary = MiloMethod(num_islands=2, patience=PATIENCE, max_rounds=4, **SMALL).run(ctx)
+    ISLAND_ACTORS["scripted"] = len(_island_actors() - before)
     yield ScriptedRun(ctx, summary, calls)
     # Its rollout workers hold the session's CPUs until they idle out: free them for the
     # next in-process run (as run.py does at the end of every run).
@@ -353,3 +367,9 @@ def test_the_stored_events_rebuild_the_runs_state(scripted_run):
     assert st.version == summary["curriculum_version"] and len(st.decisions) == summary["interventions"]
     best = st.islands[summary["best"]["island"]].best()
     assert (best.node_id, best.val_accuracy) == (summary["best"]["node_id"], summary["best"]["heldout_accuracy"])
+
+
+def test_each_island_of_the_run_is_one_ray_actor(scripted):
+    """The run's islands (the speciated one too) are owned by actors, one each."""
+    assert scripted.summary["n_islands"] >= 3  # two seeded, at least one speciated
+    assert ISLAND_ACTORS["scripted"] == scripted.summary["n_islands"]
