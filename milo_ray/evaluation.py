@@ -4,18 +4,17 @@ method prints (pass@k, PR@k, RR@k with task-clustered 95% intervals, tokens, sec
 
 from __future__ import annotations
 
-import json
 from typing import Any, Sequence
 
 from milo_ray.context import RunContext
 from milo_ray.execution.budget import BudgetExceeded
 from milo_ray.core.rollouts import RolloutRequest, RolloutResult
 from milo_ray.harness.model import Harness
+from milo_ray.search.events import already_stored
 from milo_ray.search.final_test import true_score
 from milo_ray.search.plugin import SPEC_KEY, final_test_record
 from milo_ray.search.recording import HarnessRecorder
 from milo_ray.search.scores import HarnessScore, print_scores, summarize
-from milo_ray.store.schema import json_dumps
 
 EVAL_SUMMARY, ORACLE_SUMMARY = "eval_summary", "oracle_summary"  # the method's records in ``events``
 EVAL_EVENT_KINDS = (EVAL_SUMMARY, ORACLE_SUMMARY)
@@ -132,11 +131,8 @@ class EvalMethod:
 def _record_once(ctx: RunContext, kind: str, payload: dict[str, Any]) -> None:
     """Store the summary event unless a resumed run already holds the same one: a session
     killed after storing it, before the run was marked finished, must not leave it twice."""
-    if ctx.resumed:
-        want = json.loads(json_dumps(payload))
-        events = ctx.store.read("events").to_pylist()
-        if any(e["kind"] == kind and e["payload"] is not None and json.loads(e["payload"]) == want for e in events):
-            return
+    if ctx.resumed and already_stored(ctx.store, kind, payload):
+        return
     ctx.store.event(kind, payload)
 
 

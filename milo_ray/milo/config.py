@@ -125,8 +125,11 @@ class MiloConfig:
             bad("temperature", "must be > 0")
         if not 0 <= self.eps < 1:
             bad("eps", "must be in [0, 1)")
-        if self.token_cap <= 0 or self.seconds_cap <= 0:
-            bad("token_cap" if self.token_cap <= 0 else "seconds_cap", "must be > 0")
+        for f in ("token_cap", "seconds_cap", "mutation_time_cap_s", "validate_timeout_s"):
+            if not getattr(self, f) > 0:
+                bad(f, "must be > 0")
+        if self.mutation_num_cpus < 0:
+            bad("mutation_num_cpus", "must be >= 0 (CPUs reserved by each mutation's Ray task)")
         check_choices(self, prefix="method")
         if self.max_rounds is not None and self.max_rounds < 0:
             bad("max_rounds", "must be >= 0 or null")

@@ -123,9 +123,11 @@ class MiloRun:
 
     # ------------------------------------------------------------------ events
     def emit(self, event: Event, *, island: int | None = None, round: int | None = None,
-             harness_id: str | None = None) -> None:
-        """The one way state changes: store the event, then apply it."""
-        self.events.append(event, island=None if island is None else int(island),
+             harness_id: str | None = None, once: bool = False) -> None:
+        """The one way state changes: store the event, then apply it. ``once``: the run's
+        closing records (stop, summary), which a resumed run does not store again when the
+        killed session already stored them (:meth:`EventLog.append`)."""
+        self.events.append(event, once=once, island=None if island is None else int(island),
                            round=None if round is None else int(round), harness_id=harness_id or None)
 
     def _apply(self, event: Event) -> None:
@@ -411,7 +413,7 @@ class MiloRun:
         except BudgetExceeded as e:
             self._halt(f"budget: {e}")
         # Rounds stopped by a role cap close normally: the incumbents get their final test.
-        self.emit(Stopped(self.stop_reason or "finished"))
+        self.emit(Stopped(self.stop_reason or "finished"), once=self.ctx.resumed)
         from milo_ray.milo.summary import final_summary
 
         return await final_summary(self, self.stop_reason or "finished")

@@ -74,5 +74,5 @@ async def final_summary(run: PopulationView, stop_reason: str) -> dict[str, Any]
         "interventions": len(st.decisions),
         "spend_by_role": run.ctx.agent_calls.by_role(),
     }
-    run.emit(Summarized(summary))
+    run.emit(Summarized(summary), once=run.ctx.resumed)
     return summary

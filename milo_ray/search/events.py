@@ -355,11 +355,18 @@ class EventLog:
     def _row_key(kind: str, cols: Mapping[str, Any], payload: Any) -> tuple[str, Any, Any, str]:
         return kind, cols.get("round"), cols.get("harness_id"), canonical_payload(payload)
 
-    def append(self, event: Event, **columns: Any) -> bool:
+    def append(self, event: Event, *, once: bool = False, **columns: Any) -> bool:
         """Store ``event`` (its own columns plus ``columns``), then apply it. True when a
-        row was written (False: ``write_once`` found it stored)."""
+        row was written (False: ``write_once`` found it stored). ``once``: a record a run
+        writes once, at its end (its stop, its summary): not written again when the store
+        already holds the very same row, which a session killed after writing it, before
+        the run was marked finished, leaves for the resumed one."""
         kind = self.types.kind_of(event)
         cols = {**event.columns(), **{c: v for c, v in columns.items() if v is not None}}
+        if once and already_stored(self.store, kind, event.to_payload(), **cols):
+            if self._apply is not None:
+                self._apply(event)
+            return False
         written = self.write(kind, event.to_payload(), **cols)
         if self._apply is not None:
             self._apply(event)
@@ -390,6 +397,14 @@ class EventLog:
             for e in events:
                 fn(e)
         return events
+
+
+def already_stored(store: Any, kind: str, payload: Mapping[str, Any] | None, **columns: Any) -> bool:
+    """Whether the run's ``events`` already hold this very row: the same kind, round,
+    harness id and (canonical) payload."""
+    want = (kind, columns.get("round"), columns.get("harness_id"), canonical_payload(dict(payload or {})))
+    return any(EventLog._row_key(kind, r, _as_payload(r.get("payload"))) == want
+               for r in store.read("events").to_pylist() if r["kind"] == kind)
 
 
 def _as_payload(p: Any) -> Any:
