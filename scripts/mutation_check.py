@@ -478,6 +478,44 @@ MUTATIONS: tuple[Mutation, ...] = (
         ("tests/reliability/test_exact_spend.py",),
         "concurrent rollouts reserve more executions than the cap",
     ),
+    Mutation(
+        "closing-record-written-twice", "milo_ray/search/events.py",
+        "        if once and already_stored(self.store, kind, event.to_payload(), **cols):\n",
+        "        if False:\n",
+        ("tests/search/test_event_log.py",),
+        "a resumed run stores its stop and summary again after a kill that came once they were written",
+    ),
+    Mutation(
+        "constructor-bug-as-bad-input", "milo_ray/run.py",
+        "        if isinstance(cause, (ValueError, BenchmarkDataMissing)):\n",
+        "        if isinstance(cause, (ValueError, TypeError, BenchmarkDataMissing)):\n",
+        ("tests/entry/test_cli_runs.py::test_a_constructor_bug_is_a_crash_while_an_argument_it_does_not_take_is_bad_input",),
+        "a TypeError inside a constructor (its own bug) is reported as bad input, exit 2",
+    ),
+    Mutation(
+        "settings-first-problem-only", "milo_ray/config/validate.py",
+        "    raise_all(settings_problems(cfg))\n", "    raise_all(settings_problems(cfg)[:1])\n",
+        ("tests/entry/test_bad_input_exhaustive.py::test_several_problems_are_all_listed_at_once",),
+        "a config with several bad values reports only the first",
+    ),
+    Mutation(
+        "endpoint-rule-per-role", "milo_ray/agents/role_llm.py",
+        "        problems = llm.endpoint_problems(where)\n", "        problems = []\n",
+        ("tests/core/test_llm_endpoint.py",),
+        "a search role's model settings are no longer checked by the solver's endpoint rule",
+    ),
+    Mutation(
+        "spec-values-untyped", "milo_ray/config/targets.py",
+        "        if kinds and not any(_accepts(k, value) for k in kinds):\n", "        if False:\n",
+        ("tests/entry/test_composition_checks.py::test_a_spec_value_must_fit_its_parameter_type_and_declared_bounds",),
+        "a mistyped value for a constructor parameter reaches the constructor",
+    ),
+    Mutation(
+        "check-trivial-is-ok", "milo_ray/tasks/verdicts.py",
+        "    if noop_score is not None and noop_score >= 1.0:\n", "    if False:\n",
+        ("tests/tasks/test_verdicts.py",),
+        "a task that doing nothing already solves is reported ok",
+    ),
 )
 
 

@@ -5,15 +5,17 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from typing import Annotated, Optional
 
 import pytest
 from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 
-from milo_ray.config.schemas import ModelConfig, model_config, register_configs
 from milo_ray.config.errors import UserError
-from milo_ray.config.validate import check_overrides
+from milo_ray.config.schemas import ModelConfig, model_config, register_configs
 from milo_ray.config.targets import CompositionError, check_agents, check_spec
+from milo_ray.config.validate import check_overrides
+from milo_ray.core.problems import Bounds
 from milo_ray.run import CONF_DIR
 
 register_configs()
@@ -196,3 +198,28 @@ def test_rungs_without_an_orchestrator_do_not_need_one(rung):
     check_overrides(CONF_DIR, [f"method={rung}", "backend.agents.orchestrator=null"])  # accepted
     with pytest.raises(UserError, match="backend.agents.orchestrator:"):
         check_overrides(CONF_DIR, ["method=milo_E", "backend.agents.orchestrator=null"])
+
+
+class Typed:
+    """Parameters of each kind the composition check reads (annotations resolve at module level)."""
+
+    def __init__(self, depth: int = 1, rate: Annotated[float, Bounds(0, 1)] = 0.5,
+                 cap: Annotated[Optional[int], Bounds(1)] = None, name: str = "x", spec: object = None) -> None:
+        pass
+
+
+def test_a_spec_value_must_fit_its_parameter_type_and_declared_bounds(monkeypatch):
+    import milo_ray.agents.judges.offline as home
+
+    monkeypatch.setattr(home, "Typed", Typed, raising=False)
+    base = {"_target_": "milo_ray.agents.judges.offline.Typed"}
+    assert check_spec("benchmark", {**base, "depth": 3, "rate": 1, "cap": None, "name": "y", "spec": [1]}) is Typed
+    for key, value, needle in [("depth", "3", "benchmark.depth='3': expected int"),
+                               ("depth", True, "benchmark.depth=True: expected int"),
+                               ("rate", "high", "benchmark.rate='high': expected float"),
+                               ("rate", 1.5, "benchmark.rate=1.5: must be in [0, 1]"),
+                               ("cap", 0, "benchmark.cap=0: must be >= 1"),
+                               ("name", 7, "benchmark.name=7: expected str")]:
+        with pytest.raises(CompositionError) as info:
+            check_spec("benchmark", {**base, key: value})
+        assert str(info.value).startswith(needle), str(info.value)

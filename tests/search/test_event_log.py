@@ -122,6 +122,17 @@ def test_write_once_skips_rows_of_earlier_sessions_only():
     assert seen == [EXAMPLE, Stopped("done"), Stopped("done")]
 
 
+def test_a_closing_record_is_written_once_even_when_a_killed_session_already_wrote_it():
+    store = MemoryRunStore()
+    EventLog(store, TOY).append(Summarized({"best": 0.8, "rows": [1, 2]}))  # the killed session got this far
+    seen = []
+    log = EventLog(store, TOY, apply=seen.append)
+    assert log.append(Summarized({"best": 0.8, "rows": [1, 2]}), once=True) is False  # applied, not written
+    assert log.append(Summarized({"best": 0.9, "rows": [1, 2]}), once=True) is True  # a different summary is new
+    assert [json.loads(r["payload"])["best"] for r in store.read("events").to_pylist()] == [0.8, 0.9]
+    assert len(seen) == 2
+
+
 @dataclass(frozen=True)
 class Abstract(Event):
     kind: ClassVar[str] = "toy.abstract"
