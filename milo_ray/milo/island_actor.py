@@ -45,11 +45,29 @@ class IslandRef:
     readers) and speciation, whose driver-side index needs the moved node ids at once
     (the source island is running: one round trip)."""
 
-    def __init__(self, island: int, actor: Any) -> None:
+    def __init__(self, island: int, actor: Any, restart: Callable[[], Any] | None = None) -> None:
         self.island = int(island)
         self.actor = actor
+        self._restart = restart  # a new actor for this island (its node died)
         self._unsent: list[Any] = []  # events emitted since the last call, in order
         self._sent: list[Any] = []  # refs of apply_all calls whose errors are not yet checked
+        # Every call that changed the island, in order: an actor whose node left is rebuilt
+        # from it on another node (the island is a function of these calls), so losing a
+        # node is an infrastructure failure the run survives, not a crash.
+        self._history: list[tuple[str, tuple[Any, ...]]] = []
+
+    def _record(self, name: str, *args: Any) -> None:
+        self._history.append((name, args))
+
+    def _rebuild(self) -> None:
+        import logging
+
+        logging.getLogger(__name__).warning("island %d: its actor died (node lost); rebuilding it from its %d "
+                                            "recorded changes on another node", self.island, len(self._history))
+        self.actor = self._restart()
+        self._unsent, self._sent = [], []
+        for name, args in self._history:
+            self._sent.append(getattr(self.actor, name).remote(*args))
 
     # --- events ------------------------------------------------------------------------
     def apply(self, event: Any) -> None:
@@ -57,6 +75,7 @@ class IslandRef:
 
     def _flush(self) -> None:
         if self._unsent:
+            self._record("apply_all", self._unsent)
             self._sent.append(self.actor.apply_all.remote(self._unsent))
             self._unsent = []
 
@@ -69,16 +88,32 @@ class IslandRef:
         """``method`` (an :class:`Island` method) answered by the actor, after every event
         handed to it so far."""
         self._flush()
-        answer = await getattr(self.actor, method.__name__).remote(*args)
+        try:
+            answer = await getattr(self.actor, method.__name__).remote(*args)
+        except ray.exceptions.ActorDiedError:
+            if self._restart is None:
+                raise
+            self._rebuild()
+            answer = await getattr(self.actor, method.__name__).remote(*args)
         for ref in self._checked():  # finished before the answer (submission order): re-raise a failed apply
             await ref
+        if method.__name__ == "detach":
+            self._record("detach", *args)
         return answer
 
     def get(self, method: Callable[..., T], *args: Any) -> T:
         """The blocking form of :meth:`ask` (never inside the run's event loop)."""
         self._flush()
-        answer = ray.get(getattr(self.actor, method.__name__).remote(*args))
+        try:
+            answer = ray.get(getattr(self.actor, method.__name__).remote(*args))
+        except ray.exceptions.ActorDiedError:
+            if self._restart is None:
+                raise
+            self._rebuild()
+            answer = ray.get(getattr(self.actor, method.__name__).remote(*args))
         ray.get(self._checked())
+        if method.__name__ == "detach":
+            self._record("detach", *args)
         return answer
 
     # --- the readers MiloState and a finished run's inspection use (blocking) -----------
@@ -89,6 +124,7 @@ class IslandRef:
         """Sent, not awaited (like an event): a new island's actor may still be starting,
         and its next question waits for it anyway."""
         self._flush()
+        self._record("adopt", part)
         self._sent.append(self.actor.adopt.remote(part))
 
     def status(self) -> tuple[int, int]:
@@ -127,8 +163,8 @@ def island_node(j: int) -> Any:
     shared a node); an actor demanding a little CPU would spread, but could wait
     forever behind rollouts holding every CPU. The placement is hard: a soft one fell
     back to the driver's node in 3 of 5 tries on a fresh two-node cluster. An island
-    whose node leaves dies with it, as any actor does: the run fails and
-    ``run.resume`` rebuilds every island from the store.
+    whose node leaves dies with it, as any actor does; its handle then starts a new
+    actor on an alive node and replays the island's recorded changes into it.
     """
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
@@ -146,9 +182,11 @@ def island_actors(*, eps: float, temperature: float, prestart: Iterable[int] = (
     started with the run, the initial islands' actors come up while the seeds are
     evaluated instead of after."""
 
+    def new_actor(j: int) -> Any:
+        return IslandActor.options(scheduling_strategy=island_node(j)).remote(j, eps=eps, temperature=temperature)
+
     def start(j: int) -> IslandRef:
-        actor = IslandActor.options(scheduling_strategy=island_node(j)).remote(j, eps=eps, temperature=temperature)
-        return IslandRef(j, actor)
+        return IslandRef(j, new_actor(j), restart=lambda: new_actor(j))
 
     started = {int(j): start(int(j)) for j in prestart}
 
