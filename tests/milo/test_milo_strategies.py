@@ -4,6 +4,8 @@ is refused naming the key, the allowed values and the fix; orchestrator moves ar
 
 from __future__ import annotations
 
+import json
+
 from pathlib import Path
 
 import numpy as np
@@ -28,12 +30,19 @@ class YoungestAdmitted:
 
     name = "youngest"
 
-    def __init__(self) -> None:
+    def __init__(self, log: str | None = None) -> None:
         self.pools: list[list[str]] = []
+        self.log = log  # a file each choice is appended to: in a run the island's actor chooses, in its own process
 
     def select(self, pool, rng) -> int:
         self.pools.append([n.node_id for n in pool.nodes])
+        if self.log:
+            with open(self.log, "a") as f:
+                f.write(json.dumps(self.pools[-1]) + "\n")
         return len(pool.nodes) - 1
+
+    def logged(self) -> list[list[str]]:
+        return [json.loads(line) for line in Path(self.log).read_text().splitlines()] if self.log else self.pools
 
 
 class NodeCountMemory:
@@ -119,17 +128,18 @@ def test_a_parent_selection_given_by_target_in_the_config_is_built_and_used():
 def test_the_loop_selects_parents_and_renders_memory_with_the_configured_objects(tmp_path, ray_local):
     from test_loop import SMALL, events, make_ctx
 
-    selection = YoungestAdmitted()
+    selection = YoungestAdmitted(log=str(tmp_path / "choices.jsonl"))
     ctx = make_ctx(tmp_path)
     try:
         MiloMethod(num_islands=1, orchestrator=False, max_rounds=2, parent_selection=selection,
                    memory={"_target_": "test_milo_strategies.NodeCountMemory"}, **SMALL).run(ctx)
     finally:
         ctx.scheduler.close()
-    assert len(selection.pools) == 2  # one choice per round
+    pools = selection.logged()
+    assert len(pools) == 2  # one choice per round
     children = sorted((e["payload"]["node"] for e in events(ctx.store, "milo.node")
                        if e["payload"]["node"]["origin"] == "mutation"), key=lambda n: n["round"])
-    assert [c["parent"] for c in children] == [pool[-1] for pool in selection.pools]
+    assert [c["parent"] for c in children] == [pool[-1] for pool in pools]
     memos = sorted(Path(ctx.run_dir).rglob("round-*.memory.md"))
     assert len(memos) == 2 and all(m.read_text().startswith("# island 0: ") for m in memos)
     requests = sorted(Path(ctx.run_dir).rglob("round-*.request.json"))
