@@ -5,7 +5,6 @@ is refused naming the key, the allowed values and the fix; orchestrator moves ar
 from __future__ import annotations
 
 import json
-
 from pathlib import Path
 
 import numpy as np
