@@ -314,6 +314,8 @@ def run_job(cfg: DictConfig) -> dict[str, Any]:
                                  caps=role_caps(OmegaConf.to_container(cfg.run.budget.roles, resolve=True))),
     )
     scheduler.agent_calls = ctx.agent_calls  # real rollouts' model calls land there (role solver)
+    if resumed and (recovered := scheduler.recover_calls()):
+        log.info("resuming: recorded %d model call(s) of attempts the last session never reported", recovered)
     tracking = _live_views(cfg, store, scheduler, tracker, run_dir=run_dir, manifest=manifest, resumed=resumed,
                            deadline=deadline, method=prepared.plugin)
     status = "failed"

@@ -53,6 +53,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from milo_ray.testing.processes import reap_session  # noqa: E402
+
 QUIET = ["run.progress=false", "run.report=false", "execution.num_cpus=2"]
 MILO_SMALL = ["method.search_size=4", "method.val_size=3", "method.k_search=1", "method.k_val=1", "method.k_test=1",
               "method.max_rounds=2", "method.patience=1"]
@@ -141,41 +143,8 @@ def _one_session(argv: list[str], *, run_dir: Path, ray_tmp: str, log: Path, kil
             if proc.poll() is None:
                 os.killpg(proc.pid, signal.SIGKILL)  # the driver, its raylet/GCS and the workers in its group
                 proc.wait()
-            _reap_group(proc.pid, ray_tmp)
+            reap_session(proc.pid, ray_tmp)
         return up is not None and kill_after is not None, None if up is None else time.monotonic() - up, None
-
-
-def _reap_group(pgid: int, ray_tmp: str) -> None:
-    """SIGKILL what is left of a killed session: its process group, and the Ray workers
-    it started, which Ray puts in process groups of their own (found by the session's
-    private RAY_TMPDIR on their command line), so the next session starts afresh."""
-    for _ in range(100):
-        left = [pid for pid in _pids_mentioning(ray_tmp) if pid != os.getpid()]
-        try:
-            os.killpg(pgid, signal.SIGKILL)
-        except ProcessLookupError:
-            if not left:
-                return
-        for pid in left:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        time.sleep(0.05)
-
-
-def _pids_mentioning(text: str) -> list[int]:
-    needle = text.rstrip("/").encode() + b"/"
-    out = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/cmdline", "rb") as f:
-                    if needle in f.read():
-                        out.append(int(entry))
-            except OSError:
-                pass
-    return out
 
 
 # ---- reading a run -------------------------------------------------------------------------

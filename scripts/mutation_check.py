@@ -446,6 +446,19 @@ MUTATIONS: tuple[Mutation, ...] = (
         "a streamed answer's tokens never count toward the model's tpm",
     ),
     Mutation(
+        "journal-call-not-begun", "milo_ray/execution/gateway/ledger.py",
+        "        return None if self.journal is None else self.journal.began(started_at)\n", "        return None\n",
+        ("tests/reliability/test_call_journal.py",),
+        "a forwarded call is never journaled, so one in flight at a kill is not known on resume",
+    ),
+    Mutation(
+        "journaled-calls-not-charged", "milo_ray/search/agent_calls.py",
+        "            if c.counted and self.budget is not None and (usage.tokens or usage.cost_usd):\n",
+        "            if False:\n",
+        ("tests/reliability/test_call_journal.py",),
+        "the calls of an attempt that never reported are recorded from the journal but never charged to the budget",
+    ),
+    Mutation(
         "transport-5xx-not-retried", "milo_ray/agents/llm.py",
         "        return status == 429 or status >= 500\n", "        return status == 429\n",
         ("tests/reliability/test_faulty_endpoint.py::test_solver_retries_a_transport_fault_and_records_the_retry",),
@@ -453,8 +466,8 @@ MUTATIONS: tuple[Mutation, ...] = (
     ),
     Mutation(
         "resume-forgets-failed-attempt-calls", "milo_ray/search/agent_calls.py",
-        "    if prefix.endswith(\":\" + FAILED_MARK):\n        return True\n",
-        "    if prefix.endswith(\":\" + FAILED_MARK):\n        return False\n",
+        "    if prefix.endswith((\":\" + FAILED_MARK, \":\" + INTERRUPTED_MARK)):\n        return True\n",
+        "    if prefix.endswith((\":\" + FAILED_MARK, \":\" + INTERRUPTED_MARK)):\n        return False\n",
         ("tests/search/test_agent_calls.py",),
         "a resumed run no longer charges the solver calls of failed attempts it restored",
     ),

@@ -58,6 +58,7 @@ from typing import Any
 
 from milo_ray.core.rollouts import InfraFailure, RolloutResult
 from milo_ray.core.tasks import Task, format_of
+from milo_ray.execution.gateway.call_journal import current_attempt_journal
 from milo_ray.execution.gateway.run_budget import current_rollout_budget
 from milo_ray.execution.harness_process_host import HarnessProcess, harness_binds, harness_dir_of
 from milo_ray.execution.harness_process_pool import WarmPool, parse_size
@@ -306,7 +307,8 @@ class AgentExecutor:
         gateway = await self.gateway()
         token_cap = int(task.token_cap) if task.token_cap and task.token_cap > 0 else None
         grant = gateway.issue(f"{harness.harness_id}/{task.task_id}", token_cap=token_cap,
-                              call_cap=self.max_model_calls, run_budget=current_rollout_budget.get())
+                              call_cap=self.max_model_calls, run_budget=current_rollout_budget.get(),
+                              journal=current_attempt_journal.get())
         try:
             process = warm or HarnessProcess(sandbox, harness, scratch, gateway.socket_path)
             job = process.job(task, token=grant.token, recursion_limit=self.recursion_limit,

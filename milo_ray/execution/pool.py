@@ -151,6 +151,8 @@ class WorkerPool:
         # The run's budget counter, handed to each worker as it comes up (set by the
         # scheduler before the first worker is asked for; None: no counter).
         self.run_budget: Any = None
+        # The session's call journal, likewise (None: the run keeps none).
+        self.call_journal: Any = None
         self._keys = itertools.count()
         self._start_failures = 0
         self._harness_refs: dict[str, Any] = {}
@@ -248,7 +250,8 @@ class WorkerPool:
 
     async def _come_up(self, worker: WorkerHandle) -> None:
         try:
-            error = await await_ready(worker, env=self.worker_env, run_budget=self.run_budget)
+            error = await await_ready(worker, env=self.worker_env, run_budget=self.run_budget,
+                                      call_journal=self.call_journal)
         except RayError as exc:
             if self.workers.get(worker.key) is not worker:
                 return  # cancelled by the pool

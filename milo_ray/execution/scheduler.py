@@ -53,6 +53,7 @@ from milo_ray.execution.budget import BudgetExceeded, BudgetLedger
 from milo_ray.execution.cache import ResultCache
 from milo_ray.execution.cluster import SLOT_RESOURCE
 from milo_ray.execution.dispatch import Dispatch, GroupLimits
+from milo_ray.execution.gateway.call_journal import SessionJournal
 from milo_ray.execution.outcomes import RetryPolicy, attempt_error, fill_bookkeeping, infra_result, timed_out_result
 from milo_ray.execution.pool import WorkerPool
 from milo_ray.execution.progress import RolloutProgress
@@ -157,6 +158,8 @@ class RolloutScheduler:
         # The run's AgentCallLog (set by the entry point): the model calls a real rollout
         # made are recorded there (role "solver") before the rollout itself is stored.
         self.agent_calls: Any = None
+        # The gateways' journal of model calls (a run whose calls no gateway meters keeps none).
+        self._journal = SessionJournal(store, executor_config)
 
         self._harnesses: dict[str, Any] = {}
         self._pool = WorkerPool(executor_config, self._harnesses, slots_per_node=slots_per_node,
@@ -198,6 +201,11 @@ class RolloutScheduler:
         self._dispatch.set_limit(group, limit)
         if _loop_running() and asyncio.get_running_loop() is self._loop:
             self._pump()
+
+    def recover_calls(self) -> int:
+        """Record the journaled model calls :attr:`agent_calls` lacks, each once (see
+        :mod:`~milo_ray.execution.gateway.call_journal`); the entry point calls it on resume."""
+        return self._journal.recover(self.agent_calls, self.model_id)
 
     def add_harness(self, harness: Any) -> None:
         """Make a harness known (before any request names it); shipped to each worker once."""
@@ -273,6 +281,7 @@ class RolloutScheduler:
         self._closed = True
         self._pool.close()
         self.spend.stop_counter()
+        self._journal.finish(self.agent_calls, self.model_id)
         self.progress.close()
         if self._own_loop is not None and not self._own_loop.is_closed():
             self._own_loop.close()
@@ -321,6 +330,7 @@ class RolloutScheduler:
                 await self._pool.ensure_started()
                 # Each worker is handed the run's counter as it comes up.
                 self._pool.run_budget = self.spend.start_counter()
+                self._pool.call_journal = self._journal.start()
             except BaseException as exc:
                 self._abandon_pending(exc)
                 raise

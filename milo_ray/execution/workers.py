@@ -48,6 +48,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from milo_ray.core.rollouts import RolloutResult
 from milo_ray.core.tasks import Task
+from milo_ray.execution.gateway.call_journal import AttemptJournal, current_attempt_journal
 from milo_ray.execution.gateway.run_budget import RolloutBudget, current_rollout_budget
 
 log = logging.getLogger(__name__)
@@ -126,6 +127,9 @@ class WorkerCore:
         # The run's budget counter (a RunSpendActor handle, set by the driver; None: the
         # run has no token/USD cap, or its executor meters no model calls).
         self.run_budget: Any = None
+        # The session's call journal (a CallJournal actor handle, set by the driver; None:
+        # the run keeps none): every rollout attempt's gateway writes its calls there.
+        self.call_journal: Any = None
 
     def _loop_state(self) -> None:
         if self._sem is None:
@@ -148,7 +152,9 @@ class WorkerCore:
         skip = set(unbudgeted)
         for item in items:
             budget = RolloutBudget(self.run_budget) if self.run_budget is not None and item[0] not in skip else None
-            t = asyncio.create_task(self._run(item, budget))
+            journal = (AttemptJournal(self.call_journal, item[1:], counted=item[0] not in skip)
+                       if self.call_journal is not None else None)
+            t = asyncio.create_task(self._run(item, budget, journal))
             self._running.add(t)
             t.add_done_callback(self._running.discard)
         return len(self._running)
@@ -188,12 +194,13 @@ class WorkerCore:
                                harness, task, rollout_idx, seed)
         return loop.run_in_executor(self._threads, fn), began
 
-    async def _run(self, item: Item, budget: RolloutBudget | None = None) -> None:
+    async def _run(self, item: Item, budget: RolloutBudget | None = None, journal: AttemptJournal | None = None) -> None:
         item_id, harness_id, task_id, rollout_idx, seed = item
         assert self._sem is not None and self._wake is not None
         # This task's own context: the executor's gateway finds the rollout's share of the
-        # run's budget here (the executor call below runs in a copy of it).
+        # run's budget and the attempt's journal here (the executor call below runs in a copy of it).
         current_rollout_budget.set(budget)
+        current_attempt_journal.set(journal)
         async with self._sem:
             started = time.time()
             result: RolloutResult | None = None
@@ -352,6 +359,12 @@ class _RolloutWorkerShell:
         assert self.core is not None, self.error
         self.core.run_budget = counter
 
+    async def set_call_journal(self, journal: Any) -> None:
+        """The session's call journal (a CallJournal actor handle), where every rollout
+        attempt's gateway writes its model calls as they are forwarded and as they return."""
+        assert self.core is not None, self.error
+        self.core.call_journal = journal
+
     async def submit(self, items: list[Item], harness_refs: dict[str, Any], tasks: dict[str, Task],
                      unbudgeted: Collection[int] = ()) -> int:
         assert self.core is not None, self.error
@@ -429,13 +442,14 @@ def create_worker(worker: WorkerHandle, config_ref: Any, time_cap_grace: float, 
 
 
 async def await_ready(worker: WorkerHandle, env: Mapping[str, str] | None = None,
-                      run_budget: Any = None) -> str | None:
+                      run_budget: Any = None, call_journal: Any = None) -> str | None:
     """Wait until Ray placed the worker and it built its executor; no timeout, since
     a pending worker may wait for the autoscaler or for another run's slots. Returns the
     executor construction error (a config problem) or None. Raises RayError when the
     actor died first (its node was lost, or the pool cancelled it). ``env``: the key
     variables its executor needs, handed over once it is up; ``run_budget``: the run's
-    budget counter, handed over before any rollout reaches the worker."""
+    budget counter, and ``call_journal``: the session's call journal, both handed over
+    before any rollout reaches the worker."""
     info = await aget(worker.actor.ready.remote())
     if info["error"]:
         return info["error"]
@@ -443,6 +457,8 @@ async def await_ready(worker: WorkerHandle, env: Mapping[str, str] | None = None
         await aget(worker.actor.set_secrets.remote(dict(env)))
     if run_budget is not None:
         await aget(worker.actor.set_run_budget.remote(run_budget))
+    if call_journal is not None:
+        await aget(worker.actor.set_call_journal.remote(call_journal))
     worker.node_id = info["node_id"]
     worker.label = node_label(info["node_id"], info.get("ip", ""))
     worker.ready = True

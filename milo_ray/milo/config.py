@@ -51,6 +51,10 @@ class MiloConfig:
     mutator_concurrency: concurrent mutations per mutator spec.
     mutation_num_cpus: CPUs reserved by each mutation's Ray task.
     max_rounds: stop an island after this many rounds (None: until time or budget).
+    max_idle_rounds: stop an island once this many rounds in a row evaluated no new child
+        (every child a duplicate of a harness already evaluated, or invalid): such rounds
+        spend no execution, so without this a run whose mutators reach nothing new never
+        gets to its budget (None: never; the run stops when every island has stopped).
     search_size / val_size: tasks in B_search / B_val drawn (with the run seed) from the
         benchmark's search / val split (None: the whole split); the rest of the search
         split is the pool a curriculum revision may draw from.
@@ -96,6 +100,7 @@ class MiloConfig:
     mutator_concurrency: int = 8
     mutation_num_cpus: float = 0.25
     max_rounds: Optional[int] = None
+    max_idle_rounds: Optional[int] = 50
     search_size: Optional[int] = None
     val_size: Optional[int] = None
     search_split: Optional[str] = None
@@ -133,6 +138,8 @@ class MiloConfig:
         check_choices(self, prefix="method")
         if self.max_rounds is not None and self.max_rounds < 0:
             bad("max_rounds", "must be >= 0 or null")
+        if self.max_idle_rounds is not None and self.max_idle_rounds < 1:
+            bad("max_idle_rounds", "must be >= 1 or null (never)")
         for f in ("search_size", "val_size"):
             if getattr(self, f) is not None and getattr(self, f) < 1:
                 bad(f, "must be >= 1 or null")

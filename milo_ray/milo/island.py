@@ -265,6 +265,13 @@ class Island:
         """(rounds done, stall)."""
         return self.rounds_done, self.stall
 
+    def progress(self) -> tuple[int, int]:
+        """(rounds done, idle rounds): the rounds since this island last evaluated a new
+        child. A duplicate of a harness already evaluated, an invalid child or a failed
+        mutation costs no execution and evaluates none; 0 right after one was evaluated."""
+        last = max((n.round for n in self.lineage.nodes() if n.accuracy is not None), default=0)
+        return self.rounds_done, max(0, self.rounds_done - last)
+
     def plan(self, run_seed: int, selection: str | ParentSelection, memory: str | MemoryRendering,
              mutator: str | None) -> RoundPlan:
         """Everything round ``rounds_done + 1`` starts from: the parent drawn with the

@@ -298,13 +298,22 @@ class MiloRun:
         due = bool(self.cfg.orchestrator and self.cfg.max_moves > 0 and stall >= P and spaced)
         return due and self.role_refused("orchestrator") is None
 
-    def _island_done(self, rounds_done: int) -> bool:
-        return self.cfg.max_rounds is not None and rounds_done >= self.cfg.max_rounds
+    def _island_done(self, rounds_done: int, idle: int = 0) -> bool:
+        """The island ran ``max_rounds``, or its last ``max_idle_rounds`` rounds evaluated
+        no new child: its mutators only reach harnesses it has already evaluated, and a
+        round that spends no execution would never bring the run to its budget."""
+        if self.cfg.max_rounds is not None and rounds_done >= self.cfg.max_rounds:
+            return True
+        return self.cfg.max_idle_rounds is not None and idle >= self.cfg.max_idle_rounds
 
-    async def _rounds_done(self, islands: list[int]) -> dict[int, int]:
-        """Rounds done per island, asked of all of them at once."""
-        status = await asyncio.gather(*(ask(self.state.islands[j], Island.status) for j in islands))
-        return {j: s[0] for j, s in zip(islands, status)}
+    def _converged(self) -> None:
+        self._halt(f"converged: every island's last {self.cfg.max_idle_rounds} rounds evaluated no new child "
+                   "(method.max_idle_rounds)")
+
+    async def _progress(self, islands: list[int]) -> dict[int, tuple[int, int]]:
+        """(rounds done, idle rounds) per island, asked of all of them at once."""
+        status = await asyncio.gather(*(ask(self.state.islands[j], Island.progress) for j in islands))
+        return dict(zip(islands, status))
 
     def _halt(self, reason: str) -> None:
         if not self.stop:
@@ -333,7 +342,7 @@ class MiloRun:
             if await self._should_orchestrate(j, status):
                 await self._orchestrate(j)
                 continue
-            if self._island_done(status[0]):
+            if self._island_done(*await ask(self.state.islands[j], Island.progress)):
                 break
             await self._guarded(self.island_round(j))
 
@@ -352,6 +361,10 @@ class MiloRun:
             await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
         for t in self._tasks.values():
             t.result()  # re-raise real errors
+        if not self.stop and self.cfg.max_idle_rounds is not None:
+            progress = await self._progress(sorted(self.state.islands))
+            if all(idle >= self.cfg.max_idle_rounds for _, idle in progress.values()):
+                self._converged()
 
     async def run_rounds(self, rounds: dict[int, int]) -> None:
         """One lock-step step: the given islands each run their next round concurrently."""
@@ -365,8 +378,8 @@ class MiloRun:
     async def run_lockstep(self) -> None:
         # A crash inside a step: its islands that had not closed their round finish it
         # first, before any orchestrator call, exactly as the uninterrupted run would.
-        done = await self._rounds_done(list(self.state.last_step))
-        unfinished = {j: r for j, r in self.state.last_step.items() if done[j] < r}
+        done = await self._progress(list(self.state.last_step))
+        unfinished = {j: r for j, r in self.state.last_step.items() if done[j][0] < r}
         if unfinished and not self.stop:
             await self.run_rounds(unfinished)
         while not self.stop:
@@ -378,15 +391,18 @@ class MiloRun:
             if self.out_of_time():
                 self._halt("time limit")
                 break
-            done = await self._rounds_done(sorted(self.state.islands))
-            active = [j for j in sorted(done) if not self._island_done(done[j])]
+            done = await self._progress(sorted(self.state.islands))
+            active = [j for j in sorted(done) if not self._island_done(*done[j])]
             if not active:
+                if self.cfg.max_idle_rounds is not None and all(
+                        idle >= self.cfg.max_idle_rounds for _, idle in done.values()):
+                    self._converged()
                 break
             reason = self.role_refused("mutator")
             if reason is not None:
                 self._halt(f"mutator budget: {reason}")
                 break
-            rounds = {j: done[j] + 1 for j in active}
+            rounds = {j: done[j][0] + 1 for j in active}
             self.emit(Step(rounds))
             await self.run_rounds(rounds)
 

@@ -15,6 +15,10 @@ only, with ``:failed:`` in their id, and are charged again from here. A final at
 calls stored without their rollout row (the driver died between the two writes) ran and
 were paid, and the rollout runs again: they are charged too -- a solver row is covered
 by a rollout row only when that row has its cache key and began no later than the call.
+The calls of an attempt that never reported at all (in flight when the driver was killed,
+lost with a worker, cancelled when the run stopped) come from the gateways' journal
+(:mod:`~milo_ray.execution.gateway.call_journal`): :meth:`AgentCallLog.record_interrupted`
+stores each once, with ``:interrupted:`` in its id, and charges a counted one once.
 """
 
 from __future__ import annotations
@@ -175,6 +179,37 @@ class AgentCallLog:
             self.record("solver", usage, call_id=f"{cache_key}:{tag}{float(c.get('started_at') or 0):.6f}:{i}",
                         agent=harness_id, model=c.get("model"), round=round)
 
+    def record_interrupted(self, calls: list[Any]) -> int:
+        """Store the journaled solver calls of attempts that never reported
+        (:class:`~milo_ray.execution.gateway.call_journal.UnrecordedCall`), each once:
+        a finished one with its real usage, charged to the run's budget when its rollout
+        counted; one still in flight with no usage (the provider's answer never came back)
+        and its reason. Returns how many were new."""
+        added, unknown = 0, 0
+        for c in calls:
+            tag = INTERRUPTED_MARK if c.counted else INTERRUPTED_UNCOUNTED_MARK
+            call_id = f"{c.cache_key}:{tag}:{c.started_at:.6f}:{c.number}"
+            if self.recorded(call_id):
+                continue
+            row = c.call or {}
+            usage = AgentUsage(int(row.get("input_tokens") or 0), int(row.get("output_tokens") or 0),
+                               row.get("cost_usd") if c.call is not None else None, float(row.get("seconds") or 0.0),
+                               int(row.get("retries") or 0),
+                               row.get("error") if c.call is not None else IN_FLIGHT_ERROR)
+            self.record("solver", usage, call_id=call_id, agent=c.harness_id, model=row.get("model"))
+            if c.counted and self.budget is not None and (usage.tokens or usage.cost_usd):
+                self.budget.charge(tokens=usage.tokens, cost_usd=usage.cost_usd)
+            added += 1
+            unknown += c.call is None
+        if added:
+            self.store.event("model_calls_recovered", {"calls": added, "usage_unknown": unknown})
+        return added
+
+    def call_ids(self) -> set[str]:
+        """Every stored call's id."""
+        with self._lock:
+            return set(self._ids)
+
     def _charge(self, role: str, usage: AgentUsage) -> None:
         # Solver calls happen inside rollouts, whose tokens and cost the scheduler
         # already charges (and restores on resume): charging them here would count twice.
@@ -218,6 +253,9 @@ class AgentCallLog:
 
 FAILED_MARK = "failed"
 FAILED_UNCOUNTED_MARK = "failed-uncounted"
+INTERRUPTED_MARK = "interrupted"
+INTERRUPTED_UNCOUNTED_MARK = "interrupted-uncounted"
+IN_FLIGHT_ERROR = "in flight when its attempt ended unreported (the driver stopped, or its worker was lost); usage unknown"
 
 
 def _rollout_starts(store: Any) -> dict[str, float]:
@@ -245,9 +283,9 @@ def _uncovered_solver_call(call_id: str, rollout_starts: Mapping[str, float]) ->
         started_at = float(started)
     except ValueError:  # not a solver call id of this module
         return False
-    if prefix.endswith(":" + FAILED_UNCOUNTED_MARK):
+    if prefix.endswith((":" + FAILED_UNCOUNTED_MARK, ":" + INTERRUPTED_UNCOUNTED_MARK)):
         return False
-    if prefix.endswith(":" + FAILED_MARK):
+    if prefix.endswith((":" + FAILED_MARK, ":" + INTERRUPTED_MARK)):
         return True
     first = rollout_starts.get(prefix)
     return first is None or first > started_at

@@ -22,6 +22,7 @@ from typing import Any
 
 from milo_ray.core.rollouts import RolloutResult
 from milo_ray.core.tasks import Task
+from milo_ray.execution.gateway.call_journal import current_attempt_journal
 from milo_ray.execution.gateway.run_budget import current_rollout_budget
 
 
@@ -61,7 +62,7 @@ class GatewayLoopExecutor:
 
         gateway = await self._gateway_on_loop()
         grant = gateway.issue(f"{harness.harness_id}/{task.task_id}", call_cap=self.most_calls,
-                              run_budget=current_rollout_budget.get())
+                              run_budget=current_rollout_budget.get(), journal=current_attempt_journal.get())
         statuses: list[int] = []
         try:
             async with aiohttp.ClientSession(connector=aiohttp.UnixConnector(path=gateway.socket_path)) as s:

@@ -153,3 +153,19 @@ def test_a_round_plan_is_the_parent_draw_and_the_memory_of_one_state():
     assert plan.memory == isl.render(memory="lineage", mutator="bold")
     empty = Island(3).plan(7, "softmax", "lineage", None)
     assert empty.parent is None and "no admitted harness" in empty.problem
+
+
+def test_idle_rounds_count_the_rounds_since_the_island_last_evaluated_a_child():
+    isl = Island(0)
+    isl.add_node(node("0-0", acc=0.5))
+    isl.add_node(node("0-1", parent="0-0", acc=0.6, round=1))
+    assert isl.progress() == (0, 0)
+    isl.set_progress(1, 0)
+    assert isl.progress() == (1, 0)
+    # Rounds 2 and 3 made a duplicate (not evaluated) and nothing (a failed mutation).
+    isl.add_node(node("0-2", parent="0-1", acc=None, round=2, admitted=False))
+    isl.set_progress(3, 2)
+    assert isl.progress() == (3, 2)
+    isl.add_node(node("0-4", parent="0-1", acc=0.55, round=4, admitted=False))  # evaluated, even if rejected
+    isl.set_progress(4, 3)
+    assert isl.progress() == (4, 0)

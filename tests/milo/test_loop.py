@@ -373,3 +373,22 @@ def test_each_island_of_the_run_is_one_ray_actor(scripted):
     """The run's islands (the speciated one too) are owned by actors, one each."""
     assert scripted.summary["n_islands"] >= 3  # two seeded, at least one speciated
     assert ISLAND_ACTORS["scripted"] == scripted.summary["n_islands"]
+
+
+def test_a_run_whose_mutator_reaches_nothing_new_stops_as_converged(ray_local, tmp_path):
+    """Rung A's greedy one-shot search soon proposes only harnesses it has evaluated; those
+    rounds spend no execution, so the budget never stops the run: max_idle_rounds does."""
+    from milo_ray.milo.loop import MiloMethod
+
+    ctx = make_ctx(tmp_path, budget=10**6)
+    try:
+        summary = MiloMethod(num_islands=1, orchestrator=False, mutator_mode="one_shot", memory="flat",
+                             parent_selection="best", max_rounds=80, max_idle_rounds=4, **SMALL).run(ctx)
+    finally:
+        ctx.scheduler.close()
+    assert summary["stop_reason"].startswith("converged"), summary["stop_reason"]
+    nodes = [e["payload"]["node"] for e in events(ctx.store, "milo.node")]
+    last = max(n["round"] for n in nodes)
+    assert last < 80
+    evaluated = [n["round"] for n in nodes if n["accuracy"] is not None]
+    assert last - max(evaluated) >= 3 and max(evaluated) >= 1

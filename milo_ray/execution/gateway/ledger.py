@@ -8,6 +8,9 @@ call cost; the calls recorded here are the rollout's tokens and USD, whatever th
 says about itself. A budgeted rollout's grant also carries its share of the run's budget
 (:class:`~milo_ray.execution.gateway.run_budget.RolloutBudget`): every recorded call is
 charged to the run's counter, and the gateway asks that counter before it forwards a call.
+A grant given the attempt's journal (:mod:`.call_journal`) also writes each call there as
+it is forwarded (:meth:`Grant.forwarding`) and as it returns, so a call the rollout never
+reports is still known to the driver.
 When a cap is reached the grant stops (``stop_reason``: ``token_cap``, ``call_cap`` or
 ``run_budget``) and wakes whoever waits on :attr:`Grant.stopped` -- the executor, which
 then ends the rollout.
@@ -39,10 +42,11 @@ class Grant:
     ``token_cap``: input + output tokens after which the rollout stops (None: none);
     ``call_cap``: model calls it may make (None: none); ``run_budget``: the rollout's
     :class:`~milo_ray.execution.gateway.run_budget.RolloutBudget` (None: the rollout is
-    not counted against the run's budget)."""
+    not counted against the run's budget); ``journal``: the attempt's
+    :class:`~milo_ray.execution.gateway.call_journal.AttemptJournal` (None: none kept)."""
 
     def __init__(self, label: str, *, token_cap: int | None = None, call_cap: int | None = None,
-                 run_budget: Any = None) -> None:
+                 run_budget: Any = None, journal: Any = None) -> None:
         if token_cap is not None and token_cap < 1:
             raise ValueError(f"Grant: token_cap={token_cap} must be >= 1 or None")
         if call_cap is not None and call_cap < 1:
@@ -51,6 +55,7 @@ class Grant:
         self.label = label
         self.token_cap, self.call_cap = token_cap, call_cap
         self.run_budget = run_budget
+        self.journal = journal
         self.calls: list[dict[str, Any]] = []
         self.in_flight = 0
         self.ended = False
@@ -93,11 +98,19 @@ class Grant:
             self.in_flight += 1
             return None
 
-    def record(self, call: dict[str, Any], *, upstream_error: str | None = None) -> None:
-        """A forwarded call finished (``call``: a ``SolverCall.as_dict()`` row)."""
+    def forwarding(self, started_at: float) -> int | None:
+        """An admitted call is being forwarded now: journaled, when the grant keeps a
+        journal, before the provider sees it. Returns the number :meth:`record` takes."""
+        return None if self.journal is None else self.journal.began(started_at)
+
+    def record(self, call: dict[str, Any], *, upstream_error: str | None = None, began: int | None = None) -> None:
+        """A forwarded call finished (``call``: a ``SolverCall.as_dict()`` row; ``began``:
+        what :meth:`forwarding` returned for it)."""
         with self._lock:
             self.in_flight = max(0, self.in_flight - 1)
             self.calls.append(call)
+            if self.journal is not None and began is not None:
+                self.journal.finished(began, len(self.calls) - 1, call)
             if self.run_budget is not None:
                 self.run_budget.charge(int(call["input_tokens"]) + int(call["output_tokens"]), call.get("cost_usd"))
             if upstream_error is not None:
@@ -149,8 +162,8 @@ class GrantBook:
         self._lock = threading.Lock()
 
     def issue(self, label: str, *, token_cap: int | None = None, call_cap: int | None = None,
-              run_budget: Any = None) -> Grant:
-        grant = Grant(label, token_cap=token_cap, call_cap=call_cap, run_budget=run_budget)
+              run_budget: Any = None, journal: Any = None) -> Grant:
+        grant = Grant(label, token_cap=token_cap, call_cap=call_cap, run_budget=run_budget, journal=journal)
         with self._lock:
             self._grants[grant.token] = grant
         return grant

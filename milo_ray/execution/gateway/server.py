@@ -101,8 +101,9 @@ class ModelGateway:
             self._runner = None
 
     def issue(self, label: str, *, token_cap: int | None = None, call_cap: int | None = None,
-              run_budget: Any = None) -> Grant:
-        grant = self.grants.issue(label, token_cap=token_cap, call_cap=call_cap, run_budget=run_budget)
+              run_budget: Any = None, journal: Any = None) -> Grant:
+        grant = self.grants.issue(label, token_cap=token_cap, call_cap=call_cap, run_budget=run_budget,
+                                  journal=journal)
         grant.bind_loop()
         self.grants.forget_ended()
         return grant
@@ -167,31 +168,33 @@ class ModelGateway:
             spent = await grant.run_budget.admit()
             if spent is not None:
                 return _error(web, grant.refuse_for_run_budget(spent))
-        if body.get("stream"):
-            return await self._stream(request, grant, body, api)
         started, mono = time.time(), time.monotonic()
+        began = grant.forwarding(started)
+        if body.get("stream"):
+            return await self._stream(request, grant, body, api, started, mono, began)
         try:
             answer = await api.complete(self.cfg, self._key, body, self._limiter_for())
         except Exception as exc:
-            return self._failed(web, grant, exc, started, mono)
+            return self._failed(web, grant, exc, started, mono, began)
         grant.record(upstream.call_row(self.cfg, started_at=started, started_mono=mono,
                                        input_tokens=answer.input_tokens, output_tokens=answer.output_tokens,
-                                       retries=answer.retries, error=None))
+                                       retries=answer.retries, error=None), began=began)
         return web.json_response(answer.body)
 
-    def _failed(self, web: Any, grant: Grant, exc: BaseException, started: float, mono: float) -> Any:
+    def _failed(self, web: Any, grant: Grant, exc: BaseException, started: float, mono: float,
+                began: int | None) -> Any:
         text = self._scrub(f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")[:500]
         grant.record(upstream.call_row(self.cfg, started_at=started, started_mono=mono, input_tokens=0,
                                        output_tokens=0, retries=int(getattr(exc, "_gateway_retries", 0)),
-                                       error=text), upstream_error=text)
+                                       error=text), upstream_error=text, began=began)
         status = getattr(exc, "status_code", None)
         status = status if isinstance(status, int) and 400 <= status < 600 else 502
         return _error(web, Refusal(status, "upstream", f"model endpoint: {text}"))
 
-    async def _stream(self, request: Any, grant: Grant, body: dict[str, Any], api: Any) -> Any:
+    async def _stream(self, request: Any, grant: Grant, body: dict[str, Any], api: Any, started: float,
+                      mono: float, began: int | None) -> Any:
         from aiohttp import web
 
-        started, mono = time.time(), time.monotonic()
         usage: dict[str, int] = {}
         chunks = api.stream(self.cfg, self._key, body, self._limiter_for(), usage)
         # Chat-completion chunks come as dicts (sent as SSE here, ended by [DONE]); the
@@ -202,7 +205,7 @@ class ModelGateway:
         except StopAsyncIteration:
             first = None
         except Exception as exc:
-            return self._failed(web, grant, exc, started, mono)
+            return self._failed(web, grant, exc, started, mono, began)
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
         await response.prepare(request)
         error = None
@@ -218,7 +221,7 @@ class ModelGateway:
         grant.record(upstream.call_row(self.cfg, started_at=started, started_mono=mono,
                                        input_tokens=usage.get("input_tokens", 0),
                                        output_tokens=usage.get("output_tokens", 0),
-                                       retries=usage.get("retries", 0), error=error))
+                                       retries=usage.get("retries", 0), error=error), began=began)
         try:
             await response.write_eof()
         except Exception:
