@@ -105,6 +105,15 @@ def orchestrator_counts(run_dir: Path) -> dict:
             "interventions_done": kinds["milo.intervention_done"], "moves_by_kind": dict(sorted(moves.items()))}
 
 
+def found_round(run_dir: Path, harness_id: str) -> int:
+    """The round in which the run's returned harness was made (0: a seed harness), from
+    its ``harnesses`` table."""
+    from milo_ray.store import open_run
+
+    rows = open_run(run_dir).read("harnesses").select(["harness_id", "round"]).to_pylist()
+    return min((int(r["round"] or 0) for r in rows if r["harness_id"] == harness_id), default=0)
+
+
 def expected_config(overrides: list[str]) -> dict:
     """The resolved config the entry point composes for one job's overrides (as stored in a manifest)."""
     from hydra import compose, initialize_config_dir
@@ -177,6 +186,7 @@ def read_run(run_dir: Path, budget: int, reused: bool) -> dict:
     return {"rung": rung, "seed": seed, "true": s["best"]["true_quality"], "best_seed": s["best_seed_true_quality"],
             "executions": s["executions_used"], "budget": budget, "islands": s["n_islands"], "rounds": rounds,
             "returned": f"{s['best']['island']}:{s['best']['node_id']}", "stop_reason": stop,
+            "found_round": found_round(run_dir, s["best"]["harness_id"]),
             **orchestrator_counts(run_dir), "seconds": round(seconds, 1), "reused": reused, "run_dir": str(run_dir)}
 
 
@@ -233,20 +243,20 @@ def kinds_text(kinds: dict, prefix: str = "") -> str:
 def print_summary(rows: list[dict], rungs: list[str], optimum: dict[int, float], title: str) -> None:
     """Per-run and per-rung markdown tables."""
     print(f"\nPer run ({title}); true = the surrogate's exact expected test score of the returned harness")
-    print("| rung | seed | true | best seed | executions | rounds per island | returned (island:node) | interventions "
-          "| moves applied | stop |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    print("| rung | seed | true | best seed | executions | rounds per island | returned (island:node) "
+          "| found in round | interventions | moves applied | stop |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         print(f"| {r['rung']} | {r['seed']} | {r['true']:.4f} | {r['best_seed']:.4f} | {r['executions']} "
-              f"| {r['rounds']} | {r['returned']} | {r['decisions']} "
+              f"| {r['rounds']} | {r['returned']} | {r.get('found_round', '?')} | {r['decisions']} "
               f"| {r['moves_applied']}{kinds_text(r['moves_by_kind'], ' (')} "
               f"| {r['stop_reason'].split(':')[0]} |")
     print(f"\nPer rung ({title}); interventions = milo.decision events per run, moves = milo.move_done "
           "events per run")
     gap = " | gap to optimum closed (mean)" if optimum else ""
-    print(f"| rung | true quality (mean ± sd) | beats the best seed | executions (mean) | interventions per run "
-          f"| moves applied per run | moves by kind (all runs){gap} |")
-    print("|---|---|---|---|---|---|---|" + ("---|" if optimum else ""))
+    print(f"| rung | true quality (mean ± sd) | beats the best seed | executions (mean) | returned harness found in "
+          f"round (per seed) | interventions per run | moves applied per run | moves by kind (all runs){gap} |")
+    print("|---|---|---|---|---|---|---|---|" + ("---|" if optimum else ""))
     for rung in rungs:
         rs = [r for r in rows if r["rung"] == rung]
         m, sd = mean_sd([r["true"] for r in rs])
@@ -261,6 +271,7 @@ def print_summary(rows: list[dict], rungs: list[str], optimum: dict[int, float],
             fr = [(r["true"] - r["best_seed"]) / (optimum[r["seed"]] - r["best_seed"]) for r in rs]
             closed = f" {statistics.mean(fr):.0%} |"
         print(f"| {rung} | {m:.4f} ± {sd:.4f} | {wins}/{len(rs)} | {statistics.mean(r['executions'] for r in rs):.0f} "
+              f"| {', '.join(str(r.get('found_round', '?')) for r in rs)} "
               f"| {statistics.mean(dec):.1f} ({', '.join(map(str, dec))}) "
               f"| {statistics.mean(mv):.1f} ({', '.join(map(str, mv))}) "
               f"| {kinds_text(kinds) or '-'} |{closed}")

@@ -459,6 +459,13 @@ MUTATIONS: tuple[Mutation, ...] = (
         "the calls of an attempt that never reported are recorded from the journal but never charged to the budget",
     ),
     Mutation(
+        "idle-islands-never-stop", "milo_ray/milo/loop.py",
+        "        return self.cfg.max_idle_rounds is not None and idle >= self.cfg.max_idle_rounds\n",
+        "        return False\n",
+        ("tests/milo/test_loop.py::test_a_run_whose_mutator_reaches_nothing_new_stops_as_converged",),
+        "a MILO run whose mutators reach only harnesses already evaluated spins on zero-cost rounds until max_rounds",
+    ),
+    Mutation(
         "transport-5xx-not-retried", "milo_ray/agents/llm.py",
         "        return status == 429 or status >= 500\n", "        return status == 429\n",
         ("tests/reliability/test_faulty_endpoint.py::test_solver_retries_a_transport_fault_and_records_the_retry",),

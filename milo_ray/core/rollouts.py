@@ -12,7 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, fields
 from typing import Any, Literal
 
 ErrorKind = Literal["infra", "harness", "task"]
@@ -113,11 +113,15 @@ class RolloutResult:
         return None
 
     def row(self) -> dict[str, Any]:
-        """The rollouts-table row (DESIGN §3); the trace itself is not part of it."""
-        d = asdict(self)
-        d.pop("trace")
+        """The rollouts-table row (DESIGN §3); the trace itself is not part of it. Every
+        other field is a scalar, so no copy is made (``asdict`` deep-copies, which was a
+        fifth of the driver's time per stored rollout)."""
+        d = {name: getattr(self, name) for name in _ROW_FIELDS}
         d["resolved"] = self.resolved
         return d
+
+
+_ROW_FIELDS = tuple(f.name for f in fields(RolloutResult) if f.name != "trace")
 
 
 class InfraFailure(Exception):

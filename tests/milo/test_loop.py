@@ -375,6 +375,7 @@ def test_each_island_of_the_run_is_one_ray_actor(scripted):
     assert ISLAND_ACTORS["scripted"] == scripted.summary["n_islands"]
 
 
+@pytest.mark.slow
 def test_a_run_whose_mutator_reaches_nothing_new_stops_as_converged(ray_local, tmp_path):
     """Rung A's greedy one-shot search soon proposes only harnesses it has evaluated; those
     rounds spend no execution, so the budget never stops the run: max_idle_rounds does."""
