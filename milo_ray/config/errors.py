@@ -10,25 +10,15 @@ from __future__ import annotations
 
 from typing import Iterable
 
-from milo_ray.core.problems import Problem
+from milo_ray.core.problems import Problem, Problems
 
 
 class UserError(Exception):
     """Bad input from the person running the command; printed whole, exit 2."""
 
 
-class ConfigError(UserError):
+class ConfigError(Problems, UserError):
     """Every problem one validation pass found, one line each."""
-
-    def __init__(self, problems: Iterable[Problem]) -> None:
-        self.problems = tuple(problems)
-        if not self.problems:
-            raise ValueError("ConfigError needs at least one problem")
-        super().__init__("\n".join(p.line() for p in self.problems))
-
-    @property
-    def keys(self) -> tuple[str, ...]:
-        return tuple(p.key for p in self.problems)
 
 
 def raise_all(problems: Iterable[Problem]) -> None:

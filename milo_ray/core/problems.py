@@ -24,14 +24,23 @@ class Problem:
         return f"{self.key}: {self.problem}" + (f"; {self.fix}" if self.fix else "")
 
 
-class InvalidSettings(ValueError):
-    """Settings that failed their check: every problem found, one line each."""
+class Problems(Exception):
+    """An error carrying every problem one check found, one line each (the base of
+    :class:`InvalidSettings` and of the entry point's ``ConfigError``)."""
 
     def __init__(self, problems: Iterable[Problem]) -> None:
         self.problems = tuple(problems)
         if not self.problems:
-            raise ValueError("InvalidSettings needs at least one problem")
+            raise ValueError(f"{type(self).__name__} needs at least one problem")
         super().__init__("\n".join(p.line() for p in self.problems))
+
+    @property
+    def keys(self) -> tuple[str, ...]:
+        return tuple(p.key for p in self.problems)
+
+
+class InvalidSettings(Problems, ValueError):
+    """Settings that failed their check (a ``ValueError``: a constructor's own refusal)."""
 
 
 def raise_invalid(problems: Iterable[Problem]) -> None:
