@@ -69,6 +69,9 @@ def test_eval_on_harbor_tasks_against_a_local_endpoint_and_no_secret_reaches_the
     calls = [r for f in sorted((run_dir / "agent_calls").glob("*.parquet")) for r in pq.read_table(f).to_pylist()]
     assert len([c for c in calls if c["role"] == "solver"]) == served
     assert sum(r["input_tokens"] for r in rows) == sum(c["input_tokens"] for c in calls if c["role"] == "solver")
+    # The gateways journaled every call, and each is the one its rollout reported.
+    journal = [json.loads(line) for f in (run_dir / "journal").glob("calls-*.jsonl") for line in f.read_text().splitlines()]
+    assert [r["op"] for r in journal].count("end") == served and not any(":interrupted" in c["call_id"] for c in calls)
     leaks = [(str(p.relative_to(run_dir)), name) for p, text in _texts(run_dir) for name, value in SECRETS.items()
              if value in text]
     assert not leaks, f"secret values found in the run directory: {leaks}"
