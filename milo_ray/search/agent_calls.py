@@ -255,7 +255,8 @@ FAILED_MARK = "failed"
 FAILED_UNCOUNTED_MARK = "failed-uncounted"
 INTERRUPTED_MARK = "interrupted"
 INTERRUPTED_UNCOUNTED_MARK = "interrupted-uncounted"
-IN_FLIGHT_ERROR = "in flight when its attempt ended unreported (the driver stopped, or its worker was lost); usage unknown"
+IN_FLIGHT_ERROR = ("in flight when its attempt ended unreported (the driver stopped, its worker was lost, or the "
+                   "run ended); usage unknown")
 
 
 def _rollout_starts(store: Any) -> dict[str, float]:
