@@ -158,7 +158,6 @@ class RolloutScheduler:
         # The run's AgentCallLog (set by the entry point): the model calls a real rollout
         # made are recorded there (role "solver") before the rollout itself is stored.
         self.agent_calls: Any = None
-        # The gateways' journal of model calls (a run whose calls no gateway meters keeps none).
         self._journal = SessionJournal(store, executor_config)
 
         self._harnesses: dict[str, Any] = {}
@@ -328,7 +327,7 @@ class RolloutScheduler:
         if new:
             try:
                 await self._pool.ensure_started()
-                # Each worker is handed the run's counter as it comes up.
+                # Each worker is handed the run's counter and the session's journal as it comes up.
                 self._pool.run_budget = self.spend.start_counter()
                 self._pool.call_journal = self._journal.start()
             except BaseException as exc:

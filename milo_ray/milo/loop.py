@@ -306,9 +306,12 @@ class MiloRun:
             return True
         return self.cfg.max_idle_rounds is not None and idle >= self.cfg.max_idle_rounds
 
-    def _converged(self) -> None:
-        self._halt(f"converged: every island's last {self.cfg.max_idle_rounds} rounds evaluated no new child "
-                   "(method.max_idle_rounds)")
+    def _halt_if_converged(self, progress: dict[int, tuple[int, int]]) -> None:
+        """Stop the run as converged when every island is idle past ``max_idle_rounds``
+        (``progress``: what :meth:`_progress` answered)."""
+        n = self.cfg.max_idle_rounds
+        if n is not None and all(idle >= n for _, idle in progress.values()):
+            self._halt(f"converged: every island's last {n} rounds evaluated no new child (method.max_idle_rounds)")
 
     async def _progress(self, islands: list[int]) -> dict[int, tuple[int, int]]:
         """(rounds done, idle rounds) per island, asked of all of them at once."""
@@ -362,9 +365,7 @@ class MiloRun:
         for t in self._tasks.values():
             t.result()  # re-raise real errors
         if not self.stop and self.cfg.max_idle_rounds is not None:
-            progress = await self._progress(sorted(self.state.islands))
-            if all(idle >= self.cfg.max_idle_rounds for _, idle in progress.values()):
-                self._converged()
+            self._halt_if_converged(await self._progress(sorted(self.state.islands)))
 
     async def run_rounds(self, rounds: dict[int, int]) -> None:
         """One lock-step step: the given islands each run their next round concurrently."""
@@ -394,9 +395,7 @@ class MiloRun:
             done = await self._progress(sorted(self.state.islands))
             active = [j for j in sorted(done) if not self._island_done(*done[j])]
             if not active:
-                if self.cfg.max_idle_rounds is not None and all(
-                        idle >= self.cfg.max_idle_rounds for _, idle in done.values()):
-                    self._converged()
+                self._halt_if_converged(done)
                 break
             reason = self.role_refused("mutator")
             if reason is not None:
