@@ -1,5 +1,5 @@
-"""Killing a driver the way a crash does, for tests and trials of resume: SIGKILL its
-process group and every Ray process it started.
+"""Child processes in tests and trials: killing a driver the way a crash does (SIGKILL
+its process group and every Ray process it started), and reading a child's JSON report.
 
 Ray puts the raylet, the GCS and the workers a driver started in process groups of their
 own, so killing the driver's group leaves them running (and the next session could join
@@ -9,6 +9,7 @@ of their command lines.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import time
@@ -45,3 +46,35 @@ def pids_mentioning(text: str) -> list[int]:
             except OSError:
                 pass
     return out
+
+
+def last_json(stdout: str) -> object:
+    """The last line of a child process's ``stdout`` that is a JSON object or list.
+
+    Ray's node processes can write their own log lines to a driver's stdout (even with
+    ``log_to_driver=False``), so a test's child cannot count on its report being last."""
+    for line in reversed(stdout.splitlines()):
+        value = _json_line(line)
+        if value is not None:
+            return value
+    raise ValueError(f"no JSON line in the child's output:\n{stdout[-3000:]}")
+
+
+def next_json(stream) -> object:
+    """The next line of a child's stdout ``stream`` that is a JSON object or list,
+    skipping Ray's log lines; raises EOFError if the stream ends first."""
+    for line in iter(stream.readline, ""):
+        value = _json_line(line)
+        if value is not None:
+            return value
+    raise EOFError("the child's stdout ended before it printed a JSON line")
+
+
+def _json_line(line: str):
+    line = line.strip()
+    if not line.startswith(("{", "[")):
+        return None
+    try:
+        return json.loads(line)
+    except json.JSONDecodeError:
+        return None

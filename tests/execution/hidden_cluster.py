@@ -27,6 +27,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from milo_ray.testing.processes import last_json
+
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -151,7 +153,7 @@ class HiddenDiskCluster:
                               timeout=timeout_s)
         if proc.returncode != 0:
             raise RuntimeError(proc.stderr[-3000:])
-        return json.loads(proc.stdout.strip().splitlines()[-1])
+        return last_json(proc.stdout)
 
     def nodes(self, timeout_s: float = 120.0) -> list[dict]:
         return self.query(timeout_s=timeout_s, code="out = [{'id': n['NodeID'], 'alive': n['Alive'], 'resources': n['Resources']} "

@@ -27,6 +27,8 @@ import pytest
 
 from slot_cluster import driver_env, run_driver
 
+from milo_ray.testing.processes import last_json
+
 PORT = 33379
 SLOTS = 4
 
@@ -94,7 +96,7 @@ def test_pending_workers_scale_the_cluster_up_from_no_worker_node_and_leave_it_i
     proc = run_driver("sleep", address, "--n", "24", "--seconds", "1.0", "--slots-per-worker", "2", "--idle", "1",
                       "--wait-release", "--wait-idle-report", "--run-id", "autoscaled", timeout=400, env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    out = last_json(proc.stdout)
     assert out["slotted_at_start"] == 0  # nothing could run a rollout when the run began
     rows = out["rows"]
     assert len(rows) == 24 and all(r["error_kind"] is None for r in rows)

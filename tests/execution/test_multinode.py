@@ -8,7 +8,6 @@ reports; no wall-clock thresholds.
 
 from __future__ import annotations
 
-import json
 import time
 from collections import Counter
 from pathlib import Path
@@ -18,6 +17,8 @@ import pytest
 
 from shared_runs import SSR_TINY
 from slot_cluster import SlotCluster, node_prefix, peak_per_node, run_cli, run_driver, start_cli, start_driver
+
+from milo_ray.testing.processes import last_json, next_json
 
 # A cluster, containers or whole command-line runs: the slow suite (pytest -m slow; .ci/run runs it).
 pytestmark = pytest.mark.slow
@@ -34,7 +35,7 @@ def cluster():
 
 def _summary(proc) -> dict:
     assert proc.returncode == 0, proc.stderr[-3000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return last_json(proc.stdout)
 
 
 def _nodes(rows: list[dict]) -> set[str]:
@@ -48,7 +49,7 @@ def test_two_drivers_on_one_cluster_never_exceed_a_nodes_slots_together(cluster)
     procs = [start_driver("sleep", cluster.address, *args, "--barrier", "--run-id", f"run{i}", "--seed", str(i))
              for i in (1, 2)]
     for p in procs:
-        assert json.loads(p.stdout.readline()) == {"ready": True}, p.stderr.read()[-3000:]
+        assert next_json(p.stdout) == {"ready": True}, p.stderr.read()[-3000:]
     for p in procs:
         p.stdin.write("\n")
         p.stdin.flush()
@@ -56,7 +57,7 @@ def test_two_drivers_on_one_cluster_never_exceed_a_nodes_slots_together(cluster)
     for p in procs:
         stdout, stderr = p.communicate(timeout=240)
         assert p.returncode == 0, stderr[-3000:]
-        outs.append(json.loads(stdout.strip().splitlines()[-1]))
+        outs.append(last_json(stdout))
     rows = [r for out in outs for r in out["rows"]]
     assert len(rows) == 48 and all(r["error_kind"] is None for r in rows)
     workers = {node_prefix(n) for n in cluster.workers}
@@ -76,7 +77,7 @@ def _change_cluster_mid_run(cluster: SlotCluster, change, *driver_args: str) -> 
     its summary."""
     proc = start_driver("sleep", cluster.address, *driver_args)
     try:
-        first = json.loads(proc.stdout.readline())
+        first = next_json(proc.stdout)
         assert first["running"] == 2 * SLOTS, first
         change(first)
         stdout, stderr = proc.communicate(input="\n", timeout=240)  # go on
@@ -84,7 +85,7 @@ def _change_cluster_mid_run(cluster: SlotCluster, change, *driver_args: str) -> 
         if proc.poll() is None:
             proc.kill()
     assert proc.returncode == 0, stderr[-3000:]
-    return json.loads(stdout.strip().splitlines()[-1])
+    return last_json(stdout)
 
 
 def test_a_node_added_mid_run_gets_rollouts_and_idle_workers_give_their_slots_back(cluster):

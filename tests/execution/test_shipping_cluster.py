@@ -102,7 +102,9 @@ def assert_ran_on_hidden_nodes(c: HiddenDiskCluster, run: dict) -> None:
 
 def assert_no_node_wrote_the_run(c: HiddenDiskCluster, run_dir: Path) -> None:
     for i in range(1 + c.workers):
-        assert not c.view(i, run_dir).exists(), f"node {i} wrote {run_dir} in its own view of the disk"
+        view = c.view(i, run_dir)
+        written = sorted(str(p.relative_to(view)) for p in view.rglob("*")) if view.exists() else []
+        assert not view.exists(), f"node {i} wrote {run_dir} in its own view of the disk: {written}"
 
 
 def test_a_harbor_oracle_eval_runs_on_nodes_that_cannot_see_its_task_directories(cluster, tmp_path):

@@ -8,7 +8,6 @@ different nodes."""
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import subprocess
 import sys
@@ -22,6 +21,7 @@ from milo_ray.milo.island import Island
 from milo_ray.milo.island_actor import IslandRef, ask, island_actors
 from milo_ray.milo.lineage import LineageNode
 from milo_ray.milo.state import MiloState
+from milo_ray.testing.processes import last_json
 from milo_ray.milo.events import decode
 from test_state import stored_sequence
 
@@ -146,6 +146,6 @@ def test_two_islands_land_on_different_nodes_of_a_two_node_cluster(tmp_path):
     out = subprocess.run([sys.executable, "-c", CLUSTER_SCRIPT], env=env, capture_output=True, text=True,
                          timeout=300, cwd=tmp_path)
     assert out.returncode == 0, out.stderr[-3000:]
-    placed = json.loads(out.stdout.strip().splitlines()[-1])
+    placed = last_json(out.stdout)
     assert len(placed["cluster"]) == 2
     assert set(placed["islands"]) == set(placed["cluster"])

@@ -21,13 +21,15 @@ unknown. The driver records each once (:meth:`~milo_ray.search.agent_calls.Agent
 and charges a counted one to the run's budget once; a call is known by its rollout's
 cache key, start time and index, so a later resume finds it recorded and adds nothing.
 
-Why an actor on the driver's node rather than a file per worker: the driver's run
-directory is the only place every session of the run can read, and workers on other
-nodes do not see it. The records go as fire-and-forget actor calls (one caller's calls
-run in order, so a call's ``end`` never precedes its ``begin``), and the actor flushes
-each batch to the operating system at once: a killed driver loses what was not yet
-delivered to the actor (the last milliseconds), never what the file holds. A torn last
-line is skipped when read.
+Why the driver writes the file rather than a worker or an actor: the driver's run
+directory is the only place every session of the run can read, and no node need see it
+-- workers on other nodes do not, nor does any node when the driver joins through Ray
+Client (``ray://``) from a machine of its own. So the gateways send their records as
+fire-and-forget calls (one caller's calls run in order, so a call's ``end`` never
+precedes its ``begin``) to a small buffer actor, and a thread of the driver takes them
+from it as they arrive (a long poll) and appends them to the file, flushed to the
+operating system per batch: a killed driver loses what it had not yet taken (about a
+round trip), never what the file holds. A torn last line is skipped when read.
 """
 
 from __future__ import annotations
@@ -84,33 +86,104 @@ class CallJournal:
                 self._file.close()
 
 
-def start_call_journal(directory: str | os.PathLike) -> Any:
-    """The session's journal as an actor pinned to this (the driver's) node, writing a new
-    file under ``directory``. Ray must be initialized."""
-    import ray
-    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+class JournalBuffer:
+    """The records the gateways sent and the driver has not yet taken (an async actor:
+    a :meth:`take` waiting for records never blocks a :meth:`write`)."""
 
-    path = Path(directory) / f"calls-{time.strftime('%Y%m%dT%H%M%S')}-{uuid.uuid4().hex[:8]}.jsonl"
-    here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
-    # num_cpus=0: microseconds of work per record, never waiting for a CPU rollouts hold.
-    return ray.remote(num_cpus=0, max_restarts=0)(CallJournal).options(scheduling_strategy=here).remote(str(path))
+    def __init__(self) -> None:
+        import asyncio
+
+        self._records: list[dict[str, Any]] = []
+        self._arrived = asyncio.Event()
+
+    async def write(self, records: list[dict[str, Any]]) -> None:
+        self._records.extend(records)
+        self._arrived.set()
+
+    async def wake(self) -> None:
+        """End a waiting :meth:`take` now (the session is closing)."""
+        self._arrived.set()
+
+    async def take(self, wait_s: float) -> list[dict[str, Any]]:
+        """Every record held, waiting up to ``wait_s`` for the first one."""
+        import asyncio
+
+        if not self._records and wait_s > 0:
+            try:
+                await asyncio.wait_for(self._arrived.wait(), wait_s)
+            except asyncio.TimeoutError:
+                pass
+        out, self._records = self._records, []
+        self._arrived.clear()
+        return out
 
 
-def stop_call_journal(journal: Any) -> None:
-    """Flush and close the session's journal actor (harmless once Ray is gone)."""
-    try:
+class DrivenJournal:
+    """The session's journal: a :class:`JournalBuffer` actor the gateways write to
+    (:attr:`actor`, the handle the workers are given) and a driver thread appending what
+    it takes from it to a new file under ``directory``. Ray must be initialized."""
+
+    # Between two takes that found records, at least this long: a busy run's records
+    # arrive in batches of this period rather than one round trip each.
+    MIN_PERIOD_S = 0.02
+    POLL_S = 1.0
+
+    def __init__(self, directory: str | os.PathLike) -> None:
+        import ray
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        path = Path(directory) / f"calls-{time.strftime('%Y%m%dT%H%M%S')}-{uuid.uuid4().hex[:8]}.jsonl"
+        self.file = CallJournal(path)
+        # On the driver's node when it has one (a round trip from the driver stays local);
+        # num_cpus=0: microseconds of work per record, never waiting for a CPU rollouts hold.
+        here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=True)
+        self.actor = ray.remote(num_cpus=0, max_restarts=0)(JournalBuffer).options(scheduling_strategy=here).remote()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._drain, name="milo-ray-call-journal", daemon=True)
+        self._thread.start()
+
+    def _take(self, wait_s: float) -> int:
         import ray
 
-        ray.get(journal.close.remote(), timeout=30)
-        ray.kill(journal)
-    except Exception:  # Ray already shut down, or the actor died: the file holds what it got
-        pass
+        records = ray.get(self.actor.take.remote(wait_s), timeout=wait_s + 30)
+        if records:
+            self.file.write(records)
+        return len(records)
+
+    def _drain(self) -> None:
+        while not self._stop.is_set():
+            try:
+                if self._take(self.POLL_S):
+                    self._stop.wait(self.MIN_PERIOD_S)
+            except Exception as exc:  # Ray going away under a closing session
+                if not self._stop.is_set():
+                    log.warning("call journal: taking records failed: %s", exc)
+                    self._stop.wait(self.POLL_S)
+
+    def close(self) -> None:
+        """Take what is left, close the file and end the actor (harmless once Ray is gone)."""
+        self._stop.set()
+        try:
+            import ray
+
+            ray.get(self.actor.wake.remote(), timeout=30)
+        except Exception:
+            pass
+        self._thread.join(timeout=self.POLL_S + 35)
+        try:
+            import ray
+
+            self._take(0)
+            ray.kill(self.actor)
+        except Exception:  # Ray already shut down, or the actor died: the file holds what it got
+            pass
+        self.file.close()
 
 
 class AttemptJournal:
     """One rollout attempt's records (made by the rollout worker, used by its gateway).
 
-    ``journal``: the session's :class:`CallJournal` actor handle, or a :class:`CallJournal`
+    ``journal``: the session's :class:`JournalBuffer` actor handle, or a :class:`CallJournal`
     (one process, no Ray); ``item``: (harness_id, task_id, rollout_idx, seed);
     ``counted``: whether the rollout counts against the run's budget."""
 
@@ -227,8 +300,8 @@ def unrecorded_calls(records: Iterable[dict[str, Any]], stored_ids: Iterable[str
 
 
 class SessionJournal:
-    """The driver's side of the journal for one scheduler: the session's actor, started
-    with the first rollouts, and the recovery of what the journal knows and ``agent_calls``
+    """The driver's side of the journal for one scheduler: the session's
+    :class:`DrivenJournal`, started with the first rollouts, and the recovery of what the journal knows and ``agent_calls``
     does not. A run keeps a journal when its store has a directory and its executor's
     model calls go through a gateway (``meters_model_calls``); otherwise this does nothing."""
 
@@ -238,18 +311,19 @@ class SessionJournal:
         root = getattr(store, "root", None)
         wanted = root is not None and Path(root).is_dir() and meters_model_calls(executor_config)
         self.directory: Path | None = Path(root) / JOURNAL_DIR if wanted else None
-        self.actor: Any = None
+        self.journal: DrivenJournal | None = None
 
     def start(self) -> Any:
-        """The session's journal actor (started once; None when the run keeps none)."""
-        if self.directory is not None and self.actor is None:
-            self.actor = start_call_journal(self.directory)
-        return self.actor
+        """The handle the session's gateways write to (started once; None when the run
+        keeps no journal)."""
+        if self.directory is not None and self.journal is None:
+            self.journal = DrivenJournal(self.directory)
+        return None if self.journal is None else self.journal.actor
 
     def stop(self) -> None:
-        if self.actor is not None:
-            stop_call_journal(self.actor)
-            self.actor = None
+        if self.journal is not None:
+            self.journal.close()
+            self.journal = None
 
     def finish(self, agent_calls: Any, model_id: str) -> None:
         """The session ends: close its file and record the calls of attempts that never
