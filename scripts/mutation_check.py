@@ -10,6 +10,7 @@ catch.
     python scripts/mutation_check.py                 # every mutation
     python scripts/mutation_check.py --only resume    # names containing "resume"
     python scripts/mutation_check.py --list
+    python scripts/mutation_check.py --jobs 2         # two mutations at a time
 
 Exit code 0 when every mutation is caught, 1 otherwise.
 """
@@ -17,6 +18,7 @@ Exit code 0 when every mutation is caught, 1 otherwise.
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import os
 import shutil
 import subprocess
@@ -563,14 +565,20 @@ def apply(copy: Path, m: Mutation) -> None:
 
 
 def run_tests(copy: Path, tests: tuple[str, ...], timeout: float) -> tuple[int, float, str]:
+    # A Ray temp dir of its own (short: Ray's socket paths are limited), so tests of two
+    # mutations run at once never join each other's local Ray.
+    ray_tmp = tempfile.mkdtemp(prefix="mr")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(copy), os.environ.get("PYTHONPATH", "")]),
-           "PYTHONDONTWRITEBYTECODE": "1"}
+           "PYTHONDONTWRITEBYTECODE": "1", "RAY_TMPDIR": ray_tmp}
+    env.pop("RAY_ADDRESS", None)
     t0 = time.monotonic()
     try:
         proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", "-m", "", *tests],
                               cwd=copy, env=env, capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired:
         return -1, time.monotonic() - t0, "timed out"
+    finally:
+        shutil.rmtree(ray_tmp, ignore_errors=True)
     tail = (proc.stdout.strip().splitlines() or [""])[-1]
     return proc.returncode, time.monotonic() - t0, tail
 
@@ -589,6 +597,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--list", action="store_true", help="list the mutations and exit")
     ap.add_argument("--no-baseline", action="store_true", help="skip running the unmutated tests first")
     ap.add_argument("--timeout", type=float, default=1200.0, help="seconds per pytest run")
+    ap.add_argument("--jobs", type=int, default=1, help="mutations checked at once (each on its own copy and Ray)")
     args = ap.parse_args(argv)
     chosen = [m for m in MUTATIONS if args.only in m.name]
     if args.list:
@@ -596,32 +605,33 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{m.name:<26} {m.file}: {m.why}\n{'':<26} tests: {' '.join(m.tests)}")
         return 0
     print(f"command: python scripts/mutation_check.py {' '.join(argv if argv is not None else sys.argv[1:])}".rstrip())
-    rows, ok = [], True
     with tempfile.TemporaryDirectory(prefix="milo-mutation-") as tmp:
-        for m in chosen:
+        def check(m: Mutation) -> tuple[str, str, float, str]:
             copy = scratch_copy(Path(tmp) / m.name)
-            check_import_location(copy)
-            if not args.no_baseline:
+            try:
+                check_import_location(copy)
+                if not args.no_baseline:
+                    code, secs, tail = run_tests(copy, m.tests, args.timeout)
+                    if code != 0:
+                        print(f"{m.name}: the unmutated tests fail ({tail}); fix them first", flush=True)
+                        return m.name, "BASELINE FAILS", secs, tail
+                apply(copy, m)
                 code, secs, tail = run_tests(copy, m.tests, args.timeout)
-                if code != 0:
-                    rows.append((m.name, "BASELINE FAILS", secs, tail))
-                    ok = False
-                    print(f"{m.name}: the unmutated tests fail ({tail}); fix them first", flush=True)
-                    continue
-            apply(copy, m)
-            code, secs, tail = run_tests(copy, m.tests, args.timeout)
+            finally:
+                shutil.rmtree(copy, ignore_errors=True)
             verdict = "caught" if code == 1 else "MISSED" if code == 0 else f"error (pytest exit {code})"
-            ok &= verdict == "caught"
-            rows.append((m.name, verdict, secs, tail))
             print(f"{m.name}: {verdict} in {secs:.0f} s ({tail})", flush=True)
-            shutil.rmtree(copy, ignore_errors=True)
+            return m.name, verdict, secs, tail
+
+        with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
+            rows = list(pool.map(check, chosen))  # the table keeps the list's order
     print()
-    print(f"| mutation | verdict | seconds | pytest |\n|---|---|---|---|")
+    print("| mutation | verdict | seconds | pytest |\n|---|---|---|---|")
     for name, verdict, secs, tail in rows:
         print(f"| {name} | {verdict} | {secs:.0f} | {tail} |")
     caught = sum(r[1] == "caught" for r in rows)
     print(f"\n{caught}/{len(rows)} mutations caught")
-    return 0 if ok and caught == len(chosen) else 1
+    return 0 if caught == len(chosen) else 1
 
 
 if __name__ == "__main__":
