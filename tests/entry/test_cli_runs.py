@@ -63,6 +63,7 @@ def test_a_method_benchmark_mismatch_is_refused_in_one_line_before_anything_is_w
     assert list(tmp_path.iterdir()) == [], "bad input must leave no file or directory behind"
 
 
+@pytest.mark.slow  # a whole run in a child process: the slow suite (.ci/run runs it)
 def test_a_crash_exits_1_not_2_and_leaves_a_failed_manifest_and_its_traceback_in_run_log(tmp_path):
     run_dir = tmp_path / "run"
     proc = _cli(tmp_path, "method=eval", "method._target_=crashing_method.CrashingEval", "benchmark=surrogate_deepswe",

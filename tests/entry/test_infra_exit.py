@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pyarrow as pa
+import pytest
 
 from milo_ray.run import EXIT_INFRA, FAILED_INFRA, _infra_only
 
@@ -40,6 +41,7 @@ def test_only_a_session_of_nothing_but_infra_failures_is_flagged():
     assert _infra_only(_Rows([infra]), 11.0) is None
 
 
+@pytest.mark.slow  # a whole run in a child process: the slow suite (.ci/run runs it)
 def test_a_run_whose_every_rollout_fails_as_infra_exits_3_with_status_failed_infra(tmp_path):
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")])}
     run_dir = tmp_path / "run"

@@ -55,6 +55,7 @@ def _run_here_under_harbor_python(marker: str) -> str:
     return out
 
 
+@pytest.mark.slow  # the Harbor interpreter runs this file in a child process: the slow suite (.ci/run runs it)
 @pytest.mark.skipif(IN_HARBOR, reason="this interpreter runs the tests itself")
 def test_in_harbor_python():
     out = _run_here_under_harbor_python("not slow")
