@@ -50,6 +50,7 @@ from milo_ray.core.rollouts import RolloutResult
 from milo_ray.core.tasks import Task
 from milo_ray.execution.gateway.call_journal import AttemptJournal, current_attempt_journal
 from milo_ray.execution.gateway.run_budget import RolloutBudget, current_rollout_budget
+from milo_ray.execution.mailbox import Mailbox
 
 log = logging.getLogger(__name__)
 
@@ -121,20 +122,18 @@ class WorkerCore:
         self.tasks: dict[str, asyncio.Future] = {}
         self._refs: dict[tuple[str, str], Any] = {}
         self._sem: asyncio.Semaphore | None = None
-        self._wake: asyncio.Event | None = None
-        self._done: list[Outcome] = []
+        self._outcomes = Mailbox()  # finished rollouts the driver has not yet polled
         self._running: set[asyncio.Task] = set()
         # The run's budget counter (a RunSpendActor handle, set by the driver; None: the
         # run has no token/USD cap, or its executor meters no model calls).
         self.run_budget: Any = None
-        # The session's call journal (a CallJournal actor handle, set by the driver; None:
+        # The session's call journal (a JournalBuffer actor handle, set by the driver; None:
         # the run keeps none): every rollout attempt's gateway writes its calls there.
         self.call_journal: Any = None
 
     def _loop_state(self) -> None:
         if self._sem is None:
             self._sem = asyncio.Semaphore(self.slots)
-            self._wake = asyncio.Event()
 
     async def submit(self, items: list[Item], harness_refs: dict[str, Any], tasks: dict[str, Any],
                      unbudgeted: Collection[int] = ()) -> int:
@@ -196,7 +195,7 @@ class WorkerCore:
 
     async def _run(self, item: Item, budget: RolloutBudget | None = None, journal: AttemptJournal | None = None) -> None:
         item_id, harness_id, task_id, rollout_idx, seed = item
-        assert self._sem is not None and self._wake is not None
+        assert self._sem is not None
         # This task's own context: the executor's gateway finds the rollout's share of the
         # run's budget and the attempt's journal here (the executor call below runs in a copy of it).
         current_rollout_budget.set(budget)
@@ -257,22 +256,12 @@ class WorkerCore:
                 infra_error = f"{type(exc).__name__}: {exc}"
                 model_calls = list(getattr(exc, "model_calls", None) or [])
             finished = time.time()
-        self._done.append(Outcome(item_id, result, infra_error, capped, started, finished, model_calls,
-                                  metered=budget.metered if budget else (0, 0.0),
-                                  run_budget_refused=budget.refused if budget else None))
-        self._wake.set()
+        self._outcomes.put(Outcome(item_id, result, infra_error, capped, started, finished, model_calls,
+                                   metered=budget.metered if budget else (0, 0.0),
+                                   run_budget_refused=budget.refused if budget else None))
 
     async def poll(self, max_wait_s: float) -> list[Outcome]:
-        self._loop_state()
-        assert self._wake is not None
-        if not self._done:
-            try:
-                await asyncio.wait_for(self._wake.wait(), max_wait_s)
-            except asyncio.TimeoutError:
-                pass
-        out, self._done = self._done, []
-        self._wake.clear()
-        return out
+        return await self._outcomes.take(max_wait_s)
 
     def in_flight(self) -> int:
         return len(self._running)

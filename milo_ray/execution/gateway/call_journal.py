@@ -91,31 +91,20 @@ class JournalBuffer:
     a :meth:`take` waiting for records never blocks a :meth:`write`)."""
 
     def __init__(self) -> None:
-        import asyncio
+        from milo_ray.execution.mailbox import Mailbox
 
-        self._records: list[dict[str, Any]] = []
-        self._arrived = asyncio.Event()
+        self._mailbox = Mailbox()
 
     async def write(self, records: list[dict[str, Any]]) -> None:
-        self._records.extend(records)
-        self._arrived.set()
+        self._mailbox.put(*records)
 
     async def wake(self) -> None:
         """End a waiting :meth:`take` now (the session is closing)."""
-        self._arrived.set()
+        self._mailbox.wake()
 
     async def take(self, wait_s: float) -> list[dict[str, Any]]:
         """Every record held, waiting up to ``wait_s`` for the first one."""
-        import asyncio
-
-        if not self._records and wait_s > 0:
-            try:
-                await asyncio.wait_for(self._arrived.wait(), wait_s)
-            except asyncio.TimeoutError:
-                pass
-        out, self._records = self._records, []
-        self._arrived.clear()
-        return out
+        return await self._mailbox.take(wait_s)
 
 
 class DrivenJournal:
@@ -301,8 +290,8 @@ def unrecorded_calls(records: Iterable[dict[str, Any]], stored_ids: Iterable[str
 
 class SessionJournal:
     """The driver's side of the journal for one scheduler: the session's
-    :class:`DrivenJournal`, started with the first rollouts, and the recovery of what the journal knows and ``agent_calls``
-    does not. A run keeps a journal when its store has a directory and its executor's
+    :class:`DrivenJournal`, started with the first rollouts, and the recovery of what the
+    journal knows and ``agent_calls`` does not. A run keeps a journal when its store has a directory and its executor's
     model calls go through a gateway (``meters_model_calls``); otherwise this does nothing."""
 
     def __init__(self, store: Any, executor_config: Any) -> None:
