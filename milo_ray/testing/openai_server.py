@@ -23,6 +23,8 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Callable
 
+from milo_ray.config.schemas import ModelConfig
+
 
 @dataclass
 class Reply:
@@ -59,6 +61,16 @@ def tool_call(name: str, arguments: dict[str, Any], *, prompt_tokens: int = 10, 
     return Reply(tool_calls=[{"id": call_id, "type": "function",
                               "function": {"name": name, "arguments": json.dumps(arguments)}}],
                  prompt_tokens=prompt_tokens, completion_tokens=completion_tokens)
+
+
+# The environment variable the tests' scripted model reads its (fake) key from.
+SCRIPTED_KEY_ENV = "OPENAI_API_KEY_FOR_TESTS"
+
+
+def scripted_model(url: str, **settings: Any) -> ModelConfig:
+    """A checked solver config for ``openai/scripted`` at ``url`` (a ScriptedOpenAIServer's),
+    keyed by SCRIPTED_KEY_ENV; ``settings`` are further ModelConfig fields."""
+    return ModelConfig(solver="openai/scripted", api_base=url, api_key_env=SCRIPTED_KEY_ENV, **settings).check()
 
 
 def error(status: int, *, retry_after: float | None = None) -> Reply:

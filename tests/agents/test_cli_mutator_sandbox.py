@@ -11,7 +11,6 @@ import os
 import shutil
 import socket
 import sys
-import textwrap
 from pathlib import Path
 
 import pytest

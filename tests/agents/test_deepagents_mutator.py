@@ -17,20 +17,16 @@ from milo_ray.agents.protocols import MutationRequest
 from milo_ray.harness.seeds import load_seeds
 from milo_ray.search.mutation import ValidationOptions, run_mutation
 from milo_ray.testing import scripted_agents as sa
-from milo_ray.testing.openai_server import Reply, ScriptedOpenAIServer, reply, tool_call
+from milo_ray.testing.openai_server import SCRIPTED_KEY_ENV, Reply, ScriptedOpenAIServer, reply, tool_call
 
-pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="the mutator's sandbox needs bwrap")
+pytestmark = [pytest.mark.skipif(shutil.which("bwrap") is None, reason="the mutator's sandbox needs bwrap"),
+              pytest.mark.usefixtures("key_env")]
 
-KEY = "MILO_TEST_MUTATOR_KEY"
+KEY = SCRIPTED_KEY_ENV
 TARGET = "milo_ray.agents.mutators.deepagents.DeepAgentsMutator"
 OUTPUT = f"{AGENT_ROOT}/out/harness.py"
 PARENT = f"{AGENT_ROOT}/parent/harness.py"
 NO_VALIDATION = ValidationOptions(enabled=False)
-
-
-@pytest.fixture(autouse=True)
-def key_env(monkeypatch):
-    monkeypatch.setenv(KEY, "local-secret")
 
 
 def spec(srv: ScriptedOpenAIServer, **kw: Any) -> dict[str, Any]:

@@ -14,9 +14,9 @@ from milo_ray.agents.judges.llm import LLMJudge
 from milo_ray.agents.judges.schema import VERDICT_SCHEMA
 from milo_ray.agents.prompts import placeholders, render
 from milo_ray.ssr import evidence as ev
-from milo_ray.testing.openai_server import ScriptedOpenAIServer, error, reply
+from milo_ray.testing.openai_server import SCRIPTED_KEY_ENV, ScriptedOpenAIServer, error, reply
 
-KEY = "JUDGE_API_KEY_FOR_TESTS"
+KEY = SCRIPTED_KEY_ENV
 GOOD = {"w": 0.7, "a": 0.8, "u": 0.6, "summary": "The agent declared done without running the tests.",
         "suggestions": ["Add a completion gate that runs the test suite before finishing."],
         "insights": "Finishing without running the tests fails tasks whose edge cases the agent never saw.",
@@ -27,9 +27,7 @@ FEEDBACK = {"score": 0.0, "resolved": False, "timed_out": False, "error_kind": N
             "pool": {"tasks": 8, "resolved_rate": 0.5, "timeout_rate": 0.125, "mean_score": 0.55}}
 
 
-@pytest.fixture(autouse=True)
-def key_env(monkeypatch):
-    monkeypatch.setenv(KEY, "local-secret")
+pytestmark = pytest.mark.usefixtures("key_env")
 
 
 def llm(srv, **kw):

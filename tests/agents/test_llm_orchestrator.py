@@ -17,9 +17,9 @@ from milo_ray.milo.events import Init, NodeRecorded, Progress
 from milo_ray.milo.lineage import LineageNode
 from milo_ray.milo.orchestrator import build_inputs
 from milo_ray.milo.state import MiloState
-from milo_ray.testing.openai_server import ScriptedOpenAIServer, error, reply
+from milo_ray.testing.openai_server import SCRIPTED_KEY_ENV, ScriptedOpenAIServer, error, reply
 
-KEY = "ORCHESTRATOR_KEY_FOR_TESTS"
+KEY = SCRIPTED_KEY_ENV
 POOL = ["conservative", "bold", "sloppy"]
 FAST = {"retry_base_s": 0.01, "retry_max_s": 0.05}
 
@@ -55,11 +55,6 @@ def population() -> tuple[str, dict]:
 VALID = {"diagnosis": "Island 1's best fails t2, which island 0's best s0-a solves.", "kind": "exhausted_lineage",
          "loci": ["structure"], "recombine": [{"dest_island": 1, "donor_island": 0, "why": "t2"}]}
 
-
-@pytest.fixture
-def key_env(monkeypatch):
-    monkeypatch.setenv(KEY, "local-secret")
-    return KEY
 
 
 def orchestrator(url: str, **kw) -> LLMOrchestrator:

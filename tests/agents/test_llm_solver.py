@@ -11,24 +11,15 @@ import pytest
 from milo_ray.agents.llm import api_key, build_chat_model, check_credentials, price, usage_of
 from milo_ray.config.schemas import ModelConfig
 from milo_ray.agents.solver_calls import SolverCallRecorder
-from milo_ray.testing.openai_server import Reply, ScriptedOpenAIServer, error, reply, tool_call
+from milo_ray.testing.openai_server import (SCRIPTED_KEY_ENV, Reply, ScriptedOpenAIServer, error, reply,
+                                           scripted_model, tool_call)
 
-KEY = "OPENAI_API_KEY_FOR_TESTS"
-
-
-@pytest.fixture
-def key_env(monkeypatch):
-    monkeypatch.setenv(KEY, "local-secret")
-    return KEY
-
-
-def cfg(url: str, **kw) -> ModelConfig:
-    return ModelConfig(solver="openai/scripted", api_base=url, api_key_env=KEY, **kw).check()
+KEY = SCRIPTED_KEY_ENV
 
 
 def test_an_answer_and_its_usage_come_back_through_litellm(key_env):
     with ScriptedOpenAIServer([reply("patched the parser", prompt_tokens=1234, completion_tokens=56)]) as srv:
-        m = cfg(srv.url, temperature=0.0, max_output_tokens=300, usd_per_mtok_input=1.0, usd_per_mtok_output=4.0)
+        m = scripted_model(srv.url, temperature=0.0, max_output_tokens=300, usd_per_mtok_input=1.0, usd_per_mtok_output=4.0)
         msg = build_chat_model(m).invoke("fix the bug")
     assert msg.content == "patched the parser"
     u = usage_of(msg, m, seconds=0.5)
@@ -40,7 +31,7 @@ def test_an_answer_and_its_usage_come_back_through_litellm(key_env):
 
 def test_an_unpriced_model_costs_none_never_zero(key_env):
     with ScriptedOpenAIServer([reply("ok")]) as srv:
-        m = cfg(srv.url)
+        m = scripted_model(srv.url)
         msg = build_chat_model(m).invoke("hi")
     assert usage_of(msg, m).cost_usd is None
     assert price(ModelConfig(solver="openai/gpt-4o-mini"), 1000, 1000) > 0  # litellm's local price map
@@ -55,7 +46,7 @@ def test_tool_calls_are_parsed(key_env):
             """Write a file."""
             return "ok"
 
-        msg = build_chat_model(cfg(srv.url)).bind_tools([write_file]).invoke("write it")
+        msg = build_chat_model(scripted_model(srv.url)).bind_tools([write_file]).invoke("write it")
     assert msg.tool_calls[0]["name"] == "write_file"
     assert msg.tool_calls[0]["args"] == {"file_path": "/app/a.py", "content": "x = 1\n"}
     assert srv.requests[0]["tools"][0]["function"]["name"] == "write_file"
@@ -66,9 +57,9 @@ FAST = {"retry_base_s": 0.01, "retry_max_s": 0.05}
 
 def test_a_429_is_retried_once_and_the_call_succeeds(key_env):
     """One retry is one more HTTP request: the HTTP client's own retries are off."""
-    rec = SolverCallRecorder(cfg("http://x"))
+    rec = SolverCallRecorder(scripted_model("http://x"))
     with ScriptedOpenAIServer([error(429), reply("after the rate limit")]) as srv:
-        msg = build_chat_model(cfg(srv.url, **FAST), callbacks=[rec]).invoke("hi")
+        msg = build_chat_model(scripted_model(srv.url, **FAST), callbacks=[rec]).invoke("hi")
     assert msg.content == "after the rate limit" and len(srv.requests) == 2
     (call,) = rec.calls()
     assert call.usage.retries == 1 and call.usage.error is None
@@ -76,10 +67,10 @@ def test_a_429_is_retried_once_and_the_call_succeeds(key_env):
 
 @pytest.mark.parametrize("status", [500, 502, 503])
 def test_5xx_forever_fails_after_exactly_max_retries_plus_one_requests(key_env, status):
-    rec = SolverCallRecorder(cfg("http://x"))
+    rec = SolverCallRecorder(scripted_model("http://x"))
     with ScriptedOpenAIServer([error(status)]) as srv:
         with pytest.raises(Exception, match=str(status)) as info:
-            build_chat_model(cfg(srv.url, max_retries=2, **FAST), callbacks=[rec]).invoke("hi")
+            build_chat_model(scripted_model(srv.url, max_retries=2, **FAST), callbacks=[rec]).invoke("hi")
     assert len(srv.requests) == 3
     assert "failed after 3 request(s)" in "".join(getattr(info.value, "__notes__", []))
     (call,) = rec.calls()
@@ -90,14 +81,14 @@ def test_5xx_forever_fails_after_exactly_max_retries_plus_one_requests(key_env, 
 def test_other_4xx_are_never_retried(key_env, status):
     with ScriptedOpenAIServer([error(status), reply("never reached")]) as srv:
         with pytest.raises(Exception):
-            build_chat_model(cfg(srv.url, max_retries=3, **FAST)).invoke("hi")
+            build_chat_model(scripted_model(srv.url, max_retries=3, **FAST)).invoke("hi")
     assert len(srv.requests) == 1
 
 
 def test_max_retries_zero_sends_one_request(key_env):
     with ScriptedOpenAIServer([error(429), reply("too late")]) as srv:
         with pytest.raises(Exception, match="429"):
-            build_chat_model(cfg(srv.url, max_retries=0)).invoke("hi")
+            build_chat_model(scripted_model(srv.url, max_retries=0)).invoke("hi")
     assert len(srv.requests) == 1
 
 
@@ -108,7 +99,7 @@ def test_backoff_sleeps_within_the_full_jitter_envelope(key_env):
     gaps = []
     for _ in range(2):
         with ScriptedOpenAIServer([error(503)] * 3 + [reply("ok")]) as srv:
-            build_chat_model(cfg(srv.url, max_retries=3, retry_base_s=0.4, retry_max_s=0.5)).invoke("hi")
+            build_chat_model(scripted_model(srv.url, max_retries=3, retry_base_s=0.4, retry_max_s=0.5)).invoke("hi")
         assert len(srv.requests) == 4
         times = srv.request_times
         gaps += [b - a for a, b in zip(times, times[1:])]
@@ -119,7 +110,7 @@ def test_backoff_sleeps_within_the_full_jitter_envelope(key_env):
 
 def test_a_hung_request_times_out_within_request_timeout(key_env):
     with ScriptedOpenAIServer([Reply(content="too late", delay_s=3.0)]) as srv:
-        model = build_chat_model(cfg(srv.url, max_retries=1, request_timeout_s=0.5, **FAST))
+        model = build_chat_model(scripted_model(srv.url, max_retries=1, request_timeout_s=0.5, **FAST))
         t0 = time.monotonic()
         with pytest.raises(Exception, match="(?i)time"):
             model.invoke("hi")
@@ -129,9 +120,9 @@ def test_a_hung_request_times_out_within_request_timeout(key_env):
 
 
 def test_async_calls_retry_the_same_way(key_env):
-    rec = SolverCallRecorder(cfg("http://x"))
+    rec = SolverCallRecorder(scripted_model("http://x"))
     with ScriptedOpenAIServer([error(500), error(429), reply("ok")]) as srv:
-        msg = asyncio.run(build_chat_model(cfg(srv.url, **FAST), callbacks=[rec]).ainvoke("hi"))
+        msg = asyncio.run(build_chat_model(scripted_model(srv.url, **FAST), callbacks=[rec]).ainvoke("hi"))
     assert msg.content == "ok" and len(srv.requests) == 3
     assert rec.calls()[0].usage.retries == 2
 
@@ -140,15 +131,15 @@ def test_a_dropped_connection_is_retried(key_env):
     """Nothing listens on the port: every attempt is refused, and each is one attempt."""
     with ScriptedOpenAIServer([reply("x")]) as srv:
         url = srv.url
-    rec = SolverCallRecorder(cfg("http://x"))
+    rec = SolverCallRecorder(scripted_model("http://x"))
     with pytest.raises(Exception, match="(?i)connect"):
-        build_chat_model(cfg(url, max_retries=2, **FAST), callbacks=[rec]).invoke("hi")
+        build_chat_model(scripted_model(url, max_retries=2, **FAST), callbacks=[rec]).invoke("hi")
     assert rec.calls()[0].usage.retries == 2
 
 
 def test_extra_body_reaches_the_server(key_env):
     with ScriptedOpenAIServer([reply("ok")]) as srv:
-        build_chat_model(cfg(srv.url, extra_body={"top_k": 20})).invoke("hi")
+        build_chat_model(scripted_model(srv.url, extra_body={"top_k": 20})).invoke("hi")
     assert srv.requests[0]["top_k"] == 20
 
 

@@ -69,7 +69,7 @@ def test_rejected_edits_are_not_retried_and_stuck_parents_get_structural_edits(t
     first = OfflineMutator("conservative").mutate(_request(tmp_path, parent, ev, 1))
     label = first.report.splitlines()[0]
     memory = "\n".join(
-        [f"- [s0] depth 0 · seed | acc 0.700 | verdict: admitted"] +
+        ["- [s0] depth 0 · seed | acc 0.700 | verdict: admitted"] +
         [f"  - [c{i}] depth 1 · mutation | diff +3/-0 | Δacc -0.010 | mutation: {lab} | verdict: rejected (dominated)"
          for i, lab in enumerate([label, "add skills_library", "add edit_tool"])])
     again = OfflineMutator("conservative").mutate(_request(tmp_path, parent, ev, 1, memory, {"parent_node": "s0"}))

@@ -16,9 +16,9 @@ import pytest
 from milo_ray.agents.llm import build_chat_model
 from milo_ray.agents.rate_limit import RateBudget, SharedRateLimiter, rate_limiter_for
 from milo_ray.config.schemas import ModelConfig
-from milo_ray.testing.openai_server import ScriptedOpenAIServer, reply
+from milo_ray.testing.openai_server import SCRIPTED_KEY_ENV, ScriptedOpenAIServer, reply, scripted_model
 
-KEY = "OPENAI_API_KEY_FOR_TESTS"
+KEY = SCRIPTED_KEY_ENV
 
 
 class Clock:
@@ -31,13 +31,7 @@ class Clock:
 
 def cfg(url: str, **kw) -> ModelConfig:
     # A fresh id per test: limits are per model id and process-wide.
-    return ModelConfig(solver="openai/scripted", id=f"scripted-{uuid.uuid4().hex[:8]}", api_base=url,
-                       api_key_env=KEY, **kw).check()
-
-
-@pytest.fixture
-def key_env(monkeypatch):
-    monkeypatch.setenv(KEY, "local-secret")
+    return scripted_model(url, id=f"scripted-{uuid.uuid4().hex[:8]}", **kw)
 
 
 def gaps(times: list[float]) -> list[float]:

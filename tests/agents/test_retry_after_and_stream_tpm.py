@@ -6,24 +6,9 @@ from __future__ import annotations
 import asyncio
 import types
 
-import pytest
-
 from milo_ray.agents.llm import RetryWait, build_chat_model, retry_after_s
 from milo_ray.agents.rate_limit import SharedRateLimiter
-from milo_ray.config.schemas import ModelConfig
-from milo_ray.testing.openai_server import Reply, ScriptedOpenAIServer, error, reply
-
-KEY = "OPENAI_API_KEY_FOR_TESTS"
-
-
-@pytest.fixture
-def key_env(monkeypatch):
-    monkeypatch.setenv(KEY, "local-secret")
-    return KEY
-
-
-def cfg(url: str, **kw) -> ModelConfig:
-    return ModelConfig(solver="openai/scripted", api_base=url, api_key_env=KEY, **kw).check()
+from milo_ray.testing.openai_server import ScriptedOpenAIServer, error, reply, scripted_model
 
 
 class _Headers(dict):
@@ -50,7 +35,7 @@ def test_retry_after_is_the_wait_capped_at_retry_max_s():
 
 def test_a_429_with_retry_after_is_retried_no_sooner_than_it_asks(key_env):
     with ScriptedOpenAIServer([error(429, retry_after=0.4), reply("after the wait")]) as srv:
-        m = cfg(srv.url, retry_base_s=0.001, retry_max_s=5.0, max_retries=2)
+        m = scripted_model(srv.url, retry_base_s=0.001, retry_max_s=5.0, max_retries=2)
         msg = build_chat_model(m, rate_limiter=None).invoke("hi")
     assert msg.content == "after the wait"
     first, second = srv.request_times
@@ -61,7 +46,7 @@ def test_the_gateway_honours_retry_after_too(key_env):
     from milo_ray.execution.gateway import upstream
 
     async def go(url):
-        return await upstream.complete(cfg(url, retry_base_s=0.001, retry_max_s=5.0, max_retries=2), "k",
+        return await upstream.complete(scripted_model(url, retry_base_s=0.001, retry_max_s=5.0, max_retries=2), "k",
                                        {"messages": [{"role": "user", "content": "hi"}]}, None)
 
     with ScriptedOpenAIServer([error(429, retry_after=0.4), reply("ok", prompt_tokens=3, completion_tokens=2)]) as srv:
@@ -92,7 +77,7 @@ def _limiter(name: str) -> _CountingLimiter:
 def test_a_streamed_answer_counts_toward_tpm(key_env):
     lim = _limiter("stream-tpm-sync")
     with ScriptedOpenAIServer([reply("a streamed answer of some length", prompt_tokens=120, completion_tokens=30)]) as srv:
-        text = "".join(c.content for c in build_chat_model(cfg(srv.url), rate_limiter=lim).stream("hi"))
+        text = "".join(c.content for c in build_chat_model(scripted_model(srv.url), rate_limiter=lim).stream("hi"))
     assert text == "a streamed answer of some length"
     assert lim.spent() == 150
 
@@ -101,7 +86,7 @@ def test_an_async_streamed_answer_counts_toward_tpm(key_env):
     lim = _limiter("stream-tpm-async")
 
     async def go(url):
-        return [c async for c in build_chat_model(cfg(url), rate_limiter=lim).astream("hi")]
+        return [c async for c in build_chat_model(scripted_model(url), rate_limiter=lim).astream("hi")]
 
     with ScriptedOpenAIServer([reply("streamed", prompt_tokens=40, completion_tokens=9)]) as srv:
         asyncio.run(go(srv.url))
@@ -111,6 +96,6 @@ def test_an_async_streamed_answer_counts_toward_tpm(key_env):
 def test_a_stream_the_caller_stops_reading_still_counts_what_it_reported(key_env):
     lim = _limiter("stream-tpm-stopped")
     with ScriptedOpenAIServer([reply("x" * 200, prompt_tokens=50, completion_tokens=70)]) as srv:
-        model = build_chat_model(cfg(srv.url), rate_limiter=lim)
+        model = build_chat_model(scripted_model(srv.url), rate_limiter=lim)
         chunks = list(model.stream("hi"))
     assert chunks and lim.spent() == 120

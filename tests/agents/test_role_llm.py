@@ -9,15 +9,10 @@ import pytest
 from milo_ray.agents.role_llm import RoleLLM, ask, total_usage
 from milo_ray.agents.solver_calls import SolverCall
 from milo_ray.agents.usage import AgentUsage
-from milo_ray.testing.openai_server import ScriptedOpenAIServer, error, reply
+from milo_ray.testing.openai_server import SCRIPTED_KEY_ENV, ScriptedOpenAIServer, error, reply
 
-KEY = "ROLE_LLM_KEY_FOR_TESTS"
+KEY = SCRIPTED_KEY_ENV
 
-
-@pytest.fixture
-def key_env(monkeypatch):
-    monkeypatch.setenv(KEY, "local-secret")
-    return KEY
 
 
 @pytest.mark.parametrize("spec,needle", [

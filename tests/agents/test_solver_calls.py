@@ -13,19 +13,13 @@ from langchain_core.messages import HumanMessage, ToolMessage
 from milo_ray.agents.llm import build_chat_model
 from milo_ray.agents.solver_calls import SolverCallRecorder
 from milo_ray.config.schemas import ModelConfig
-from milo_ray.testing.openai_server import ScriptedOpenAIServer, error, reply, tool_call
+from milo_ray.testing.openai_server import ScriptedOpenAIServer, error, reply, scripted_model, tool_call
 
-KEY = "OPENAI_API_KEY_FOR_TESTS"
-
-
-@pytest.fixture(autouse=True)
-def key_env(monkeypatch):
-    monkeypatch.setenv(KEY, "local-secret")
+pytestmark = pytest.mark.usefixtures("key_env")
 
 
 def cfg(url: str, **kw) -> ModelConfig:
-    return ModelConfig(solver="openai/scripted", api_base=url, api_key_env=KEY, retry_base_s=0.01,
-                       retry_max_s=0.02, **kw).check()
+    return scripted_model(url, retry_base_s=0.01, retry_max_s=0.02, **kw)
 
 
 def test_a_three_call_conversation_gives_three_records_with_the_servers_usage():
