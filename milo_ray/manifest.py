@@ -13,7 +13,7 @@ import time
 import uuid
 from importlib import metadata
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 from omegaconf import DictConfig, OmegaConf
 
@@ -57,24 +57,33 @@ def newer_manifest(manifest: dict[str, Any]) -> str | None:
             f"{MANIFEST_VERSION}); upgrade milo_ray to open this run")
 
 
-def read_manifest(run_dir: Path) -> dict[str, Any]:
-    path = Path(run_dir) / "manifest.json"
+def load_manifest(run_dir: Path, *, where: str, fail: Callable[[str], Exception]) -> dict[str, Any]:
+    """``run_dir``/manifest.json, checked: every problem (missing, unreadable, not JSON, not an
+    object, written by a newer milo_ray) is raised as ``fail(one line)`` starting with ``where``
+    and naming the fix. The resume path and the results API each pass their own error type."""
+    file = Path(run_dir) / "manifest.json"
     try:
-        manifest = json.loads(path.read_text())
+        manifest = json.loads(file.read_text("utf-8"))
     except FileNotFoundError:
-        raise UserError(f"run.resume={run_dir}: no run there (manifest.json missing)") from None
-    except json.JSONDecodeError as exc:
-        raise UserError(f"run.resume={run_dir}: manifest.json is not valid JSON ({exc})") from None
+        raise fail(f"{where}: no run there (manifest.json missing)") from None
+    except ValueError as exc:  # JSONDecodeError, and bytes that are not UTF-8
+        raise fail(f"{where}: corrupt manifest, not valid JSON ({exc}); restore manifest.json from a backup or "
+                   "move the run directory aside (its tables are not affected)") from None
     except OSError as exc:
-        raise UserError(f"run.resume={run_dir}: cannot read manifest.json ({exc.strerror or exc}); check the "
-                        "directory's permissions and mount") from None
+        raise fail(f"{where}: cannot read manifest.json ({exc.strerror or exc}); check the directory's "
+                   "permissions and mount") from None
     if not isinstance(manifest, dict):
-        raise UserError(f"run.resume={run_dir}: manifest.json holds a JSON {type(manifest).__name__}, not a run's "
-                        "manifest; restore it or start a new run")
+        raise fail(f"{where}: corrupt manifest, a JSON {type(manifest).__name__} instead of an object; restore "
+                   "manifest.json or start a new run")
     newer = newer_manifest(manifest)
     if newer:
-        raise UserError(f"run.resume={run_dir}: {newer}")
+        raise fail(f"{where}: {newer}")
     return manifest
+
+
+def read_manifest(run_dir: Path) -> dict[str, Any]:
+    """The manifest of the run ``run.resume`` names; a problem is a UserError naming that key."""
+    return load_manifest(run_dir, where=f"run.resume={run_dir}", fail=UserError)
 
 
 def new_run_id() -> str:

@@ -39,7 +39,7 @@ import pyarrow as pa
 
 from milo_ray import methods
 from milo_ray.kernels.metrics import pass_at_k, pr_at_k, rr_at_k
-from milo_ray.manifest import newer_manifest
+from milo_ray.manifest import load_manifest
 from milo_ray.search.plugin import FinalTestSpec, MethodPlugin, rebuilt_split, recorded_tasks
 from milo_ray.search.scores import interval
 from milo_ray.store import blobs, schema
@@ -75,29 +75,12 @@ def _frame(table: pa.Table) -> pd.DataFrame:
 def _read_manifest(path: Path) -> dict[str, Any]:
     if not path.is_dir():
         raise RunDirError(f"{path}: no such directory; pass the run.dir of a run")
-    file = path / MANIFEST
-    try:
-        text = file.read_text("utf-8")
-    except FileNotFoundError:
+    if not (path / MANIFEST).exists():
         below = _run_dirs_below(path)
         hint = (f"it holds {len(below)} run(s) below it (a sweep): use find_runs({str(path)!r}) or "
                 f"connect({str(path)!r})") if below else "pass the run.dir of a run (the directory holding manifest.json)"
-        raise RunDirError(f"{path}: not a run directory (no {MANIFEST}); {hint}") from None
-    except OSError as e:
-        raise RunDirError(f"{file}: cannot be read ({e.strerror or e}); check the directory's permissions and mount") \
-            from None
-    try:
-        manifest = json.loads(text)
-    except ValueError as e:
-        raise RunDirError(f"{file}: corrupt manifest, not valid JSON ({e}); restore the file from a backup or "
-                          "move the run directory aside (its tables are not affected)") from None
-    if not isinstance(manifest, dict):
-        raise RunDirError(f"{file}: corrupt manifest, a JSON {type(manifest).__name__} instead of an object; "
-                          "restore it or move the run aside")
-    newer = newer_manifest(manifest)
-    if newer:
-        raise RunDirError(f"{path}: {newer}")
-    return manifest
+        raise RunDirError(f"{path}: not a run directory (no {MANIFEST}); {hint}")
+    return load_manifest(path, where=str(path / MANIFEST), fail=RunDirError)
 
 
 def _benchmark_name(manifest: dict[str, Any]) -> str:

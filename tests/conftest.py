@@ -46,3 +46,18 @@ def shared_runs(tmp_path_factory):
     from shared_runs import produce
 
     return produce(tmp_path_factory.mktemp("shared-runs"))
+
+
+@pytest.fixture(scope="session")
+def docker_base_image() -> str:
+    """The pull-free base image, with a Docker daemon answering (started if need be). Without
+    one the test skips, saying why -- except under ``CI=true``, where CI starts dockerd, so a
+    missing daemon is a failure."""
+    from milo_ray.testing.dockerd import ensure_dockerd, local_base_image
+
+    reason = ensure_dockerd()
+    if reason is not None:
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"CI runs the Docker tests, but no Docker daemon answers: {reason}")
+        pytest.skip(f"no Docker daemon: {reason}")
+    return local_base_image()

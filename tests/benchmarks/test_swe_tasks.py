@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
 from pathlib import Path
 
 import pytest
 
 from milo_ray.benchmarks.swe import SWE, SweBenchmark, parse_pytest_log
 from milo_ray.core.tasks import format_of
+from milo_ray.testing.swe_repo import FAIL_TO_PASS, PASS_TO_PASS, calc_repo
 
 needs_bwrap = pytest.mark.skipif(shutil.which("bwrap") is None or shutil.which("git") is None,
                                  reason="bwrap and git needed")
@@ -95,32 +95,13 @@ SKIPPED [1] tests/t.py:9: no
         "tests/t.py::test_d": "XFAIL", "[1] tests/t.py:9: no": "SKIPPED"}
 
 
-def _git(repo: Path, *args: str) -> str:
-    return subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *args], cwd=repo, check=True,
-                          capture_output=True, text=True).stdout
-
-
 @pytest.fixture
 def swe_repo(tmp_path):
     """A tiny package with a bug in ``sub``; returns (row, factory of a fresh checkout)."""
-    src = tmp_path / "src"
-    (src / "calc").mkdir(parents=True)
-    (src / "tests").mkdir()
-    (src / "calc" / "__init__.py").write_text("def add(a, b):\n    return a + b\n\n\ndef sub(a, b):\n    return a + b\n")
-    (src / "tests" / "test_calc.py").write_text("from calc import add\n\n\ndef test_add():\n    assert add(2, 3) == 5\n")
-    _git(src, "init", "-q")
-    _git(src, "add", ".")
-    _git(src, "commit", "-qm", "base")
-    base = _git(src, "rev-parse", "HEAD").strip()
-    (src / "tests" / "test_calc.py").write_text(
-        "from calc import add, sub\n\n\ndef test_add():\n    assert add(2, 3) == 5\n\n\ndef test_sub():\n    assert sub(5, 3) == 2\n")
-    test_patch = _git(src, "diff")
-    _git(src, "checkout", "-q", ".")
-    (src / "calc" / "__init__.py").write_text("def add(a, b):\n    return a + b\n\n\ndef sub(a, b):\n    return a - b\n")
-    gold = _git(src, "diff")
-    _git(src, "checkout", "-q", ".")
-    r = row("calc__1", base_commit=base, patch=gold, test_patch=test_patch,
-            FAIL_TO_PASS=json.dumps(["tests/test_calc.py::test_sub"]), PASS_TO_PASS=["tests/test_calc.py::test_add"],
+    repo = calc_repo(tmp_path / "src")
+    src = repo.path
+    r = row("calc__1", base_commit=repo.base_commit, patch=repo.gold_patch, test_patch=repo.test_patch,
+            FAIL_TO_PASS=json.dumps(FAIL_TO_PASS), PASS_TO_PASS=PASS_TO_PASS,
             install_config={"test_cmd": "python3 -m pytest -rA --tb=no -p no:cacheprovider"})
     bench = SweBenchmark(path=str(write_jsonl(tmp_path / "t.jsonl", [r])), splits={"test": 1.0})
     task = bench.task("calc__1")

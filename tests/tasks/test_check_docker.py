@@ -4,14 +4,13 @@ Skips without a daemon that can be started, except under CI=true (CI starts one)
 
 from __future__ import annotations
 
-import os
 import sys
 from pathlib import Path
 
 import pytest
 
 from milo_ray.tasks.check import run_check
-from milo_ray.testing.dockerd import ensure_dockerd, local_base_image, local_host_mounts
+from milo_ray.testing.dockerd import local_host_mounts
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from task_suite import make_task  # noqa: E402
@@ -19,22 +18,12 @@ from task_suite import make_task  # noqa: E402
 pytestmark = pytest.mark.slow  # image builds and containers
 
 
-@pytest.fixture(scope="module")
-def base_image() -> str:
-    reason = ensure_dockerd()
-    if reason is not None:
-        if os.environ.get("CI") == "true":
-            pytest.fail(f"CI runs the Docker tests, but no Docker daemon answers: {reason}")
-        pytest.skip(f"no Docker daemon: {reason}")
-    return local_base_image()
-
-
-def test_under_docker_a_buildable_task_is_ok_and_a_missing_image_is_unrunnable(tmp_path, base_image, ray_local):
+def test_under_docker_a_buildable_task_is_ok_and_a_missing_image_is_unrunnable(tmp_path, docker_base_image, ray_local):
     suite = tmp_path / "suite"
     make_task(suite, "builds")
     make_task(suite, "gone", toml_extra='docker_image = "registry.example/milo-ray-gone:1"\n')
     (suite / "gone" / "environment" / "Dockerfile").unlink()
-    result = run_check(suite, ["sandbox=docker", f"sandbox.base_image_override={base_image}",
+    result = run_check(suite, ["sandbox=docker", f"sandbox.base_image_override={docker_base_image}",
                                f"sandbox.host_mounts=[{','.join(local_host_mounts())}]", "execution.num_cpus=2"])
     by = {v.task_id: v for v in result.verdicts}
     assert by["builds"].verdict == "ok", by["builds"].reason

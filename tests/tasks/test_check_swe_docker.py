@@ -6,14 +6,14 @@ a row whose gold patch does not apply is broken with that reason and scores 0 --
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import uuid
 
 import pytest
 
 from milo_ray.tasks.check import run_check
-from milo_ray.testing.dockerd import ensure_dockerd, local_base_image, local_host_mounts
+from milo_ray.testing.dockerd import local_host_mounts
+from milo_ray.testing.swe_repo import FAIL_TO_PASS, PASS_TO_PASS, calc_repo
 
 pytestmark = pytest.mark.slow  # an image build and containers
 
@@ -31,49 +31,23 @@ for tid in sys.argv[1:]:
 '''
 
 
-def _git(repo, *args) -> str:
-    return subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *args], cwd=repo, check=True,
-                          capture_output=True, text=True).stdout
-
-
 @pytest.fixture(scope="module")
-def swe_image(tmp_path_factory):
-    reason = ensure_dockerd()
-    if reason is not None:
-        if os.environ.get("CI") == "true":
-            pytest.fail(f"CI runs the Docker tests, but no Docker daemon answers: {reason}")
-        pytest.skip(f"no Docker daemon: {reason}")
+def swe_image(tmp_path_factory, docker_base_image):
     ctx = tmp_path_factory.mktemp("swe-image")
-    repo = ctx / "testbed"
-    (repo / "calc").mkdir(parents=True)
-    (repo / "tests").mkdir()
-    (repo / "tests" / "__init__.py").write_text("")
-    (repo / "run_tests.py").write_text(RUNNER)
-    (repo / "calc" / "__init__.py").write_text("def add(a, b):\n    return a + b\n\n\ndef sub(a, b):\n    return a + b\n")
-    (repo / "tests" / "test_calc.py").write_text("from calc import add\n\n\ndef test_add():\n    assert add(2, 3) == 5\n")
-    _git(repo, "init", "-q")
-    _git(repo, "add", ".")
-    _git(repo, "commit", "-qm", "base")
-    base = _git(repo, "rev-parse", "HEAD").strip()
-    (repo / "tests" / "test_calc.py").write_text("from calc import add, sub\n\n\ndef test_add():\n    assert add(2, 3) == 5"
-                                                 "\n\n\ndef test_sub():\n    assert sub(5, 3) == 2\n")
-    test_patch = _git(repo, "diff")
-    _git(repo, "checkout", "-q", ".")
-    (repo / "calc" / "__init__.py").write_text("def add(a, b):\n    return a + b\n\n\ndef sub(a, b):\n    return a - b\n")
-    gold = _git(repo, "diff")
-    _git(repo, "checkout", "-q", ".")
+    repo = calc_repo(ctx / "testbed", {"tests/__init__.py": "", "run_tests.py": RUNNER})
     tag = f"milo-ray-swe-check:{uuid.uuid4().hex[:12]}"
-    (ctx / "Dockerfile").write_text(f"FROM {local_base_image()}\nCOPY testbed /testbed\nWORKDIR /testbed\n")
+    (ctx / "Dockerfile").write_text(f"FROM {docker_base_image}\nCOPY testbed /testbed\nWORKDIR /testbed\n")
     subprocess.run(["docker", "build", "-q", "-t", tag, str(ctx)], check=True, capture_output=True, timeout=300)
-    yield tag, base, gold, test_patch
+    yield tag, repo
     subprocess.run(["docker", "rmi", "-f", tag], capture_output=True)
 
 
 def test_a_gold_patch_that_does_not_apply_is_broken_and_scores_zero_under_docker(swe_image, tmp_path, ray_local):
-    tag, base, gold, test_patch = swe_image
-    row = {"repo": "o/calc", "base_commit": base, "problem_statement": "sub adds", "image_name": tag,
-           "FAIL_TO_PASS": ["tests/test_calc.py::test_sub"], "PASS_TO_PASS": ["tests/test_calc.py::test_add"],
-           "test_patch": test_patch, "install_config": {"test_cmd": "python3 run_tests.py"}}
+    tag, repo = swe_image
+    gold = repo.gold_patch
+    row = {"repo": "o/calc", "base_commit": repo.base_commit, "problem_statement": "sub adds", "image_name": tag,
+           "FAIL_TO_PASS": FAIL_TO_PASS, "PASS_TO_PASS": PASS_TO_PASS, "test_patch": repo.test_patch,
+           "install_config": {"test_cmd": "python3 run_tests.py"}}
     rows = [{**row, "instance_id": "calc__good", "patch": gold},
             {**row, "instance_id": "calc__broken", "patch": gold.replace("-    return a + b", "-    return a * b")}]
     path = tmp_path / "rows.jsonl"

@@ -1,11 +1,8 @@
-"""Fixtures for sandbox tests that need a Docker daemon.
-
-Without a daemon that can be started the Docker tests skip, saying why -- except under
-``CI=true``, where CI installs and starts dockerd, so a missing daemon is a failure."""
+"""Fixtures for sandbox tests that need a Docker daemon: factories on the pull-free base
+image (the root conftest's ``docker_base_image``, which skips or fails without a daemon)."""
 
 from __future__ import annotations
 
-import os
 import subprocess
 import uuid
 from pathlib import Path
@@ -14,18 +11,7 @@ import pytest
 
 from milo_ray.execution.sandbox.base import SandboxSpec
 from milo_ray.execution.sandbox.docker import DockerSandboxFactory
-from milo_ray.testing.dockerd import ensure_dockerd, local_base_image, local_host_mounts
-
-
-@pytest.fixture(scope="session")
-def docker_base_image() -> str:
-    """The pull-free base image, with a daemon answering (started if need be)."""
-    reason = ensure_dockerd()
-    if reason is not None:
-        if os.environ.get("CI") == "true":
-            pytest.fail(f"CI runs the Docker sandbox tests, but no Docker daemon answers: {reason}")
-        pytest.skip(f"no Docker daemon: {reason}")
-    return local_base_image()
+from milo_ray.testing.dockerd import local_host_mounts
 
 
 @pytest.fixture
