@@ -21,9 +21,10 @@ import threading
 import time
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
-from milo_ray.config.schemas import ModelConfig
+if TYPE_CHECKING:  # Hydra is not installed where the Harbor integration's tests run this server
+    from milo_ray.config.schemas import ModelConfig
 
 
 @dataclass
@@ -70,6 +71,8 @@ SCRIPTED_KEY_ENV = "OPENAI_API_KEY_FOR_TESTS"
 def scripted_model(url: str, **settings: Any) -> ModelConfig:
     """A checked solver config for ``openai/scripted`` at ``url`` (a ScriptedOpenAIServer's),
     keyed by SCRIPTED_KEY_ENV; ``settings`` are further ModelConfig fields."""
+    from milo_ray.config.schemas import ModelConfig
+
     return ModelConfig(solver="openai/scripted", api_base=url, api_key_env=SCRIPTED_KEY_ENV, **settings).check()
 
 

@@ -70,6 +70,39 @@ def test_in_harbor_python_harbor_run():
         pytest.skip("the Harbor interpreter skipped the harbor run: " + out[-800:])
 
 
+def _milo_ray_imports(path: Path) -> set[str]:
+    import ast
+
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("milo_ray."):
+            out.add(node.module)
+    return out
+
+
+@pytest.mark.skipif(IN_HARBOR, reason="this interpreter has harbor; the check is for the default suite")
+def test_what_the_harbor_environment_imports_needs_no_hydra_ray_or_torch():
+    """The Harbor environment (scripts/harbor_env.sh) installs no Hydra, Ray or torch, so the
+    milo_ray modules the integration and these tests import must not pull them in; this
+    catches a stray import in the default suite, before the slow Harbor run would."""
+    needed = (_milo_ray_imports(REPO / "milo_ray" / "integrations" / "harbor.py")
+              | _milo_ray_imports(Path(__file__))) - {"milo_ray.integrations.harbor"}
+    assert "milo_ray.testing.openai_server" in needed and "milo_ray.agents.llm" in needed
+    check = textwrap.dedent(f"""
+        import importlib, importlib.abc, sys
+        BLOCKED = ("hydra", "omegaconf", "ray", "torch", "sentence_transformers")
+        class Refuse(importlib.abc.MetaPathFinder):
+            def find_spec(self, name, path=None, target=None):
+                if name.split(".")[0] in BLOCKED:
+                    raise ImportError(f"{{name}} is not installed in the Harbor environment")
+        sys.meta_path.insert(0, Refuse())
+        for module in {sorted(needed)!r}:
+            importlib.import_module(module)
+    """)
+    r = subprocess.run([sys.executable, "-c", check], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-3000:]
+
+
 # --------------------------------------------------------------------------- a Harbor environment over a temp dir
 
 

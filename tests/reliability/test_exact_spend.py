@@ -41,8 +41,10 @@ class Bill:
         self.tokens = self.reported_tokens = 0
         self.usd = 0.0
         self.admitted_after_exhaustion = 0
-        self.in_flight = 0
-        self.max_in_flight_at_exhaustion = 0
+        # Calls whose charge found the counter exhausted: the one that reached a cap and
+        # those admitted before it and charged after. Only they may carry spend past a cap.
+        self.charged_at_exhaustion_tokens = 0
+        self.charged_at_exhaustion_calls = 0
 
 
 def _attempt(ledger: BudgetLedger, spend: RunSpend, bill: Bill, rng: random.Random, calls: int,
@@ -63,7 +65,6 @@ def _attempt(ledger: BudgetLedger, spend: RunSpend, bill: Bill, rng: random.Rand
                 return grant.calls, grant.run_budget.metered, True
             with bill.lock:
                 bill.admitted_after_exhaustion += int(was_exhausted)
-                bill.in_flight += 1
             tokens = rng.randint(1, MAX_CALL_TOKENS)
             with bill.lock:  # the provider bills it as it answers
                 bill.tokens += tokens
@@ -72,10 +73,10 @@ def _attempt(ledger: BudgetLedger, spend: RunSpend, bill: Bill, rng: random.Rand
                 threading.Event().wait(rng.random() * 0.0005)  # let other rollouts interleave
             grant.record({"input_tokens": tokens, "output_tokens": 0, "cost_usd": tokens * USD_PER_TOKEN,
                           "started_at": 0.0, "retries": 0, "error": None})
-            with bill.lock:
-                bill.in_flight -= 1
-                if spend.exhausted is not None:
-                    bill.max_in_flight_at_exhaustion = max(bill.max_in_flight_at_exhaustion, bill.in_flight + 1)
+            if spend.exhausted is not None:
+                with bill.lock:
+                    bill.charged_at_exhaustion_tokens += tokens
+                    bill.charged_at_exhaustion_calls += 1
             if fate == "kill" and rng.random() < 0.5:
                 break  # the worker dies mid-attempt: nothing of it reports back
     finally:
@@ -137,9 +138,11 @@ def test_caps_hold_and_the_counter_is_exact_under_64_concurrent_rollouts(executi
     # Executions: never over the cap, at any moment.
     assert peak[0] <= executions and ledger.executions_used <= executions and ledger.reserved == 0
     # No call admitted once the counter was exhausted; the overrun is bounded by the
-    # calls in flight when it was reached.
+    # calls in flight when it was reached (the one that reached it included): at most
+    # one per rollout, each at most one call's size.
     assert bill.admitted_after_exhaustion == 0
-    bound = bill.max_in_flight_at_exhaustion * MAX_CALL_TOKENS
+    assert bill.charged_at_exhaustion_calls <= ROLLOUTS
+    bound = bill.charged_at_exhaustion_tokens
     if tokens is not None:
         assert snap["tokens"] <= tokens + bound + agent_tokens
     if usd is not None:
