@@ -236,6 +236,8 @@ def run_job(cfg: DictConfig) -> dict[str, Any]:
     from milo_ray.evaluation import print_run_summary
     from milo_ray.execution.budget import BudgetLedger
     from milo_ray.execution.cluster import connect
+    from milo_ray.execution.gateway.call_journal import JOURNAL_DIR
+    from milo_ray.execution.gateway.role_journal import RoleJournal
     from milo_ray.execution.scheduler import RolloutScheduler
     from milo_ray.config.targets import agent_env, worker_env
     from milo_ray.search.agent_calls import AgentCallLog, role_caps
@@ -311,11 +313,14 @@ def run_job(cfg: DictConfig) -> dict[str, Any]:
         agent_env=agent_env(agents),
         sandbox=OmegaConf.to_container(cfg.sandbox, resolve=True) if cfg.get("sandbox") is not None else None,
         agent_calls=AgentCallLog(store, budget=scheduler.budget, resumed=resumed,
-                                 caps=role_caps(OmegaConf.to_container(cfg.run.budget.roles, resolve=True))),
+                                 caps=role_caps(OmegaConf.to_container(cfg.run.budget.roles, resolve=True)),
+                                 journal=RoleJournal(run_dir / JOURNAL_DIR)),
     )
     scheduler.agent_calls = ctx.agent_calls  # real rollouts' model calls land there (role solver)
     if resumed and (recovered := scheduler.recover_calls()):
         log.info("resuming: recorded %d model call(s) of attempts the last session never reported", recovered)
+    if resumed and (recovered := ctx.agent_calls.journal.recover(ctx.agent_calls)):
+        log.info("resuming: recorded %d search agent call(s) the last session never got an outcome of", recovered)
     tracking = _live_views(cfg, store, scheduler, tracker, run_dir=run_dir, manifest=manifest, resumed=resumed,
                            deadline=deadline, method=prepared.plugin)
     status = "failed"
@@ -342,6 +347,7 @@ def run_job(cfg: DictConfig) -> dict[str, Any]:
         log_file.handle(log.makeRecord(log.name, logging.ERROR, __file__, 0, "the run crashed", (), sys.exc_info()))
         raise
     finally:
+        ctx.agent_calls.journal.finish(ctx.agent_calls)  # agent calls that timed out or were lost
         scheduler.close()
         try:
             store.flush()

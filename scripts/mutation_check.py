@@ -481,6 +481,18 @@ MUTATIONS: tuple[Mutation, ...] = (
         "a resumed run no longer charges the solver calls of failed attempts it restored",
     ),
     Mutation(
+        "agent-calls-not-journaled", "milo_ray/execution/gateway/mutation.py",
+        'f"{role}:{caller}", current_role_call.get()', 'f"{role}:{caller}", None',
+        ("tests/reliability/test_role_journal.py::test_a_mutation_past_its_time_cap_has_its_paid_calls_recorded_once_and_charged_once",),
+        "a search agent's model calls are not journaled: a mutation past its time cap is never charged",
+    ),
+    Mutation(
+        "agent-call-covered-by-its-id", "milo_ray/execution/gateway/role_journal.py",
+        "        if attempt in covered and call_id in stored:\n", "        if call_id in stored:\n",
+        ("tests/reliability/test_role_journal.py",),
+        "an agent call's stored row is taken to hold every attempt of its id: a killed or timed-out attempt goes unpaid",
+    ),
+    Mutation(
         "run-spend-admits-after-exhaustion", "milo_ray/execution/gateway/run_budget.py",
         "                self.refused += 1\n            return self.exhausted\n",
         "                self.refused += 1\n            return None\n",

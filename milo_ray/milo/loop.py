@@ -276,10 +276,12 @@ class MiloRun:
         t0 = time.monotonic()
         # Packed here, on the driver, whose disk holds the files (see search/mutation.py).
         shipped = await asyncio.to_thread(ship_files, req)
-        res: MutationOutcome = keep_artifacts(req, await self.pool.mutate.remote(mutator, req, shipped))
-        self.ctx.agent_calls.record("mutator", res.usage.with_seconds(time.monotonic() - t0),
-                                    call_id=f"mutate:i{j}:r{r}", agent=mutator, model=self.mutator_models.get(mutator),
-                                    island=j, round=r)
+        call_id, model = f"mutate:i{j}:r{r}", self.mutator_models.get(mutator)
+        ticket = self.ctx.agent_calls.ticket(call_id, "mutator", model)
+        res: MutationOutcome = keep_artifacts(req, await self.pool.mutate.remote(mutator, req, shipped, ticket))
+        self.ctx.agent_calls.record("mutator", res.usage.with_seconds(time.monotonic() - t0), call_id=call_id,
+                                    agent=mutator, model=model, island=j, round=r,
+                                    covers=ticket if res.metered else None)
         return await admit_child(self, j, r, node_id=node_id, parent=parent, res=res, origin="mutation",
                                  mutator=mutator)
 

@@ -143,10 +143,12 @@ class GraftMove:
                 run.emit(MoveFailed(decision_id, index, f"orchestrator budget: {reason}"), island=dst)
                 return
             t0 = time.monotonic()
-            res = await self._child(run, decision_id, index, a, b)
+            call_id, model = f"graft:{decision_id}:{index}", spec_model(run.orchestrator_spec())
+            ticket = run.ctx.agent_calls.ticket(call_id, "orchestrator", model)
+            res = await self._child(run, decision_id, index, a, b, ticket)
             run.ctx.agent_calls.record("orchestrator", res.usage.with_seconds(time.monotonic() - t0),
-                                       call_id=f"graft:{decision_id}:{index}", agent=agent_name(run.orchestrator()),
-                                       model=spec_model(run.orchestrator_spec()), island=dst, round=r)
+                                       call_id=call_id, agent=agent_name(run.orchestrator()), model=model,
+                                       island=dst, round=r, covers=ticket if res.metered else None)
             child = await admit_child(run, dst, r, node_id=node_id, parent=a, res=res, origin="graft",
                                       mutator="orchestrator", co_parent=b.node_id,
                                       co_parent_label={"accuracy": b.accuracy, "costs": dict(b.costs or {}),
@@ -157,7 +159,7 @@ class GraftMove:
             run.emit(Progress(dst, rounds_done, 0), island=dst, round=r)
 
     async def _child(self, run: PopulationView, decision_id: str, index: int, a: LineageNode,
-                     b: LineageNode) -> MutationOutcome:
+                     b: LineageNode, ticket: Any = None) -> MutationOutcome:
         """The graft call: a request breeding ``a`` with ``b``, run by the orchestrator agent
         through the shared mutation runner (time cap, validation). A failing call is a
         rejected child, never a crash."""
@@ -174,7 +176,7 @@ class GraftMove:
         )
         return await run_mutation_async(run.orchestrator_spec(), req, time_cap_s=run.cfg.mutation_time_cap_s,
                                         validation=run.validation, call="graft", num_cpus=run.cfg.mutation_num_cpus,
-                                        scope=run.ctx.session, env=run.ctx.agent_env)
+                                        scope=run.ctx.session, env=run.ctx.agent_env, ticket=ticket)
 
 
 @dataclass(frozen=True)

@@ -17,6 +17,7 @@ import numpy as np
 import ray
 
 from milo_ray.agents.protocols import MutationRequest
+from milo_ray.execution.gateway.role_journal import RoleCallTicket
 from milo_ray.search.mutation import MutationOutcome, ShippedFiles, ValidationOptions, run_mutation_async
 
 
@@ -111,12 +112,14 @@ class MutatorPoolActor:
     def mutator_for(self, island: int) -> str:
         return self._pool.mutator_for(island)
 
-    async def mutate(self, name: str, request: MutationRequest, shipped: ShippedFiles | None = None) -> MutationOutcome:
+    async def mutate(self, name: str, request: MutationRequest, shipped: ShippedFiles | None = None,
+                     ticket: RoleCallTicket | None = None) -> MutationOutcome:
         """``shipped``: the request's files, packed by the driver (this actor's node may
-        not be the driver's machine: a ``ray://`` driver)."""
+        not be the driver's machine: a ``ray://`` driver); ``ticket``: the journal ticket
+        the agent's model calls are journaled under."""
         spec = self._pool.spec(name)
         async with self._sems[name]:
             return await run_mutation_async(spec, request, time_cap_s=self._pool.time_cap_s,
                                             validation=self._validation, num_cpus=self._num_cpus,
-                                            scope=self._scope, env=self._env, shipped=shipped,
+                                            scope=self._scope, env=self._env, shipped=shipped, ticket=ticket,
                                             keep_files=False)  # the driver keeps them (MiloRun._mutate)

@@ -109,10 +109,12 @@ class AgentCallLog:
     """
 
     def __init__(self, store: Any, *, budget: Any = None, caps: Mapping[str, RoleCap] | None = None,
-                 resumed: bool = False) -> None:
+                 resumed: bool = False, journal: Any = None) -> None:
         self.store = store
         self.budget = budget
         self.caps = dict(caps or {})
+        # The search agents' journal (a RoleJournal; None: their calls are not journaled).
+        self.journal = journal
         self._lock = threading.Lock()
         self._spend: dict[str, RoleSpend] = defaultdict(RoleSpend)
         self._ids: set[str] = set()
@@ -131,16 +133,27 @@ class AgentCallLog:
                 self.budget.charge(tokens=u.tokens, cost_usd=u.cost_usd)
 
     # --- writing -----------------------------------------------------------------------
+    def ticket(self, call_id: str, role: str, model: str | None) -> Any:
+        """The journal ticket of an agent call about to be made (a
+        :class:`~milo_ray.execution.gateway.role_journal.RoleCallTicket`): the agent's
+        model calls are journaled under it. None when the run keeps no journal, or the
+        agent has no ``model`` (an offline agent calls none)."""
+        return None if self.journal is None or model is None else self.journal.ticket(call_id, role)
+
     def record(self, role: str, usage: AgentUsage, *, call_id: str, agent: str | None = None,
                model: str | None = None, island: int | None = None, candidate: int | None = None,
-               round: int | None = None) -> None:
+               round: int | None = None, covers: Any = None) -> None:
         """Store one call and charge its spend. A ``call_id`` already recorded (a resumed
-        run replaying a step whose call was stored) is not stored or charged again."""
+        run replaying a step whose call was stored) is not stored or charged again.
+        ``covers``: the call's journal ticket when ``usage`` is the agent's own account of
+        that attempt's model calls (its journaled calls are then not recorded again)."""
         if role not in ROLES:
             raise ValueError(f"agent call role {role!r}: roles are {', '.join(ROLES)}")
         with self._lock:
             if call_id in self._ids:
                 return
+            if covers is not None and self.journal is not None:
+                self.journal.cover(covers)  # before the row: see role_journal's recovery rule
             # Stored first: if the write fails nothing is marked or charged, so the
             # ledger never counts a call the store does not hold.
             self.store.append("agent_calls", [{
@@ -203,6 +216,21 @@ class AgentCallLog:
             unknown += c.call is None
         if added:
             self.store.event("model_calls_recovered", {"calls": added, "usage_unknown": unknown})
+        return added
+
+    def record_interrupted_roles(self, calls: list[Any]) -> int:
+        """Store the journaled attempts of search agents' calls that no row covers
+        (:class:`~milo_ray.execution.gateway.role_journal.InterruptedRoleCall`), each once,
+        under its role, charged like any call of that role. Returns how many were new."""
+        added, unknown = 0, 0
+        for c in calls:
+            if c.role not in ROLES or self.recorded(c.row_id):
+                continue
+            self.record(c.role, c.usage, call_id=c.row_id)
+            added += 1
+            unknown += c.in_flight
+        if added:
+            self.store.event("agent_calls_recovered", {"calls": added, "model_calls_in_flight": unknown})
         return added
 
     def call_ids(self) -> set[str]:

@@ -58,6 +58,7 @@ from typing import Any, Callable, Iterator, Mapping, Sequence
 from milo_ray.agents.llm import use_secrets
 from milo_ray.agents.protocols import MutationRequest, MutationResult
 from milo_ray.agents.usage import AgentUsage
+from milo_ray.execution.gateway.role_journal import RoleCallTicket, journaling
 from milo_ray.execution.shipping import ShippingError
 from milo_ray.harness.model import ENTRY_FILE, Harness
 from milo_ray.harness.validate import sandbox_factory_from, validate
@@ -105,6 +106,10 @@ class MutationOutcome:
     # (transcripts, prompts: ``<workdir>.transcript.json`` ... by suffix), carried back
     # for the caller to keep where the run keeps the workdir (:func:`keep_artifacts`).
     artifacts: dict[str, bytes] = field(default_factory=dict)
+    # Whether ``usage`` is the agent's own account of its model calls. False when the agent
+    # ended without one (timed out, crashed, lost with its worker): what those calls cost is
+    # known only from the journal (:mod:`~milo_ray.execution.gateway.role_journal`).
+    metered: bool = False
 
     @property
     def ok(self) -> bool:
@@ -218,19 +223,22 @@ def forget_agent(spec: Any, scope: str | None = None) -> None:
 
 def run_mutation(spec: Any, request: MutationRequest, *, time_cap_s: float | None,
                  validation: ValidationOptions | None = None, call: str = "mutate",
-                 shipped: ShippedFiles | None = None, scope: str | None = None) -> MutationOutcome:
+                 shipped: ShippedFiles | None = None, scope: str | None = None,
+                 ticket: RoleCallTicket | None = None) -> MutationOutcome:
     """Run one mutation in this process (see the module docstring). ``call`` names the
     agent method: ``mutate`` (mutators, SSR's optimizer) or ``graft`` (MILO's
     orchestrator). ``time_cap_s`` None: no in-process cap (the Ray caller enforces it).
-    ``scope``: whose agents to reuse (a run session; see :func:`agent_for`)."""
+    ``scope``: whose agents to reuse (a run session; see :func:`agent_for`).
+    ``ticket``: journal the agent's model calls under it (None: not journaled)."""
     steps = _mutation_steps(spec, request, time_cap_s=time_cap_s, validation=validation, call=call, shipped=shipped,
-                            scope=scope)
+                            scope=scope, ticket=ticket)
     return keep_artifacts(request, [x for x in steps if isinstance(x, MutationOutcome)][-1])
 
 
 def _mutation_steps(spec: Any, request: MutationRequest, *, time_cap_s: float | None,
                     validation: ValidationOptions | None, call: str,
-                    shipped: ShippedFiles | None, scope: str | None = None) -> Iterator[Any]:
+                    shipped: ShippedFiles | None, scope: str | None = None,
+                    ticket: RoleCallTicket | None = None) -> Iterator[Any]:
     """The body as steps: ``"started"``, ``"answered"`` (the agent is done; validation
     follows), then the :class:`MutationOutcome`."""
     yield "started"
@@ -245,7 +253,7 @@ def _mutation_steps(spec: Any, request: MutationRequest, *, time_cap_s: float | 
                 yield MutationOutcome(None, error=why, usage=AgentUsage(cost_usd=0.0, error=why))
                 return
         for out in _steps_here(spec, request, time_cap_s=time_cap_s, validation=validation, call=call, scope=scope,
-                               t0=t0):
+                               t0=t0, ticket=ticket):
             if isinstance(out, MutationOutcome) and scratch is not None:
                 out = replace(out, artifacts=_artifacts(Path(request.workdir)))
             yield out
@@ -255,12 +263,12 @@ def _mutation_steps(spec: Any, request: MutationRequest, *, time_cap_s: float | 
 
 
 def _steps_here(spec: Any, request: MutationRequest, *, time_cap_s: float | None, validation: ValidationOptions | None,
-                call: str, scope: str | None, t0: float) -> Iterator[Any]:
+                call: str, scope: str | None, t0: float, ticket: RoleCallTicket | None = None) -> Iterator[Any]:
     """The mutation itself, on files of this machine."""
     workdir = Path(request.workdir)
     workdir.mkdir(parents=True, exist_ok=True)
     (workdir / ENTRY_FILE).unlink(missing_ok=True)  # a re-draw reuses the workdir: no stale child
-    res, error = _call_with_cap(spec, request, call, time_cap_s, scope)
+    res, error = _call_with_cap(spec, request, call, time_cap_s, scope, ticket)
     seconds = time.monotonic() - t0
     yield "answered"
     if error is not None:
@@ -269,20 +277,21 @@ def _steps_here(spec: Any, request: MutationRequest, *, time_cap_s: float | None
     usage = res.usage.with_seconds(seconds)
     child, error = _read_child(res, request)
     if error is not None:
-        yield MutationOutcome(None, error=error, report=res.report, usage=usage.with_error(error))
+        yield MutationOutcome(None, error=error, report=res.report, usage=usage.with_error(error), metered=True)
         return
     verdict = _validate(child, request.parent, validation or ValidationOptions())
-    yield MutationOutcome(child, validation_error=verdict, report=res.report, usage=usage)
+    yield MutationOutcome(child, validation_error=verdict, report=res.report, usage=usage, metered=True)
 
 
 def _call_with_cap(spec: Any, request: MutationRequest, call: str, time_cap_s: float | None,
-                   scope: str | None) -> tuple[MutationResult | None, str | None]:
+                   scope: str | None, ticket: RoleCallTicket | None = None) -> tuple[MutationResult | None, str | None]:
     """The agent's answer, or why there is none."""
     box: dict[str, Any] = {}
 
     def target() -> None:
         try:
-            box["res"] = getattr(agent_for(spec, scope), call)(request)
+            with journaling(ticket):
+                box["res"] = getattr(agent_for(spec, scope), call)(request)
         except BaseException as e:  # an agent crash is a rejected child, never a crashed run
             box["exc"] = e
 
@@ -367,11 +376,11 @@ def _validation_sandbox(node: Any) -> Any:
 # --------------------------------------------------------------------------- Ray callers
 
 def _streaming_body(spec: Any, request: MutationRequest, validation: ValidationOptions | None, call: str,
-                    shipped: ShippedFiles | None, scope: str | None,
+                    shipped: ShippedFiles | None, scope: str | None, ticket: RoleCallTicket | None = None,
                     secrets: Mapping[str, str] | None = None) -> Iterator[Any]:
     with use_secrets(secrets):
         yield from _mutation_steps(spec, request, time_cap_s=None, validation=validation, call=call,
-                                   shipped=shipped, scope=scope)
+                                   shipped=shipped, scope=scope, ticket=ticket)
 
 
 _remote_body: Any = None
@@ -452,15 +461,16 @@ async def run_mutation_async(spec: Any, request: MutationRequest, *, time_cap_s:
                              validation: ValidationOptions | None = None, call: str = "mutate",
                              num_cpus: float = 1.0, shipped: ShippedFiles | None = None,
                              scope: str | None = None, env: Mapping[str, str] | None = None,
-                             keep_files: bool = True) -> MutationOutcome:
+                             keep_files: bool = True, ticket: RoleCallTicket | None = None) -> MutationOutcome:
     """One mutation as a Ray task, awaited under the cap (see the module docstring).
     Cancelling the awaiting coroutine cancels the task too. ``env``: see :func:`_remote`.
     ``shipped``: the request's files packed by the caller (None: packed here).
     ``keep_files``: write the artifacts beside the workdir here (False: the outcome
-    carries them, for a caller on another machine to :func:`keep_artifacts`)."""
+    carries them, for a caller on another machine to :func:`keep_artifacts`). ``ticket``:
+    journal the agent's model calls under it (:mod:`~milo_ray.execution.gateway.role_journal`)."""
     if shipped is None:
         shipped = await asyncio.to_thread(ship_files, request)
-    flight = _Flight(_remote(num_cpus, env).remote(spec, request, validation, call, shipped, scope),
+    flight = _Flight(_remote(num_cpus, env).remote(spec, request, validation, call, shipped, scope, ticket),
                      time_cap_s, validation)
     try:
         while True:
@@ -488,18 +498,23 @@ def run_mutations(spec: Any, requests: Sequence[MutationRequest], *, time_cap_s:
                   validation: ValidationOptions | None = None, max_concurrent: int = 4, num_cpus: float = 1.0,
                   use_ray: bool | None = None, scope: str | None = None,
                   on_done: Callable[[int, MutationOutcome], None] | None = None,
-                  env: Mapping[str, str] | None = None) -> list[MutationOutcome]:
+                  env: Mapping[str, str] | None = None,
+                  tickets: Sequence[RoleCallTicket | None] | None = None) -> list[MutationOutcome]:
     """Several mutations in parallel (Ray tasks when connected to Ray, else threads;
     ``use_ray`` forces the choice), each under the cap; outcomes in ``requests``
     order. ``on_done(i, outcome)`` is called on the caller's thread as each finishes.
-    ``env``: see :func:`_remote` (threads share the driver's environment already)."""
+    ``env``: see :func:`_remote` (threads share the driver's environment already).
+    ``tickets``: one per request, the journal ticket of its agent call (None: none)."""
     if not requests:
         return []
     import ray
 
+    tickets = list(tickets) if tickets is not None else [None] * len(requests)
+    if len(tickets) != len(requests):
+        raise ValueError(f"run_mutations: {len(tickets)} tickets for {len(requests)} requests")
     if not (ray.is_initialized() if use_ray is None else use_ray):
         return _run_in_threads(spec, requests, time_cap_s=time_cap_s, validation=validation,
-                               max_concurrent=max_concurrent, on_done=on_done, scope=scope)
+                               max_concurrent=max_concurrent, on_done=on_done, scope=scope, tickets=tickets)
     body = _remote(num_cpus, env)
     spec_ref = ray.put(spec)
     results: dict[int, MutationOutcome] = {}
@@ -515,8 +530,8 @@ def run_mutations(spec: Any, requests: Sequence[MutationRequest], *, time_cap_s:
     while queue or flights:
         while queue and len(flights) < max_concurrent:
             i, req = queue.pop(0)
-            flights[i] = _Flight(body.remote(spec_ref, req, validation, "mutate", ship_files(req), scope), time_cap_s,
-                                 validation)
+            flights[i] = _Flight(body.remote(spec_ref, req, validation, "mutate", ship_files(req), scope, tickets[i]),
+                                 time_cap_s, validation)
         streams = [f.stream for f in flights.values()]
         wait_s = min(f.deadline() for f in flights.values()) - time.monotonic()
         ray.wait(streams, num_returns=1, timeout=None if wait_s == float("inf") else max(0.0, wait_s))
@@ -539,10 +554,10 @@ def run_mutations(spec: Any, requests: Sequence[MutationRequest], *, time_cap_s:
 def _run_in_threads(spec: Any, requests: Sequence[MutationRequest], *, time_cap_s: float,
                     validation: ValidationOptions | None, max_concurrent: int,
                     on_done: Callable[[int, MutationOutcome], None] | None,
-                    scope: str | None) -> list[MutationOutcome]:
+                    scope: str | None, tickets: Sequence[RoleCallTicket | None]) -> list[MutationOutcome]:
     with ThreadPoolExecutor(max_workers=max(1, min(max_concurrent, len(requests)))) as pool:
-        futs = [pool.submit(run_mutation, spec, r, time_cap_s=time_cap_s, validation=validation, scope=scope)
-                for r in requests]
+        futs = [pool.submit(run_mutation, spec, r, time_cap_s=time_cap_s, validation=validation, scope=scope,
+                            ticket=t) for r, t in zip(requests, tickets)]
         out = []
         for i, f in enumerate(futs):
             out.append(f.result())

@@ -29,6 +29,8 @@ class CandidateJob:
     index: int
     scale: int
     request: MutationRequest
+    # The journal ticket of this optimizer call (role_journal.RoleCallTicket; None: none).
+    ticket: Any = None
 
 
 @dataclass
@@ -46,6 +48,8 @@ class CandidateOutcome:
     seconds: float = 0.0
     cost_usd: float | None = 0.0
     retries: int = 0
+    # Whether the usage is the optimizer's own account of its model calls (MutationOutcome.metered).
+    metered: bool = False
 
     @property
     def usage(self) -> AgentUsage:
@@ -67,7 +71,7 @@ class CandidateOutcome:
             error = f"validation: {out.validation_error}"
         u = out.usage
         return cls(job.index, job.scale, job.request.seed, out.child, error, out.report, u.input_tokens, u.output_tokens,
-                   u.seconds, u.cost_usd, u.retries)
+                   u.seconds, u.cost_usd, u.retries, out.metered)
 
 
 def use_ray() -> bool:
@@ -91,5 +95,5 @@ def generate_candidates(optimizer_spec: Any, jobs: Sequence[CandidateJob], *, fo
         return []
     outs = run_mutations(optimizer_spec, [j.request for j in jobs], time_cap_s=time_cap_s,
                          validation=ValidationOptions(tuple(forbidden), timeout_s, entry=entry, sandbox=sandbox), max_concurrent=max_concurrent,
-                         use_ray=use_ray(), scope=scope, env=env)
+                         use_ray=use_ray(), scope=scope, env=env, tickets=[j.ticket for j in jobs])
     return [CandidateOutcome.of(j, o) for j, o in zip(jobs, outs)]

@@ -117,7 +117,9 @@ class ChildMaker:
         """Answers for (index, draw) pairs: recorded ones read back, the rest generated
         (concurrently) and recorded."""
         missing = [(i, d) for i, d in wanted if (i, d) not in rec.draws]
-        jobs = [requests.job(i, d) for i, d in missing]
+        model = spec_model(self.optimizer_spec)
+        jobs = [replace(requests.job(i, d), ticket=self.calls.ticket(optimize_call_id(rnd, i, d), "optimizer", model))
+                for i, d in missing]
         fresh: dict[tuple[int, int], Harness | None] = {}
         if jobs:
             outcomes = generate_candidates(self.optimizer_spec, jobs, forbidden=self.forbidden,
@@ -125,10 +127,10 @@ class ChildMaker:
                                            max_concurrent=self.cfg.max_concurrent_candidates,
                                            time_cap_s=self.cfg.optimizer_time_cap_s, scope=self.scope,
                                            env=self.env, entry=self.entry, sandbox=self.sandbox)
-            for (i, d), o in zip(missing, outcomes):
+            for (i, d), job, o in zip(missing, jobs, outcomes):
                 self.calls.record("optimizer", o.usage, call_id=optimize_call_id(rnd, i, d),
-                                  agent=self.optimizer_name, model=spec_model(self.optimizer_spec), candidate=i,
-                                  round=rnd)
+                                  agent=self.optimizer_name, model=model, candidate=i, round=rnd,
+                                  covers=job.ticket if o.metered else None)
                 child = o.child
                 self.emit(CandidateDrawn(
                     rnd, parent.harness_id, o.index, d, o.scale, o.seed,

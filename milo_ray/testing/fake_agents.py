@@ -130,3 +130,35 @@ class EnvReportingMutator:
         in_env = "in-env" if self.variable in os.environ else "not-in-env"
         child = Harness.from_source(request.parent.source + f"# env {value}\n", name="child")
         return MutationResult(child, report=f"{value} {in_env}")
+
+
+class GatewayLoopMutator:
+    """A mutator whose agent loop calls its model ``calls`` times through this process's
+    model gateway (:class:`~milo_ray.execution.gateway.mutation.MutationGateway`, as the
+    LLM mutators do), then writes a child and reports the gateway's metered usage; with
+    ``hang_s`` it then waits that long first (a hung agent when it outlasts the time cap).
+    For tests of the search agents' call journal."""
+
+    name = "gateway-loop"
+
+    def __init__(self, llm: dict, calls: int = 3, hang_s: float = 0.0) -> None:
+        from milo_ray.agents.role_llm import RoleLLM
+
+        self.llm = RoleLLM.of(llm, where="gateway-loop.llm")
+        self.calls, self.hang_s = int(calls), float(hang_s)
+
+    def mutate(self, request: MutationRequest) -> MutationResult:
+        import time
+
+        from milo_ray.agents.role_llm import metered_chat_model
+        from milo_ray.execution.gateway.mutation import MutationGateway
+
+        t0 = time.monotonic()
+        with metered_chat_model(self.llm, MutationGateway.shared(self.llm), role="mutator", caller=self.name) as call:
+            for _ in range(self.calls):
+                call.model.invoke("again")
+            if self.hang_s:
+                time.sleep(self.hang_s)
+        source = request.parent.files[ENTRY_FILE] + f"# edit for seed {request.seed}\n"
+        return MutationResult(Harness({**request.parent.files, ENTRY_FILE: source}), report="edited",
+                              usage=call.usage(seconds=time.monotonic() - t0))

@@ -33,6 +33,29 @@ def reap_session(pgid: int, ray_tmp: str) -> None:
         time.sleep(0.05)
 
 
+def kill_driver_when(argv: list[str], env: dict[str, str], ray_tmp: str, ready, *, what: str,
+                     timeout_s: float = 240.0) -> None:
+    """Start a driver (``argv``, in a session of its own, with ``env``, whose
+    ``RAY_TMPDIR`` is ``ray_tmp``), wait until ``ready()`` is true, then kill it and
+    every Ray process it started as a crash does. An AssertionError naming ``what`` and
+    the driver's last output when it exits or ``timeout_s`` passes first."""
+    import subprocess
+
+    proc = subprocess.Popen(argv, env=env, start_new_session=True, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline and proc.poll() is None:
+            if ready():
+                return
+            time.sleep(0.2)
+        tail = proc.stdout.read().decode()[-3000:] if proc.poll() is not None else "still running"
+        raise AssertionError(f"the driver never got {what}: {tail}")
+    finally:
+        reap_session(proc.pid, ray_tmp)
+        proc.wait()
+
+
 def pids_mentioning(text: str) -> list[int]:
     """Every process whose command line holds ``text`` followed by a slash."""
     needle = text.rstrip("/").encode() + b"/"

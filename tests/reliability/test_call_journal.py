@@ -7,11 +7,9 @@ from __future__ import annotations
 import asyncio
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 import threading
-import time
 from pathlib import Path
 
 import pytest
@@ -214,7 +212,7 @@ def test_calls_of_a_killed_driver_are_recorded_once_with_their_usage_on_resume(t
     """The driver's one rollout had 5 calls answered (paid) and a 6th in flight when it was
     SIGKILLed; nothing of the rollout was stored. On resume all six are recorded once, the
     five with their real tokens, and the budget is charged for the five once."""
-    from milo_ray.testing.processes import reap_session
+    from milo_ray.testing.processes import kill_driver_when
 
     sys.path.insert(0, str(HERE))
     import journal_driver
@@ -228,22 +226,13 @@ def test_calls_of_a_killed_driver_are_recorded_once_with_their_usage_on_resume(t
     run_dir, ray_tmp = tmp_path / "run", Path(tempfile.mkdtemp(prefix="mrj-", dir="/tmp"))
     env = {**os.environ, "RAY_TMPDIR": str(ray_tmp), journal_driver.KEY_ENV: "sk-journal-test",
            "PYTHONPATH": os.pathsep.join([str(HERE.parents[1]), os.environ.get("PYTHONPATH", "")])}
+    def ready() -> bool:
+        ops = [r["op"] for r in read_journal(run_dir / "journal")]
+        return ops.count("end") == ANSWERED and ops.count("begin") == ANSWERED + 1
+
     with ScriptedOpenAIServer(policy) as srv:
-        proc = subprocess.Popen([sys.executable, str(HERE / "journal_driver.py"), str(run_dir), srv.url], env=env,
-                                start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-        try:
-            deadline = time.monotonic() + 240
-            while time.monotonic() < deadline and proc.poll() is None:
-                ops = [r["op"] for r in read_journal(run_dir / "journal")]
-                if ops.count("end") == ANSWERED and ops.count("begin") == ANSWERED + 1:
-                    break
-                time.sleep(0.2)
-            else:
-                raise AssertionError(f"the driver never got {ANSWERED} calls answered: "
-                                     f"{proc.stdout.read().decode()[-3000:] if proc.poll() is not None else 'running'}")
-        finally:
-            reap_session(proc.pid, str(ray_tmp))
-            proc.wait()
+        kill_driver_when([sys.executable, str(HERE / "journal_driver.py"), str(run_dir), srv.url], env, str(ray_tmp),
+                         ready, what=f"{ANSWERED} calls answered")
         paid = len(srv.answered)
     assert paid == ANSWERED
 

@@ -117,12 +117,11 @@ class DrivenJournal:
     MIN_PERIOD_S = 0.02
     POLL_S = 1.0
 
-    def __init__(self, directory: str | os.PathLike) -> None:
+    def __init__(self, directory: str | os.PathLike, *, prefix: str = "calls") -> None:
         import ray
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-        path = Path(directory) / f"calls-{time.strftime('%Y%m%dT%H%M%S')}-{uuid.uuid4().hex[:8]}.jsonl"
-        self.file = CallJournal(path)
+        self.file = CallJournal(self.new_path(directory, prefix))
         # On the driver's node when it has one (a round trip from the driver stays local);
         # num_cpus=0: microseconds of work per record, never waiting for a CPU rollouts hold.
         here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=True)
@@ -130,6 +129,11 @@ class DrivenJournal:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._drain, name="milo-ray-call-journal", daemon=True)
         self._thread.start()
+
+    @staticmethod
+    def new_path(directory: str | os.PathLike, prefix: str) -> Path:
+        """A new session's file: ``<directory>/<prefix>-<time>-<random>.jsonl``."""
+        return Path(directory) / f"{prefix}-{time.strftime('%Y%m%dT%H%M%S')}-{uuid.uuid4().hex[:8]}.jsonl"
 
     def _take(self, wait_s: float) -> int:
         import ray
@@ -219,25 +223,27 @@ class UnrecordedCall:
     call: dict[str, Any] | None
 
 
-def read_journal(directory: str | os.PathLike) -> list[dict[str, Any]]:
-    """Every record of every session's file under ``directory`` (a torn line skipped)."""
+def read_journal(directory: str | os.PathLike, *, prefix: str = "calls",
+                 ops: tuple[str, ...] = ("begin", "end")) -> list[dict[str, Any]]:
+    """Every record (of the kinds ``ops``) of every session's file ``<prefix>-*.jsonl``
+    under ``directory`` (a torn line skipped)."""
     out: list[dict[str, Any]] = []
     root = Path(directory)
     if not root.is_dir():
         return out
-    for path in sorted(root.glob("calls-*.jsonl")):
-        out.extend(_records(path))
+    for path in sorted(root.glob(f"{prefix}-*.jsonl")):
+        out.extend(_records(path, ops))
     return out
 
 
-def _records(path: Path) -> Iterator[dict[str, Any]]:
+def _records(path: Path, ops: tuple[str, ...]) -> Iterator[dict[str, Any]]:
     with open(path, encoding="utf-8", errors="replace") as f:
         for line in f:
             try:
                 record = json.loads(line)
             except ValueError:  # the line a killed writer left half-written
                 continue
-            if isinstance(record, dict) and record.get("op") in ("begin", "end"):
+            if isinstance(record, dict) and record.get("op") in ops:
                 yield record
 
 

@@ -15,7 +15,9 @@ Two kinds of agent use it:
 
 For both, ``issue_token`` issues a grant for one agent call, ``revoke_token`` ends it, and
 :meth:`metered` / :meth:`calls` are what the calls of a token cost -- the call's tokens,
-USD, retries and per-call rows, whatever the agent reports about itself.
+USD, retries and per-call rows, whatever the agent reports about itself. Inside
+:func:`~milo_ray.execution.gateway.role_journal.journaling` the grant also journals each
+model call (see :mod:`~milo_ray.execution.gateway.role_journal`).
 
 The gateway runs on an event loop of its own, in a daemon thread, started on first use
 and kept for the process's later calls (``close`` stops it and removes its socket).
@@ -97,11 +99,13 @@ class MutationGateway:
 
     def issue_token(self, *, role: str, caller: str) -> str:
         from milo_ray.agents.llm import key_env, secret
+        from milo_ray.execution.gateway.role_journal import current_role_call
 
         gw = self._started()
         name = key_env(self.cfg)
         gw.set_key(secret(name) if name else None)
-        grant = self._call(self._issue(gw, f"{role}:{caller}"))
+        # Read here, in the agent's context: the grant is made on the gateway's own loop.
+        grant = self._call(self._issue(gw, f"{role}:{caller}", current_role_call.get()))
         return grant.token
 
     def revoke_token(self, token: str) -> None:
@@ -145,8 +149,8 @@ class MutationGateway:
 
     # --- running ----------------------------------------------------------------------------
     @staticmethod
-    async def _issue(gw: Any, label: str) -> Any:
-        return gw.issue(label)  # binds the grant to the gateway's loop
+    async def _issue(gw: Any, label: str, journal: Any) -> Any:
+        return gw.issue(label, journal=journal)  # binds the grant to the gateway's loop
 
     def _call(self, coro: Any) -> Any:
         assert self._loop is not None
