@@ -182,13 +182,13 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation(
         "racing-budget-gate-off", "milo_ray/ssr/racing.py",
         "if remaining_budget is not None and need > remaining_budget:", "if False:",
-        ("tests/ssr/test_racing.py", "tests/ssr/test_loop_budget.py"),
+        ("tests/ssr/test_racing.py", "tests/ssr/test_racing_rules.py", "tests/ssr/test_loop_budget.py"),
         "a racing stage starts although the budget cannot cover it",
     ),
     Mutation(
         "parent-protection-off", "milo_ray/ssr/racing.py",
         "replaced = b > p", "replaced = True",
-        ("tests/ssr/test_racing.py",),
+        ("tests/ssr/test_racing.py", "tests/ssr/test_racing_rules.py"),
         "the best child replaces the parent without a strictly higher score",
     ),
     Mutation(
