@@ -151,7 +151,7 @@ class WorkerCore:
         skip = set(unbudgeted)
         for item in items:
             budget = RolloutBudget(self.run_budget) if self.run_budget is not None and item[0] not in skip else None
-            journal = (AttemptJournal(self.call_journal, item[1:], counted=item[0] not in skip)
+            journal = (AttemptJournal.for_rollout(self.call_journal, item[1:], counted=item[0] not in skip)
                        if self.call_journal is not None else None)
             t = asyncio.create_task(self._run(item, budget, journal))
             self._running.add(t)

@@ -36,7 +36,7 @@ def _row(started_at: float, tokens_in: int = 1000, tokens_out: int = 100, usd: f
 def _attempt(journal: CallJournal, *, counted: bool = True, finished: int = 2, in_flight: int = 1,
              item=ITEM, t0: float = 1000.0) -> list[dict]:
     """An attempt that made ``finished`` calls and has ``in_flight`` more outstanding."""
-    attempt = AttemptJournal(journal, item, counted=counted)
+    attempt = AttemptJournal.for_rollout(journal, item, counted=counted)
     rows = []
     for i in range(finished):
         n = attempt.began(t0 + i)
@@ -181,7 +181,7 @@ def test_a_call_is_journaled_before_the_provider_answers(tmp_path, monkeypatch):
         gw.set_key("sk-journal")
         await gw.start()
         journal = CallJournal(tmp_path / "calls-g.jsonl")
-        grant = gw.issue("r", journal=AttemptJournal(journal, ITEM, counted=True))
+        grant = gw.issue("r", journal=AttemptJournal.for_rollout(journal, ITEM, counted=True))
         async with aiohttp.ClientSession(connector=aiohttp.UnixConnector(path=gw.socket_path)) as s:
             call = asyncio.ensure_future(s.post("http://gateway/v1/chat/completions",
                                                 headers={"Authorization": f"Bearer {grant.token}"},

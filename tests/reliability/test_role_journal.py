@@ -15,8 +15,8 @@ import pytest
 from milo_ray.agents.protocols import MutationRequest
 from milo_ray.execution.budget import BudgetLedger
 from milo_ray.execution.gateway.call_journal import CallJournal, read_journal
-from milo_ray.execution.gateway.role_journal import (ROLE_JOURNAL_PREFIX, RoleCallRecords, RoleCallTicket,
-                                                     RoleJournal, uncovered_attempts)
+from milo_ray.execution.gateway.role_journal import (ROLE_JOURNAL_PREFIX, RoleCallTicket, RoleJournal,
+                                                     role_call_records, uncovered_attempts)
 from milo_ray.harness.model import Harness
 from milo_ray.search.agent_calls import AgentCallLog
 from milo_ray.search.mutation import ValidationOptions, run_mutation
@@ -35,7 +35,7 @@ def _row(tokens_in: int = 1000, tokens_out: int = 100, usd: float | None = 0.001
 def _attempt(journal: CallJournal, call_id: str, *, finished: int, in_flight: int = 0, covered: bool = False,
              role: str = "mutator") -> RoleCallTicket:
     ticket = RoleCallTicket(journal, call_id, role)
-    records = RoleCallRecords(ticket)
+    records = role_call_records(ticket)
     for i in range(finished):
         records.finished(records.began(100.0 + i), i, _row())
     for j in range(in_flight):

@@ -174,25 +174,34 @@ class DrivenJournal:
 
 
 class AttemptJournal:
-    """One rollout attempt's records (made by the rollout worker, used by its gateway).
+    """One attempt's records, as a gateway's grants write them: each model call's
+    ``begin`` (numbered in the attempt) and ``end``, carrying ``tag`` -- what the attempt
+    was for -- on its ``begin``. Every grant given the same journal numbers its calls in
+    one sequence.
 
-    ``journal``: the session's :class:`JournalBuffer` actor handle, or a :class:`CallJournal`
-    (one process, no Ray); ``item``: (harness_id, task_id, rollout_idx, seed);
-    ``counted``: whether the rollout counts against the run's budget."""
+    ``journal``: the session's :class:`JournalBuffer` actor handle, or a
+    :class:`CallJournal` (one process, no Ray). :meth:`for_rollout` makes a rollout
+    attempt's (made by the rollout worker); the search agents' calls are tagged by
+    :mod:`~milo_ray.execution.gateway.role_journal`."""
 
-    def __init__(self, journal: Any, item: tuple[str, str, int, int], *, counted: bool) -> None:
+    def __init__(self, journal: Any, tag: dict[str, Any], *, attempt: str | None = None) -> None:
         self.journal = journal
         self._remote = hasattr(getattr(journal, "write", None), "remote")
-        self.attempt = uuid.uuid4().hex
-        self.item = [str(item[0]), str(item[1]), int(item[2]), int(item[3])]
-        self.counted = bool(counted)
+        self.attempt = attempt or uuid.uuid4().hex
+        self.tag = dict(tag)
         self._numbers = itertools.count()
+
+    @classmethod
+    def for_rollout(cls, journal: Any, item: tuple[str, str, int, int], *, counted: bool) -> "AttemptJournal":
+        """``item``: (harness_id, task_id, rollout_idx, seed); ``counted``: whether the
+        rollout counts against the run's budget."""
+        return cls(journal, {"item": [str(item[0]), str(item[1]), int(item[2]), int(item[3])],
+                             "counted": bool(counted)})
 
     def began(self, started_at: float) -> int:
         """A call is about to be forwarded; returns its number in this attempt."""
         n = next(self._numbers)
-        self._send({"op": "begin", "a": self.attempt, "n": n, "item": self.item, "counted": self.counted,
-                    "t": float(started_at)})
+        self._send({"op": "begin", "a": self.attempt, "n": n, **self.tag, "t": float(started_at)})
         return n
 
     def finished(self, n: int, index: int, call: dict[str, Any]) -> None:

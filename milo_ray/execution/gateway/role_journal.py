@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-import itertools
 import logging
 import os
 import threading
@@ -44,6 +43,7 @@ from pathlib import Path
 from typing import Any, Iterable, Iterator
 
 from milo_ray.agents.usage import AgentUsage
+from milo_ray.execution.gateway.call_journal import AttemptJournal, CallJournal, DrivenJournal, read_journal
 
 log = logging.getLogger(__name__)
 
@@ -63,49 +63,22 @@ class RoleCallTicket:
     attempt: str = field(default_factory=lambda: uuid.uuid4().hex)
 
 
-class RoleCallRecords:
-    """One agent call's records, as its gateway's grants write them (the interface a
-    :class:`~.ledger.Grant` journals through: :meth:`began`, :meth:`finished`). Every
-    grant of the call -- an agent may be issued several tokens -- numbers its model calls
-    in one sequence. Thread-safe."""
-
-    def __init__(self, ticket: RoleCallTicket) -> None:
-        self.ticket = ticket
-        self._remote = hasattr(getattr(ticket.journal, "write", None), "remote")
-        self._numbers = itertools.count()
-        self._lock = threading.Lock()
-
-    def began(self, started_at: float) -> int:
-        with self._lock:
-            n = next(self._numbers)
-        t = self.ticket
-        self._send({"op": "begin", "a": t.attempt, "n": n, "call_id": t.call_id, "role": t.role,
-                    "t": float(started_at)})
-        return n
-
-    def finished(self, n: int, index: int, call: dict[str, Any]) -> None:
-        self._send({"op": "end", "a": self.ticket.attempt, "n": int(n), "i": int(index), "call": call})
-
-    def _send(self, record: dict[str, Any]) -> None:
-        try:
-            if self._remote:
-                self.ticket.journal.write.remote([record])
-            else:
-                self.ticket.journal.write([record])
-        except Exception as exc:  # the journal is gone (its driver too): nothing left to tell
-            log.debug("role journal unreachable: %s", exc)
-
-
 # The records of the agent call running in this context (None: not journaled).
-current_role_call: contextvars.ContextVar["RoleCallRecords | None"] = contextvars.ContextVar(
+current_role_call: contextvars.ContextVar["AttemptJournal | None"] = contextvars.ContextVar(
     "current_role_call", default=None)
+
+
+def role_call_records(ticket: RoleCallTicket) -> AttemptJournal:
+    """The journal one agent call's gateway grants write to: its model calls numbered in
+    one sequence, each ``begin`` tagged with the call's id and role."""
+    return AttemptJournal(ticket.journal, {"call_id": ticket.call_id, "role": ticket.role}, attempt=ticket.attempt)
 
 
 @contextlib.contextmanager
 def journaling(ticket: RoleCallTicket | None) -> Iterator[None]:
     """Journal the model calls the agent makes in this block (and in threads started with
     a copy of this context) under ``ticket``; None journals nothing."""
-    token = current_role_call.set(RoleCallRecords(ticket) if ticket is not None else None)
+    token = current_role_call.set(role_call_records(ticket) if ticket is not None else None)
     try:
         yield
     finally:
@@ -205,8 +178,6 @@ class RoleJournal:
     def _sink(self) -> Any:
         with self._lock:
             if self._file is None:
-                from milo_ray.execution.gateway.call_journal import CallJournal, DrivenJournal
-
                 import ray
 
                 assert self.directory is not None
@@ -230,8 +201,6 @@ class RoleJournal:
         """Store each uncovered attempt in ``agent_calls`` (an
         :class:`~milo_ray.search.agent_calls.AgentCallLog`) once; returns how many were
         new. Call it when no agent call of this run is running (resume, session end)."""
-        from milo_ray.execution.gateway.call_journal import read_journal
-
         if self.directory is None or agent_calls is None:
             return 0
         records = read_journal(self.directory, prefix=ROLE_JOURNAL_PREFIX, ops=("begin", "end", "covered"))
