@@ -11,6 +11,7 @@ catch.
     python scripts/mutation_check.py --only resume    # names containing "resume"
     python scripts/mutation_check.py --list
     python scripts/mutation_check.py --jobs 2         # two mutations at a time
+    python scripts/mutation_check.py --rotation       # this commit's third, plus the touched ones (CI)
 
 Exit code 0 when every mutation is caught, 1 otherwise.
 """
@@ -545,6 +546,12 @@ MUTATIONS: tuple[Mutation, ...] = (
         "a mistyped value for a constructor parameter reaches the constructor",
     ),
     Mutation(
+        "ci-rotation-stuck", "scripts/ci_rotation.py",
+        "        part = count % PARTS\n", "        part = 0\n",
+        ("tests/test_ci_rotation.py",),
+        "every CI run checks the same third of the slow tests and mutations: the rest are never checked",
+    ),
+    Mutation(
         "check-trivial-is-ok", "milo_ray/tasks/verdicts.py",
         "    if noop_score is not None and noop_score >= 1.0:\n", "    if False:\n",
         ("tests/tasks/test_verdicts.py",),
@@ -603,6 +610,11 @@ def check_import_location(copy: Path) -> None:
         raise SystemExit(f"the scratch copy's milo_ray is shadowed by {where}; cannot check mutations")
 
 
+def rotated(chosen: list[Mutation], rot) -> list[Mutation]:
+    """The mutations a CI run checks under rotation ``rot`` (a ``ci_rotation.Rotation``)."""
+    return [m for m in chosen if rot.checks_mutation(m.name, m.file)]
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--only", default="", help="run mutations whose name contains this text")
@@ -610,8 +622,23 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-baseline", action="store_true", help="skip running the unmutated tests first")
     ap.add_argument("--timeout", type=float, default=1200.0, help="seconds per pytest run")
     ap.add_argument("--jobs", type=int, default=1, help="mutations checked at once (each on its own copy and Ray)")
+    ap.add_argument("--rotation", action="store_true",
+                    help="only this commit's part (of 3) of the mutations, plus every mutation whose guarded "
+                         "file the latest commits touched; any 3 consecutive commits check them all "
+                         "(scripts/ci_rotation.py)")
+    ap.add_argument("--part", type=int, default=None, help="with --rotation: this part instead of the commit's")
     args = ap.parse_args(argv)
     chosen = [m for m in MUTATIONS if args.only in m.name]
+    if args.rotation:
+        from ci_rotation import part_of, rotation_of  # scripts/ is on the path of a script run
+
+        rot = rotation_of(ROOT)
+        rot = rot if args.part is None else rot.with_part(args.part)
+        every = chosen
+        chosen = rotated(every, rot)
+        extra = sum(part_of(m.name) != rot.part for m in chosen)
+        print(f"rotation: {rot.why}; {len(chosen)} of {len(every)} mutations, {extra} of them because the "
+              f"latest commits changed the file they break")
     if args.list:
         for m in chosen:
             print(f"{m.name:<26} {m.file}: {m.why}\n{'':<26} tests: {' '.join(m.tests)}")

@@ -61,3 +61,88 @@ def docker_base_image() -> str:
             pytest.fail(f"CI runs the Docker tests, but no Docker daemon answers: {reason}")
         pytest.skip(f"no Docker daemon: {reason}")
     return local_base_image()
+
+
+# --- CI's rotation of the slow suite (scripts/ci_rotation.py) ---------------------------
+
+_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _ci_rotation():
+    import importlib.util
+    import sys
+
+    spec = importlib.util.spec_from_file_location("ci_rotation", os.path.join(_ROOT, "scripts", "ci_rotation.py"))
+    module = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault("ci_rotation", module)
+    spec.loader.exec_module(module)
+    return module
+
+
+def pytest_addoption(parser):
+    parser.addoption(
+        "--rotation", action="store_true",
+        help="of the slow-marked tests, run only the files of this commit's part (of 3); every file runs "
+             "in any 3 consecutive commits (scripts/ci_rotation.py)")
+    parser.addoption("--rotation-part", type=int, default=None,
+                     help="with --rotation: this part instead of the commit's (0, 1 or 2)")
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
+def pytest_collection_modifyitems(config, items):
+    # Under pytest-xdist (`-n 2 --dist loadgroup`) a fixture wider than a test is set up
+    # once per worker that runs one of its tests. So the tests that read the shared runs go
+    # to one worker (the session produces those runs once: about a minute of CPU), and so do
+    # the tests of a module that has a module- or class-wide fixture (often a whole run) and
+    # the tests that build Docker images.
+    for item in items:
+        group = _xdist_group(item)
+        if group is not None:
+            item.add_marker(pytest.mark.xdist_group(group))
+    if config.getoption("--rotation"):
+        _rotate_slow_tests(config, items)
+
+
+def _xdist_group(item) -> str | None:
+    names = getattr(item, "fixturenames", ())
+    if "docker_base_image" in names:
+        # One daemon, one build cache: a test removing its image (and the untagged parents
+        # it alone used) while another worker builds on those parents fails that build.
+        return "docker"
+    if "shared_runs" in names:
+        return "shared_runs"
+    info = getattr(item, "_fixtureinfo", None)  # pytest's per-item fixture closure
+    for defs in (info.name2fixturedefs.values() if info is not None else ()):
+        if any(d.scope in ("module", "class") for d in defs):
+            return item.nodeid.split("::", 1)[0]
+    return None
+
+
+def _rotate_slow_tests(config, items):
+    from pathlib import Path
+
+    rotation = _ci_rotation()
+    part = config.getoption("--rotation-part")
+    rot = rotation.rotation_of(Path(_ROOT)) if part is None else rotation.Rotation.chosen(part)
+    keep, drop, files = [], [], {True: set(), False: set()}
+    for item in items:
+        path = item.nodeid.split("::", 1)[0]
+        if item.get_closest_marker("slow") is None:
+            keep.append(item)
+            continue
+        chosen = rot.runs_slow_file(path)
+        (keep if chosen else drop).append(item)
+        files[chosen].add(path)
+    if drop:
+        config.hook.pytest_deselected(items=drop)
+        items[:] = keep
+    config._ci_rotation_summary = (
+        f"rotation: {rot.why}; slow test files run {len(files[True])}, "
+        f"left to the other parts {len(files[False] - files[True])}: "
+        + (" ".join(sorted(files[True])) or "none"))
+
+
+def pytest_terminal_summary(terminalreporter, config):
+    summary = getattr(config, "_ci_rotation_summary", None)
+    if summary:
+        terminalreporter.write_line(summary)
