@@ -266,6 +266,10 @@ def run_job(cfg: DictConfig) -> dict[str, Any]:
         manifest["skipped_tasks"] = dict(skipped)
     store.write_manifest(manifest)
     log_file = _attach_run_log(run_dir)
+    session = len(manifest["history"])
+    _to_run_log(log_file, "session %d of run %s started (%s) on %s; milo_ray git %s; overrides: %s", session,
+                manifest["run_id"], "resumed" if resumed else "new run", manifest["history"][-1]["host"],
+                manifest.get("git_sha") or "unknown", " ".join(_invocation_overrides()) or "none")
     for task_id, why in skipped.items():
         log.warning("run.skip_unrunnable_tasks: task %s skipped: %s", task_id, why)
     if skipped:
@@ -364,6 +368,9 @@ def run_job(cfg: DictConfig) -> dict[str, Any]:
         except DiskFull:
             pass
         _scrub_run_dir(run_dir)
+        _to_run_log(log_file, "session %d ended: status %s after %.0f s%s", session, status, time.time() - session_started,
+                    "".join(f"; {k}={v:.4f}" if isinstance(v, float) else f"; {k}={v}"
+                            for k, v in summary.items() if k in _HEADLINE_KEYS))
         logging.getLogger().removeHandler(log_file)
         log_file.close()
         print(f"run directory: {run_dir}  (status: {status}; resume with run.resume={run_dir})")
@@ -450,6 +457,16 @@ class _RunLog(logging.FileHandler):
             super().close()
         except OSError:
             pass
+
+
+# The summary's figures a session's closing line in run.log names (the console prints them too).
+_HEADLINE_KEYS = ("executions_used", "stop_reason", "rounds", "best_seed_true_quality", "final_true_quality")
+
+
+def _to_run_log(handler: logging.Handler, message: str, *args: Any) -> None:
+    """A line in run.log only: the session's opening and closing lines, whose facts the
+    console shows in its own form (the run directory line, the summary)."""
+    handler.handle(log.makeRecord(log.name, logging.INFO, __file__, 0, message, args, None))
 
 
 def _attach_run_log(run_dir: Path) -> logging.Handler:

@@ -546,6 +546,25 @@ MUTATIONS: tuple[Mutation, ...] = (
         "a mistyped value for a constructor parameter reaches the constructor",
     ),
     Mutation(
+        "compose-stops-at-first-problem", "milo_ray/config/validate.py",
+        "    for _ in range(len(argv) + 1):\n", "    for _ in range(1):\n",
+        ("tests/entry/test_every_problem_at_once.py",),
+        "a command line with several misspelt keys or mistyped values reports only the first",
+    ),
+    Mutation(
+        "composition-first-problem-only", "milo_ray/config/targets.py",
+        "        except CompositionError as exc:\n            found.extend(str(exc).splitlines())\n",
+        "        except CompositionError as exc:\n            raise\n",
+        ("tests/entry/test_every_problem_at_once.py",),
+        "a missing path, a missing key and a bad spec value are reported one per attempt",
+    ),
+    Mutation(
+        "zero-budget-accepted", "milo_ray/config/validate.py",
+        "        if value is not None and value <= 0:", "        if value is not None and value < 0:",
+        ("tests/entry/test_every_problem_at_once.py",),
+        "run.budget.executions=0 starts a run that finishes having done nothing",
+    ),
+    Mutation(
         "ci-rotation-stuck", "scripts/ci_rotation.py",
         "        part = count % PARTS\n", "        part = 0\n",
         ("tests/test_ci_rotation.py",),

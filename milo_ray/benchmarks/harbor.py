@@ -25,12 +25,13 @@ import re
 import shlex
 import time
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Annotated, Any, Mapping
 
 from milo_ray.benchmarks.base import BenchmarkDataMissing, SplitTasks, seed_names
 from milo_ray.benchmarks.harbor_task import HarborTaskSpec, parse_task_dir, resolve_env
 from milo_ray.benchmarks.splits import resolve_splits
 from milo_ray.benchmarks.task_format import SETUP_ALLOWANCE_S
+from milo_ray.core.problems import ExistingPath
 from milo_ray.core.tasks import Task, Verdict
 from milo_ray.execution.sandbox.base import LOGS_DIR, SOLUTION_DIR, TESTS_DIR, Sandbox, SandboxFactory, SandboxSpec
 from milo_ray.execution.shipping import ShippedTree
@@ -271,8 +272,10 @@ class HarborBenchmark(SplitTasks):
     A task's time cap is its ``[agent] timeout_sec`` (600 s when absent).
     """
 
-    def __init__(self, path: str | None = None, splits: Mapping[str, Any] | None = None, split_seed: int = 0,
-                 split_file: str | None = None, token_cap: int = 20_000_000, seeds: list[str] | None = None,
+    def __init__(self, path: Annotated[str | None, ExistingPath('dir', 'a directory of Harbor task directories')] = None,
+                 splits: Mapping[str, Any] | None = None, split_seed: int = 0,
+                 split_file: Annotated[str | None, ExistingPath('file', 'a JSON/YAML file mapping split -> task ids')] = None,
+                 token_cap: int = 20_000_000, seeds: list[str] | None = None,
                  skip_invalid: bool = False):
         root = Path(path).expanduser() if path else BUNDLED_SUITE
         if not root.is_dir():

@@ -27,12 +27,13 @@ import re
 import shlex
 import time
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Annotated, Any, Mapping
 
 from milo_ray.benchmarks.base import BenchmarkDataMissing, SplitTasks
 from milo_ray.benchmarks.harbor import OUTPUT_CAP, diagnose, seed_names, tail, unsupported_tasks
 from milo_ray.benchmarks.splits import resolve_splits
 from milo_ray.benchmarks.task_format import SETUP_ALLOWANCE_S
+from milo_ray.core.problems import ExistingPath
 from milo_ray.core.tasks import Task, Verdict
 from milo_ray.execution.sandbox.base import SOLUTION_DIR, TESTS_DIR, Sandbox, SandboxFactory, SandboxSpec
 from milo_ray.harness.model import Harness
@@ -235,8 +236,10 @@ class SweBenchmark(SplitTasks):
     without one -> problems) instead of refusing the file.
     """
 
-    def __init__(self, path: str | None = None, splits: Mapping[str, Any] | None = None, split_seed: int = 0,
-                 split_file: str | None = None, test_cmd: str | None = None, workdir: str = "/testbed",
+    def __init__(self, path: Annotated[str | None, ExistingPath('file', 'a JSONL file of SWE rows')] = None,
+                 splits: Mapping[str, Any] | None = None, split_seed: int = 0,
+                 split_file: Annotated[str | None, ExistingPath('file', 'a JSON/YAML file mapping split -> task ids')] = None,
+                 test_cmd: str | None = None, workdir: str = "/testbed",
                  image_template: str | None = None, time_cap_s: float = 7200.0, verifier_timeout_s: float = 1800.0,
                  token_cap: int = 20_000_000, seeds: list[str] | None = None, skip_invalid: bool = False):
         if not path:

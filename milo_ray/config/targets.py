@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from milo_ray.config.schemas import ModelConfig, model_config
-from milo_ray.core.problems import Bounds, Problem
+from milo_ray.core.problems import Bounds, ExistingPath, Problem
 
 AGENT_ROLES = ("mutators", "orchestrator", "judge", "optimizer", "embedder")
 # Keys Hydra's instantiate reads itself; they are never constructor keywords.
@@ -75,9 +75,11 @@ def locate(path: str, spec: Any) -> Any:
         raise CompositionError(f"{path}._target_={target}: no such class or function{detail}; check the dotted path") from None
 
 
-def check_spec(path: str, spec: Any) -> Any:
+def check_spec(path: str, spec: Any, *, borrowed: frozenset[str] = frozenset()) -> Any:
     """Check one ``_target_`` spec without building it: the target is importable and every
-    key is a keyword its constructor accepts (nested specs too). Returns the target."""
+    key is a keyword its constructor accepts (nested specs too). Returns the target.
+    ``borrowed``: keys whose value is an interpolation of another key; their values are
+    checked where they are set, so a bad value is reported once, under the key given."""
     target = locate(path, spec)
     kwargs = {k: v for k, v in spec.items() if k not in _HYDRA_KEYS}
     try:
@@ -97,9 +99,9 @@ def check_spec(path: str, spec: Any) -> Any:
             hint = f"; {_HINTS[bad]}" if bad in _HINTS else ""
             raise CompositionError(f"{path}.{bad}: {name} has no parameter '{bad}' (it takes {', '.join(takes) or 'none'})"
                             f"{hint}") from None
-    problem = next(iter(value_problems(path, target, kwargs)), None)
-    if problem is not None:
-        raise CompositionError(problem.line())
+    problems = value_problems(path, target, {k: v for k, v in kwargs.items() if k not in borrowed})
+    if problems:
+        raise CompositionError("\n".join(p.line() for p in problems))
     if spec.get("_recursive_", True):
         for key, value in kwargs.items():
             for i, item in enumerate(value if isinstance(value, (list, tuple)) else [value]):
@@ -150,7 +152,7 @@ def value_problems(path: str, target: Any, kwargs: Mapping[str, Any]) -> list[Pr
             problems.append(Problem(f"{path}.{name}={value!r}", f"expected {names}", "pass a value of that type"))
             continue
         for extra in extras:
-            found = extra.problem(f"{path}.{name}", value) if isinstance(extra, Bounds) else None
+            found = extra.problem(f"{path}.{name}", value) if isinstance(extra, (Bounds, ExistingPath)) else None
             if found is not None:
                 problems.append(found)
     return problems
@@ -214,36 +216,76 @@ def check_composition(cfg: Any) -> Composition:
     resolved ``id`` back into ``cfg.model.id``, so the stored config and the executor's
     ``${model}`` carry the identity), the benchmark, executor and method specs, the
     executor's preflight against the model and benchmark, and the agents the method
-    needs. ``CompositionError`` (one line naming the key) on the first problem."""
+    needs. ``CompositionError`` listing every problem found, one line each naming its key
+    (a check whose input already failed is skipped: the executor's preflight needs a valid
+    model, benchmark and executor)."""
     from omegaconf import OmegaConf
 
-    try:
-        model = model_config(cfg.model)
-    except ValueError as exc:
-        raise CompositionError(str(exc)) from None
-    if cfg.model.id != model.id:
-        cfg.model.id = model.id
-    benchmark = _resolved(cfg, "benchmark")
-    check_spec("benchmark", benchmark)
-    executor = _resolved(cfg, "executor")
-    executor_cls = check_spec("executor", executor)
-    preflight = getattr(executor_cls, "preflight", None)
-    if callable(preflight):
+    found: list[str] = []  # every problem of the pass, one line each; a check whose input failed is skipped
+
+    def attempt(check: Any, *args: Any, **kwargs: Any) -> Any:
         try:
-            if "executor" in inspect.signature(preflight).parameters:
-                preflight(model, benchmark, executor=executor)
-            else:
-                preflight(model, benchmark)
-        except ValueError as exc:
-            raise CompositionError(_first_line(exc)) from None
-    method_spec = _resolved(cfg, "method")
-    method_cls = check_spec("method", method_spec)
-    roles_for = getattr(method_cls, "agent_roles_for", None)  # roles that depend on the method's settings
-    roles = tuple(roles_for(method_spec) if callable(roles_for) else getattr(method_cls, "agent_roles", ()) or ())
-    agents = OmegaConf.to_container(cfg.backend.agents, resolve=True)
-    check_agents(agents, roles, str(getattr(method_cls, "name", None) or method_spec["_target_"]))
-    check_agent_models(agents, roles, backend_model=cfg.backend.get("model"))
+            return check(*args, **kwargs)
+        except CompositionError as exc:
+            found.extend(str(exc).splitlines())
+        except ValueError as exc:  # the model's and the preflight's own refusals
+            found.extend([_first_line(exc)] if check is _preflight else str(exc).splitlines())
+        return None
+
+    model = attempt(model_config, cfg.model)
+    if model is not None and cfg.model.id != model.id:
+        cfg.model.id = model.id
+    benchmark = attempt(_resolved, cfg, "benchmark")
+    if benchmark is not None:
+        attempt(check_spec, "benchmark", benchmark, borrowed=_interpolated(cfg, "benchmark"))
+    executor = attempt(_resolved, cfg, "executor")
+    executor_cls = None if executor is None else attempt(check_spec, "executor", executor,
+                                                         borrowed=_interpolated(cfg, "executor"))
+    # The preflight reads the benchmark's settings, not its data: it runs beside a bad path
+    # too, but not on a benchmark whose class does not exist (check_spec has said so).
+    if model is not None and executor_cls is not None and benchmark is not None and _locatable("benchmark", benchmark):
+        attempt(_preflight, executor_cls, model, benchmark, executor)
+    method_spec = attempt(_resolved, cfg, "method")
+    method_cls = None if method_spec is None else attempt(check_spec, "method", method_spec,
+                                                          borrowed=_interpolated(cfg, "method"))
+    if method_cls is not None:
+        roles_for = getattr(method_cls, "agent_roles_for", None)  # roles that depend on the method's settings
+        roles = tuple(roles_for(method_spec) if callable(roles_for) else getattr(method_cls, "agent_roles", ()) or ())
+        agents = OmegaConf.to_container(cfg.backend.agents, resolve=True)
+        attempt(check_agents, agents, roles, str(getattr(method_cls, "name", None) or method_spec["_target_"]))
+        attempt(check_agent_models, agents, roles, backend_model=cfg.backend.get("model"))
+    if found:
+        raise CompositionError("\n".join(dict.fromkeys(found)))
     return Composition(model=model, executor=executor, agents=agents)
+
+
+def _locatable(path: str, spec: Any) -> bool:
+    try:
+        locate(path, spec)
+    except CompositionError:
+        return False
+    return True
+
+
+def _interpolated(cfg: Any, section: str) -> frozenset[str]:
+    """The top-level keys of ``cfg[section]`` whose value is an interpolation (``${...}``)."""
+    from omegaconf import DictConfig, OmegaConf
+
+    node = cfg.get(section)
+    if not isinstance(node, DictConfig):
+        return frozenset()
+    return frozenset(str(k) for k in node.keys() if OmegaConf.is_interpolation(node, str(k)))
+
+
+def _preflight(executor_cls: Any, model: ModelConfig, benchmark: Any, executor: Any) -> None:
+    """The executor's own check of the model and benchmark it is given (``ValueError``)."""
+    preflight = getattr(executor_cls, "preflight", None)
+    if not callable(preflight):
+        return
+    if "executor" in inspect.signature(preflight).parameters:
+        preflight(model, benchmark, executor=executor)
+    else:
+        preflight(model, benchmark)
 
 
 def _llm_specs(agents: Mapping[str, Any]) -> list[tuple[str, str, Any]]:

@@ -87,13 +87,24 @@ def override_problems(overrides: Iterable[Any], conf_dir: str) -> list[Problem]:
             if isinstance(value, str) and value not in groups[key]:
                 what = "experiment" if key == "experiment" else f"option for '{key}'"
                 problems.append(Problem(f"{key}={value}", f"no {what} named '{value}'",
-                                        f"available: {', '.join(groups[key]) or 'none'}"))
+                                        _did_you_mean(value, groups[key], key=f"{key}={{}}")
+                                        + f"available: {', '.join(groups[key]) or 'none'}"))
             continue
         if head not in top and head not in groups:
-            problems.append(Problem(key, "unknown config key", _UNKNOWN_FIX))
+            problems.append(Problem(key, "unknown config key",
+                                    _did_you_mean(head, sorted(top | set(groups))) + _UNKNOWN_FIX))
         elif (o.is_add() or o.is_force_add()) and head in _TYPED_SECTIONS and not _schema_has(key):
             problems.append(Problem(key, "unknown config key", _UNKNOWN_FIX))
     return problems
+
+
+def _did_you_mean(word: str, choices: Iterable[str], *, key: str = "{}") -> str:
+    """``did you mean 'X'? `` for the closest of ``choices`` to a misspelt ``word`` ('' when
+    none is close); ``key`` formats the suggestion (``method={}``)."""
+    import difflib
+
+    close = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
+    return f"did you mean '{key.format(close[0])}'? " if close else ""
 
 
 def explain(exc: BaseException, conf_dir: str) -> Problem:
@@ -127,30 +138,110 @@ def check_overrides(conf_dir: str, argv: list[str]) -> Any:
         return None
     argv = [a for a in argv if not a.startswith("hydra.") and not a.startswith("hydra/")
             and not a.startswith("+hydra")]
-    parsed, problems = parse_overrides(argv)
-    problems += override_problems(parsed, conf_dir)
-    raise_all(problems)
-    from hydra import compose, initialize_config_dir
-    from hydra.core.global_hydra import GlobalHydra
-
-    GlobalHydra.instance().clear()
-    try:
-        with initialize_config_dir(config_dir=conf_dir, version_base="1.3"):
-            cfg = compose("config", overrides=argv)
-    except Exception as exc:  # Hydra raises several unrelated types for input errors
-        raise ConfigError([explain(exc, conf_dir)]) from None
-    finally:
-        GlobalHydra.instance().clear()
+    problems: list[Problem] = []
+    usable: list[str] = []
+    for arg in argv:
+        parsed, found = parse_overrides([arg])
+        found = found or override_problems(parsed, conf_dir)
+        problems += found
+        if not found:
+            usable.append(arg)
+    # The keys of a group whose option does not exist cannot be checked: its schema is unknown.
+    groups = config_groups(conf_dir)
+    unknown = {p.key.split("=", 1)[0] for p in problems if p.key.split("=", 1)[0] in groups}
+    usable = [a for a in usable if override_key(a).split(".")[0] not in unknown]
+    cfg, found = compose_every_problem(conf_dir, usable)
+    problems += found
+    if cfg is None:
+        raise_all(problems)
     if cfg.run.resume:
         manifest = Path(cfg.run.resume).expanduser() / "manifest.json"
         if not manifest.is_file():
-            raise ConfigError([Problem(f"run.resume={cfg.run.resume}", "no run there (manifest.json missing)",
-                                       "pass the run directory printed at the end of a run")])
+            raise ConfigError([*problems, Problem(f"run.resume={cfg.run.resume}", "no run there (manifest.json missing)",
+                                                  "pass the run directory printed at the end of a run")])
+        raise_all(problems)
         check_resume_overrides(argv)
-    check_settings(cfg)
+    problems += settings_problems(cfg)
     if not cfg.run.resume:  # a resumed run runs its stored config: the job checks that one
-        check_composition(cfg)
+        problems += composition_problems(cfg)
+    # The settings and the composition both check the model: a problem is listed once.
+    raise_all({p.line(): p for p in problems}.values())
     return cfg
+
+
+def compose_every_problem(conf_dir: str, argv: list[str]) -> tuple[Any, list[Problem]]:
+    """Compose ``argv``; each override composition refuses is reported and left out, and the
+    rest composed again, so one pass finds every such problem. Returns the config composed
+    from the overrides that passed (None when even that fails) and the problems, each
+    unknown key with a "did you mean" from the keys beside it."""
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    problems: list[Problem] = []
+    remaining = list(argv)
+    cfg = None
+    for _ in range(len(argv) + 1):
+        GlobalHydra.instance().clear()
+        try:
+            with initialize_config_dir(config_dir=conf_dir, version_base="1.3"):
+                cfg = compose("config", overrides=remaining)
+            break
+        except Exception as exc:  # Hydra raises several unrelated types for input errors
+            problem = explain(exc, conf_dir)
+            problems.append(problem)
+            culprit = _culprit(problem.key, remaining)
+            if culprit is None:
+                break
+            remaining.remove(culprit)
+        finally:
+            GlobalHydra.instance().clear()
+    if cfg is not None:
+        problems = [_with_suggestion(p, cfg) for p in problems]
+    return cfg, problems
+
+
+def _culprit(key: str, overrides: list[str]) -> str | None:
+    """The override a composition problem about ``key`` (``a.b`` or ``group=option``) came from."""
+    key = key.split("=", 1)[0]
+    for o in overrides:
+        if override_key(o) == key:
+            return o
+    for o in overrides:
+        k = override_key(o)
+        if key.startswith(k + ".") or k.startswith(key + "."):
+            return o
+    return None
+
+
+def _with_suggestion(problem: Problem, cfg: Any) -> Problem:
+    """An unknown key's problem with the closest key beside it, when one is close."""
+    from omegaconf import DictConfig, OmegaConf
+
+    if problem.problem != "unknown config key" or "." not in problem.key:
+        return problem
+    parent, leaf = problem.key.rsplit(".", 1)
+    node = OmegaConf.select(cfg, parent, default=None)
+    if not isinstance(node, DictConfig):
+        return problem
+    hint = _did_you_mean(leaf, [str(k) for k in node.keys()], key=f"{parent}.{{}}")
+    return dataclasses.replace(problem, fix=hint + problem.fix) if hint else problem
+
+
+def composition_problems(cfg: Any) -> list[Problem]:
+    """:func:`milo_ray.config.targets.check_composition`'s problems, one per line it reports."""
+    from milo_ray.config.targets import CompositionError, check_composition as check
+
+    try:
+        check(cfg)
+    except CompositionError as exc:
+        return [_problem_of(line) for line in str(exc).splitlines() if line.strip()]
+    return []
+
+
+def _problem_of(line: str) -> Problem:
+    """A problem from a check's ``key: what is wrong; fix`` line."""
+    key, sep, rest = line.partition(": ")
+    return Problem(key, rest) if sep else Problem("configuration", line)
 
 
 def check_composition(cfg: Any) -> Any:
@@ -279,8 +370,8 @@ def settings_problems(cfg: Any) -> list[Problem]:
         problems.append(Problem(f"run.time_limit_s={run.time_limit_s}", "must be > 0 seconds (or null for no limit)"))
     for name in ("executions", "tokens", "cost_usd"):
         value = run.budget[name]
-        if value is not None and value < 0:
-            problems.append(Problem(f"run.budget.{name}={value}", "must be >= 0 (or null for unlimited)"))
+        if value is not None and value <= 0:  # a run with nothing to spend would "finish" having done nothing
+            problems.append(Problem(f"run.budget.{name}={value}", "must be > 0 (or null for unlimited)"))
     problems += _role_cap_problems(run.budget.get("roles"))
     model = None
     try:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -60,6 +61,12 @@ def test_sigkilled_run_resumes_without_rerunning_or_losing_rollouts(tmp_path):
     assert len(keys) == len(set(keys)) == total, "every rollout exactly once"
     assert set(before) <= set(after), "nothing stored before the kill was lost or changed"
     assert json.loads((killed / "manifest.json").read_text())["status"] == "finished"
+    # run.log keeps both sessions: the killed one opened and never closed, the resumed one
+    # appended after it, opened and closed.
+    log = (killed / "run.log").read_text()
+    assert [m.group(1) for m in re.finditer(r"session (\d+) of run \S+ started \((new run|resumed)\)", log)] == [
+        "1", "2"] and "(new run)" in log and "(resumed)" in log
+    assert re.findall(r"session (\d+) ended: status (\w+)", log) == [("2", "finished")]
 
     fresh = tmp_path / "fresh"
     straight = _run([*EVAL_ARGS, f"run.dir={fresh}"], tmp_path)
