@@ -565,6 +565,18 @@ MUTATIONS: tuple[Mutation, ...] = (
         "run.budget.executions=0 starts a run that finishes having done nothing",
     ),
     Mutation(
+        "oracle-scored-as-a-seed", "milo_ray/evaluation.py",
+        "        summary[SPEC_KEY] = final_test_record(ORACLE_SPLIT, 1, list(tasks), results)\n", "",
+        ("tests/entry/test_suite_checks_cli.py::test_oracle_eval_validates_every_task_of_every_split_once",),
+        "an oracle run's report and comparison score the seed harness at method.k on the test split only",
+    ),
+    Mutation(
+        "final-test-called-held-out", "milo_ray/report/__init__.py",
+        "        shared = len(searched & set(tasks))\n", "        shared = 0\n",
+        ("tests/report/test_final_test_lead.py",),
+        "the report calls a final test on the search's own tasks held out",
+    ),
+    Mutation(
         "ci-rotation-stuck", "scripts/ci_rotation.py",
         "        part = count % PARTS\n", "        part = 0\n",
         ("tests/test_ci_rotation.py",),

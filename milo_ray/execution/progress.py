@@ -1,6 +1,6 @@
 """Live rollout progress for people watching a run in a terminal.
 
-One status line (rich) with done/total, running, failures, tokens, cost and an ETA
+One status line (rich) with done/total, running, timed-out and failed rollouts, tokens, cost and an ETA
 from the observed completion rate, followed by the lines of an attached run status
 (:meth:`RolloutProgress.attach`: any object with ``lines() -> list[str]`` and a
 ``version`` counter, e.g. :class:`milo_ray.tracking.status.RunStatus` with one line per
@@ -64,7 +64,10 @@ class RolloutProgress:
         self.done = 0
         self.cached = 0
         self.running = 0
-        self.failures = 0
+        # A rollout that ran out of time and one that failed (infra, harness or task error)
+        # are counted apart: a run whose rollouts all time out has no errors to look for.
+        self.timed_out = 0
+        self.errors = 0
         self.retries = 0
         self.tokens = 0
         self.cost_usd = 0.0
@@ -98,8 +101,10 @@ class RolloutProgress:
         with self._lock:
             self.running -= 1
             self.done += 1
-            if result.error_kind is not None or result.timed_out:
-                self.failures += 1
+            if result.timed_out:
+                self.timed_out += 1
+            elif result.error_kind is not None:
+                self.errors += 1
             self.tokens += result.input_tokens + result.output_tokens
             self.cost_usd += result.cost_usd or 0.0
 
@@ -116,7 +121,8 @@ class RolloutProgress:
                 "total": self.total,
                 "cached": self.cached,
                 "running": self.running,
-                "failures": self.failures,
+                "timed_out": self.timed_out,
+                "errors": self.errors,
                 "retries": self.retries,
                 "tokens": self.tokens,
                 "cost_usd": self.cost_usd,
@@ -155,8 +161,10 @@ class RolloutProgress:
             f" (+{s['cached']} cached)" if s["cached"] else "",
             "  running ",
             (str(s["running"]), "cyan"),
-            "  failures ",
-            (str(s["failures"]), "red" if s["failures"] else ""),
+            "  timed out ",
+            (str(s["timed_out"]), "yellow" if s["timed_out"] else ""),
+            "  errors ",
+            (str(s["errors"]), "red" if s["errors"] else ""),
             f"  retries {s['retries']}" if s["retries"] else "",
             f"  tokens {s['tokens']:,}  cost ${s['cost_usd']:.4f}  eta {fmt_duration(self.eta_s())}",
         )

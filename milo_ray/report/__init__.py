@@ -63,9 +63,8 @@ def write_report(run_dir: str | Path, out_dir: str | Path | None = None) -> Path
     sections = [
         page.Section("overview", "Overview", _overview(res)),
         page.Section("final-test", "Final test results",
-                     '<p class="lead">The search\'s final harness(es) on the held-out test split, with task-clustered '
-                     "95% confidence intervals (MILO §5.2).</p>" + tables.render(final, columns=FINAL_COLUMNS,
-                                                                             table_id="final-test-table")),
+                     f'<p class="lead">{escape(final_test_lead(res))}</p>'
+                     + tables.render(final, columns=FINAL_COLUMNS, table_id="final-test-table")),
         *_figure_sections(res, out),
         page.Section("spend", "Spend by agent role",
                      '<p class="lead">Search agents\' calls (solver rollouts are in the harness tables). USD is '
@@ -209,6 +208,27 @@ def _header(res: Any, spend: Any, wall_seconds: Any) -> list[tuple[str, str]]:
 
 def _scalar(v: Any) -> bool:
     return isinstance(v, (str, int, float, bool)) or v is None
+
+
+def final_test_lead(res: Any) -> str:
+    """What the final-test table holds, said as it is: whose rollouts, on which tasks, how
+    many per task, and how many of those tasks the search itself ran on (such a figure is
+    not held out)."""
+    if res.summary.get("mode") == "oracle":
+        return ("The tasks' reference solutions (executor.agent=oracle), not a harness: every task of every split "
+                "once, with task-clustered 95% confidence intervals.")
+    spec = res.plugin.final_test(res)
+    tasks = list(spec.task_ids) if spec.task_ids is not None else None
+    size = f"{len(tasks)} tasks" if tasks is not None else "its tasks"
+    per_task = f", {spec.k} rollout(s) per task" if spec.k is not None else ""
+    whose = "The evaluated harnesses" if res.method == "eval" else "The search's final harness(es)"
+    text = f"{whose} on the {spec.split} split ({size}{per_task}), with task-clustered 95% confidence intervals (MILO §5.2)."
+    if res.method != "eval" and tasks is not None and len(res.rollouts):
+        searched = set(res.rollouts.loc[res.rollouts["split"] != spec.split, "task_id"])
+        shared = len(searched & set(tasks))
+        text += (f" {shared} of these tasks were also run by the search, so this figure is not held out."
+                 if shared else " None of these tasks was run by the search: the figure is held out.")
+    return text
 
 
 def _overview(res: Any) -> str:

@@ -51,6 +51,18 @@ def test_oracle_eval_validates_every_task_of_every_split_once(tmp_path):
     summary = json.loads((run_dir / "manifest.json").read_text())["summary"]
     assert summary["mode"] == "oracle" and summary["resolved"] == 5 and summary["failing"] == []
     assert "5/5 tasks resolved" in proc.stdout
+    # The read side scores what ran, under the oracle's name: 5 tasks, 1 rollout each (not
+    # method.k=3 against the test split's 2 tasks under the seed harness's name).
+    from milo_ray import results
+    from milo_ray.report import final_test_lead
+
+    res = results.load_run(run_dir)
+    (row,) = results.final_test(res).to_dict("records")
+    assert (row["label"], row["n_tasks"], row["k"], row["n_rollouts"]) == ("oracle (reference solutions)", 5, 1, 5)
+    assert row["pass_at_k"] == row["pr_at_k"] == row["rr_at_k"] == 1.0
+    (cmp,) = results.compare([res]).to_dict("records")
+    assert (cmp["label"], cmp["n_tasks"], cmp["k"], cmp["pr_at_k"]) == ("oracle (reference solutions)", 5, 1, 1.0)
+    assert "reference solutions" in final_test_lead(res) and "held" not in final_test_lead(res)
 
 
 def test_a_task_the_sandbox_cannot_run_is_skipped_with_a_warning_when_asked(tmp_path):

@@ -26,7 +26,7 @@ def _result(**kw) -> RolloutResult:
     return RolloutResult("h", "t", 0, score=kw.pop("score", 1.0), **kw)
 
 
-def test_counters_track_done_running_failures_tokens_and_cost():
+def test_counters_track_done_running_timeouts_errors_tokens_and_cost():
     p = RolloutProgress(enabled=False)
     p.add(4, n_cached=2)
     p.started(3)
@@ -38,7 +38,7 @@ def test_counters_track_done_running_failures_tokens_and_cost():
     p.finished(_result(score=0.0, timed_out=True))
     s = p.summary()
     assert (s["done"], s["total"], s["cached"], s["running"]) == (3, 4, 2, 0)
-    assert s["failures"] == 2 and s["retries"] == 1 and s["tokens"] == 15 and s["cost_usd"] == 0.25
+    assert s["timed_out"] == 1 and s["errors"] == 1 and s["retries"] == 1 and s["tokens"] == 15 and s["cost_usd"] == 0.25
     assert p.eta_s() is not None and p.eta_s() >= 0
 
 
@@ -102,7 +102,7 @@ def test_attached_status_lines_render_below_the_rollout_line():
     console.print(p.render())
     p.close()
     text = buf.getvalue()
-    assert "rollouts 0/1  running 0  failures 0  tokens 0  cost $0.0000  eta --:--\nisland 0  round 0\n" in text
+    assert "rollouts 0/1  running 0  timed out 0  errors 0  tokens 0  cost $0.0000  eta --:--\nisland 0  round 0\n" in text
 
 
 def test_plain_status_lines_are_written_when_the_status_changes_but_at_most_every_min_interval(capsys):
@@ -127,7 +127,7 @@ def test_plain_status_lines_are_written_when_the_status_changes_but_at_most_ever
     assert blocks() == 2
     p.close()
     lines = stream.getvalue().splitlines()
-    assert blocks() == 3 and lines[-2:] == ["[progress] rollouts 0/2  running 0  failures 0  tokens 0  cost $0.0000  eta --:--",
+    assert blocks() == 3 and lines[-2:] == ["[progress] rollouts 0/2  running 0  timed out 0  errors 0  tokens 0  cost $0.0000  eta --:--",
                                             "[progress] island 0  round 1"]
     assert "\x1b" not in stream.getvalue() and capsys.readouterr().out == ""
 
@@ -142,7 +142,7 @@ def test_a_failing_status_leaves_the_rollout_line_standing():
     p.attach(Broken())
     p.add(1)
     p.close()
-    assert stream.getvalue().splitlines() == ["[progress] rollouts 0/1  running 0  failures 0  tokens 0  cost $0.0000  eta --:--"]
+    assert stream.getvalue().splitlines() == ["[progress] rollouts 0/1  running 0  timed out 0  errors 0  tokens 0  cost $0.0000  eta --:--"]
 
 
 # ---------------------------------------------------------------- real runs, plain mode
