@@ -14,8 +14,11 @@ whatever the latest commits touched, and over consecutive commits the parts rota
   suite takes its part only: its files are large, and a change that touches many of them
   would otherwise run them all and overrun CI's budget.
 
-A shallow clone has no position to count; it falls back to the commit hash (still
-deterministic, with no three-commit guarantee) and says so.
+A landing of several commits moves the rotation on by its number of commits, so the
+guarantee is over consecutive commits. A CI system that numbers its runs can make it one
+over consecutive runs: given ``MILO_CI_RUN_NUMBER`` (an integer), the part is that number
+modulo ``PARTS``. A shallow clone has no position to count; it falls back to the commit
+hash (still deterministic, with no three-commit guarantee) and says so.
 
     python scripts/ci_rotation.py            # this checkout's part and touched files
     python scripts/ci_rotation.py --slow-junit /tmp/milo-ray-ci-slow.xml \
@@ -25,6 +28,7 @@ deterministic, with no three-commit guarantee) and says so.
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import subprocess
 import sys
@@ -34,6 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 PARTS = 3
+RUN_NUMBER_ENV = "MILO_CI_RUN_NUMBER"
 # Bounded by count rather than by time, so that CI's share of the mutation check stays
 # bounded whatever a landing contains.
 TOUCHED_COMMITS = 3
@@ -85,8 +90,15 @@ def _git(repo: Path, *args: str) -> str:
 
 
 def rotation_of(repo: Path) -> Rotation:
-    """The rotation of the checkout at ``repo`` (its HEAD commit)."""
-    if _git(repo, "rev-parse", "--is-shallow-repository") == "true":
+    """The rotation of the checkout at ``repo`` (its HEAD commit), or of the CI run
+    ``MILO_CI_RUN_NUMBER`` names."""
+    run_number = os.environ.get(RUN_NUMBER_ENV, "").strip()
+    if run_number:
+        if not run_number.isdigit():
+            raise ValueError(f"{RUN_NUMBER_ENV}={run_number!r}: expected a non-negative integer (the CI run's number)")
+        part = int(run_number) % PARTS
+        why = f"CI run {run_number} ({RUN_NUMBER_ENV}): part {part} of {PARTS}"
+    elif _git(repo, "rev-parse", "--is-shallow-repository") == "true":
         head = _git(repo, "rev-parse", "HEAD")
         part = int(head[:8], 16) % PARTS
         why = f"shallow clone: part {part} from the commit hash {head[:12]} (no rotation guarantee)"

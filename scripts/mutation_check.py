@@ -529,7 +529,7 @@ MUTATIONS: tuple[Mutation, ...] = (
     ),
     Mutation(
         "settings-first-problem-only", "milo_ray/config/validate.py",
-        "    raise_all(settings_problems(cfg))\n", "    raise_all(settings_problems(cfg)[:1])\n",
+        "    problems += settings_problems(cfg)\n", "    problems += settings_problems(cfg)[:1]\n",
         ("tests/entry/test_bad_input_exhaustive.py::test_several_problems_are_all_listed_at_once",),
         "a config with several bad values reports only the first",
     ),

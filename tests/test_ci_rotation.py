@@ -99,3 +99,17 @@ def test_the_slow_suites_rotation_option_deselects_exactly_the_other_parts():
     part = ci_rotation.part_of(sorted(files)[0])
     kept = collect("--rotation", f"--rotation-part={part}")
     assert kept == {n for n in every if ci_rotation.part_of(n.split("::", 1)[0]) == part}
+
+
+def test_a_ci_run_number_picks_the_part_so_consecutive_runs_cover_everything(repo, monkeypatch):
+    _commit(repo, "notes.txt", "one commit")
+    parts = []
+    for n in (41, 42, 43):
+        monkeypatch.setenv(ci_rotation.RUN_NUMBER_ENV, str(n))
+        rot = ci_rotation.rotation_of(repo)
+        assert f"CI run {n}" in rot.why
+        parts.append(rot.part)
+    assert sorted(parts) == [0, 1, 2]
+    monkeypatch.setenv(ci_rotation.RUN_NUMBER_ENV, "latest")
+    with pytest.raises(ValueError, match="MILO_CI_RUN_NUMBER='latest'"):
+        ci_rotation.rotation_of(repo)
