@@ -184,8 +184,8 @@ def print_run_summary(summary: dict[str, Any]) -> None:
     if islands:
         table = Table(title="MILO islands (search = B_search accuracy, held-out = B_val accuracy; tokens and "
                             "seconds: the best harness's means per rollout on B_search)")
-        for col in ("island", "mutator", "rounds", "best", "search acc", "held-out acc", "out tokens / rollout",
-                    "s / rollout", "true quality"):
+        for col in ("island", "mutator", "rounds", "best", "search acc", "held-out acc", "out tokens/rollout",
+                    "s/rollout", "true quality"):
             table.add_column(col, justify="left" if col in ("island", "mutator", "best") else "right")
         for j, row in sorted(islands.items(), key=lambda kv: int(kv[0])):
             table.add_row(str(j), str(row.get("mutator", "-")), _fmt(row.get("rounds"), "d"),

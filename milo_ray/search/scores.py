@@ -96,8 +96,8 @@ def print_scores(title: str, rows: Sequence[HarnessScore]) -> None:
     table = Table(title=title)
     # Token and second figures are means per rollout (the surrogate's are simulated);
     # timeouts and errors are rollout counts.
-    for col in ("harness", "id", "pass@k", "PR@k [95% CI]", "RR@k [95% CI]", "out tokens / rollout",
-                "s / rollout", "timed-out rollouts", "error rollouts", "true score"):
+    for col in ("harness", "id", "pass@k", "PR@k [95% CI]", "RR@k [95% CI]", "out tokens/rollout", "s/rollout",
+                "timeouts", "errors", "true score"):
         table.add_column(col, justify="left" if col in ("harness", "id") else "right")
     for r in rows:
         table.add_row(
