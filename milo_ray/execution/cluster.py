@@ -110,8 +110,24 @@ def join(address: str, *, configure_logging: bool = True) -> ClusterInfo:
     import ray  # noqa: PLC0415
 
     log.info("joining Ray at %s", address)
-    ray.init(address=address, **_options(configure_logging))
+    for attempt in range(1, _CLIENT_START_ATTEMPTS + 1):
+        try:
+            ray.init(address=address, **_options(configure_logging))
+            break
+        except ConnectionAbortedError as e:
+            # A Ray Client server is a process the cluster's proxy starts per driver; on a
+            # loaded head it can die while starting ("Starting Ray client server failed"),
+            # a transient failure of the cluster, not of this run: ask for another one.
+            if not address.startswith("ray://") or attempt == _CLIENT_START_ATTEMPTS:
+                raise
+            log.warning("Ray Client server did not start (attempt %d of %d): %s; trying again", attempt,
+                        _CLIENT_START_ATTEMPTS, str(e).strip().splitlines()[-1] if str(e).strip() else e)
+            ray.shutdown()
     return _info(started_here=False)
+
+
+# Tries at a Ray Client connection whose server failed to start (see join).
+_CLIENT_START_ATTEMPTS = 3
 
 
 def connect(execution: Any) -> ClusterInfo:

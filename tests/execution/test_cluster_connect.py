@@ -70,3 +70,47 @@ def test_an_address_file_left_by_a_dead_ray_start_head_is_not_joined(tmp_path, m
     with caplog.at_level("WARNING"):
         assert _running_local_address() is None
     assert "does not answer" in caplog.text and str(address_file) in caplog.text
+
+
+def _flaky_client_init(monkeypatch, failures: int) -> list[str]:
+    """ray.init that fails like a Ray Client server dying at start ``failures`` times."""
+    import ray
+
+    from milo_ray.execution import cluster
+
+    tries: list[str] = []
+
+    def init(address=None, **_):
+        tries.append(address)
+        if len(tries) <= failures:
+            raise ConnectionAbortedError("Initialization failure from server:\nRuntimeError: Starting Ray client "
+                                         "server failed. See ray_client_server_23000.err for detailed logs.")
+
+    monkeypatch.setattr(ray, "init", init)
+    monkeypatch.setattr(ray, "shutdown", lambda: None)
+    monkeypatch.setattr(cluster, "_info", lambda started_here: started_here)
+    return tries
+
+
+def test_a_ray_client_server_that_dies_at_start_is_asked_for_again(monkeypatch, caplog):
+    from milo_ray.execution.cluster import join
+
+    tries = _flaky_client_init(monkeypatch, failures=2)
+    assert join("ray://10.0.0.1:10001", configure_logging=False) is False
+    assert tries == ["ray://10.0.0.1:10001"] * 3
+    assert "Ray Client server did not start (attempt 2 of 3)" in caplog.text
+
+
+def test_a_client_server_that_never_starts_fails_the_join_and_other_addresses_are_not_retried(monkeypatch):
+    import pytest
+
+    from milo_ray.execution.cluster import join
+
+    tries = _flaky_client_init(monkeypatch, failures=5)
+    with pytest.raises(ConnectionAbortedError):
+        join("ray://10.0.0.1:10001", configure_logging=False)
+    assert len(tries) == 3
+    tries.clear()
+    with pytest.raises(ConnectionAbortedError):
+        join("10.0.0.1:6379", configure_logging=False)
+    assert len(tries) == 1
