@@ -7,6 +7,8 @@ import hashlib
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from milo_ray.core.nofollow import read_tree_nofollow
+
 ENTRY_FILE = "harness.py"
 # Files a harness directory may carry; larger or binary files are not harness source.
 MAX_FILE_BYTES = 1_000_000
@@ -46,12 +48,15 @@ class Harness:
 
     @classmethod
     def from_dir(cls, path: str | Path, name: str = "") -> "Harness":
+        # A harness directory may have been written by an agent: read without following a
+        # link (a link, a special file or a file over the cap is left out, never read through).
         root = Path(path)
+        tree = read_tree_nofollow(root, max_file_bytes=MAX_FILE_BYTES)
         files: dict[str, str] = {}
-        for p in sorted(root.rglob("*")):
-            if p.is_file() and "__pycache__" not in p.parts and p.stat().st_size <= MAX_FILE_BYTES:
+        for rel, data in sorted(tree.files.items()):
+            if "__pycache__" not in rel.split("/"):
                 try:
-                    files[p.relative_to(root).as_posix()] = p.read_text()
+                    files[rel] = data.decode("utf-8")
                 except UnicodeDecodeError:
                     continue
         return cls(files, name=name or root.name)

@@ -32,7 +32,9 @@ from pathlib import Path
 from typing import Any
 
 from milo_ray.agents.protocols import MutationRequest
-from milo_ray.harness.model import ENTRY_FILE, Harness
+from milo_ray.core.nofollow import (Tree, UnsafePath, copy_tree_nofollow, read_tree_nofollow,
+                                    write_tree_nofollow)
+from milo_ray.harness.model import ENTRY_FILE, MAX_FILE_BYTES, Harness
 
 OUT = "out"
 # The files of a lineage node a snapshot points the agent to.
@@ -41,6 +43,10 @@ NODE_FILES = (ENTRY_FILE, "diff.patch")
 _ABS_PATH = re.compile(r"(?<![\w./-])(/[\w.+-]+(?:/[\w.+-]+)+)")
 # How many evidence files the instructions list by name (the rest: "and N more").
 LISTED_FILES = 40
+# What a child may hold in ``out/``: a harness is a few source files, so anything near
+# these caps is a runaway agent, rejected with the cap named rather than read.
+MAX_CHILD_FILES = 1_000
+MAX_CHILD_BYTES = 16 << 20
 
 
 def template_for(request: MutationRequest) -> str:
@@ -127,17 +133,37 @@ class Workspace:
     def child(self) -> tuple[Harness | None, str | None]:
         """The child written to ``out/`` (with its extra files), or why there is none.
         Files the agent wrote elsewhere in the workspace are named in the reason."""
-        if self.output_path.is_file():
-            try:
-                name = str((self.request.context or {}).get("child_name") or "")
-                return Harness.from_dir(self.out_dir, name=name), None
-            except Exception as e:
-                return None, f"invalid output in {self.seen(self.out_dir)}: {e}"[:2000]
+        if os.path.lexists(self.out_dir) or os.path.lexists(self.output_path):
+            tree, why = self.read_out()
+            if why is not None:
+                return None, why
+            if ENTRY_FILE in tree.files:
+                try:
+                    name = str((self.request.context or {}).get("child_name") or "")
+                    return Harness(_texts(tree), name=name or OUT), None
+                except Exception as e:
+                    return None, f"invalid output in {self.seen(self.out_dir)}: {e}"[:2000]
         stray = self.stray_writes()
         if stray:
             return None, (f"no child at {self.seen(self.output_path)}; the agent wrote elsewhere: "
                           + ", ".join(stray[:5]))[:2000]
         return None, f"no child: nothing was written to {self.seen(self.output_path)}"
+
+    def read_out(self) -> tuple[Tree, str | None]:
+        """What the agent left in ``out/``, read without following a link (the agent may
+        have left a symlink to a host file or to ``/proc/self/environ`` there), and why it
+        is not a child when it is not: a link, a special file, a hard link, a file past
+        the caps, ``out`` itself a link."""
+        try:
+            tree = read_tree_nofollow(self.out_dir, max_files=MAX_CHILD_FILES, max_bytes=MAX_CHILD_BYTES,
+                                      max_file_bytes=MAX_FILE_BYTES)
+        except (UnsafePath, FileNotFoundError) as e:
+            return Tree(), f"child rejected: {self.seen(self.out_dir)} is a symlink or not a directory ({e})"[:2000]
+        tree.files = {k: v for k, v in tree.files.items() if "__pycache__" not in k.split("/")}
+        if not tree.ok:
+            return tree, (f"child rejected: {self.seen(self.out_dir)} holds what the host does not read "
+                          f"(only regular files and directories are taken): {tree.why()}")[:2000]
+        return tree, None
 
     def stray_writes(self) -> list[str]:
         """Workspace files created or changed outside ``out/`` since :func:`prepare`
@@ -193,19 +219,19 @@ def prepare(request: MutationRequest, root: Path, *, agent_root: str | None = No
 
 def collect(ws: Workspace, workdir: Path) -> None:
     """Copy the child's files from ``out/`` to the request's workdir (where the
-    mutation runner reads a written child back)."""
-    workdir = Path(workdir)
-    workdir.mkdir(parents=True, exist_ok=True)
-    for p in ws.out_dir.rglob("*"):
-        if p.is_file():
-            dest = workdir / p.relative_to(ws.out_dir)
-            dest.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(p, dest)
+    mutation runner reads a written child back), read and written without following a
+    link."""
+    tree, why = ws.read_out()
+    if why is not None:  # Workspace.child rejected it already; nothing crosses
+        raise UnsafePath(str(ws.out_dir), why)
+    write_tree_nofollow(Path(workdir), tree)
 
 
 def _copy_dir(src: Path, dest: Path) -> None:
-    if src.is_dir():
-        shutil.copytree(src, dest, symlinks=False, ignore_dangling_symlinks=True)
+    # The run's own files, but possibly shipped or left by an earlier agent: links are
+    # refused (skipped), never followed into the workspace.
+    if src.is_dir() and not src.is_symlink():
+        copy_tree_nofollow(src, dest)
     else:
         dest.mkdir(parents=True)
 
@@ -218,6 +244,18 @@ def _stamps(root: Path) -> dict[str, list[float]]:
         if p.is_file() and rel.parts[0] not in (OUT, ".inputs.json"):
             st = p.stat()
             out[str(rel)] = [st.st_size, st.st_mtime_ns]
+    return out
+
+
+def _texts(tree: Tree) -> dict[str, str]:
+    """The child's text files (a file that is not UTF-8 is left out, as a harness
+    directory's are)."""
+    out = {}
+    for rel, data in tree.files.items():
+        try:
+            out[rel] = data.decode("utf-8")
+        except UnicodeDecodeError:
+            continue
     return out
 
 
