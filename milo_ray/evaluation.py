@@ -172,6 +172,22 @@ def _fmt(value: Any, spec: str = ".3f") -> str:
     return "-" if value is None else format(value, spec) if isinstance(value, (int, float)) else str(value)
 
 
+def final_test_titles(summary: dict[str, Any]) -> tuple[str, str]:
+    """The console titles of a search's final-test tables: every task of the test split
+    (saying how many the search also ran), and the held-out tasks alone."""
+    spec = summary.get(SPEC_KEY) or {}
+    split, k = spec.get("split", "test"), spec.get("k")
+    tasks, held_out = spec.get("task_ids"), spec.get("held_out_task_ids")
+    fresh = f"{k} fresh rollout(s) per task" if k is not None else "fresh rollouts"
+    if tasks is None or held_out is None:
+        return f"final test on the {split} split ({fresh})", f"final test on the held-out {split} tasks ({fresh})"
+    shared = len(tasks) - len(held_out)
+    full = (f"final test: all {len(tasks)} tasks of the {split} split, {fresh}; "
+            + (f"{shared} of them the search also ran (the papers' full benchmark, not held out)" if shared
+               else "none of them run by the search (held out)"))
+    return full, f"final test: the {len(held_out)} {split} tasks the search never ran (held out), {fresh}"
+
+
 def print_run_summary(summary: dict[str, Any]) -> None:
     """The end-of-run console report of any method: MILO's per-island table, the final
     test leaderboard rows (``final_test``: ``HarnessScore.as_dict()`` rows) and the
@@ -193,12 +209,13 @@ def print_run_summary(summary: dict[str, Any]) -> None:
                           _fmt(row.get("heldout_accuracy")), _fmt(row.get("output_tokens"), ",.0f"),
                           _fmt(row.get("seconds"), ",.0f"), _fmt(row.get("true_quality")))
         console.print(table)
-    rows = summary.get("final_test") or []
-    if rows:
-        fields = set(HarnessScore.__dataclass_fields__)
-        scores = [HarnessScore(**{k: (tuple(v) if isinstance(v, list) else v) for k, v in r.items() if k in fields})
-                  for r in rows]
-        print_scores("final evaluation on the test split", scores)
+    full_title, held_out_title = final_test_titles(summary)
+    for key, title in (("final_test", full_title), ("final_test_held_out", held_out_title)):
+        rows = summary.get(key) or []
+        if rows:
+            fields = set(HarnessScore.__dataclass_fields__)
+            print_scores(title, [HarnessScore(**{k: (tuple(v) if isinstance(v, list) else v)
+                                                 for k, v in r.items() if k in fields}) for r in rows])
     spend = summary.get("spend_by_role") or {}
     if spend:
         table = Table(title="agent spend by role (agent_calls)")

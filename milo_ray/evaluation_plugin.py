@@ -17,6 +17,7 @@ from milo_ray.search.plugin import MethodPlugin
 
 class EvalPlugin(MethodPlugin):
     name = "eval"
+    searches = False  # it evaluates its seeds: no search, no held-out split to name
     method_class = "EvalMethod"
     schema = EvalConfig
 

@@ -344,7 +344,7 @@ def _final_rows(res: RunResults, spec: FinalTestSpec) -> pd.DataFrame:
     return res.rollouts[res.rollouts["cache_key"].isin(spec.cache_keys)]
 
 
-def final_test(res: RunResults) -> pd.DataFrame:
+def final_test(res: RunResults, *, tasks: str = "all") -> pd.DataFrame:
     """The run's final test results, recomputed from its rollouts: the columns of
     :func:`harness_metrics` plus ``label`` (the name the summary gives the row, e.g.
     ``island-2:2-5`` or ``ssr final``) and ``true_score`` (the benchmark's ground truth
@@ -352,15 +352,31 @@ def final_test(res: RunResults) -> pd.DataFrame:
     is the method plugin's :meth:`~milo_ray.search.plugin.MethodPlugin.final_test`: rows
     follow the summary's leaderboard (MILO: best first; SSR: final, then initial; eval:
     its seeds); a run without a summary yet (running, killed) gives every harness with
-    rows on the test split. ``n_tasks`` is the split's size: a task without a rollout
-    scores 0, as in the run."""
+    rows on the test split. ``n_tasks`` is the number of tasks scored: a task without a
+    rollout scores 0, as in the run.
+
+    ``tasks``: ``"all"``, every task of the test split (the papers' "full benchmark",
+    which may hold tasks the search ran); ``"held_out"``, only the test tasks no search
+    rollout ran (the spec's ``held_out_task_ids``; ``n_tasks`` 0 and NaN metrics when
+    the search ran them all; ``true_score`` None, the benchmark's being of a whole split)."""
+    if tasks not in ("all", "held_out"):
+        raise ValueError(f"tasks={tasks!r}: use 'all' (every test task) or 'held_out' (those the search never ran)")
     spec = res.plugin.final_test(res)
     ids = [h.harness_id for h in spec.harnesses]
-    tasks = None if spec.task_ids is None or spec.cache_keys is None else list(spec.task_ids)
+    held_out = tasks == "held_out"
+    if held_out:
+        if spec.held_out_task_ids is None:
+            why = ("it does not search (its harnesses were evaluated, not chosen)" if not res.plugin.searches
+                   else "its test split's tasks or the tasks its search ran cannot be told from what it stored")
+            raise ValueError(f"{res.run_dir}: no held-out final test: {why}; use tasks='all'")
+        tasks = list(spec.held_out_task_ids)
+    else:
+        tasks = None if spec.task_ids is None or spec.cache_keys is None else list(spec.task_ids)
     frame = _metric_frame(res, _final_rows(res, spec), spec.k, ids, tasks)
     frame.insert(1, "label", [h.label if h.label is not None else name
                               for h, name in zip(spec.harnesses, frame["name"])])
-    frame["true_score"] = [h.true_score for h in spec.harnesses]
+    # Ground truth is the benchmark's over a whole split: none for a subset of it.
+    frame["true_score"] = [None if held_out else h.true_score for h in spec.harnesses]
     # The island a tested harness was the best of (a seed sits on several), where the method says.
     frame["island"] = pd.array([h.island if h.island is not None else j
                                 for h, j in zip(spec.harnesses, frame["island"])], dtype="Int64")
@@ -412,20 +428,40 @@ def _run_names(paths: list[Path]) -> list[str]:
     return [str(p.resolve().relative_to(base)) or p.name for p in paths]
 
 
+#: compare()'s figures of the incumbent over the held-out test tasks alone.
+HELD_OUT_COLUMNS = ("held_out_n_tasks", "held_out_pr_at_k", "held_out_pr_at_k_lo", "held_out_pr_at_k_hi")
+
+
+def _held_out_of(res: RunResults, row: Any) -> dict[str, Any]:
+    """The incumbent's held-out figures for compare() (None where the run has no
+    held-out test: eval runs, runs whose split cannot be told)."""
+    if row is None or res.plugin.final_test(res).held_out_task_ids is None:
+        return dict.fromkeys(HELD_OUT_COLUMNS)
+    held = final_test(res, tasks="held_out")
+    mine = held[(held["harness_id"] == row["harness_id"]) & (held["label"] == row["label"])]
+    if not len(mine):
+        return dict.fromkeys(HELD_OUT_COLUMNS)
+    first = mine.iloc[0]
+    return {"held_out_n_tasks": int(first["n_tasks"]),
+            **{f"held_out_{c}": first[c] for c in ("pr_at_k", "pr_at_k_lo", "pr_at_k_hi")}}
+
+
 def compare(runs: Iterable[RunResults | str | os.PathLike]) -> pd.DataFrame:
     """One row per run: run (its directory relative to the runs' common directory),
     run_id, method, rung (the method's variant, e.g. MILO's ablation rung), benchmark, status, stop_reason, the
     incumbent's final-test row (the one the method plugin picks: ``final_test``'s first
-    row; for ``eval`` the harness with the best PR@k) with intervals and true score, rollouts stored, agent spend (tokens,
+    row; for ``eval`` the harness with the best PR@k) with intervals and true score, its PR@k over the
+    held-out test tasks alone (``held_out_*``; None for eval), rollouts stored, agent spend (tokens,
     USD: None if any call is unpriced) and wall seconds. Paths are loaded with load_run."""
     runs = [r if isinstance(r, RunResults) else load_run(r) for r in runs]
     names = _run_names([r.run_dir for r in runs])
     metric_cols = ["label", "harness_id", "n_tasks", "k", *(c for m in _METRICS for c in (m, f"{m}_lo", f"{m}_hi")),
-                   "mean_output_tokens", "mean_seconds", "true_score"]
+                   *HELD_OUT_COLUMNS, "mean_output_tokens", "mean_seconds", "true_score"]
     out = []
     for name, res in zip(names, runs):
         row = res.plugin.incumbent(final_test(res))
         best = {} if row is None else row.to_dict()
+        best.update(_held_out_of(res, row))
         spend = spend_by_role(res)
         out.append({"run": name, "run_dir": str(res.run_dir), "run_id": res.manifest.get("run_id"),
                     "method": res.method, "rung": res.rung, "benchmark": res.benchmark, "status": res.status,

@@ -135,6 +135,54 @@ def test_harness_metrics_equal_an_independent_computation(runs):
     assert R.harness_metrics(res, split="no-such-split").empty
 
 
+@pytest.mark.parametrize("name", ["sweep/0", "ssr"])
+def test_a_search_final_test_shares_no_rollout_with_the_search(runs, name):
+    # The draws that chose the harness are never its test result: the final test's cache
+    # keys are disjoint from every budgeted (search) rollout's, on every task, and every
+    # one of them ran outside the budget.
+    res = R.load_run(runs / name)
+    spec = res.plugin.final_test(res)
+    searched = res.rollouts[res.rollouts["budgeted"]]
+    assert len(searched) and spec.cache_keys
+    assert spec.cache_keys.isdisjoint(set(searched["cache_key"]))
+    tested = res.rollouts[res.rollouts["cache_key"].isin(spec.cache_keys)]
+    assert not tested["budgeted"].any() and set(tested["split"]) == {spec.split}
+    # ... though the test split holds tasks the search ran (surrogate_tb21's full benchmark)
+    assert set(searched["task_id"]) & set(spec.task_ids)
+
+
+@pytest.mark.parametrize("name", ["sweep/0", "ssr"])
+def test_the_held_out_final_test_scores_only_the_test_tasks_the_search_never_ran(runs, name):
+    res = R.load_run(runs / name)
+    spec = res.plugin.final_test(res)
+    searched = set(res.rollouts.loc[res.rollouts["budgeted"], "task_id"])
+    held = [t for t in spec.task_ids if t not in searched]
+    assert list(spec.held_out_task_ids) == held and 0 < len(held) < len(spec.task_ids)
+    full, part = R.final_test(res), R.final_test(res, tasks="held_out")
+    assert list(part["harness_id"]) == list(full["harness_id"]) and (part["n_tasks"] == len(held)).all()
+    assert part["true_score"].isna().all()
+    reported = res.summary["final_test_held_out"]
+    for row, rep in zip(part.to_dict("records"), reported):
+        assert (row["harness_id"], row["n_tasks"]) == (rep["harness_id"], rep["n_tasks"])
+        for key in METRICS:
+            assert _close(row[key], rep[key]), key
+        # recomputed here from the rollouts of the held-out tasks alone
+        mine = res.rollouts[res.rollouts["cache_key"].isin(spec.cache_keys) & res.rollouts["task_id"].isin(held)
+                            & (res.rollouts["harness_id"] == row["harness_id"])]
+        assert _close(row["pr_at_k"], mine["score"].sum() / (len(held) * row["k"]))
+    row = R.compare([res]).iloc[0]
+    assert row["held_out_n_tasks"] == len(held) and _close(row["held_out_pr_at_k"], part["pr_at_k"].iloc[0])
+
+
+def test_an_eval_run_has_no_held_out_final_test(runs):
+    res = R.load_run(runs / "eval")
+    with pytest.raises(ValueError, match="does not search"):
+        R.final_test(res, tasks="held_out")
+    assert R.compare([res])["held_out_pr_at_k"].isna().all()
+    with pytest.raises(ValueError, match="tasks='everything'"):
+        R.final_test(res, tasks="everything")
+
+
 @pytest.mark.parametrize("name", ["sweep/0", "sweep/1", "ssr", "eval"])
 def test_final_test_matches_what_the_run_reported(runs, name):
     res = R.load_run(runs / name)
@@ -151,12 +199,12 @@ def test_final_test_matches_what_the_run_reported(runs, name):
             assert _close(row[key], rep[key]), key
         for m, ci in (("pr_at_k", "pr_ci"), ("rr_at_k", "rr_ci")):
             assert _close(row[f"{m}_lo"], rep[ci][0]) and _close(row[f"{m}_hi"], rep[ci][1]), ci
-    # The search's rollouts on test tasks count (reused by cache key): the rows stored
-    # under the test split alone are fewer than n_tasks * k.
-    labelled = _sql(runs / name, "rollouts", f"select count(*) from T where split = 'test' "
-                                             f"and harness_id = '{reported[0]['harness_id']}'")[0][0]
-    if name.startswith("sweep"):
-        assert labelled < reported[0]["n_tasks"] * reported[0]["k"]
+    # A search's final test draws its own rollouts: every one is stored under the test
+    # split, outside the budget, even on test tasks the search ran.
+    if name != "eval":
+        labelled = _sql(runs / name, "rollouts", f"select count(*) from T where split = 'test' and not budgeted "
+                                                 f"and harness_id = '{reported[0]['harness_id']}'")[0][0]
+        assert labelled == reported[0]["n_tasks"] * reported[0]["k"]
 
 
 

@@ -63,6 +63,9 @@ async def final_summary(run: PopulationView, stop_reason: str) -> dict[str, Any]
             "true_quality": _true(run, run.harness(best)),
         },
         "final_test": final,
+        # The same harnesses over the test tasks the search never ran (empty: all were).
+        "final_test_held_out": [{"island": row["island"], "node_id": row["node_id"], **sc.as_dict()}
+                                for row, sc in zip(final, final_test.held_out)],
         SPEC_KEY: final_test.record(),
         "seeds_true_quality": seed_true,
         "best_seed_true_quality": max((v for v in seed_true.values() if v is not None), default=None),

@@ -64,7 +64,8 @@ def write_report(run_dir: str | Path, out_dir: str | Path | None = None) -> Path
         page.Section("overview", "Overview", _overview(res)),
         page.Section("final-test", "Final test results",
                      f'<p class="lead">{escape(final_test_lead(res))}</p>'
-                     + tables.render(final, columns=FINAL_COLUMNS, table_id="final-test-table")),
+                     + tables.render(final, columns=FINAL_COLUMNS, table_id="final-test-table")
+                     + _held_out_table(res)),
         *_figure_sections(res, out),
         page.Section("spend", "Spend by agent role",
                      '<p class="lead">Search agents\' calls (solver rollouts are in the harness tables). USD is '
@@ -211,9 +212,9 @@ def _scalar(v: Any) -> bool:
 
 
 def final_test_lead(res: Any) -> str:
-    """What the final-test table holds, said as it is: whose rollouts, on which tasks, how
-    many per task, and how many of those tasks the search itself ran on (such a figure is
-    not held out)."""
+    """What the final-test tables hold, said as it is: whose rollouts, on which tasks, how
+    many per task, whether they were drawn fresh, and how many of those tasks the search
+    itself ran (a figure over them is not held out; the held-out table excludes them)."""
     if res.summary.get("mode") == "oracle":
         return ("The tasks' reference solutions (executor.agent=oracle), not a harness: every task of every split "
                 "once, with task-clustered 95% confidence intervals.")
@@ -221,14 +222,42 @@ def final_test_lead(res: Any) -> str:
     tasks = list(spec.task_ids) if spec.task_ids is not None else None
     size = f"{len(tasks)} tasks" if tasks is not None else "its tasks"
     per_task = f", {spec.k} rollout(s) per task" if spec.k is not None else ""
-    whose = "The evaluated harnesses" if res.method == "eval" else "The search's final harness(es)"
-    text = f"{whose} on the {spec.split} split ({size}{per_task}), with task-clustered 95% confidence intervals (MILO §5.2)."
-    if res.method != "eval" and tasks is not None and len(res.rollouts):
-        searched = set(res.rollouts.loc[res.rollouts["split"] != spec.split, "task_id"])
-        shared = len(searched & set(tasks))
-        text += (f" {shared} of these tasks were also run by the search, so this figure is not held out."
-                 if shared else " None of these tasks was run by the search: the figure is held out.")
-    return text
+    if res.method == "eval" or not res.plugin.searches:
+        return (f"The evaluated harnesses on the {spec.split} split ({size}{per_task}), with task-clustered 95% "
+                "confidence intervals (MILO §5.2).")
+    text = (f"The search's final harness(es) on the {spec.split} split ({size}{per_task}), with task-clustered 95% "
+            "confidence intervals (MILO §5.2).")
+    if spec.cache_keys is not None and len(res.rollouts):
+        tested = res.rollouts[res.rollouts["cache_key"].isin(spec.cache_keys)]
+        reused = int(tested["budgeted"].fillna(True).astype(bool).sum()) if "budgeted" in tested else 0
+        text += (f" {reused} of its rollouts are the search's own, reused (a run made before final tests drew "
+                 "fresh rollouts)." if reused else " Every rollout was drawn for the test: none is the search's.")
+    held = spec.held_out_task_ids
+    if tasks is None or held is None:
+        return text
+    shared = len(tasks) - len(held)
+    if not shared:
+        return text + " None of these tasks was run by the search: the figure is held out."
+    text += (f" {shared} of these tasks were also run by the search (the papers' full benchmark), so this figure "
+             "is not held out")
+    return text + (f"; the second table scores the same rollouts on the {len(held)} tasks the search never ran "
+                   "(held out)." if held else "; every test task was, so there is no held-out figure.")
+
+
+def _held_out_table(res: Any) -> str:
+    """The final test over the held-out tasks alone, where the test split also holds
+    tasks the search ran ('' where the whole split is held out or none of it is)."""
+    from milo_ray import results
+    from milo_ray.report import tables
+
+    spec = res.plugin.final_test(res)
+    held, tasks = spec.held_out_task_ids, spec.task_ids
+    if res.summary.get("mode") == "oracle" or not held or tasks is None or len(held) == len(tasks):
+        return ""
+    return (f"<h3>Held-out tasks only: the {len(held)} {escape(spec.split)} tasks the search never ran</h3>"
+            + tables.render(results.final_test(res, tasks="held_out"),
+                            columns=[c for c in FINAL_COLUMNS if c != "true_score"],
+                            table_id="final-test-held-out-table"))
 
 
 def _overview(res: Any) -> str:

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, ClassVar, Iterable, Mapping, Protocol, Sequence
 
 from milo_ray.core.rollouts import cache_key
+from milo_ray.core.seeds import final_test_seed
 from milo_ray.search.events import Event, EventTypes
 
 __all__ = ["Figure", "ReportTable", "ReportSection", "RoundMetrics", "StatusView", "TestedHarness", "FinalTestSpec",
@@ -124,22 +125,29 @@ class TestedHarness:
 class FinalTestSpec:
     """What a run's final test was. ``k``: rollouts per task (None: unknown, each
     harness's own rows count). ``task_ids``: the split's tasks (a task without a rollout
-    scores 0); ``cache_keys``: the rollouts the test used, wherever they are stored (a
-    test task the search also ran is stored under the search's split). Both None when
-    unknown: the rows stored under ``split`` stand in."""
+    scores 0); ``cache_keys``: the rollouts the test used, wherever they are stored (runs
+    made before final tests drew fresh rollouts reused the search's on test tasks it had
+    run). Both None when unknown: the rows stored under ``split`` stand in."""
 
     split: str
     k: int | None
     harnesses: tuple[TestedHarness, ...] = ()
     task_ids: tuple[str, ...] | None = None
     cache_keys: frozenset[str] | None = None
+    #: The test tasks no search rollout ran (None: unknown, or the run is no search).
+    held_out_task_ids: tuple[str, ...] | None = None
 
 
-def final_test_record(split: str, k: int, task_ids: Sequence[str], results: Iterable[Any]) -> dict[str, Any]:
+def final_test_record(split: str, k: int, task_ids: Sequence[str], results: Iterable[Any], *,
+                      held_out: Sequence[str] | None = None) -> dict[str, Any]:
     """The summary entry (``summary[SPEC_KEY]``) recording a final test: its split, k,
-    task ids and the cache keys of the rollouts it used (``results``: RolloutResults)."""
+    task ids, the cache keys of the rollouts it used (``results``: RolloutResults) and
+    ``held_out_task_ids``, the test tasks the search never ran (None: not a search)."""
     keys = sorted({r.cache_key for r in results if getattr(r, "cache_key", "")})
-    return {"split": split, "k": int(k), "task_ids": list(task_ids), "cache_keys": keys}
+    record = {"split": split, "k": int(k), "task_ids": list(task_ids), "cache_keys": keys}
+    if held_out is not None:
+        record["held_out_task_ids"] = list(held_out)
+    return record
 
 
 def _recorded(summary: Mapping[str, Any]) -> Mapping[str, Any] | None:
@@ -193,6 +201,8 @@ class MethodPlugin:
     """
 
     name: ClassVar[str] = ""
+    #: False for a method that evaluates without searching (no held-out tasks to name).
+    searches: ClassVar[bool] = True
     method_class: ClassVar[str] = ""
     schema: ClassVar[type | None] = None
     events: ClassVar[EventTypes | None] = None
@@ -262,13 +272,37 @@ class MethodPlugin:
             stored = res.rollouts.loc[res.rollouts["split"] == split, "harness_id"]
             tested = tuple(TestedHarness(str(h)) for h in dict.fromkeys(stored))
         if spec:
-            return FinalTestSpec(split, k, tested, tuple(spec["task_ids"]), frozenset(spec["cache_keys"]))
+            tasks = tuple(spec["task_ids"])
+            held = spec.get("held_out_task_ids")
+            held = tuple(held) if held is not None and self.searches else self._held_out(res, tasks)
+            return FinalTestSpec(split, k, tested, tasks, frozenset(spec["cache_keys"]), held)
         tasks = res.split_tasks(split)
         if tasks is None or k is None:
             return FinalTestSpec(split, k, tested)
-        model, seed = res.manifest.get("model_id"), int(res.manifest.get("seed", 0))
-        keys = frozenset(cache_key(h.harness_id, t, i, model, seed) for h in tested for t in tasks for i in range(k))
-        return FinalTestSpec(split, k, tested, tuple(tasks), keys)
+        model, run_seed = res.manifest.get("model_id"), int(res.manifest.get("seed", 0))
+
+        def keys_of(seed: int) -> frozenset[str]:
+            return frozenset(cache_key(h.harness_id, t, i, model, seed) for h in tested for t in tasks for i in range(k))
+
+        # The final test's own seed; runs made before it had one tested with the run seed.
+        keys = keys_of(final_test_seed(run_seed))
+        if not keys & set(res.rollouts["cache_key"]):
+            keys = keys_of(run_seed)
+        return FinalTestSpec(split, k, tested, tuple(tasks), keys, self._held_out(res, tuple(tasks)))
+
+    def _held_out(self, res: Any, tasks: tuple[str, ...]) -> tuple[str, ...] | None:
+        """The test tasks no search rollout ran: not among the tasks of the run's budgeted
+        rollouts (the final test alone runs outside the budget; the write side's rule,
+        :func:`milo_ray.search.final_test.searched_tasks`). None for a method that does
+        not search."""
+        if not self.searches:
+            return None
+        rows = res.rollouts
+        if not len(rows):
+            return tuple(tasks)
+        budgeted = rows["budgeted"].fillna(True).astype(bool) if "budgeted" in rows else True
+        searched = set(rows.loc[budgeted, "task_id"])
+        return tuple(t for t in tasks if t not in searched)
 
     def variant(self, config: Mapping[str, Any]) -> str | None:
         """The named variant (e.g. an ablation rung) the method settings match, None when

@@ -374,6 +374,7 @@ class _SSRRun:
         if rows and initial.harness_id == final.harness_id:
             summary["test_initial"] = summary["test_final"]  # the same harness: tested once
         summary["final_test"] = rows
+        summary["final_test_held_out"] = [r.as_dict() for r in final_test.held_out]
         summary[SPEC_KEY] = final_test.record()
         for label, h in (("initial", initial), ("final", final)):
             tq = truth[h.harness_id]

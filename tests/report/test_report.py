@@ -151,13 +151,13 @@ def _sql(run_dir: Path, table: str, query: str) -> list[tuple]:
 def _final_test(run: Path, harness_id: str, k: int) -> tuple[int, float, float, float, float]:
     """(tasks, PR@k, RR@k, pass@k, mean output tokens) of a harness's final test.
 
-    Rollouts 0..k-1 of each task of the benchmark's test split: a test task the search
-    already ran (its rollout 0 is stored under the search's split) is reused by the final
-    test, so rows are taken by task, whatever split they are stored under."""
+    Rollouts 0..k-1 of each task of the benchmark's test split that ran outside the
+    search's budget: the final test draws its own rollouts, even on test tasks the search
+    ran (those rows are the budgeted ones)."""
     tasks = R.load_run(run).split_tasks("test")
     assert tasks, "the benchmark's test split could not be rebuilt"
     listed = ", ".join(f"'{t}'" for t in tasks)
-    where = f"harness_id = '{harness_id}' and rollout_idx < {k} and task_id in ({listed})"
+    where = f"harness_id = '{harness_id}' and rollout_idx < {k} and task_id in ({listed}) and not budgeted"
     n, cells, pr, rr, tok = _sql(run, "rollouts", "select count(distinct task_id), count(*), avg(score), "
                                                   f"avg((score = 1)::int), avg(output_tokens) from T where {where}")[0]
     assert n == len(tasks) and cells == n * k, "a test task without all its rollouts"

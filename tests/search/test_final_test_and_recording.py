@@ -8,7 +8,8 @@ import asyncio
 
 import pytest
 
-from milo_ray.core.rollouts import RolloutResult
+from milo_ray.core.rollouts import RolloutRequest, RolloutResult
+from milo_ray.core.seeds import final_test_seed
 from milo_ray.harness.model import Harness
 from milo_ray.search.final_test import FinalTest, true_quality, true_score
 from milo_ray.search.recording import HarnessRecorder
@@ -65,8 +66,49 @@ def test_final_test_runs_every_task_k_times_outside_the_budget():
         assert counted is False
         assert len(reqs) == 6 and {(r.task_id, r.rollout_idx) for r in reqs} == {
             (f"test-{i}", j) for i in range(3) for j in range(2)}
-        assert {(r.split, r.stage, r.group, r.round, r.seed, r.method) for r in reqs} == {("test", "test", "g", 3, 7, "ssr")}
+        assert {(r.split, r.stage, r.group, r.round, r.seed, r.method) for r in reqs} == {
+            ("test", "test", "g", 3, final_test_seed(7), "ssr")}
     assert [r.pr_at_k for r in asyncio.run(ft.arows([("x", A)]))] == [1.0]
+
+
+def test_final_test_rollouts_never_have_a_search_rollouts_cache_key():
+    # The search's rollouts carry the run seed; the final test's draw from a namespace of
+    # its own, so the same (harness, task, rollout index) is a different rollout.
+    search = RolloutRequest(A.harness_id, "test-0", 0, 7)
+    sched = Sched()
+    FinalTest(sched, Bench(), split="test", k=1, seed=7, method="m").rows([("a", A)])
+    tested = [r for reqs, _ in sched.calls for r in reqs]
+    assert final_test_seed(7) != 7
+    assert {r.key("model") for r in tested}.isdisjoint({search.key("model")})
+    assert search.key("model") in {RolloutRequest(A.harness_id, t, 0, 7).key("model") for t in ("test-0",)}
+
+
+class SearchedSched(Sched):
+    """A scheduler whose store holds the search's (budgeted) rollouts on test-0 and one
+    earlier final-test rollout (unbudgeted) on test-1."""
+
+    def __init__(self):
+        super().__init__()
+        self.store = MemoryRunStore(run_id="r")
+        self.store.append_rollouts([RolloutResult(A.harness_id, "test-0", 0, 1.0, cache_key="s", budgeted=True),
+                                    RolloutResult(A.harness_id, "test-1", 0, 1.0, cache_key="f", budgeted=False)])
+
+
+def test_a_test_split_the_search_ran_on_also_gets_rows_over_the_held_out_tasks_alone():
+    ft = FinalTest(SearchedSched(), TruthBench(), split="test", k=1, seed=0, method="m")
+    assert ft.held_out_ids == ["test-1", "test-2"]
+    full = ft.rows([("a", A), ("b", B)])
+    assert [r.n_tasks for r in full] == [3, 3]
+    assert [(r.name, r.n_tasks, r.pr_at_k, r.true_score) for r in ft.held_out] == [("a", 2, 1.0, None),
+                                                                                     ("b", 2, 0.0, None)]
+    assert ft.record()["held_out_task_ids"] == ["test-1", "test-2"]
+
+
+def test_a_test_split_the_search_never_ran_is_held_out_as_a_whole():
+    ft = FinalTest(Sched(), Bench(), split="test", k=1, seed=0, method="m")
+    ft.rows([("a", A)])
+    assert ft.held_out_ids == ft.task_ids and ft.held_out == []
+    assert ft.record()["held_out_task_ids"] == ft.task_ids
 
 
 def test_ground_truth_only_where_the_benchmark_has_it():
