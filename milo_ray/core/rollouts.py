@@ -59,6 +59,11 @@ class RolloutResult:
     ``score == 1``. ``error_kind`` is None on a clean run, ``"task"`` when the task's
     grading failed, ``"harness"`` when the harness crashed or could not be built, and
     ``"infra"`` only for failures that survived the scheduler's retries.
+    ``invalid_tool_calls`` counts the model's tool calls whose arguments did not parse,
+    over the steps of the rollout's trajectory (None: not counted -- no model ran, a
+    surrogate rollout, or a run stored before the count existed). It comes from the
+    trajectory the harness process streamed, as untrusted as its steps: a figure for
+    diagnosis, never for budgets.
     ``trace`` (trajectory + test report) is replaced by ``trace_ref`` once stored.
     """
 
@@ -74,6 +79,7 @@ class RolloutResult:
     timed_out: bool = False
     error_kind: str | None = None
     error: str | None = None
+    invalid_tool_calls: int | None = None
     trace: dict[str, Any] | None = None
     trace_ref: str | None = None
     # Filled by the scheduler:
@@ -110,6 +116,9 @@ class RolloutResult:
                 continue
             if not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
                 return f"{name}={v!r} is not a finite non-negative number"
+        v = self.invalid_tool_calls
+        if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 0):
+            return f"invalid_tool_calls={v!r} is not a non-negative integer or None"
         return None
 
     def row(self) -> dict[str, Any]:

@@ -390,10 +390,12 @@ class _AgentRun:
                  "verifier": {"score": verdict.score, "reward": verdict.reward, "error": verdict.error,
                               "seconds": round(verdict.seconds, 3), "output": verdict.output,
                               "details": verdict.details}}
+        # An oracle run has no model, so no tool call of one to count.
+        invalid = None if self.status == "oracle" else traj["final"]["invalid_tool_calls"]
         return RolloutResult(harness_id, task.task_id, rollout_idx, score=score,
                              input_tokens=traj["final"]["input_tokens"], output_tokens=traj["final"]["output_tokens"],
                              cost_usd=cost, latency_s=float(self.seconds), timed_out=self.status == "timeout",
-                             error_kind=error_kind, error=error, trace=trace)
+                             error_kind=error_kind, error=error, invalid_tool_calls=invalid, trace=trace)
 
 
 def _solve(task: Task, sandbox: Any) -> str | None:

@@ -239,9 +239,11 @@ def _tool_calls(raw: Any) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
         if isinstance(args, str):
             try:
                 args = json.loads(args) if args.strip() else {}
-            except ValueError:
+            except ValueError as exc:
+                # Kept with its raw text and the parser's reason: the agent cannot run it,
+                # and the trajectory shows it (milo_ray.execution.trajectory.invalid_call).
                 invalid.append({"type": "invalid_tool_call", "name": func.get("name"), "args": args,
-                                "id": tc.get("id"), "error": None})
+                                "id": tc.get("id"), "error": f"the arguments are not valid JSON: {exc}"})
                 continue
         calls.append({"type": "tool_call", "name": func.get("name") or "",
                       "args": args if isinstance(args, dict) else {}, "id": tc.get("id") or ""})

@@ -4,9 +4,11 @@ search agents read (the same ``trace["trajectory"]`` shape the surrogate writes)
 :class:`TrajectoryRecorder` watches an agent run message by message (it is fed the
 agent's streamed state) so that a run stopped at its time cap still leaves every message
 seen so far, each stamped with the time it first appeared. :func:`steps` turns LangChain
-messages into plain dicts: role, content, tool calls with their arguments, tool results
-(with the tool-call id they answer), and, on the model's messages, the tokens of the
-call that produced them.
+messages into plain dicts: role, content, tool calls with their arguments, the model's
+tool calls whose arguments did not parse (``invalid_tool_calls``: the tool, the raw
+argument text, the parse error; the agent never ran them, and an answer holding only
+such calls ends the agent's loop), tool results (with the tool-call id they answer),
+and, on the model's messages, the tokens of the call that produced them.
 
 A harness process streams its steps out as JSON lines (:mod:`milo_ray.execution.harness_process`);
 :func:`parse_message` checks each line against the message schema (kinds, types, sizes)
@@ -58,6 +60,9 @@ def step(message: Any) -> dict[str, Any]:
     calls = getattr(message, "tool_calls", None) or []
     if calls:
         out["tool_calls"] = [{"id": c.get("id"), "name": c.get("name"), "args": c.get("args")} for c in calls]
+    invalid = getattr(message, "invalid_tool_calls", None) or []
+    if invalid:
+        out["invalid_tool_calls"] = [invalid_call(c) for c in invalid if isinstance(c, dict)]
     if role == "tool":
         out["tool_call_id"] = getattr(message, "tool_call_id", None)
         status = getattr(message, "status", None)
@@ -68,6 +73,32 @@ def step(message: Any) -> dict[str, Any]:
         out["usage"] = {"input_tokens": int(usage.get("input_tokens") or 0),
                         "output_tokens": int(usage.get("output_tokens") or 0)}
     return out
+
+
+def invalid_call(call: dict[str, Any]) -> dict[str, Any]:
+    """One of a message's ``invalid_tool_calls`` as a step keeps it: ``args`` the raw
+    argument text as the model sent it (cut like any step text), ``error`` why it did not
+    parse (the model client's reason, or the JSON parser's when the client gave none)."""
+    raw = call.get("args")
+    text = raw if isinstance(raw, str) else json.dumps(raw, default=str)
+    return {"id": call.get("id"), "name": call.get("name"), "args": clip(text),
+            "error": _short(call.get("error") or argument_error(text), MAX_ERROR_CHARS)}
+
+
+def argument_error(text: str) -> str:
+    """Why ``text`` is not a tool call's arguments (a JSON object)."""
+    try:
+        value = json.loads(text)
+    except ValueError as exc:
+        return f"the arguments are not valid JSON: {exc}"
+    if not isinstance(value, dict):
+        return f"the arguments are JSON {type(value).__name__}, not an object"
+    return "the model client refused the arguments"
+
+
+def invalid_call_count(steps: Iterable[dict[str, Any]]) -> int:
+    """The model's tool calls among ``steps`` whose arguments did not parse."""
+    return sum(len(s.get("invalid_tool_calls") or ()) for s in steps)
 
 
 class TrajectoryRecorder:
@@ -113,7 +144,11 @@ FINAL_STATUSES = ("completed", "step_cap", "harness_error")
 # Steps one trajectory keeps; a harness that produces more is cut (the rest is not graded
 # anyway: the workspace is).
 MAX_STEPS = 5_000
-_STEP_KEYS = {"role", "content", "name", "tool_calls", "tool_call_id", "status", "usage", "step", "timestamp"}
+# Tool calls (valid or not) one step keeps; and the characters of an invalid call's error.
+MAX_CALLS = 256
+MAX_ERROR_CHARS = 500
+_STEP_KEYS = {"role", "content", "name", "tool_calls", "invalid_tool_calls", "tool_call_id", "status", "usage",
+              "step", "timestamp"}
 _STEP_ROLES = set(_ROLES.values()) | {"message"}
 
 
@@ -137,8 +172,8 @@ def check_step(obj: Any) -> dict[str, Any]:
         out["name"] = _short(obj["name"], 200)
     calls = obj.get("tool_calls")
     if calls is not None:
-        if not isinstance(calls, list) or len(calls) > 256:
-            raise ProtocolError("a step's tool_calls is not a list of at most 256 calls")
+        if not isinstance(calls, list) or len(calls) > MAX_CALLS:
+            raise ProtocolError(f"a step's tool_calls is not a list of at most {MAX_CALLS} calls")
         checked = []
         for c in calls:
             if not isinstance(c, dict):
@@ -150,6 +185,18 @@ def check_step(obj: Any) -> dict[str, Any]:
             checked.append({"id": None if c.get("id") is None else _short(c["id"], 200),
                             "name": None if c.get("name") is None else _short(c["name"], 200), "args": args})
         out["tool_calls"] = checked
+    invalid = obj.get("invalid_tool_calls")
+    if invalid is not None:
+        if not isinstance(invalid, list) or len(invalid) > MAX_CALLS:
+            raise ProtocolError(f"a step's invalid_tool_calls is not a list of at most {MAX_CALLS} calls")
+        if not all(isinstance(c, dict) for c in invalid):
+            raise ProtocolError("an invalid tool call is not an object")
+        # Rebuilt by the same rule the process used: the raw text cut, the strings bounded,
+        # whatever else the process put there dropped.
+        out["invalid_tool_calls"] = [{**invalid_call(c),
+                                      "id": None if c.get("id") is None else _short(c["id"], 200),
+                                      "name": None if c.get("name") is None else _short(c["name"], 200)}
+                                     for c in invalid]
     if role == "tool":
         tcid = obj.get("tool_call_id")
         out["tool_call_id"] = None if tcid is None else _short(tcid, 200)
@@ -218,15 +265,16 @@ def trajectory(recorder: TrajectoryRecorder | list[dict[str, Any]], *, task_id: 
                calls: Iterable[dict[str, Any]], error: str | None = None) -> dict[str, Any]:
     """The ``trace["trajectory"]`` of a real rollout: its steps, every model call
     (tokens, USD, start/end time) and how the run ended (``status``: completed, timeout,
-    step_cap, token_cap, call_cap, harness_error, oracle). ``recorder``: a recorder of an
-    in-process run, or the checked steps a harness process streamed."""
+    step_cap, token_cap, call_cap, harness_error, oracle), with ``invalid_tool_calls``: the
+    model's tool calls among the steps whose arguments did not parse. ``recorder``: a
+    recorder of an in-process run, or the checked steps a harness process streamed."""
     calls = list(calls)
+    steps = recorder if isinstance(recorder, list) else recorder.steps()
     final: dict[str, Any] = {"status": status, "agent_seconds": round(agent_seconds, 3),
                              "input_tokens": sum(c["input_tokens"] for c in calls),
-                             "output_tokens": sum(c["output_tokens"] for c in calls), "model_calls": len(calls)}
+                             "output_tokens": sum(c["output_tokens"] for c in calls), "model_calls": len(calls),
+                             "invalid_tool_calls": invalid_call_count(steps)}
     if error:
         final["error"] = error
     return {"schema": SCHEMA, "simulated": False, "task_id": task_id, "harness_id": harness_id,
-            "rollout_idx": rollout_idx, "model_id": model_id,
-            "steps": recorder if isinstance(recorder, list) else recorder.steps(), "calls": calls,
-            "final": final}
+            "rollout_idx": rollout_idx, "model_id": model_id, "steps": steps, "calls": calls, "final": final}

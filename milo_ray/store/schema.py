@@ -75,6 +75,7 @@ _SPECS: dict[str, tuple[Column, ...]] = {
         _c("timed_out", BOOL),
         _c("error_kind", STR, choices=ERROR_KINDS),
         _c("error", STR, max_chars=ERROR_MAX_CHARS),
+        _c("invalid_tool_calls", I64),  # null: not counted (no model ran, or an older run)
         _c("trace_ref", STR),
         _c("node", STR),
         _c("started_at", F64),

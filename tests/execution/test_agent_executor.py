@@ -15,7 +15,7 @@ from milo_ray.core.rollouts import RolloutRequest
 from milo_ray.execution.agent_executor import AgentExecutor
 from milo_ray.harness.seeds import SEED_NAMES, load_seeds
 from milo_ray.store import MemoryRunStore
-from milo_ray.testing.openai_server import ScriptedOpenAIServer, error
+from milo_ray.testing.openai_server import Reply, ScriptedOpenAIServer, error
 
 from real_tasks import (ANSWER, DONE_TOKENS, WRITE_TOKENS, failing_for, make_task, quitting_policy,
                         slow_after_write_policy, solving_policy)
@@ -78,6 +78,30 @@ def test_model_that_stops_at_once_scores_zero(suite):
         res = _run(AgentExecutor(model=model_cfg(srv.url), sandbox=SANDBOX), minimal(), suite.task("answer"))
     assert res.score == 0.0 and res.error_kind is None
     assert res.input_tokens == 50 and res.output_tokens == 6
+
+
+# A write_file call cut off mid-argument, as a model that ran out of output tokens sends it.
+MALFORMED_ARGS = '{"file_path": "/app/answer.txt", "content": "4'
+
+
+def malformed_call_policy(body):
+    return Reply(tool_calls=[{"id": "call_cut", "type": "function",
+                              "function": {"name": "write_file", "arguments": MALFORMED_ARGS}}],
+                 prompt_tokens=WRITE_TOKENS[0], completion_tokens=WRITE_TOKENS[1])
+
+
+def test_a_malformed_tool_call_is_a_step_of_the_trajectory_and_counted(suite):
+    with ScriptedOpenAIServer(malformed_call_policy) as srv:
+        res = _run(AgentExecutor(model=model_cfg(srv.url), sandbox=SANDBOX), minimal(), suite.task("answer"))
+    # The agent cannot run the call, and an answer of only such calls ends its loop.
+    assert res.score == 0.0 and res.error_kind is None
+    traj = res.trace["trajectory"]
+    last = traj["steps"][-1]
+    assert last["role"] == "assistant" and "tool_calls" not in last
+    assert last["invalid_tool_calls"] == [{"id": "call_cut", "name": "write_file", "args": MALFORMED_ARGS,
+                                           "error": last["invalid_tool_calls"][0]["error"]}]
+    assert last["invalid_tool_calls"][0]["error"].startswith("the arguments are not valid JSON")
+    assert traj["final"]["invalid_tool_calls"] == res.invalid_tool_calls == 1
 
 
 def test_rate_limited_call_is_retried_and_the_rollout_succeeds(suite):

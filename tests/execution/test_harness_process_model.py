@@ -51,6 +51,7 @@ def test_a_tool_call_whose_arguments_do_not_parse_is_invalid_not_empty():
     with ScriptedOpenAIServer([bad]) as srv:
         message = _model(srv).bind_tools([bash]).invoke("go")
     assert message.tool_calls == [] and message.invalid_tool_calls[0]["args"] == "{oops"
+    assert message.invalid_tool_calls[0]["error"].startswith("the arguments are not valid JSON: Expecting")
 
 
 def test_the_next_turn_carries_the_tool_call_and_its_result():

@@ -192,6 +192,26 @@ def test_old_parts_without_a_newer_column_read_it_as_null(tmp_path):
     assert open_run(root).read("rollouts")["attempts"].to_pylist() == [None, make_result(1).attempts]
 
 
+def test_a_run_stored_before_the_invalid_tool_call_count_reads_it_as_not_counted(tmp_path):
+    # Null, not 0: an older run never looked for invalid tool calls, so it cannot claim none.
+    root = tmp_path / "run"
+    old_schema = pa.schema([f for f in SCHEMAS["rollouts"] if f.name != "invalid_tool_calls"],
+                           metadata=SCHEMAS["rollouts"].metadata)
+    row = {k: v for k, v in make_result(0, trace=False).row().items() if k != "invalid_tool_calls"}
+    (root / "rollouts").mkdir(parents=True)
+    pq.write_table(pa.Table.from_pylist([row], schema=old_schema), root / "rollouts" / "part-00000000-old.parquet")
+    counted = make_result(1, trace=False)
+    counted.invalid_tool_calls = 2
+    with ParquetRunStore(root) as store:
+        store.append_rollouts([counted])
+        assert store.read("rollouts")["invalid_tool_calls"].to_pylist() == [None, 2]
+        got = store.get_rollouts([row["cache_key"], counted.cache_key])
+        assert got[row["cache_key"]].invalid_tool_calls is None and got[counted.cache_key].invalid_tool_calls == 2
+    ((n,),) = duckdb.sql(f"select sum(invalid_tool_calls) from read_parquet('{root}/rollouts/*.parquet', "
+                         "union_by_name=true)").fetchall()
+    assert n == 2
+
+
 def test_blob_files_are_content_addressed_zstd(store):
     ref = store.put_blob({"trajectory": {"steps": []}})
     path = store.root / "blobs" / ref[:2] / f"{ref}.zst"
