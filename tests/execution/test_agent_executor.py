@@ -12,7 +12,9 @@ import pytest
 
 from milo_ray.benchmarks.harbor import HarborBenchmark
 from milo_ray.core.rollouts import RolloutRequest
+from milo_ray.agents.mutators.diagnosis import diagnose_traces
 from milo_ray.execution.agent_executor import AgentExecutor
+from milo_ray.harness.evidence import write_evidence_dir
 from milo_ray.harness.seeds import SEED_NAMES, load_seeds
 from milo_ray.store import MemoryRunStore
 from milo_ray.testing.openai_server import Reply, ScriptedOpenAIServer, error
@@ -90,7 +92,7 @@ def malformed_call_policy(body):
                  prompt_tokens=WRITE_TOKENS[0], completion_tokens=WRITE_TOKENS[1])
 
 
-def test_a_malformed_tool_call_is_a_step_of_the_trajectory_and_counted(suite):
+def test_a_malformed_tool_call_is_a_step_of_the_trajectory_and_counted(suite, tmp_path):
     with ScriptedOpenAIServer(malformed_call_policy) as srv:
         res = _run(AgentExecutor(model=model_cfg(srv.url), sandbox=SANDBOX), minimal(), suite.task("answer"))
     # The agent cannot run the call, and an answer of only such calls ends its loop.
@@ -102,6 +104,11 @@ def test_a_malformed_tool_call_is_a_step_of_the_trajectory_and_counted(suite):
                                            "error": last["invalid_tool_calls"][0]["error"]}]
     assert last["invalid_tool_calls"][0]["error"].startswith("the arguments are not valid JSON")
     assert traj["final"]["invalid_tool_calls"] == res.invalid_tool_calls == 1
+    # What a mutator reads of this rollout says so, and its diagnosis names the failure mode.
+    evidence = write_evidence_dir(tmp_path / "evidence", minimal(), [res], [suite.task("answer")])
+    assert "- invalid tool calls (the model's tool calls whose arguments did not parse; not run): 1 in all" \
+        in (evidence / "report.md").read_text()
+    assert diagnose_traces(evidence).ranked() == ["tool_misuse"]
 
 
 def test_rate_limited_call_is_retried_and_the_rollout_succeeds(suite):

@@ -60,3 +60,38 @@ def test_a_real_verifier_failure_is_in_result_json_and_leaves_no_null_ctrf(tmp_p
     assert (tdir / "trajectory.json").is_file() and not (tdir / "ctrf.json").exists()
     result = json.loads((tdir / "result.json").read_text())
     assert result["rollouts"][0]["verifier"] == verifier
+
+
+def _rollout(task_id: str, idx: int, invalid: int | None, score: float = 0.0):
+    from milo_ray.core.rollouts import RolloutResult
+
+    steps = [{"role": "user", "content": "write 42"},
+             {"role": "assistant", "content": "", "invalid_tool_calls": [
+                 {"id": f"c{i}", "name": "write_file", "args": '{"content": "4', "error": "not valid JSON"}
+                 for i in range(invalid or 0)]}]
+    return RolloutResult("h", task_id, idx, score=score, invalid_tool_calls=invalid,
+                         trace={"trajectory": {"steps": steps, "final": {"invalid_tool_calls": invalid}}})
+
+
+def test_invalid_tool_calls_are_counted_in_the_report_and_result_json(tmp_path):
+    h = load_seeds(["minimal"])[0]
+    results = [_rollout("cut", 0, 2), _rollout("cut", 1, 0), _rollout("fine", 0, 0, score=1.0)]
+    root = write_evidence_dir(tmp_path / "ev", h, results, [])
+    report = (root / "report.md").read_text()
+    assert ("- invalid tool calls (the model's tool calls whose arguments did not parse; not run): 2 in all, "
+            "in 1 of the 3 rollouts that counted them") in report
+    assert "| timeouts | invalid tool calls | errors |" in report
+    assert "| cut | FAIL | - | 0.000 | 0/2 | 0 | 0 | 0 | 2 | - |" in report
+    result = json.loads((root / "traces" / "cut" / "result.json").read_text())
+    assert [r["invalid_tool_calls"] for r in result["rollouts"]] == [2, 0]
+    trajectory = json.loads((root / "traces" / "cut" / "trajectory.json").read_text())
+    assert trajectory["steps"][-1]["invalid_tool_calls"][0]["args"] == '{"content": "4'
+
+
+def test_rollouts_that_did_not_count_invalid_tool_calls_claim_no_figure(tmp_path):
+    # Surrogate and oracle rollouts (and older runs) never looked: no "0" is shown for them.
+    h = load_seeds(["minimal"])[0]
+    root = write_evidence_dir(tmp_path / "ev", h, [_rollout("t", 0, None)], [])
+    report = (root / "report.md").read_text()
+    assert "invalid tool calls" not in report
+    assert "invalid_tool_calls" not in json.loads((root / "traces" / "t" / "result.json").read_text())["rollouts"][0]

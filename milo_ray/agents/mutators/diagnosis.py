@@ -3,7 +3,8 @@
 * Traces: the *ending* (last steps) of each failed task's ``trajectory.json`` is
   matched against textual patterns of the failure modes — the kind of evidence a
   reader of a real trace uses (a timeout notice, "should be complete" without a
-  check, a smoke check, unknown options, a context-window notice, tool-argument errors).
+  check, a smoke check, unknown options, a context-window notice, tool-argument errors,
+  a tool call of the model whose arguments did not parse: a step's ``invalid_tool_calls``).
 * SSR experience records: summary, suggestions and insights are matched against the
   same vocabulary plus the mechanism names they suggest, weighted by w * q.
 * Lineage memory (markdown): node lines holding ``mutation: <label>`` and
@@ -45,10 +46,14 @@ RECORD_PATTERNS: dict[str, re.Pattern[str]] = {
 def classify_ending(trajectory: dict[str, Any], tail: int = 4) -> str | None:
     """The failure mode a trajectory's last steps show, or None when nothing matches."""
     steps = (trajectory or {}).get("steps") or []
-    text = " ".join(str(s.get("content", "")) + " " + json.dumps(s.get("tool_calls", ""))
-                    for s in steps[-tail:] if isinstance(s, dict))
+    ending = [s for s in steps[-tail:] if isinstance(s, dict)]
+    text = " ".join(str(s.get("content", "")) + " " + json.dumps(s.get("tool_calls", "")) for s in ending)
     if (trajectory or {}).get("final", {}).get("status") == "timeout":
         text += " timed out"
+    if any(s.get("invalid_tool_calls") for s in ending):
+        # Said by the step's structure, not its text: an answer holding only such calls
+        # ends the agent's loop with no error message at all.
+        text += " malformed tool call"
     hits = [m for m, p in ENDING_PATTERNS.items() if p.search(text)]
     return hits[0] if len(hits) >= 1 else None
 
