@@ -333,10 +333,12 @@ class _SSRRun:
             else:
                 stall += 1
             rnd += 1
-            if stall >= cfg.patience:
-                stop = "patience"
-            elif outcome.stop_reason == "budget" or self.remaining() <= 0:
+            # A race the budget cut short ends the run on the budget, the reason its own
+            # selection event records, even when patience ran out in the same round.
+            if outcome.stop_reason == "budget" or self.remaining() <= 0:
                 stop = "budget"
+            elif stall >= cfg.patience:
+                stop = "patience"
             elif ctx.out_of_time():
                 stop = "deadline"
         self.emit(Stopped(stop, round=rnd, harness_id=parent.harness_id, rounds=rnd, incumbent=parent.harness_id,

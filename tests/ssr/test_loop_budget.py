@@ -121,6 +121,19 @@ def test_stage_that_does_not_fit_is_not_started(tmp_path, bench, budget, stages_
     assert race_stages == {f"race-{i}" for i in range(1, stages_run + 1)}
 
 
+@pytest.mark.parametrize("patience", [1, 5])
+def test_a_run_whose_last_race_the_budget_cut_short_stops_on_the_budget_as_the_race_says(tmp_path, bench,
+                                                                                          patience):
+    # Stage 1 does not fit (see above): the race stops on the budget and keeps the parent,
+    # which with patience 1 also exhausts patience; the run says what its race says.
+    summary, store, _ = _run(tmp_path, bench, N_TRAIN + 30, patience=patience)
+    [selection] = _payloads(store, "ssr.selection")
+    assert selection["stop_reason"] == "budget" and not selection["replaced"]
+    assert summary["stop_reason"] == "budget"
+    [stopped] = _payloads(store, "ssr.stop")
+    assert stopped["reason"] == "budget"
+
+
 def test_patience_stops_after_rounds_without_strict_improvement(tmp_path, bench):
     summary, store, _ = _run(tmp_path, bench, 10_000, inert=True, initial="stock", patience=2)
     assert summary["stop_reason"] == "patience"
