@@ -33,6 +33,13 @@ def test_explicit_tag_and_test_messages_are_read():
     assert raw["failure_modes"][0] == "lax_verification"
 
 
+def test_an_ending_on_an_unparseable_tool_call_is_tool_misuse():
+    cut = {"id": "c1", "name": "write_file", "args": '{"content": "4', "error": "Unterminated string"}
+    steps = [{"role": "user", "content": "write 42"}, {"role": "assistant", "content": "", "invalid_tool_calls": [cut]}]
+    raw = OfflineJudge().judge({"steps": steps, "final": {"status": "completed"}}, _fb(), "t3").output
+    assert raw["failure_modes"][0] == "tool_misuse"
+
+
 def test_confidence_drops_when_the_ending_is_ambiguous():
     j = OfflineJudge()
     clear = j.verdict({"events": [{"kind": "premature_completion"}]}, _fb(score=0.0), "a")

@@ -131,8 +131,9 @@ class OfflineJudge:
     # ------------------------------------------------------------------ analysis
     def failure_modes(self, trajectory: dict[str, Any], feedback: dict[str, Any]) -> Counter[str]:
         """Evidence strength per failure mode: explicit tags (3 each), each cue found in
-        the trajectory's ending or in a distinct failed-test message (1 each), and the
-        timed-out flag (3)."""
+        the trajectory's ending or in a distinct failed-test message (1 each), the
+        timed-out flag (3) and a model tool call in the ending whose arguments did not
+        parse (a step's ``invalid_tool_calls``: 3, tool misuse)."""
 
         modes = tuple(FAILURE_MODES)
         hits: Counter[str] = Counter()
@@ -149,6 +150,10 @@ class OfflineJudge:
         final = trajectory.get("final") if isinstance(trajectory, dict) else None
         if feedback.get("timed_out") or (isinstance(final, dict) and final.get("status") == "timeout"):
             hits["deadline_overrun"] += 3
+        if isinstance(steps, list) and any(isinstance(s, dict) and s.get("invalid_tool_calls") for s in ending):
+            # The step's structure says it whatever words the model client chose for the
+            # parse error (an answer of only such calls ends the loop with no text at all).
+            hits["tool_misuse"] += 3
         return +hits
 
     def mechanisms_for(self, mode: str) -> list[str]:
