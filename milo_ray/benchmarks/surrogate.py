@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from milo_ray.benchmarks import surrogate_quality as Q
-from milo_ray.benchmarks.base import SplitTasks
+from milo_ray.benchmarks.base import SplitTasks, seed_names
 from milo_ray.benchmarks.surrogate_calibration import (
     base_logits, calibrated_tasks, check_calibrate_to, quality, task_arrays,
 )
@@ -48,15 +48,20 @@ class SurrogateBenchmark(SplitTasks):
     preset's target (None: the best seed).
     audit_split: also expose the preset's ``audit`` split (160 tasks disjoint from every
     other split, for the racing audit); off for runs, whose splits stay the paper's.
+    seeds: the harnesses the methods start from (``eval`` evaluates): bundled seed names or
+    paths of harness directories of one's own (None: the preset's five). The surrogate
+    grades any ``harness.py`` by the mechanisms it finds in it; calibration stays on the
+    bundled seeds, so adding a harness of one's own changes no other harness's score.
     """
 
     def __init__(self, preset: str = "surrogate_swepro", seed: int = 0, label_noise: float = 0.1,
-                 calibrate_to: str | None = None, audit_split: bool = False) -> None:
+                 calibrate_to: str | None = None, audit_split: bool = False, seeds: list[str] | None = None) -> None:
         if not 0.0 <= float(label_noise) <= 1.0:
             raise ValueError(f"benchmark.label_noise={label_noise}: must be in [0, 1] (the chance a failed trace shows "
                              "the wrong failure mode)")
         self.preset: Preset = get_preset(preset)
         check_calibrate_to(preset, calibrate_to)
+        self.seed_names = seed_names(seeds)
         self.name = preset
         self.seed = int(seed)
         self.label_noise = float(label_noise)
@@ -82,7 +87,7 @@ class SurrogateBenchmark(SplitTasks):
                 "model": dataclasses.asdict(model_config(model))}
 
     def seed_harnesses(self) -> list[Harness]:
-        return load_seeds(self.preset.seed_names)
+        return load_seeds(self.seed_names or list(self.preset.seed_names))
 
     # -------------------------------------------------------------- GroundTruth
     def _ta(self, split: str) -> Q.TaskArrays:

@@ -133,3 +133,42 @@ def test_optimum_is_several_points_above_the_best_seed_and_needs_combinations(tb
             if name not in present:
                 single = max(single, tb.quality_of({**present, name: best["mechanisms"][name]})["resolve_rate"])
     assert single - seeds < gap / 2
+
+
+def test_a_harness_directory_of_ones_own_is_a_seed_graded_by_its_mechanisms(tmp_path):
+    # benchmark.seeds takes paths on the surrogate as on real tasks: the surrogate grades
+    # any harness.py by the mechanisms wired in it, and calibration stays on the bundled
+    # seeds, so the bundled harnesses score as without it.
+    [minimal] = load_seeds(["minimal"])
+    mine = tmp_path / "with_gate"
+    mine.mkdir()
+    (mine / "harness.py").write_text(add_mechanism(minimal.source, "verifier_gate"))
+    plain = SurrogateBenchmark("surrogate_tb21")
+    bench = SurrogateBenchmark("surrogate_tb21", seeds=["minimal", str(mine)])
+    seeds = bench.seed_harnesses()
+    assert [h.name for h in seeds] == ["minimal", "with_gate"]
+    assert "verifier_gate" in detect_mechanisms(seeds[1].source)
+    assert bench.true_quality(seeds[0], "test") == plain.true_quality(minimal, "test")
+    assert bench.true_quality(seeds[1], "test") != bench.true_quality(seeds[0], "test")
+    assert [h.name for h in plain.seed_harnesses()] == list(plain.preset.seed_names)
+
+
+def test_a_seed_that_is_neither_bundled_nor_a_harness_directory_is_refused_naming_the_field(tmp_path):
+    with pytest.raises(ValueError, match=r"benchmark\.seeds: .*my_harness"):
+        SurrogateBenchmark("surrogate_tb21", seeds=[str(tmp_path / "my_harness")])
+
+
+def test_every_surrogate_preset_config_takes_seed_paths(tmp_path):
+    from hydra import compose, initialize_config_dir
+    from hydra.utils import instantiate
+
+    from milo_ray.run import CONF_DIR
+
+    (tmp_path / "h").mkdir()
+    (tmp_path / "h" / "harness.py").write_text(load_seeds(["minimal"])[0].source)
+    for preset in ("surrogate_tb21", "surrogate_swepro", "surrogate_deepswe", "surrogate_swepro_stock"):
+        with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+            cfg = compose("config", overrides=["method=eval", f"benchmark={preset}",
+                                               f"benchmark.seeds=[minimal,{tmp_path / 'h'}]"])
+        bench = instantiate(cfg.benchmark, _convert_="all")
+        assert [h.name for h in bench.seed_harnesses()] == ["minimal", "h"], preset
