@@ -91,6 +91,8 @@ def argument_error(text: str) -> str:
         value = json.loads(text)
     except ValueError as exc:
         return f"the arguments are not valid JSON: {exc}"
+    except RecursionError:  # untrusted text: nesting deeper than the parser goes
+        return "the arguments are not valid JSON: nested too deeply to parse"
     if not isinstance(value, dict):
         return f"the arguments are JSON {type(value).__name__}, not an object"
     return "the model client refused the arguments"

@@ -61,6 +61,10 @@ def test_invalid_tool_calls_from_a_process_are_bounded_and_rebuilt():
     (call,) = check_step({"role": "assistant", "content": "",
                           "invalid_tool_calls": [{"name": "bash", "args": ["ls"]}]})["invalid_tool_calls"]
     assert call["args"] == '["ls"]' and call["error"] == "the arguments are JSON list, not an object"
+    # Text nested past the parser's depth is a reason like any other, not a failure of the reader.
+    (call,) = check_step({"role": "assistant", "content": "",
+                          "invalid_tool_calls": [{"name": "bash", "args": "[" * 100_000}]})["invalid_tool_calls"]
+    assert call["error"] == "the arguments are not valid JSON: nested too deeply to parse"
 
 
 @pytest.mark.parametrize("bad", ["not a list", [1], [{}] * (MAX_CALLS + 1)])
