@@ -27,6 +27,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import threading
 from collections.abc import Iterable, Mapping
 from typing import Any
@@ -62,6 +63,35 @@ def register_env(names: Iterable[str | None], env: Mapping[str, str] | None = No
     """Register the current values of the variables ``names`` (unset ones are skipped)."""
     env = os.environ if env is None else env
     register({n: env.get(n) for n in names if n})
+
+
+# What makes a variable's name a credential's: one of its words (split at ``_``) is one of
+# these -- a provider's key (``OPENAI_API_KEY``), a token (``HF_TOKEN``, ``AWS_SESSION_TOKEN``),
+# a cloud secret (``AWS_SECRET_ACCESS_KEY``, and ``AWS_ACCESS_KEY_ID`` beside it), a password.
+# Whole words, so ``TOKENIZERS_PARALLELISM`` or ``KEYTIMEOUT`` are not taken for one.
+_SECRET_WORDS = frozenset({"KEY", "APIKEY", "TOKEN", "SECRET", "PASSWORD", "PASSWD", "CREDENTIAL", "CREDENTIALS"})
+# Ray's own settings (``RAY_AUTH_TOKEN``...) are Ray's to read in its processes.
+_NOT_SECRET_PREFIXES = ("RAY_",)
+
+
+def is_secret_name(name: str) -> bool:
+    """Whether an environment variable named ``name`` holds a credential by its name (see
+    :data:`_SECRET_WORDS`); the one definition the framework uses to keep keys out of
+    environments it does not control."""
+    upper = str(name).upper()
+    if upper.startswith(_NOT_SECRET_PREFIXES):
+        return False
+    return any(word in _SECRET_WORDS for word in re.split(r"[^A-Z0-9]+", upper))
+
+
+def secret_env_names(env: Mapping[str, str] | None = None) -> list[str]:
+    """The variables of ``env`` (default: this process's environment) that hold a
+    credential: every one :func:`is_secret_name` names, and every registered key variable
+    whatever its name (``model.api_key_env`` may be any name)."""
+    env = os.environ if env is None else env
+    with _lock:
+        registered = set(_secrets)
+    return sorted(n for n in env if is_secret_name(n) or n in registered)
 
 
 def clear() -> None:

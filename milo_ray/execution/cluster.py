@@ -6,16 +6,29 @@ join a cluster). Tests and scripts start a private local instance with
 :func:`start_local` or join a given address with :func:`join`; code that may run before
 anyone connected (a scheduler or a method used directly) calls
 :func:`ensure_connected`. Every start goes through here so that each one is private
-when it should be (``address="local"``), quiet, and keeps Ray's token auth."""
+when it should be (``address="local"``), quiet, and keeps Ray's token auth.
+
+Keys: Ray starts its processes (GCS, raylet, the dashboard and its agent, the runtime-env
+agent, and through the raylet every worker) with a copy of the driver's environment, where a
+provider's key usually is. Every start and join therefore runs with the credential variables
+(:func:`milo_ray.redaction.secret_env_names`) taken out of this process's environment
+(:func:`keys_left_out`), so no Ray process ever holds one; the keys reach the rollout
+workers' gateways and the mutation tasks as arguments of actor calls and tasks instead. No
+``runtime_env`` is ever passed, so nothing of the driver's environment travels with a job to
+a cluster either."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import re
 import socket
+import threading
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Iterator
+
+from milo_ray import redaction
 
 log = logging.getLogger(__name__)
 
@@ -82,6 +95,37 @@ def quiet_token_auth_notice() -> None:
         logger.addFilter(_DropDefaultTokenAuthNotice())
 
 
+_ENV_LOCK = threading.Lock()
+
+
+@contextlib.contextmanager
+def keys_left_out() -> Iterator[list[str]]:
+    """This process's environment without its credential variables for the duration of the
+    block (whose processes Ray starts inherit it), restored after; yields the names left
+    out. The driver reads its keys before and after (preflight, the secrets it hands to the
+    workers), never while Ray starts."""
+    with _ENV_LOCK:
+        removed = {name: os.environ.pop(name) for name in redaction.secret_env_names(os.environ)}
+        try:
+            yield sorted(removed)
+        finally:
+            os.environ.update(removed)
+
+
+def _init(**kwargs: Any) -> None:
+    """``ray.init`` with the keys left out of what Ray's processes inherit (see the module
+    docstring); never with a ``runtime_env``, which would ship the driver's settings."""
+    import ray  # noqa: PLC0415 - keep `import milo_ray.execution` light
+
+    if "runtime_env" in kwargs:
+        raise ValueError("keys and the driver's environment never travel in a runtime_env")
+    with keys_left_out() as names:
+        if names:
+            log.info("starting Ray without the credential variables %s in its processes' environment "
+                     "(the gateways get their keys as call arguments)", ", ".join(names))
+        ray.init(**kwargs)
+
+
 def start_local(
     *, num_cpus: int | None = None, slots: int | None = 8, dashboard: bool = False, configure_logging: bool = True,
     slot_resource: str = SLOT_RESOURCE,
@@ -90,10 +134,8 @@ def start_local(
     running here. ``slots``: how many of ``slot_resource`` (``sandbox_slot``) the node
     declares, i.e. the rollouts it runs at once (None: declare none).
     ``configure_logging=False`` leaves the logging setup to the caller (pytest)."""
-    import ray  # noqa: PLC0415 - keep `import milo_ray.execution` light
-
     quiet_token_auth_notice()
-    ray.init(
+    _init(
         # "local" always starts a new instance: without it Ray would join one that
         # `ray start` left running here and refuse num_cpus for it.
         address="local",
@@ -112,7 +154,7 @@ def join(address: str, *, configure_logging: bool = True) -> ClusterInfo:
     log.info("joining Ray at %s", address)
     for attempt in range(1, _CLIENT_START_ATTEMPTS + 1):
         try:
-            ray.init(address=address, **_options(configure_logging))
+            _init(address=address, **_options(configure_logging))
             break
         except ConnectionAbortedError as e:
             # A Ray Client server is a process the cluster's proxy starts per driver; on a

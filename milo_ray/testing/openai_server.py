@@ -96,6 +96,7 @@ class ScriptedOpenAIServer:
         self.responder = script if callable(script) else None
         self.script, self.model = ([] if callable(script) else list(script)), model
         self.requests: list[dict[str, Any]] = []
+        self.authorizations: list[str | None] = []  # each request's Authorization header (the key it carried)
         self.request_times: list[float] = []
         self._next = 0
         self.answered: list[Reply] = []  # replies served with HTTP 200 (their usage is what a client was billed)
@@ -175,6 +176,7 @@ class ScriptedOpenAIServer:
                     self._send(404, {"error": {"message": f"no route {self.path}"}})
                     return
                 body = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)) or b"{}")
+                server.authorizations.append(self.headers.get("Authorization"))
                 r = server._take(body)
                 if r.fault is not None and r.fault not in FAULTS:
                     raise ValueError(f"Reply.fault={r.fault!r}: expected one of {FAULTS}")
