@@ -12,9 +12,16 @@ Reward decisions: ``reward.json`` may be a number or a dict of numbers; the scor
 ``"reward"`` key, else the mean of its numeric values when all lie in [0, 1] (per-test
 sub-rewards), else an error (counts like ``{"passed": 3, "total": 5}`` are not a score).
 A reward within 1e-6 outside [0, 1] is clamped, further out is an error. A verifier that
-wrote no reward -- or wrote 0 while its output shows a failed download or a missing
+wrote no reward -- or wrote 0 while its output shows a failed fetch step or a missing
 ``python`` -- yields a Verdict with ``error`` saying so, so an offline environment problem
-is recorded as a task error instead of passing for a wrong answer.
+is recorded as a task error instead of passing for a wrong answer. "Needs the network" is
+said only on evidence that a fetch step of the verifier's own script failed (an installer's
+or downloader's own report; :mod:`milo_ray.benchmarks.network_evidence` states the rule),
+never on a traceback a test prints while probing a blocked URL on purpose.
+
+Harbor's phase contract: the verifier sees the agent phase's ``/logs/agent`` and
+``/logs/artifacts`` (:data:`HarborFormat.carried_dirs`; the executor copies them out of the
+agent's sandbox and shows them read-only in the grading sandbox).
 """
 
 from __future__ import annotations
@@ -29,6 +36,7 @@ from typing import Annotated, Any, Mapping
 
 from milo_ray.benchmarks.base import BenchmarkDataMissing, SplitTasks, seed_names
 from milo_ray.benchmarks.harbor_task import HarborTaskSpec, parse_task_dir, resolve_env
+from milo_ray.benchmarks.network_evidence import fetch_failure
 from milo_ray.benchmarks.splits import resolve_splits
 from milo_ray.benchmarks.task_format import SETUP_ALLOWANCE_S
 from milo_ray.core.problems import ExistingPath
@@ -43,12 +51,6 @@ VERIFIER_DIR = f"{LOGS_DIR}/verifier"
 OUTPUT_CAP = 8000  # chars of verifier output kept in a Verdict (the tail: failures print last)
 TAIL = 600  # chars of output quoted in an error message
 
-_NETWORK = re.compile(
-    r"Could not resolve host|Temporary failure in name resolution|Temporary failure resolving|"
-    r"Name or service not known|Network is unreachable|Failed to establish a new connection|"
-    r"No matching distribution found|Could not fetch URL|Failed to fetch|error sending request|"
-    r"dns error|Connection refused|ConnectionError|Could not connect to|Unable to connect|"
-    r"getaddrinfo|curl: \(\d+\)|Failed to download", re.I)
 _NO_PYTHON = re.compile(r"python: (command )?not found|'python': No such file|env: .?python.?: No such file")
 
 
@@ -57,16 +59,25 @@ def tail(text: str, n: int = TAIL) -> str:
     return text if len(text) <= n else "..." + text[-n:]
 
 
-def diagnose(output: str) -> str:
-    """Why a verifier's environment (not the answer) may have failed, or ''."""
+def diagnose(output: str, script: str | None = None, who: str = "the test runner") -> str:
+    """Why a verifier's (or ``who``'s) environment, not the answer, may have failed, or ''.
+    ``script``: the commands that ran, whose fetch steps alone can show that the network
+    was needed (None: unknown; see :mod:`milo_ray.benchmarks.network_evidence`)."""
     notes = []
-    if _NETWORK.search(output or ""):
-        notes.append("the test runner needs the network (its output shows a failed download or connection; "
-                     "allow the task internet access or preinstall its test dependencies in the image)")
+    fetch = fetch_failure(output, script)
+    if fetch:
+        notes.append(f"{who} needs the network ({fetch}; allow the task internet access or preinstall "
+                     "what it fetches in the image)")
     if _NO_PYTHON.search(output or ""):
         notes.append("the verifier calls `python`, which this sandbox does not have (only python3; "
                      "use an image or host that provides `python`)")
     return "; ".join(notes)
+
+
+def shell_scripts(host_dir: Path) -> str:
+    """The text of every shell script under ``host_dir``: the commands whose fetch steps
+    :func:`diagnose` may blame."""
+    return "\n".join(p.read_text(errors="replace") for p in sorted(host_dir.rglob("*.sh")) if p.is_file())
 
 
 def upload_dir(sandbox: Sandbox, host_dir: Path, target: str) -> str | None:
@@ -173,6 +184,9 @@ class HarborFormat:
     """The :class:`~milo_ray.core.tasks.TaskFormat` of Harbor task directories."""
 
     name = "harbor"
+    # What Harbor's verifier sees of the agent phase besides the workspace: the agent's
+    # logs and what the task asks it to publish (trial/paths.py: EnvironmentPaths).
+    carried_dirs = (f"{LOGS_DIR}/agent", f"{LOGS_DIR}/artifacts")
 
     def sandbox_spec(self, task: Task) -> SandboxSpec:
         m = task.metadata
@@ -207,7 +221,7 @@ class HarborFormat:
         output = res.output or ""
         score, values, rerr, ctrf = read_verifier_files(sandbox)
         out_tail = output[-OUTPUT_CAP:]
-        why = diagnose(output)
+        why = diagnose(output, shell_scripts(task_root(task) / "tests"))
         if rerr:
             return Verdict(0.0, error=f"{rerr}; verifier output: {tail(output)}", reward=values, ctrf=ctrf,
                            output=out_tail, seconds=elapsed)
@@ -239,7 +253,7 @@ class HarborFormat:
         cmd = f"cd {shlex.quote(m['workdir'])} && {exports(env)}bash {SOLUTION_DIR}/solve.sh"
         res = sandbox.execute(cmd, timeout=max(1, int(math.ceil(timeout))))
         if res.exit_code != 0:
-            why = diagnose(res.output or "")
+            why = diagnose(res.output or "", shell_scripts(sol), who="the reference solution")
             return (f"task {task.task_id}: solve.sh exited {res.exit_code}" + (f"; {why}" if why else "")
                     + f"; output: {tail(res.output or '')}")
         return None

@@ -48,6 +48,7 @@ import asyncio
 import dataclasses
 import logging
 import os
+import shlex
 import shutil
 import tempfile
 import time
@@ -62,6 +63,7 @@ from milo_ray.execution.gateway.call_journal import current_attempt_journal
 from milo_ray.execution.gateway.run_budget import current_rollout_budget
 from milo_ray.execution.harness_process_host import HarnessProcess, harness_binds, harness_dir_of
 from milo_ray.execution.harness_process_pool import WarmPool, parse_size
+from milo_ray.execution.sandbox.carried import CarriedDirs, carry_dirs
 from milo_ray.execution.sandbox.interpreter import with_interpreter
 from milo_ray.execution.sandbox.runtime_code import write_harness
 from milo_ray.execution.trajectory import trajectory
@@ -236,6 +238,9 @@ class AgentExecutor:
                 binds = await self._binds_at_open(harness, scratch)
                 sandbox = await asyncio.to_thread(self.sandbox.open, spec, scratch / "agent", **binds)
             try:
+                if getattr(fmt, "carried_dirs", ()):
+                    # As in the task's own environment, the agent finds them there to write into.
+                    await asyncio.to_thread(sandbox.execute, "mkdir -p " + " ".join(map(shlex.quote, fmt.carried_dirs)))
                 run = await self._act(harness, task, sandbox, scratch, spare.process if spare else None)
             except BaseException:
                 await asyncio.to_thread(sandbox.close)
@@ -263,16 +268,21 @@ class AgentExecutor:
         its home, its /logs). bwrap: the workspace directory moves into a fresh sandbox;
         Docker: the agent's container is removed and a fresh one from the same image
         mounts its workspace volume. Any other sandbox (local) is graded in place once
-        its processes are killed."""
+        its processes are killed. What the format carries from the agent phase besides the
+        workspace (``fmt.carried_dirs``: Harbor's /logs/agent and /logs/artifacts) is copied
+        out by the host without following a link and shown read-only to the fresh sandbox
+        (:mod:`~milo_ray.execution.sandbox.carried`); the verdict's details keep what was
+        carried and what was dropped (``carried``)."""
         fresh_for_grading = getattr(sandbox, "fresh_for_grading", None)
         if fresh_for_grading is not None:
             try:
-                fresh = await asyncio.to_thread(fresh_for_grading)
+                carried = await asyncio.to_thread(_carry, fmt, sandbox, scratch)
+                fresh = await asyncio.to_thread(fresh_for_grading, **_binds_of(carried))
             except BaseException:
                 await asyncio.to_thread(sandbox.close)
                 raise
             try:
-                return await asyncio.to_thread(fmt.verify, task, fresh)
+                return _noting(await asyncio.to_thread(fmt.verify, task, fresh), carried)
             finally:
                 await asyncio.to_thread(fresh.close)
         workspace = getattr(sandbox, "workspace_dir", None)
@@ -283,12 +293,14 @@ class AgentExecutor:
             finally:
                 await asyncio.to_thread(sandbox.close)
         await asyncio.to_thread(sandbox.close)
+        carried = await asyncio.to_thread(_carry, fmt, sandbox, scratch)
         grade_root = scratch / "grade"
         grade_root.mkdir()
         os.rename(workspace, grade_root / "workspace")
-        fresh = await asyncio.to_thread(self.sandbox.open, dataclasses.replace(spec, copy_in=()), grade_root)
+        fresh = await asyncio.to_thread(self.sandbox.open, dataclasses.replace(spec, copy_in=()), grade_root,
+                                        **_binds_of(carried))
         try:
-            return await asyncio.to_thread(fmt.verify, task, fresh)
+            return _noting(await asyncio.to_thread(fmt.verify, task, fresh), carried)
         finally:
             await asyncio.to_thread(fresh.close)
 
@@ -396,6 +408,24 @@ class _AgentRun:
                              input_tokens=traj["final"]["input_tokens"], output_tokens=traj["final"]["output_tokens"],
                              cost_usd=cost, latency_s=float(self.seconds), timed_out=self.status == "timeout",
                              error_kind=error_kind, error=error, invalid_tool_calls=invalid, trace=trace)
+
+
+def _carry(fmt: Any, sandbox: Any, scratch: Path) -> CarriedDirs | None:
+    """The host's copies of the directories ``fmt`` carries from the agent's sandbox (its
+    processes dead) to the grading one, in the rollout's scratch root: outside every tree
+    a sandbox writes. None when the format carries nothing."""
+    dirs = tuple(getattr(fmt, "carried_dirs", ()))
+    return carry_dirs(sandbox, dirs, scratch / "carried") if dirs else None
+
+
+def _binds_of(carried: CarriedDirs | None) -> dict[str, Any]:
+    return {"readonly_binds": carried.binds} if carried is not None else {}
+
+
+def _noting(verdict: Any, carried: CarriedDirs | None) -> Any:
+    if carried is not None:
+        verdict.details = {**(verdict.details or {}), "carried": carried.record()}
+    return verdict
 
 
 def _solve(task: Task, sandbox: Any) -> str | None:

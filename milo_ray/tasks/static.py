@@ -1,6 +1,9 @@
 """What can be known about a task without running it: whether the configured sandbox can
 run it, whether its image is on the Docker host, whether it has a reference solution, and
-whether its verifier reaches for the network.
+whether its verifier script has a fetch step (an installer, or a curl/wget whose download
+it keeps: :mod:`milo_ray.benchmarks.network_evidence`). That is a note beside the verdict,
+never the verdict itself: only the run's output can show a fetch step failing, and a curl
+of a blocked URL that a test expects to fail is not a fetch step.
 
 Images: a run does not pull. A task's prebuilt image (``docker_image``), or the image its
 Dockerfile starts FROM, must be on the Docker host before the run: a pull inside a
@@ -11,23 +14,15 @@ that one must be present.
 
 from __future__ import annotations
 
-import re
 import subprocess
 from pathlib import Path
 from typing import Any, Iterable
 
+from milo_ray.benchmarks.network_evidence import fetch_steps
 from milo_ray.core.tasks import Task
 from milo_ray.tasks.verdicts import NEEDS_DOCKER, UNRUNNABLE, StaticFindings
 
 _INSPECT_TIMEOUT_S = 30.0
-
-# Commands in a verifier script that fetch from the network: installers, downloaders,
-# clones. A word boundary before each keeps `echo pip-installed` from matching.
-_FETCH = re.compile(
-    r"(?<![\w-])(?:pip3?|python3? -m pip|uv pip) install\b|(?<![\w-])uv (?:add|sync|tool install)\b|(?<![\w-])uvx\b|"
-    r"(?<![\w-])uv run --with\b|(?<![\w-])(?:curl|wget)\s|(?<![\w-])apt(?:-get)? (?:install|update)\b|"
-    r"(?<![\w-])(?:npm|pnpm|yarn) (?:install|i|ci|add)\b|(?<![\w-])npx\s|(?<![\w-])git clone\b|"
-    r"(?<![\w-])go (?:get|install)\b|(?<![\w-])cargo install\b|(?<![\w-])gem install\b")
 
 
 def is_docker(factory: Any) -> bool:
@@ -112,18 +107,13 @@ def _task_root(task: Task) -> Path | None:
 
 
 def network_hint(task: Task, allow_internet: bool) -> str:
-    """Why the verifier looks like it needs the network ('' when nothing was seen, or the
-    task has internet access)."""
+    """The verifier script's first fetch step, as a note ('' when it has none, or the task
+    has internet access)."""
     if allow_internet:
         return ""
-    for line in verifier_text(task).splitlines():
-        stripped = line.strip()
-        if stripped.startswith("#"):
-            continue
-        m = _FETCH.search(stripped)
-        if m:
-            snippet = stripped if len(stripped) <= 80 else stripped[:77] + "..."
-            return f"the verifier runs `{snippet}` and the task has no internet access"
+    for _, _, line in fetch_steps(verifier_text(task)):
+        snippet = line if len(line) <= 80 else line[:77] + "..."
+        return f"the verifier runs `{snippet}` and the task has no internet access"
     return ""
 
 

@@ -9,9 +9,12 @@ The verdicts, in the order they are decided (the first that applies wins):
 * ``needs-docker`` -- its environment changes the image (RUN steps, a prebuilt image)
   and the sandbox is not Docker;
 * ``flaky`` -- the reference solution scored differently across ``--repeat`` runs;
-* ``needs-network`` -- the reference solution scored below 1 and the verifier's output
-  shows a failed download or connection, or its script installs or fetches something
-  while the task has no internet access;
+* ``needs-network`` -- the reference solution scored below 1 and its error says a fetch
+  step of the verifier's (or the solution's) own script failed to download
+  (:mod:`milo_ray.benchmarks.network_evidence`: an installer's or downloader's own report,
+  never a traceback a test prints while probing a blocked URL on purpose). A script that
+  merely has a fetch step (the static hint) is a note, not this verdict: the check ran
+  it, and only its output shows whether the fetch failed;
 * ``broken`` -- the reference solution scored below 1 (the reason says why: the gold
   patch did not apply, solve.sh failed, the verifier wrote no reward, or its score);
 * ``trivial`` -- doing nothing already scores 1, so the task measures nothing;
@@ -34,8 +37,8 @@ VERDICTS = (OK, TRIVIAL, BROKEN, FLAKY, NEEDS_NETWORK, NEEDS_DOCKER, UNRUNNABLE)
 @dataclass(frozen=True)
 class StaticFindings:
     """What was found without running the task. ``blocker``: (verdict, reason) when it
-    cannot run at all (``unrunnable`` or ``needs-docker``); ``network_hint``: why its
-    verifier looks like it needs the network ('' when nothing was seen)."""
+    cannot run at all (``unrunnable`` or ``needs-docker``); ``network_hint``: the verifier
+    script's fetch step, kept as a note ('' when it has none)."""
 
     blocker: tuple[str, str] | None = None
     network_hint: str = ""
@@ -63,8 +66,12 @@ class TaskVerdict:
 
 def _network_in(error: str | None) -> bool:
     # The wording of milo_ray.benchmarks.harbor.diagnose, which every real format's
-    # verifier and solution errors carry.
-    return bool(error) and "needs the network" in error
+    # verifier and solution errors carry; looked for only in what the framework wrote, the
+    # text before each quoted output (the solution's, then the verifier's after
+    # "; verifier: "): what a test prints could say anything.
+    if not error:
+        return False
+    return any("needs the network (" in part.split("output: ", 1)[0] for part in error.split("; verifier: "))
 
 
 def _fmt(x: float) -> str:
@@ -95,9 +102,8 @@ def decide(task_id: str, static: StaticFindings, oracle: Sequence[Graded] = (),
     if scores[0] < 1.0:
         failed = next((g for g in oracle if g.error), None)
         why = failed.error if failed else f"the verifier scored the reference solution {_fmt(scores[0])}"
-        if any(_network_in(g.error) for g in oracle) or static.network_hint:
-            hint = f"; {static.network_hint}" if static.network_hint else ""
-            return verdict(NEEDS_NETWORK, f"{why}{hint}")
+        if any(_network_in(g.error) for g in oracle):
+            return verdict(NEEDS_NETWORK, why)
         return verdict(BROKEN, why)
     if noop_score is not None and noop_score >= 1.0:
         return verdict(TRIVIAL, "doing nothing already scores 1: the task measures nothing")

@@ -40,10 +40,10 @@ def verdict_suite(tmp_path_factory):
     make_task(root, "flaky-verifier", test_sh=(
         f"#!/bin/bash\nmkdir -p /logs/verifier\nif ! {_CHECK_ANSWER}; then echo 0 > /logs/verifier/reward.txt; "
         f"exit 0; fi\n{rewards.client()} > /logs/verifier/reward.txt\n"))
+    # Its install step cannot download offline (curl says so), so its runner never arrives.
     make_task(root, "network-verifier", test_sh=(
-        "#!/bin/bash\nmkdir -p /logs/verifier\n"
-        "python3 -c \"import urllib.request; urllib.request.urlopen('https://pypi.org/simple/pytest/', timeout=5)\" "
-        "&& echo 1 > /logs/verifier/reward.txt || echo 0 > /logs/verifier/reward.txt\n"))
+        "#!/bin/bash\nmkdir -p /logs/verifier\ncurl -LsSf https://astral.sh/uv/install.sh | sh\n"
+        "uvx pytest /tests && echo 1 > /logs/verifier/reward.txt || echo 0 > /logs/verifier/reward.txt\n"))
     make_task(root, "run-step", dockerfile="FROM python:3.11-slim\nWORKDIR /app\nRUN pip install pytest\n")
     (make_task(root, "no-verifier") / "tests" / "test.sh").unlink()
     readonly = [p for p in DEFAULT_HOST_READONLY if os.path.exists(p)] + [str(rewards.dir)]

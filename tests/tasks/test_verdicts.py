@@ -37,12 +37,18 @@ def test_flaky_when_the_oracle_runs_disagree_even_if_one_is_perfect():
     assert verdict([1.0, 1.0, 0.75]) == "flaky"
 
 
-def test_needs_network_from_the_verifiers_output_or_the_static_hint():
+def test_needs_network_only_on_a_failed_fetch_step_never_on_the_static_hint_alone():
     assert verdict([(0.0, NET_ERROR, "task")]) == "needs-network"
     hinted = StaticFindings(network_hint="the verifier runs `pip install pytest` and the task has no internet access")
-    assert verdict([0.0], static=hinted) == "needs-network"
+    # A fetch step in the script is a note: only the run's output shows it failing.
+    v = decide("t", hinted, [Graded(0.0)], Graded(0.0))
+    assert v.verdict == "broken" and v.notes == (f"static: {hinted.network_hint}",)
     # A verifier that installs from the network but passes offline works here: ok.
     assert verdict([1.0], static=hinted) == "ok"
+    # The words inside the verifier's quoted output (what a test printed) are not the note.
+    assert verdict([(0.0, "reward 0; output: this task needs the network (says a test)", "task")]) == "broken"
+    solve_then_verify = "task t: solve.sh exited 1; output: x; verifier: reward 0 but " + NET_ERROR.split(" but ", 1)[1]
+    assert verdict([(0.0, solve_then_verify, "task")]) == "needs-network"
 
 
 def test_a_static_blocker_and_an_infra_failure_come_first():
@@ -64,5 +70,7 @@ def test_the_network_hint_reads_the_verifier_script(tmp_path):
     assert network_hint(_task("# pip install pytest (done in the image)\necho pip-installed\npytest\n", tmp_path),
                         False) == ""
     assert network_hint(_task("pip install pytest\n", tmp_path), True) == ""  # the task has internet access
+    # A probe of a blocked URL keeps nothing it fetches: not a fetch step.
+    assert network_hint(_task("curl -sS -o /dev/null http://blocked.example/ || echo blocked\n", tmp_path), False) == ""
     swe = Task("s", "check", "x", 60, 1, metadata={"format": "swe", "test_cmd": "pip install -e . && pytest -rA"})
     assert "pip install" in network_hint(swe, False)

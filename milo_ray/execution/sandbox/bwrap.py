@@ -191,18 +191,23 @@ class BwrapSandboxFactory:
             return f"task {spec.task_id}: {error}; run it with sandbox=docker"
         return None
 
-    def open(self, spec: SandboxSpec, scratch: Path) -> "BwrapSandbox":
+    def open(self, spec: SandboxSpec, scratch: Path, readonly_binds: dict[str, str] | None = None) -> "BwrapSandbox":
+        """A sandbox for ``spec``; ``readonly_binds`` (host path -> sandbox path) are shown
+        read-only to every command (the grading sandbox's copies of the agent phase's
+        /logs/agent and /logs/artifacts)."""
         why = self.unsupported(spec)
         if why:
             raise RuntimeError(why)
-        return BwrapSandbox(self, spec, Path(scratch), self._probe()[1])
+        return BwrapSandbox(self, spec, Path(scratch), self._probe()[1], readonly_binds)
 
 
 class BwrapSandbox(Sandbox):
     """One task's bwrap sandbox (see the module docstring for what it isolates)."""
 
-    def __init__(self, factory: BwrapSandboxFactory, spec: SandboxSpec, scratch: Path, support: CgroupSupport) -> None:
+    def __init__(self, factory: BwrapSandboxFactory, spec: SandboxSpec, scratch: Path, support: CgroupSupport,
+                 readonly_binds: dict[str, str] | None = None) -> None:
         self._factory = factory
+        self._binds = dict(readonly_binds or {})
         self.spec = spec
         self._id = f"bwrap-{uuid.uuid4().hex[:16]}"
         # Dropping to the sandbox user takes root; a worker that is not root already is one.
@@ -224,7 +229,7 @@ class BwrapSandbox(Sandbox):
             "TERM": "dumb",
             **spec.env,
         }
-        self._bwrap_argv = self._build_bwrap_argv()
+        self._bwrap_argv = self._build_bwrap_argv(self._binds)
         self.command_timeout_s = factory.command_timeout_s
         self.output_cap_bytes = factory.output_cap_bytes
         # The host directory behind the workspace: grading moves it into a fresh sandbox.
@@ -359,7 +364,7 @@ class BwrapSandbox(Sandbox):
         with self._lock:
             if self._closed:
                 raise RuntimeError(f"sandbox {self._id} is closed")
-        base = self._build_bwrap_argv(readonly_binds) if readonly_binds else self._bwrap_argv
+        base = self._build_bwrap_argv({**self._binds, **readonly_binds}) if readonly_binds else self._bwrap_argv
         return self._launcher + base[:1], base[1:], self._wrap(list(argv))
 
     def execute(self, command: str, *, timeout: int | None = None) -> ExecuteResponse:

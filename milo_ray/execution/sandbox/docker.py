@@ -204,17 +204,22 @@ class DockerSandbox(Sandbox):
         prefix = [*self._docker, "exec", "-i", *self._as_user, "-w", self._workdir, self._container]
         return prefix, [], list(argv)
 
-    def fresh_for_grading(self) -> "DockerSandbox":
+    def fresh_for_grading(self, readonly_binds: dict[str, str] | None = None) -> "DockerSandbox":
         """Remove this container (every process in it dies with it) and start a fresh one
         from the same image with the same limits and only the workspace volume carried
         over: the verifier sees nothing else the agent left (not its /tmp, /logs, /tests,
-        /solution, nor any process), and none of the harness process's binds."""
+        /solution, nor any process), and none of the harness process's binds; only
+        ``readonly_binds`` (the host's copies of /logs/agent and /logs/artifacts)."""
         self._check_open()
         if self._factory is None or not self._volumes:
             raise RuntimeError(f"container {self._container} has no workspace volume to grade in a fresh container")
         volume = self._volumes.pop()  # this container's removal keeps it now
         self.close()
-        return self._factory._start(self.spec, self._image, volume=volume, reuse_volume=True)
+        return self._factory._start(self.spec, self._image, volume=volume, reuse_volume=True, carried=readonly_binds)
+
+    def export_tar(self, path: str) -> list[str]:
+        """The command writing ``path`` as a tar stream to stdout (links archived as links)."""
+        return [*self._docker, "cp", f"{self._container}:{path}", "-"]
 
     def execute(self, command: str, *, timeout: int | None = None) -> ExecuteResponse:
         """Run ``bash -c command`` in the workdir. ``timeout`` (seconds) None or 0 means the
@@ -493,7 +498,7 @@ class DockerSandboxFactory:
         return self._start(spec, image, volume=volume, reuse_volume=False, readonly_binds=readonly_binds)
 
     def _start(self, spec: SandboxSpec, image: str, *, volume: str, reuse_volume: bool,
-               readonly_binds: dict[str, str] | None = None) -> DockerSandbox:
+               readonly_binds: dict[str, str] | None = None, carried: dict[str, str] | None = None) -> DockerSandbox:
         slug = re.sub(r"[^a-zA-Z0-9_.-]+", "-", spec.task_id).strip("-.")[:40] or "task"
         container = f"milo-ray-{slug}-{uuid.uuid4().hex[:12]}"
         argv = [*self.docker, "run", "-d", "--init", "--name", container,
@@ -538,7 +543,7 @@ class DockerSandboxFactory:
                 argv += ["-v", f"{skeleton(private, below)}:{private}:ro"]
         for mount in mounts:
             argv += ["-v", f"{mount}:{mount}:ro"]
-        for host, inside in (readonly_binds or {}).items():
+        for host, inside in {**(readonly_binds or {}), **(carried or {})}.items():  # carried: no probe
             if not str(inside).startswith("/") or ":" in f"{host}{inside}":
                 raise ValueError(f"read-only bind {host} -> {inside}: both must be absolute paths without ':'")
             argv += ["-v", f"{host}:{inside}:ro"]
