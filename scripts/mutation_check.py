@@ -572,9 +572,44 @@ MUTATIONS: tuple[Mutation, ...] = (
     ),
     Mutation(
         "final-test-called-held-out", "milo_ray/report/__init__.py",
-        "        shared = len(searched & set(tasks))\n", "        shared = 0\n",
+        "    shared = len(tasks) - len(held)\n", "    shared = 0\n",
         ("tests/report/test_final_test_lead.py",),
         "the report calls a final test on the search's own tasks held out",
+    ),
+    Mutation(
+        "final-test-reuses-search-rollouts", "milo_ray/search/final_test.py",
+        "        self.seed = final_test_seed(seed)\n", "        self.seed = seed\n",
+        ("tests/search/test_final_test_and_recording.py::test_final_test_rollouts_never_have_a_search_rollouts_cache_key",
+         "tests/test_results.py::test_a_search_final_test_shares_no_rollout_with_the_search"),
+        "the final test reuses the search's rollouts on test tasks it ran (the draws that chose the harness)",
+    ),
+    Mutation(
+        "held-out-includes-searched-tasks", "milo_ray/search/final_test.py",
+        "        self.held_out_ids = [t for t in self.task_ids if t not in searched]\n",
+        "        self.held_out_ids = list(self.task_ids)\n",
+        ("tests/search/test_final_test_and_recording.py::"
+         "test_a_test_split_the_search_ran_on_also_gets_rows_over_the_held_out_tasks_alone",),
+        "the held-out final test counts tasks the search ran",
+    ),
+    Mutation(
+        "ssr-patience-before-budget", "milo_ray/ssr/loop.py",
+        "            if outcome.stop_reason == \"budget\" or self.remaining() <= 0:\n",
+        "            if stall < cfg.patience and (outcome.stop_reason == \"budget\" or self.remaining() <= 0):\n",
+        ("tests/ssr/test_loop_budget.py::test_a_run_whose_last_race_the_budget_cut_short_stops_on_the_budget_as_the_race_says",),
+        "an SSR run says it stopped on patience where its last race stopped on the budget",
+    ),
+    Mutation(
+        "client-join-not-retried", "milo_ray/execution/cluster.py",
+        "_CLIENT_START_ATTEMPTS = 3\n", "_CLIENT_START_ATTEMPTS = 1\n",
+        ("tests/execution/test_cluster_connect.py::test_a_ray_client_server_that_dies_at_start_is_asked_for_again",),
+        "a Ray Client server that dies while starting fails the run instead of being asked for again",
+    ),
+    Mutation(
+        "surrogate-ignores-user-seeds", "milo_ray/benchmarks/surrogate.py",
+        "        return load_seeds(self.seed_names or list(self.preset.seed_names))\n",
+        "        return load_seeds(list(self.preset.seed_names))\n",
+        ("tests/benchmarks/test_surrogate.py::test_a_harness_directory_of_ones_own_is_a_seed_graded_by_its_mechanisms",),
+        "benchmark.seeds paths are accepted and ignored on the surrogate",
     ),
     Mutation(
         "ci-rotation-stuck", "scripts/ci_rotation.py",

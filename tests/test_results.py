@@ -164,7 +164,7 @@ def test_the_held_out_final_test_scores_only_the_test_tasks_the_search_never_ran
     reported = res.summary["final_test_held_out"]
     for row, rep in zip(part.to_dict("records"), reported):
         assert (row["harness_id"], row["n_tasks"]) == (rep["harness_id"], rep["n_tasks"])
-        for key in METRICS:
+        for key in (*METRICS, "mean_output_tokens", "mean_seconds", "timeouts", "errors"):
             assert _close(row[key], rep[key]), key
         # recomputed here from the rollouts of the held-out tasks alone
         mine = res.rollouts[res.rollouts["cache_key"].isin(spec.cache_keys) & res.rollouts["task_id"].isin(held)

@@ -88,7 +88,9 @@ class FinalTest:
         truth = true_score(self.benchmark, h, self.split)
         if self.held_out_ids and len(self.held_out_ids) < len(self.task_ids):
             # No ground truth here: the benchmark's is of a whole split, not of a subset.
-            self.held_out.append(summarize(label, h, results, self.held_out_ids, self.k))
+            held = set(self.held_out_ids)
+            self.held_out.append(summarize(label, h, [r for r in results if r.task_id in held], self.held_out_ids,
+                                           self.k))
         return summarize(label, h, results, self.task_ids, self.k, true_score=truth)
 
     def rows(self, harnesses: Sequence[tuple[str, Harness]], *, round: int = 0) -> list[HarnessScore]:

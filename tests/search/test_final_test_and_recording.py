@@ -102,6 +102,22 @@ def test_a_test_split_the_search_ran_on_also_gets_rows_over_the_held_out_tasks_a
     assert [(r.name, r.n_tasks, r.pr_at_k, r.true_score) for r in ft.held_out] == [("a", 2, 1.0, None),
                                                                                      ("b", 2, 0.0, None)]
     assert ft.record()["held_out_task_ids"] == ["test-1", "test-2"]
+    # every figure of a held-out row is over the held-out tasks' rollouts alone
+    ft = FinalTest(TokenSched(), Bench(), split="test", k=1, seed=0, method="m")
+    [full] = ft.rows([("a", A)])
+    [held] = ft.held_out
+    assert (full.mean_output_tokens, full.timeouts) == (20.0, 1) and (held.mean_output_tokens, held.timeouts) == (25.0, 0)
+
+
+class TokenSched(SearchedSched):
+    """test-i's rollout spends 10 * (i + 1) output tokens; test-0's times out."""
+
+    def run(self, reqs, *, count_budget=True):
+        out = super().run(reqs, count_budget=count_budget)
+        for r in out:
+            i = int(r.task_id.rsplit("-", 1)[1])
+            r.output_tokens, r.timed_out = 10 * (i + 1), i == 0
+        return out
 
 
 def test_a_test_split_the_search_never_ran_is_held_out_as_a_whole():
