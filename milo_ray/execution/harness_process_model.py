@@ -210,6 +210,14 @@ def _to_dicts(messages: list[BaseMessage]) -> list[dict[str, Any]]:
             for name in _ECHOED_FIELDS:
                 if message.additional_kwargs.get(name):
                     d[name] = message.additional_kwargs[name]
+            # The calls whose arguments did not parse go back as the model sent them (as
+            # ChatOpenAI sends them): langchain's agent answers each with an error tool
+            # message, which a provider refuses unless the call it answers is there.
+            echoed = [{"id": c.get("id"), "type": "function",
+                       "function": {"name": c.get("name") or "", "arguments": c.get("args") or ""}}
+                      for c in message.invalid_tool_calls if c.get("id")]
+            if echoed:
+                d["tool_calls"] = [*d.get("tool_calls", []), *echoed]
     return out
 
 

@@ -6,6 +6,7 @@ send real HTTP requests to the scripted server."""
 from __future__ import annotations
 
 import asyncio
+import json
 import shutil
 
 import pytest
@@ -17,7 +18,7 @@ from milo_ray.execution.agent_executor import AgentExecutor
 from milo_ray.harness.evidence import write_evidence_dir
 from milo_ray.harness.seeds import SEED_NAMES, load_seeds
 from milo_ray.store import MemoryRunStore
-from milo_ray.testing.openai_server import Reply, ScriptedOpenAIServer, error
+from milo_ray.testing.openai_server import Reply, ScriptedOpenAIServer, error, reply
 
 from real_tasks import (ANSWER, DONE_TOKENS, WRITE_TOKENS, failing_for, make_task, quitting_policy,
                         slow_after_write_policy, solving_policy)
@@ -109,6 +110,33 @@ def test_a_malformed_tool_call_is_a_step_of_the_trajectory_and_counted(suite, tm
     assert "- invalid tool calls (the model's tool calls whose arguments did not parse; not run): 1 in all" \
         in (evidence / "report.md").read_text()
     assert diagnose_traces(evidence).ranked() == ["tool_misuse"]
+
+
+def test_a_malformed_call_beside_a_valid_one_is_answered_and_the_agent_goes_on(suite):
+    def policy(body):
+        if any(m.get("role") == "tool" for m in body.get("messages", [])):
+            return reply("The answer is written.", prompt_tokens=DONE_TOKENS[0], completion_tokens=DONE_TOKENS[1])
+        write = {"file_path": "/app/answer.txt", "content": f"{ANSWER}\n"}
+        return Reply(tool_calls=[{"id": "call_ok", "type": "function",
+                                  "function": {"name": "write_file", "arguments": json.dumps(write)}},
+                                 {"id": "call_cut", "type": "function",
+                                  "function": {"name": "write_file", "arguments": MALFORMED_ARGS}}],
+                     prompt_tokens=WRITE_TOKENS[0], completion_tokens=WRITE_TOKENS[1])
+
+    with ScriptedOpenAIServer(policy) as srv:
+        res = _run(AgentExecutor(model=model_cfg(srv.url), sandbox=SANDBOX), minimal(), suite.task("answer"))
+        sent = srv.requests[-1]["messages"]
+    assert res.score == 1.0 and res.invalid_tool_calls == 1
+    steps = res.trace["trajectory"]["steps"]
+    both = next(s for s in steps if s.get("invalid_tool_calls"))
+    assert [c["id"] for c in both["tool_calls"]] == ["call_ok"]
+    assert [c["id"] for c in both["invalid_tool_calls"]] == ["call_cut"]
+    # langchain's agent answers the malformed call with an error; the model is sent the call
+    # it answers, as the model wrote it, so a provider accepts the conversation.
+    assert any(s["role"] == "tool" and s.get("tool_call_id") == "call_cut" and s.get("status") == "error"
+               for s in steps)
+    assistant = next(m for m in sent if m.get("role") == "assistant" and m.get("tool_calls"))
+    assert [(c["id"], c["function"]["arguments"]) for c in assistant["tool_calls"]][1] == ("call_cut", MALFORMED_ARGS)
 
 
 def test_rate_limited_call_is_retried_and_the_rollout_succeeds(suite):

@@ -69,6 +69,22 @@ def test_the_next_turn_carries_the_tool_call_and_its_result():
     assert sent[2] == {"role": "tool", "content": "a b", "tool_call_id": "c1"}
 
 
+def test_the_next_turn_carries_an_unparseable_tool_call_as_it_was_sent():
+    # langchain's agent answers such a call with an error tool message; a provider refuses
+    # a tool message whose call is missing from the assistant message before it.
+    from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
+
+    cut = {"name": "bash", "args": '{"command": "l', "id": "c2", "error": None, "type": "invalid_tool_call"}
+    history = [HumanMessage("go"), AIMessage("", tool_calls=[{"name": "bash", "args": {"command": "ls"}, "id": "c1"}],
+                                             invalid_tool_calls=[cut]),
+               ToolMessage("a b", tool_call_id="c1"), ToolMessage("malformed", tool_call_id="c2", status="error")]
+    with ScriptedOpenAIServer([reply("done")]) as srv:
+        _model(srv).invoke(history)
+    sent = srv.requests[0]["messages"]
+    assert [c["id"] for c in sent[1]["tool_calls"]] == ["c1", "c2"]
+    assert sent[1]["tool_calls"][1]["function"] == {"name": "bash", "arguments": '{"command": "l'}
+
+
 def test_a_gateway_refusal_is_an_endpoint_error_with_its_message():
     with ScriptedOpenAIServer([error(429)]) as srv:
         with pytest.raises(httpx.HTTPStatusError, match="429: scripted HTTP 429") as info:
