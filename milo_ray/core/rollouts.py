@@ -15,6 +15,8 @@ import math
 from dataclasses import dataclass, fields
 from typing import Any, Literal
 
+from milo_ray.core.storable import storable, storable_text
+
 ErrorKind = Literal["infra", "harness", "task"]
 ERROR_KINDS: tuple[str, ...] = ("infra", "harness", "task")
 
@@ -121,6 +123,34 @@ class RolloutResult:
             return f"invalid_tool_calls={v!r} is not a non-negative integer or None"
         return None
 
+    def make_storable(self) -> "RolloutResult":
+        """Pass the untrusted text this result carries (its error, every string of its
+        trace: the harness's steps, stderr, answers, file names) through
+        :func:`~milo_ray.core.storable.storable`, in place; returns ``self``. Never raises."""
+        if self.error is not None:
+            self.error = storable_text(self.error)
+        if self.trace is not None:
+            self.trace = storable(self.trace)
+        return self
+
+    def make_unstorable_failure(self, why: str) -> "RolloutResult":
+        """Turn this result, in place, into the record of a harness failure of its rollout
+        (score 0, ``why`` in ``error``, no trace) when it still cannot be stored: what the
+        harness produced is lost, the rollout is not, nor is any other. Identity and the
+        driver's bookkeeping are kept; so are tokens and USD (the gateway's, already paid)
+        when they are valid numbers. Returns ``self``."""
+        self.score, self.error_kind, self.timed_out = 0.0, "harness", False
+        self.error = storable_text(f"the rollout's result could not be stored ({why}); recorded as a harness "
+                                   "failure with score 0", limit=1000)
+        self.trace, self.trace_ref = None, None
+        if _bad_count(self.input_tokens) or _bad_count(self.output_tokens):
+            self.input_tokens, self.output_tokens = 0, 0
+        if self.cost_usd is not None and not _fine_number(self.cost_usd):
+            self.cost_usd = None
+        if not _fine_number(self.latency_s):
+            self.latency_s = 0.0
+        return self
+
     def row(self) -> dict[str, Any]:
         """The rollouts-table row (DESIGN §3); the trace itself is not part of it. Every
         other field is a scalar, so no copy is made (``asdict`` deep-copies, which was a
@@ -131,6 +161,15 @@ class RolloutResult:
 
 
 _ROW_FIELDS = tuple(f.name for f in fields(RolloutResult) if f.name != "trace")
+_INT64_MAX = 2**63 - 1
+
+
+def _bad_count(v: Any) -> bool:
+    return not isinstance(v, int) or isinstance(v, bool) or not 0 <= v <= _INT64_MAX
+
+
+def _fine_number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v >= 0
 
 
 class InfraFailure(Exception):

@@ -27,16 +27,24 @@ import threading
 import time
 import uuid
 from dataclasses import fields
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from milo_ray import redaction
 from milo_ray.core.rollouts import RolloutResult
+from milo_ray.core.storable import storable, storable_text
 from milo_ray.store import blobs, schema
 
 _RESULT_FIELDS = tuple(f.name for f in fields(RolloutResult) if f.name != "trace")
+
+
+# What encoding an untrusted value can raise (a UnicodeEncodeError is a ValueError; a JSON
+# encoder recursing through a self-referencing value raises ValueError or RecursionError).
+# The store's own failures (StoreClosed, DiskFull, IntegrityError on a damaged file) are not
+# the row's fault: these are caught only around a conversion, which does no I/O.
+_UNENCODABLE = (ValueError, TypeError, OverflowError, RecursionError)
 
 
 class StoreClosed(RuntimeError):
@@ -91,10 +99,14 @@ class StoreCore(abc.ABC):
         if self._closed:
             raise StoreClosed(f"store for run {self.run_id!r} is closed; open it again to append")
 
-    def append(self, table: str, rows: Iterable[dict[str, Any]]) -> None:
-        """Append rows (all-or-nothing per call: a bad row rejects the whole batch)."""
+    def append(self, table: str, rows: Iterable[dict[str, Any]], *,
+               replace_unencodable: Callable[[int, str], dict[str, Any] | None] | None = None) -> None:
+        """Append rows (all-or-nothing per call: a bad row rejects the whole batch).
+        ``replace_unencodable(i, why)``: the row to store instead of row ``i`` when that row
+        cannot be encoded (the others are stored as they are), or None to reject the batch;
+        without it such a row rejects the batch like any bad row."""
         schema.check_table(table)
-        rows = redaction.redact_obj(list(rows))
+        rows = self._prepare(table, list(rows))
         if table == "events":
             for i, r in enumerate(rows):
                 if isinstance(r, dict) and r.get("seq") is not None:
@@ -110,9 +122,13 @@ class StoreCore(abc.ABC):
                     if isinstance(r, dict) else r
                     for i, r in enumerate(rows)
                 ]
-            elif table == "rollouts":  # an empty run_id means "this run"
-                rows = [{**r, "run_id": r.get("run_id") or self.run_id} if isinstance(r, dict) else r for r in rows]
-            data = schema.to_table(table, rows)
+            try:
+                data = schema.to_table(table, rows)
+            except _UNENCODABLE as exc:
+                if replace_unencodable is None:
+                    raise
+                rows = self._replace_unencodable(table, rows, replace_unencodable, exc)
+                data = schema.to_table(table, rows)
             try:
                 self._ingest(table, data)
             finally:
@@ -123,6 +139,35 @@ class StoreCore(abc.ABC):
                 elif table == "rollouts":
                     self._note_rollouts(data)
             self._notify(table, rows)
+
+    def _prepare(self, table: str, rows: list[Any]) -> list[Any]:
+        """Rows as they are converted: redacted, then sanitised (in that order: a cut the
+        sanitiser makes could split a key value), a rollout's empty run_id as this run's."""
+        rows = storable(redaction.redact_obj(rows))
+        if table == "rollouts":  # an empty run_id means "this run"
+            rows = [{**r, "run_id": r.get("run_id") or self.run_id} if isinstance(r, dict) else r for r in rows]
+        return rows
+
+    def _replace_unencodable(self, table: str, rows: list[Any],
+                             replace: Callable[[int, str], dict[str, Any] | None], batch_error: Exception) -> list[Any]:
+        """``rows`` with each row that cannot be encoded replaced by ``replace(i, why)``
+        (prepared the same way); ``batch_error`` is raised when ``replace`` gives None or a
+        replacement cannot be encoded either."""
+        out = list(rows)
+        for i, row in enumerate(rows):
+            try:
+                schema.to_table(table, [row])
+            except _UNENCODABLE as exc:
+                replacement = replace(i, f"{type(exc).__name__}: {storable_text(exc, limit=300)}")
+                if replacement is None:
+                    raise batch_error from None
+                (new,) = self._prepare(table, [replacement])
+                try:
+                    schema.to_table(table, [new])
+                except _UNENCODABLE:
+                    raise batch_error from None
+                out[i] = new
+        return out
 
     def add_listener(self, fn: Any) -> None:
         """Call ``fn(table, rows)`` after every accepted append (events carry their
@@ -154,11 +199,29 @@ class StoreCore(abc.ABC):
             for r in results:
                 if not isinstance(r, RolloutResult):
                     raise ValueError(f"append_rollouts takes RolloutResult objects, got {type(r).__name__}")
+                # Untrusted text is made storable here whatever the executor did with it.
+                r.make_storable()
                 if r.trace is not None:
-                    r.trace_ref = self.put_blob(r.trace)
+                    try:
+                        ref, compressed = self._encode_blob(r.trace)
+                    except _UNENCODABLE as exc:
+                        r.make_unstorable_failure(f"its trace cannot be encoded: {type(exc).__name__}: "
+                                                  f"{storable_text(exc, limit=300)}")
+                    else:
+                        self._blob_write(ref, compressed)
+                        r.trace_ref = ref
                     r.trace = None
                 rows.append(r.row())
-            self.append("rollouts", rows)
+
+            def failure_record(i: int, why: str) -> dict[str, Any] | None:
+                # A result outside its contract (a bad score or error kind) is the caller's
+                # bug, not untrusted content: it keeps rejecting the batch.
+                r = results[i]
+                return None if r.problem() is not None else r.make_unstorable_failure(why).row()
+
+            # One result that cannot be encoded must not take the batch (other rollouts'
+            # results) with it: it becomes its rollout's harness failure.
+            self.append("rollouts", rows, replace_unencodable=failure_record)
 
     def event(self, kind: str, payload: dict[str, Any] | None = None, **columns: Any) -> None:
         """Append one ``events`` row; ``columns`` are round/island/harness_id (or time)."""
@@ -168,11 +231,15 @@ class StoreCore(abc.ABC):
 
     # ---- blobs ------------------------------------------------------------------------
     def put_blob(self, data: bytes | str | dict | list) -> str:
-        ref, compressed = blobs.encode(redaction.redact_obj(data))
+        ref, compressed = self._encode_blob(data)
         with self._lock:
             self._check_writable()
         self._blob_write(ref, compressed)
         return ref
+
+    @staticmethod
+    def _encode_blob(data: bytes | str | dict | list) -> tuple[str, bytes]:
+        return blobs.encode(redaction.redact_obj(data))
 
     def get_blob(self, ref: str) -> Any:
         return blobs.decode(self._blob_read(blobs.check_ref(ref)), ref)  # checked against its name
