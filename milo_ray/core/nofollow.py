@@ -183,12 +183,14 @@ def read_file_nofollow(base: str | Path, rel: str, *, max_bytes: int = MAX_BYTES
         os.close(dfd)
 
 
-def write_file_nofollow(base: str | Path, rel: str, data: bytes, *, mode: int = 0o644,
+def write_file_nofollow(base: str | Path, rel: str, data: bytes, *, mode: int | None = None,
                         owner: tuple[int, int] | None = None) -> None:
     """Write ``data`` to ``base/rel``, making missing directories (0755) on the way, never
     through a link: a link or non-directory on the way raises :class:`UnsafePath`, as does
     an existing last component that is not a regular file with one link (it is replaced
-    only when it is one). ``owner``: (uid, gid) the new directories and the file get."""
+    only when it is one). ``mode``: the file's mode (None: 0644 for a new file, an
+    existing one keeps its own). ``owner``: (uid, gid) the directories on the way and the
+    file get."""
     parts = safe_relpath(rel)
     fd = os.open(str(base), os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
@@ -207,11 +209,13 @@ def write_file_nofollow(base: str | Path, rel: str, data: bytes, *, mode: int = 
             raise UnsafePath(rel, _kind(st.st_mode) if not stat.S_ISREG(st.st_mode) else "a hard link")
         # O_NOFOLLOW: a link planted after the check above fails the open instead.
         out = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK,
-                      mode, dir_fd=fd)
+                      0o644 if mode is None else mode, dir_fd=fd)
         try:
             st = os.fstat(out)
             if not stat.S_ISREG(st.st_mode) or st.st_nlink > 1:
                 raise UnsafePath(rel, _kind(st.st_mode) if not stat.S_ISREG(st.st_mode) else "a hard link")
+            if mode is not None:  # the mode asked for, whatever the umask or an earlier file had
+                os.fchmod(out, mode)
             view = memoryview(data)
             while view:
                 view = view[os.write(out, view):]

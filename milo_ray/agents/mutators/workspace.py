@@ -81,7 +81,12 @@ class Workspace:
 
     def seen(self, host_path: Path | str) -> str:
         """``host_path`` (inside the workspace) as the agent sees it."""
-        rel = Path(host_path).resolve().relative_to(self.root.resolve())
+        # Lexically first: a path the agent replaced with a link (out/ itself) is named,
+        # never resolved to where the link points.
+        try:
+            rel = Path(os.path.abspath(host_path)).relative_to(os.path.abspath(self.root))
+        except ValueError:
+            rel = Path(host_path).resolve().relative_to(self.root.resolve())
         return str(Path(self.agent_root) / rel) if str(rel) != "." else self.agent_root
 
     def external_dirs(self) -> list[str]:

@@ -213,6 +213,9 @@ class BwrapSandbox(Sandbox):
         # Dropping to the sandbox user takes root; a worker that is not root already is one.
         self.owner = factory._uid_gid if factory._uid_gid is not None and os.geteuid() == 0 else None
         self.dirs = HostDirs(spec, scratch, owner=self.owner)
+        # The worker's own directory (never mounted writable) for the skeletons of
+        # _late_binds.
+        self._mountpoints = scratch / "ro-mountpoints"
         self._lock = threading.Lock()
         self._running: set[CappedProcess] = set()
         self._closed = False
@@ -309,9 +312,7 @@ class BwrapSandbox(Sandbox):
         # Parents before children, so a nested mount is not hidden by its parent's.
         for inside, host in sorted(self.dirs.mounts.items(), key=lambda kv: len(kv[0])):
             argv += ["--bind", str(host), inside]
-        for p in late:
-            self.dirs.prepare_mountpoint(p)
-        argv += _readonly_args(late)
+        argv += self._late_binds(late)
         for host, inside in (extra_readonly or {}).items():
             argv += _dirs_for(posixpath.dirname(inside), made) + ["--ro-bind", host, inside]
         if self._python:
@@ -332,6 +333,48 @@ class BwrapSandbox(Sandbox):
         for key, value in self._env.items():
             argv += ["--setenv", key, value]
         return argv
+
+    def _late_binds(self, late: list[str]) -> list[str]:
+        """bwrap arguments binding read-only host paths that lie inside one of the
+        sandbox's writable mounts (an interpreter under /root when the workdir is /root, a
+        venv under /tmp). Their mount points are made neither by the worker nor by bwrap
+        inside the sandbox's tree: bwrap (root, its old root still reachable) follows links
+        when it makes missing directories, so a directory the agent swapped for a link
+        would be made -- and a host directory changed -- outside. Each path is reached
+        through the one entry right below its mount (``top``): bwrap makes that one with
+        ``mkdir``, which never follows its last component, and binds over it a skeleton
+        of the worker's own (``ro-mountpoints/`` in the scratch, read-only) holding every
+        further mount point. A ``top`` the agent swapped for a link is mounted over in the
+        sandbox's own mount namespace only; no host directory is created or changed."""
+        args: list[str] = []
+        tops: dict[str, list[str]] = {}
+        for p in late:
+            inside = max((m for m in self.dirs.mounts if _under(p, m)), key=len)
+            if p == inside:
+                args += _readonly_args([p])
+                continue
+            tops.setdefault(posixpath.join(inside, posixpath.relpath(p, inside).split("/")[0]), []).append(p)
+        for i, (top, paths) in enumerate(sorted(tops.items())):
+            paths = sorted(paths, key=len)
+            if top in paths:  # the others lie inside a read-only bind of the host's own
+                args += _readonly_args(paths)
+                continue
+            skeleton = self._mountpoints / str(i)
+            for p in paths:
+                target = skeleton / posixpath.relpath(p, top)
+                target.parent.mkdir(parents=True, exist_ok=True)
+                if os.path.islink(p):
+                    if not os.path.lexists(target):
+                        os.symlink(os.readlink(p), target)
+                elif os.path.isdir(p):
+                    target.mkdir(exist_ok=True)
+                elif os.path.exists(p):
+                    target.touch(exist_ok=True)
+            for d, _, _ in os.walk(skeleton):  # reachable by the sandbox user (a umask may say otherwise)
+                os.chmod(d, 0o755)
+            args += ["--ro-bind", str(skeleton), top]
+            args += _readonly_args([p for p in paths if not os.path.islink(p)])
+        return args
 
     def _wrap(self, argv: list[str]) -> list[str]:
         """What runs inside for ``argv``: join the sandbox's cgroups, become the sandbox

@@ -5,19 +5,24 @@ scratch directory: the workspace (mounted at ``spec.workdir``), ``/logs``, ``/te
 ``/solution``, ``/tmp`` and the sandbox's home. :class:`HostDirs` creates them, copies the
 task's ``copy_in`` files in, and maps a sandbox path to its host file for
 ``upload_files``/``download_files`` -- refusing, with deepagents' error strings, any path
-outside these directories or one that escapes them through a symlink (a symlink made by
-the agent must never let a transfer read or write the host).
+outside these directories or one that goes through a symlink. Every host operation below a
+mount's root is fd-relative and never follows a link (:mod:`milo_ray.core.nofollow`): the
+agent may swap any directory for a link at any time, and the worker is often root.
+Nothing is set up here inside a tree the sandbox can write beyond what a task's own files
+need: mount points for read-only binds are bwrap's business (:mod:`bwrap`).
 """
 
 from __future__ import annotations
 
 import os
 import posixpath
-import shutil
+import stat
 from pathlib import Path
 
 from deepagents.backends.protocol import FileDownloadResponse, FileUploadResponse
 
+from milo_ray.core.nofollow import (UnsafePath, chown_tree_nofollow, open_dir_nofollow, read_file_nofollow,
+                                    write_file_nofollow)
 from milo_ray.execution.sandbox.base import LOGS_DIR, SOLUTION_DIR, TESTS_DIR, SandboxSpec
 
 SANDBOX_HOME = "/root"  # HOME inside: where a task's image (run as root) has it
@@ -81,100 +86,88 @@ class HostDirs:
             return
         for host in self.mounts.values():
             if host != Path("/tmp"):
-                self._own_tree(host)
-                os.chmod(host, os.stat(host).st_mode | 0o755)
+                chown_tree_nofollow(host, *self.owner)
+                fd = open_dir_nofollow(host.parent, host.name)
+                try:
+                    os.fchmod(fd, os.fstat(fd).st_mode | 0o755)
+                finally:
+                    os.close(fd)
 
     def _own(self, path: Path) -> None:
         if self.owner is not None:
             os.lchown(path, *self.owner)
 
-    def _own_tree(self, root: Path) -> None:
-        self._own(root)
-        for dirpath, dirnames, filenames in os.walk(root):
-            for name in dirnames + filenames:
-                os.lchown(os.path.join(dirpath, name), *self.owner)
-
-    def _own_new(self, target: Path, root: Path) -> None:
-        """Hand ``target`` and the directories above it up to ``root`` to the owner."""
-        if self.owner is None:
-            return
-        p = target
-        while True:
-            self._own(p)
-            if p == root or p.parent == p:
-                break
-            p = p.parent
-
-    def prepare_mountpoint(self, path: str) -> None:
-        """Create the directories leading to ``path`` inside a writable mount, readable
-        by all (a read-only host path bound below the home must be reachable by a
-        sandbox user other than root)."""
-        for inside, host in self.mounts.items():
-            if _under(path, inside) and path != inside:
-                rel = posixpath.relpath(posixpath.dirname(path), inside)
-                d = host if rel == "." else host / rel
-                d.mkdir(parents=True, exist_ok=True)
-                p = d
-                while p != host and p.parent != p:
-                    os.chmod(p, 0o755)
-                    p = p.parent
-                return
-
-    def host_path(self, path: str) -> Path | str:
-        """The host file behind sandbox ``path``, or a deepagents error string."""
+    def locate(self, path: str) -> tuple[Path, str] | str:
+        """(host directory of the mount, path below it: "" for the mount's root) behind
+        sandbox ``path``, or a deepagents error string. The host directory is the
+        worker's own; the path below it is the agent's, to be walked without following
+        a link (:mod:`milo_ray.core.nofollow`)."""
         if not isinstance(path, str) or not path.startswith("/") or "\0" in path:
             return "invalid_path"
         norm = posixpath.normpath(path)
         for inside, host in self.mounts.items():
             if _under(norm, inside):
                 rel = posixpath.relpath(norm, inside)
-                target = host if rel == "." else host / rel
-                real_root = os.path.realpath(host)
-                real = os.path.realpath(target)
-                if real != real_root and not real.startswith(real_root + os.sep):
-                    return "permission_denied"  # a symlink points out of the mount
-                return target
+                return host, "" if rel == "." else rel
         return "permission_denied"
 
-    def _mount_root(self, target: Path) -> Path:
-        for host in self.mounts.values():
-            if target == host or host in target.parents:
-                return host
+    def host_path(self, path: str) -> Path | str:
+        """The host path behind sandbox ``path``, or a deepagents error string, for code
+        that works on paths (the local sandbox's file tools, which run on the host
+        anyway): a path whose links lead out of its mount is refused, but a link made
+        after this answer is not seen -- transfers use :meth:`locate` instead."""
+        where = self.locate(path)
+        if isinstance(where, str):
+            return where
+        host, rel = where
+        target = host / rel if rel else host
+        real_root, real = os.path.realpath(host), os.path.realpath(target)
+        if real != real_root and not real.startswith(real_root + os.sep):
+            return "permission_denied"
         return target
 
     def _copy_in(self, src: Path, dest: str) -> None:
-        target = self.host_path(dest)
-        if isinstance(target, str):
+        where = self.locate(dest)
+        if isinstance(where, str):
             raise ValueError(
                 f"SandboxSpec.copy_in destination {dest!r} is not under a writable sandbox directory "
-                f"({', '.join(sorted(self.mounts))}): {target}"
+                f"({', '.join(sorted(self.mounts))}): {where}"
             )
         if not src.exists():
             raise ValueError(f"SandboxSpec.copy_in source {str(src)!r} does not exist")
-        if src.is_dir():
-            # Docker's COPY of a directory copies its contents into the destination.
-            shutil.copytree(src, target, symlinks=True, dirs_exist_ok=True)
-            return
-        if dest.endswith("/") or target.is_dir():
-            target = target / src.name
-        target.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(src, target)
+        host, rel = where
+        try:
+            if src.is_dir():
+                # Docker's COPY of a directory copies its contents into the destination.
+                _copy_dir_in(src, host, rel)
+                return
+            into_dir = dest.endswith("/") or not rel or _is_dir(host, rel)
+            target = "/".join(p for p in (rel, src.name) if p) if into_dir else rel
+            write_file_nofollow(host, target, src.read_bytes(), mode=stat.S_IMODE(src.stat().st_mode))
+        except UnsafePath as e:
+            raise ValueError(f"SandboxSpec.copy_in destination {dest!r}: {e} (the host writes through no link)") from None
 
     def upload(self, files: list[tuple[str, bytes]]) -> list[FileUploadResponse]:
         out = []
         for path, content in files:
-            target = self.host_path(path)
-            if isinstance(target, str):
-                out.append(FileUploadResponse(path=path, error=target))
+            where = self.locate(path)
+            if isinstance(where, str):
+                out.append(FileUploadResponse(path=path, error=where))
                 continue
-            if target.is_dir():
+            host, rel = where
+            try:
+                if not rel:
+                    raise IsADirectoryError(path)
+                write_file_nofollow(host, rel, content, owner=self.owner)
+            except UnsafePath as e:
+                # A directory where the file goes is the caller's mistake, a link the agent's.
+                error = "is_directory" if e.reason == "a directory" else "permission_denied"
+                out.append(FileUploadResponse(path=path, error=error))
+                continue
+            except IsADirectoryError:
                 out.append(FileUploadResponse(path=path, error="is_directory"))
                 continue
-            try:
-                target.parent.mkdir(parents=True, exist_ok=True)
-                target.write_bytes(content)
-                self._own_new(target, self._mount_root(target))
-            except NotADirectoryError:
+            except (NotADirectoryError, FileNotFoundError):
                 out.append(FileUploadResponse(path=path, error="invalid_path"))
                 continue
             except PermissionError:
@@ -186,19 +179,62 @@ class HostDirs:
     def download(self, paths: list[str]) -> list[FileDownloadResponse]:
         out = []
         for path in paths:
-            target = self.host_path(path)
-            if isinstance(target, str):
-                out.append(FileDownloadResponse(path=path, content=None, error=target))
-            elif target.is_dir():
+            where = self.locate(path)
+            if isinstance(where, str):
+                out.append(FileDownloadResponse(path=path, content=None, error=where))
+                continue
+            host, rel = where
+            try:
+                if not rel:
+                    raise IsADirectoryError(path)
+                content = read_file_nofollow(host, rel)
+            except UnsafePath as e:
+                error = "is_directory" if e.reason == "a directory" else "permission_denied"
+                out.append(FileDownloadResponse(path=path, content=None, error=error))
+            except IsADirectoryError:
                 out.append(FileDownloadResponse(path=path, content=None, error="is_directory"))
-            elif not target.is_file():
+            except (FileNotFoundError, NotADirectoryError):
                 out.append(FileDownloadResponse(path=path, content=None, error="file_not_found"))
+            except PermissionError:
+                out.append(FileDownloadResponse(path=path, content=None, error="permission_denied"))
             else:
-                try:
-                    out.append(FileDownloadResponse(path=path, content=target.read_bytes(), error=None))
-                except PermissionError:
-                    out.append(FileDownloadResponse(path=path, content=None, error="permission_denied"))
+                out.append(FileDownloadResponse(path=path, content=content, error=None))
         return out
+
+
+def _is_dir(host: Path, rel: str) -> bool:
+    try:
+        os.close(open_dir_nofollow(host, rel))
+        return True
+    except (FileNotFoundError, UnsafePath):
+        return False
+
+
+def _copy_dir_in(src: Path, host: Path, rel: str) -> None:
+    """Copy the task's directory ``src`` (trusted: its links are kept as links) into the
+    mount ``host`` at ``rel``, every step below ``host`` fd-relative and never through a
+    link already there."""
+    for dirpath, dirnames, filenames in os.walk(src):
+        sub = os.path.relpath(dirpath, src)
+        here = "/".join(p for p in (rel, "" if sub == "." else sub) if p)
+        fd = open_dir_nofollow(host, here, create=True)
+        try:
+            for name in list(dirnames) + filenames:
+                path = os.path.join(dirpath, name)
+                if os.path.islink(path):
+                    try:
+                        os.unlink(name, dir_fd=fd)
+                    except FileNotFoundError:
+                        pass
+                    os.symlink(os.readlink(path), name, dir_fd=fd)
+                elif os.path.isfile(path):
+                    with open(path, "rb") as f:
+                        data = f.read()
+                    write_file_nofollow(host, f"{here}/{name}" if here else name, data,
+                                        mode=stat.S_IMODE(os.stat(path).st_mode))
+        finally:
+            os.close(fd)
+        dirnames[:] = [d for d in dirnames if not os.path.islink(os.path.join(dirpath, d))]
 
 
 def _under(path: str, root: str) -> bool:
