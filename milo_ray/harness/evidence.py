@@ -4,7 +4,10 @@ Layout written by ``write_evidence_dir``:
 
 * ``report.md`` — aggregate accuracy (mean score), resolve rate, timeouts, mean tokens
   and seconds, then one row per task: pass/fail, tests passed (worst rollout), mean
-  score, tokens, seconds, timeouts.
+  score, tokens, seconds, timeouts. Where a model ran (the rollouts counted them), also
+  the invalid tool calls -- the model's tool calls whose arguments did not parse, which
+  the agent never ran -- in all and per task; the calls themselves (tool, raw arguments,
+  parse error) are the ``invalid_tool_calls`` of the trajectory's steps.
 * ``ctrf.json`` — one merged ctrf report: the worst rollout's tests of every task,
   test names prefixed with the task id, summary totals.
 * ``traces/<task_id>/trajectory.json`` and ``traces/<task_id>/ctrf.json`` — the worst
@@ -13,8 +16,9 @@ Layout written by ``write_evidence_dir``:
   the top-level files are copies of the worst one, so a reader that only knows the
   ``traces/<task>/trajectory.json`` convention still sees the most telling failure.
 * ``traces/<task_id>/result.json`` — for failed tasks only (a task fails when any
-  rollout is not fully resolved): the verifier reward per rollout and errors (for real
-  tasks also what the verifier said: its reward values, error and output tail).
+  rollout is not fully resolved): the verifier reward per rollout and errors, invalid
+  tool calls where counted (for real tasks also what the verifier said: its reward
+  values, error and output tail).
   A trace without a CTRF report (a verifier that wrote none) leaves no ``ctrf.json``.
 
 Traces come from ``result.trace`` when still inline, else ``store.get_blob(result.trace_ref)``.
@@ -79,7 +83,6 @@ def task_dir_name(task_id: str) -> str:
         return quote(task_id, safe="") or "%00"
 
 
-
 def _tests_passed(trace: dict[str, Any] | None) -> tuple[int, int] | None:
     try:
         s = trace["ctrf"]["results"]["summary"]  # type: ignore[index]
@@ -119,6 +122,9 @@ def write_evidence_dir(path: str | Path, harness: Any, results: Iterable[Rollout
     order = [t for t in task_map if t in by_task] + sorted(t for t in by_task if t not in task_map)
     merged_tests: list[dict[str, Any]] = []
     rows: list[str] = []
+    # Only rollouts of a model count invalid tool calls (None elsewhere: a surrogate or an
+    # oracle run, or a run stored before the count): the figures below say how many did.
+    counted = [r for rs in by_task.values() for r in rs if r.invalid_tool_calls is not None]
     n_roll = n_res = n_timeouts = 0
     sum_score = sum_tok = sum_sec = 0.0
     for tid in order:
@@ -144,6 +150,8 @@ def write_evidence_dir(path: str | Path, harness: Any, results: Iterable[Rollout
                 "task_id": tid, "reward": sum(r.score for r in rs) / len(rs),
                 "rollouts": [{"rollout_idx": r.rollout_idx, "reward": r.score, "resolved": r.resolved,
                               "timed_out": r.timed_out, "error_kind": r.error_kind, "error": r.error,
+                              **({"invalid_tool_calls": r.invalid_tool_calls} if r.invalid_tool_calls is not None
+                                 else {}),
                               "output_tokens": r.output_tokens, "seconds": r.latency_s,
                               **_grading(traces[r.rollout_idx], task_map.get(tid))} for r in rs]})
         tp = _tests_passed(wt)
@@ -152,8 +160,11 @@ def write_evidence_dir(path: str | Path, harness: Any, results: Iterable[Rollout
         sec = sum(r.latency_s for r in rs) / len(rs)
         tos = sum(r.timed_out for r in rs)
         errs = sorted({r.error_kind for r in rs if r.error_kind})
+        invalid = [r.invalid_tool_calls for r in rs if r.invalid_tool_calls is not None]
+        invalid_cell = f" {sum(invalid)} |" if invalid else " - |"
         rows.append(f"| {tid} | {'FAIL' if failed else 'pass'} | {f'{tp[0]}/{tp[1]}' if tp else '-'} | {mean:.3f} | "
-                    f"{sum(r.resolved for r in rs)}/{len(rs)} | {tok:,.0f} | {sec:,.0f} | {tos} | {','.join(errs) or '-'} |")
+                    f"{sum(r.resolved for r in rs)}/{len(rs)} | {tok:,.0f} | {sec:,.0f} | {tos} |"
+                    f"{invalid_cell if counted else ''} {','.join(errs) or '-'} |")
         n_roll += len(rs)
         n_res += sum(r.resolved for r in rs)
         n_timeouts += tos
@@ -171,11 +182,16 @@ def write_evidence_dir(path: str | Path, harness: Any, results: Iterable[Rollout
         f"- timeouts: {n_timeouts}",
         f"- mean output tokens: {sum_tok / n:,.0f}",
         f"- mean agent seconds: {sum_sec / n:,.0f}",
+        *([f"- invalid tool calls (the model's tool calls whose arguments did not parse; not run): "
+           f"{sum(r.invalid_tool_calls for r in counted)} in all, in {sum(bool(r.invalid_tool_calls) for r in counted)} "
+           f"of the {len(counted)} rollouts that counted them"] if counted else []),
         "",
-        "Per task (tests passed = the worst rollout, whose trace is in traces/<task>/):",
+        "Per task (tests passed = the worst rollout, whose trace is in traces/<task>/"
+        f"{'; invalid tool calls: the sum over its rollouts' if counted else ''}):",
         "",
-        "| task | status | tests passed | mean score | resolved | output tokens | seconds | timeouts | errors |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| task | status | tests passed | mean score | resolved | output tokens | seconds | timeouts |"
+        f"{' invalid tool calls |' if counted else ''} errors |",
+        "|---|---|---|---|---|---|---|---|---|" + ("---|" if counted else ""),
     ]
     _write(root, "report.md", "\n".join(head + rows) + "\n")
     passed = sum(t.get("status") == "passed" for t in merged_tests)
