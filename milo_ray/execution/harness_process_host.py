@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from milo_ray.core.storable import storable, storable_text
 from milo_ray.execution.sandbox.runtime_code import runtime_code_dir, write_harness
 from milo_ray.execution.trajectory import ProtocolError, StepLog, parse_message
 
@@ -148,7 +149,8 @@ class HarnessProcess:
                 total += len(line)
                 if total > MAX_STREAM_BYTES:
                     raise ProtocolError(f"more than {MAX_STREAM_BYTES} bytes of trajectory")
-                msg = parse_message(line)
+                # Where the harness's text enters the host: made storable here, once.
+                msg = storable(parse_message(line))
                 kind = msg["t"]
                 if kind == "ready":
                     self.ready.set()
@@ -201,7 +203,7 @@ class HarnessProcess:
                 r.cancel()
 
     def stderr_tail(self) -> str:
-        return self._stderr.decode("utf-8", errors="replace")
+        return storable_text(self._stderr.decode("utf-8", errors="replace"))
 
     async def run(self, task: Any, *, job: dict[str, Any], startup_timeout_s: float, agent_cap_s: float | None,
                   stopped: asyncio.Event) -> ProcessRun:
