@@ -4,6 +4,8 @@ the rows buffered before it, or the run with it."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from milo_ray.store import MemoryRunStore, ParquetRunStore
@@ -66,3 +68,33 @@ def test_a_result_that_cannot_be_encoded_is_its_rollouts_harness_failure(stores)
     assert rows[2]["output_tokens"] == 0 and rows[3]["output_tokens"] == make_result(3).output_tokens
     assert rows[4] == {**make_result(4).row(), "trace_ref": rows[4]["trace_ref"], "run_id": store.run_id}
     assert {r.cache_key for r in batch} <= store.completed_keys() | {""}
+
+
+def test_an_invalid_tool_call_count_past_int64_is_stored_as_not_counted(stores):
+    store, reopen = stores
+    huge = make_result(0)
+    huge.invalid_tool_calls = 2**70
+    store.append_rollouts([huge, make_result(1)])
+    store = reopen()
+    rows = {r["rollout_idx"]: r for r in store.read("rollouts").to_pylist()}
+    assert rows[0]["invalid_tool_calls"] is None and rows[0]["error_kind"] == "harness"
+    assert rows[1] == {**make_result(1).row(), "trace_ref": rows[1]["trace_ref"], "run_id": store.run_id}
+
+
+def test_child_records_and_events_store_untrusted_text_sanitised(stores):
+    """A mutator's output reaches the harnesses and events tables (a rejected child's
+    reason, a validator's message naming a file): every table's strings pass the same
+    sanitiser, nested payloads included."""
+    store, reopen = stores
+    reason = "mutator crashed: OSError: " + "bad name " + "\udcff\x00" + "v" * (2 << 20)
+    store.append("harnesses", [{"harness_id": "h1", "validation_error": "SyntaxError in n\udce9w.py",
+                                "verdict_reason": reason}])
+    store.event("mutation_failed", {"error": reason, "files": ["\ud800.py"]})
+    store = reopen()
+    (row,) = store.read("harnesses").to_pylist()
+    assert row["validation_error"] == "SyntaxError in n\\xe9w.py"
+    assert row["verdict_reason"].startswith("mutator crashed: OSError: bad name \\xff\\x00v")
+    assert row["verdict_reason"].endswith("characters cut]")
+    (ev,) = store.read("events").to_pylist()
+    payload = json.loads(ev["payload"])
+    assert payload["files"] == ["\ufffd.py"] and "\\xff\\x00" in payload["error"]
