@@ -145,6 +145,8 @@ class RolloutResult:
         self.trace, self.trace_ref = None, None
         if _bad_count(self.input_tokens) or _bad_count(self.output_tokens):
             self.input_tokens, self.output_tokens = 0, 0
+        if self.invalid_tool_calls is not None and _bad_count(self.invalid_tool_calls):
+            self.invalid_tool_calls = None  # no count the table can hold: stored as not counted
         if self.cost_usd is not None and not _fine_number(self.cost_usd):
             self.cost_usd = None
         if not _fine_number(self.latency_s):
