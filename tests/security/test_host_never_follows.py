@@ -21,6 +21,7 @@ import os
 import shutil
 import stat
 import sys
+import tempfile
 import threading
 from pathlib import Path
 
@@ -269,16 +270,21 @@ def test_grading_setup_over_any_link_left_in_the_workspace_changes_no_host_dir(t
 
 def test_a_readonly_bind_inside_the_sandboxs_tmp_is_never_made_through_an_agents_link(tmp_path, canary):
     """A venv under /tmp: the next command's bwrap would make the mount point's parents
-    through a link the agent put there."""
-    ro = tmp_path / "venv" / "lib" / "site"
-    ro.mkdir(parents=True)
-    spec = SandboxSpec(task_id="t", workdir="/app", host_readonly=(str(ro),))
-    with BwrapSandboxFactory(command_timeout_s=60).open(spec, tmp_path / "agent") as sb:
-        first = sb.execute(f"ls {ro} && mv {tmp_path}/venv {tmp_path}/moved; rm -rf {tmp_path}/venv; "
-                           f"ln -s {canary['dir']} {tmp_path}/venv; echo done")
-        assert "done" in first.output
-        sb.execute("true")  # the next command's sandbox is set up again
-    _host_unchanged(canary)
+    through a link the agent put there (relative, so that bwrap, before its old root is
+    gone, resolves it to the host's directory)."""
+    venv = Path(tempfile.mkdtemp(prefix="milo-nofollow-venv-", dir="/tmp"))  # right below /tmp, as a venv may be
+    try:
+        ro = venv / "lib" / "site"
+        ro.mkdir(parents=True)
+        spec = SandboxSpec(task_id="t", workdir="/app", host_readonly=(str(ro),))
+        to_host = "../" * 30 + "oldroot" + str(canary["dir"])
+        with BwrapSandboxFactory(command_timeout_s=60).open(spec, tmp_path / "agent") as sb:
+            sb.execute(f"mv {venv} /tmp/moved; rm -rf {venv}; ln -s {to_host} {venv}")
+            after = sb.execute(f"ls -d {ro}")  # the next command's sandbox is set up again
+            _host_unchanged(canary)
+            assert after.exit_code == 0, after.output  # and the read-only path is still there to use
+    finally:
+        shutil.rmtree(venv, ignore_errors=True)
 
 
 # --- 4. workspace transfers -----------------------------------------------------------
