@@ -34,8 +34,13 @@ crashes, or whose process breaks the trajectory protocol is a harness failure
 reward is a task failure (``"task"``). A model endpoint that keeps failing after the
 gateway's retries (429, 5xx, connection errors, timeouts) raises
 :class:`~milo_ray.core.rollouts.InfraFailure` out of :meth:`aexecute` with the calls
-the attempt made: an infrastructure failure, which the scheduler retries and finally
-records as ``"infra"``. (The gateway, not the harness, says whether the endpoint failed.)
+the attempt made: an infrastructure failure, which the scheduler retries (within its
+bounds per rollout and per harness) and finally records as ``"infra"``. Only the gateway
+says whether the endpoint failed: the rollout is an infrastructure failure when its agent
+failed right after a call the gateway classed ``infra``; a request the provider refused as
+sent (400, 401/403, 404, 413, 422) is the harness's, and what the harness process says
+about itself (``endpoint_error``) is kept in the error text, never believed. Calls still in
+flight when the agent ends are waited for and charged (:meth:`ModelGateway.settle`).
 
 Keys: the executor reads its model's key from the secrets the driver hands it
 (:meth:`set_secrets`, an actor-method argument of the rollout worker), else from this
@@ -330,17 +335,23 @@ class AgentExecutor:
                                     stopped=grant.stopped)
         finally:
             gateway.end(grant)
+            await gateway.settle(grant)
         calls = list(grant.calls)
         status, error, error_kind = run.status, run.error, None
         if status == "stopped" or (grant.stop_reason and status == "harness_error"):
             # The gateway ended it (or refused the call the agent then failed on).
             status, error = grant.stop_reason or "token_cap", None
         elif status == "harness_error":
-            if run.endpoint_error and grant.upstream_error:
-                raise InfraFailure(f"model endpoint: {grant.upstream_error}", calls)
+            endpoint = grant.endpoint_failure()
+            if endpoint is not None:
+                raise InfraFailure(f"model endpoint: {endpoint}", calls)
             error_kind = "harness"
+            if run.endpoint_error:  # the harness's own word, kept but never believed
+                error = f"{error} (the harness reported a model-endpoint error; the gateway recorded none past " \
+                        "its retries)"
         agent_run = _AgentRun(status=status, seconds=run.seconds, error=error, error_kind=error_kind, steps=run.steps,
                               calls=calls, stderr=run.stderr_tail)
+        agent_run.gateway_failures = list(grant.failures)
         agent_run.startup_s, agent_run.warm = run.startup_s, warm is not None
         return agent_run
 
@@ -376,6 +387,7 @@ class _AgentRun:
         self.stderr = stderr
         self.startup_s: float | None = None  # the harness process's launch (or job) to its agent built
         self.warm = False  # the harness process was started ahead (harness_process_pool)
+        self.gateway_failures: list[dict[str, Any]] = []  # failed/refused calls, classed by the gateway
 
     def result(self, harness_id: str, task: Task, rollout_idx: int, verdict: Any, model_id: str) -> RolloutResult:
         error_kind, error = self.error_kind, self.error
@@ -388,6 +400,8 @@ class _AgentRun:
                           error=self.error)
         if self.stderr:
             traj["harness_stderr"] = self.stderr
+        if self.gateway_failures:
+            traj["gateway_failures"] = self.gateway_failures
         if self.startup_s is not None:
             traj["startup_s"] = round(self.startup_s, 3)
             traj["warm_process"] = self.warm

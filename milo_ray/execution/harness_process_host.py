@@ -50,7 +50,8 @@ _BOOT = (f"import sys; sys.path.insert(0, {INSIDE_CODE!r}); "
 class ProcessRun:
     """How the harness process went. ``status``: completed, step_cap, harness_error,
     timeout, token_cap or call_cap; ``seconds``: agent time (from ``started``);
-    ``endpoint_error``: the agent failed on a model-client error; ``startup_s``: from
+    ``endpoint_error``: the harness process *says* its agent failed on a model-client
+    error (informational only: the gateway's record decides the failure's class); ``startup_s``: from
     launch to ``started``."""
 
     status: str

@@ -6,9 +6,11 @@ Plain functions and one small policy, no Ray (the scheduler calls them):
   is an infrastructure failure: the executor raised, or returned something outside its
   contract (which is treated like a raise);
 * :class:`RetryPolicy` -- an infrastructure failure (that, or a lost worker or node) is
-  retried after an exponential backoff, up to ``max_retries`` times; after that it is
-  recorded (:func:`infra_result`, ``error_kind="infra"``). Harness and task failures are
-  results, i.e. scores, and never come here;
+  retried after an exponential backoff, up to ``max_retries`` times per rollout and
+  ``max_harness_retries`` times per harness over the run (so a harness that could provoke
+  infrastructure failures cannot make the run re-roll its rollouts without end); after
+  that it is recorded (:func:`infra_result`, ``error_kind="infra"``). Harness and task
+  failures are results, i.e. scores, and never come here;
 * :func:`timed_out_result` -- the result of a rollout the worker cancelled at its time cap;
 * :func:`fill_bookkeeping` -- the fields the driver, the store's single writer, sets on
   every result whatever the executor put there.
@@ -16,7 +18,8 @@ Plain functions and one small policy, no Ray (the scheduler calls them):
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections import Counter
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from milo_ray.core.rollouts import RolloutRequest, RolloutResult
@@ -29,23 +32,40 @@ if TYPE_CHECKING:  # workers.py imports Ray; this module needs only the type
 @dataclass(frozen=True)
 class RetryPolicy:
     """``max_retries`` retries of an infrastructure failure, the n-th after
-    ``backoff_s * 2**(n-1)`` seconds (so a flapping node is not hammered)."""
+    ``backoff_s * 2**(n-1)`` seconds (so a flapping node is not hammered);
+    ``max_harness_retries`` retries of all the rollouts of one harness together, over
+    the run (None: no bound but the per-rollout one)."""
 
     max_retries: int = 3
     backoff_s: float = 0.5
+    max_harness_retries: int | None = 10
+    # Retries granted so far per harness (the policy's only state; it never shrinks).
+    granted: Counter = field(default_factory=Counter, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         if isinstance(self.max_retries, bool) or not isinstance(self.max_retries, int) or self.max_retries < 0:
             raise ValueError(f"RolloutScheduler: max_retries={self.max_retries!r} must be an integer >= 0")
         if self.backoff_s < 0:
             raise ValueError(f"RolloutScheduler: retry_backoff_s={self.backoff_s!r} must be >= 0")
+        h = self.max_harness_retries
+        if h is not None and (isinstance(h, bool) or not isinstance(h, int) or h < 0):
+            raise ValueError(f"RolloutScheduler: max_harness_retries={h!r} must be an integer >= 0 or None")
 
-    def backoff(self, attempts: int) -> float | None:
-        """Seconds to wait before retrying a rollout whose ``attempts``-th attempt failed,
-        or None when it has used its retries (then it is recorded as an infra failure)."""
-        if attempts > self.max_retries:
+    def backoff(self, attempts: int, harness_id: str | None = None) -> float | None:
+        """Seconds to wait before retrying a rollout (of ``harness_id``) whose
+        ``attempts``-th attempt failed, or None when it has used its retries or its harness
+        has used the run's (then it is recorded as an infra failure). A retry granted is
+        counted against its harness."""
+        if attempts > self.max_retries or self.harness_spent(harness_id):
             return None
+        if harness_id is not None:
+            self.granted[harness_id] += 1
         return self.backoff_s * (2 ** (attempts - 1))
+
+    def harness_spent(self, harness_id: str | None) -> bool:
+        """Whether ``harness_id`` has used the retries the run allows one harness."""
+        limit = self.max_harness_retries
+        return harness_id is not None and limit is not None and self.granted[harness_id] >= limit
 
 
 def attempt_error(outcome: Outcome) -> str | None:
@@ -69,7 +89,11 @@ def timed_out_result(request: RolloutRequest, task: Task, outcome: Outcome, time
     )
 
 
-def infra_result(request: RolloutRequest, attempts: int, error: str) -> RolloutResult:
+def infra_result(request: RolloutRequest, attempts: int, error: str,
+                 policy: RetryPolicy | None = None) -> RolloutResult:
+    if policy is not None and attempts <= policy.max_retries and policy.harness_spent(request.harness_id):
+        error = (f"{error}; not retried: this harness's rollouts used the run's {policy.max_harness_retries} "
+                 "infrastructure retries (max_harness_retries)")
     return RolloutResult(
         harness_id=request.harness_id,
         task_id=request.task_id,

@@ -101,7 +101,8 @@ class RolloutScheduler:
     (``default_group_limit`` for unlisted groups; None = only the slots limit); change
     them later with :meth:`set_group_limit`.
     ``max_retries`` infrastructure retries per rollout, the n-th after
-    ``retry_backoff_s * 2**(n-1)`` seconds. A rollout running longer than
+    ``retry_backoff_s * 2**(n-1)`` seconds, and ``max_harness_retries`` for all the rollouts
+    of one harness over the run (None: no such bound). A rollout running longer than
     ``task.time_cap_s * time_cap_grace + task.grading_cap_s`` is cancelled and recorded ``timed_out``.
     ``progress``: None = live line on a TTY, False = quiet, or a ``RolloutProgress``.
     ``address`` is used to connect only when Ray is not initialised yet.
@@ -125,6 +126,7 @@ class RolloutScheduler:
         default_group_limit: int | None = None,
         max_retries: int = 3,
         retry_backoff_s: float = 0.5,
+        max_harness_retries: int | None = 10,
         time_cap_grace: float = 1.25,
         progress: bool | RolloutProgress | None = None,
         address: str | None = None,
@@ -145,7 +147,7 @@ class RolloutScheduler:
         self.spend = SchedulerSpend(budget if budget is not None else BudgetLedger(), executor_config, store)
         self.budget, self.uncounted = self.spend.budget, self.spend.uncounted
         self._dispatch: Dispatch[_Job] = Dispatch(default_group_limit, group_limits)
-        self.retry = RetryPolicy(max_retries, float(retry_backoff_s))
+        self.retry = RetryPolicy(max_retries, float(retry_backoff_s), max_harness_retries)
         if time_cap_grace < 1.0:
             raise ValueError(
                 f"RolloutScheduler: time_cap_grace={time_cap_grace!r} must be >= 1 (it multiplies task.time_cap_s)"
@@ -501,7 +503,7 @@ class RolloutScheduler:
     def _infra_failure(self, job: _Job, error: str, node: WorkerHandle) -> RolloutResult | None:
         """Schedule a retry (None) or, past the limit, build the final infra result."""
         r = job.request
-        delay = self.retry.backoff(job.attempts)
+        delay = self.retry.backoff(job.attempts, r.harness_id)
         if delay is not None:
             self.store.event(
                 "rollout_retry",
@@ -522,7 +524,7 @@ class RolloutScheduler:
             self._loop.call_later(delay, self._requeue, job)
             return None
         now = time.time()
-        return self._fill(job, infra_result(r, job.attempts, error), node, now, now)
+        return self._fill(job, infra_result(r, job.attempts, error, self.retry), node, now, now)
 
     def _requeue(self, job: _Job) -> None:
         if job.future.done():

@@ -25,7 +25,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from milo_ray.execution.budget import BudgetExceeded, BudgetLedger
-from milo_ray.execution.gateway.ledger import Grant
+from milo_ray.execution.gateway.ledger import Admission, Grant
 from milo_ray.execution.gateway.run_budget import RolloutBudget, RunSpend
 
 ROLLOUTS = 64
@@ -56,12 +56,13 @@ def _attempt(ledger: BudgetLedger, spend: RunSpend, bill: Bill, rng: random.Rand
     loop = asyncio.new_event_loop()
     try:
         for _ in range(calls):
-            if grant.admit() is not None:
+            admission = grant.admit()
+            if not isinstance(admission, Admission):
                 break
             was_exhausted = spend.exhausted is not None
             refused = loop.run_until_complete(grant.run_budget.admit())
             if refused is not None:
-                grant.refuse_for_run_budget(refused)
+                grant.refuse_for_run_budget(refused, admission)
                 return grant.calls, grant.run_budget.metered, True
             with bill.lock:
                 bill.admitted_after_exhaustion += int(was_exhausted)
@@ -72,7 +73,7 @@ def _attempt(ledger: BudgetLedger, spend: RunSpend, bill: Bill, rng: random.Rand
             if rng.random() < 0.3:
                 threading.Event().wait(rng.random() * 0.0005)  # let other rollouts interleave
             grant.record({"input_tokens": tokens, "output_tokens": 0, "cost_usd": tokens * USD_PER_TOKEN,
-                          "started_at": 0.0, "retries": 0, "error": None})
+                          "started_at": 0.0, "retries": 0, "error": None}, admission=admission)
             if spend.exhausted is not None:
                 with bill.lock:
                     bill.charged_at_exhaustion_tokens += tokens

@@ -79,7 +79,7 @@ def outcome(tmp_path):
                "unknown": await _post(gw.socket_path, "not-a-token", {"messages": msgs}),
                "none": await _post(gw.socket_path, None, {"messages": msgs}),
                "fail": await _post(gw.socket_path, grant.token, {"messages": [{"role": "user", "content": "fail"}]})}
-        out["calls"], out["upstream_error"] = list(grant.calls), grant.upstream_error
+        out["calls"], out["failures"] = list(grant.calls), list(grant.failures)
         # The Anthropic Messages route, on a grant of its own.
         grant = gw.issue("m", call_cap=10)
         seen.clear()
@@ -130,7 +130,10 @@ def test_bad_and_unauthorized_calls_are_refused_and_cost_nothing(outcome):
 def test_an_upstream_error_never_echoes_the_key(outcome):
     status, text = outcome["fail"]
     assert status == 401 and "bad credentials" in text
-    assert KEY not in text and KEY not in (outcome["upstream_error"] or "") and outcome["upstream_error"]
+    # The provider refused the request as sent (401): the gateway classes it the request's.
+    failed = [f for f in outcome["failures"] if f["class"] != "refused"]
+    assert [(f["class"], f["status"]) for f in failed] == [("request", 401)]
+    assert KEY not in text and KEY not in json.dumps(outcome["failures"]) and failed[0]["error"]
     assert KEY not in json.dumps(outcome["calls"])
 
 

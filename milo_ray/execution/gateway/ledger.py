@@ -5,7 +5,16 @@ the gateway that issued it, and after the rollout ended) and the rollout's caps:
 task's token cap and the executor's cap on model calls. The gateway asks
 :meth:`Grant.admit` before forwarding a call and tells :meth:`Grant.record` what the
 call cost; the calls recorded here are the rollout's tokens and USD, whatever the harness
-says about itself. A budgeted rollout's grant also carries its share of the run's budget
+says about itself. Admission reserves an upper bound of the call's tokens against the
+token cap (the prompt's size plus its output bound, at most what the cap has left, the
+other calls in flight's reservations counted), so parallel calls never together pass the
+cap; :meth:`Grant.record` settles the reservation to what the call was charged. A call
+that failed is recorded with its class as the gateway decided it (:attr:`Grant.failures`):
+``infra`` (the endpoint failed past the gateway's retries: 429, 5xx, timeouts, dropped
+connections) or ``request`` (the provider refused the request as sent: another 4xx), and a
+request refused before it went upstream with ``refused``; only the first makes the
+rollout an infrastructure failure (:meth:`Grant.endpoint_failure`).
+A budgeted rollout's grant also carries its share of the run's budget
 (:class:`~milo_ray.execution.gateway.run_budget.RolloutBudget`): every recorded call is
 charged to the run's counter, and the gateway asks that counter before it forwards a call.
 A grant given the attempt's journal (:mod:`.call_journal`) also writes each call there as
@@ -32,8 +41,23 @@ class Refusal:
     """Why a call is not forwarded: an HTTP status and a message for the caller."""
 
     status: int
-    reason: str  # "unknown_token" | "ended" | "token_cap" | "call_cap" | "run_budget"
+    reason: str  # "unknown_token" | "ended" | "token_cap" | "call_cap" | "run_budget" | "bad_request"
     message: str
+
+
+@dataclass(frozen=True)
+class Admission:
+    """An admitted call: the tokens reserved for it against the token cap (what the call
+    is charged when the provider never reports its usage), and the output bound it must be
+    forwarded with when the cap's remainder is below its own (None: its own stands)."""
+
+    reserved: int
+    ticket: int = 0
+    output_cap: int | None = None
+
+
+# The failure classes the gateway records (see the module docstring).
+FAILURE_CLASSES = ("infra", "request", "refused")
 
 
 class Grant:
@@ -57,12 +81,16 @@ class Grant:
         self.run_budget = run_budget
         self.journal = journal
         self.calls: list[dict[str, Any]] = []
+        # The failed and refused calls, each {"call": index in calls or None, "class",
+        # "status", "error"}: the class is the gateway's decision, never the harness's.
+        self.failures: list[dict[str, Any]] = []
         self.in_flight = 0
+        self.reserved = 0  # tokens reserved by the calls in flight
+        self._open: dict[int, int] = {}  # ticket -> reservation of each call in flight
+        self._began: dict[int, tuple[float, int | None]] = {}  # ticket -> (start, journal number)
+        self._tickets = 0
         self.ended = False
         self.stop_reason: str | None = None
-        # Set when a forwarded call failed past the gateway's retries: the endpoint, not
-        # the harness, is what failed (the executor reports it as an infrastructure failure).
-        self.upstream_error: str | None = None
         self._lock = threading.Lock()
         self._stopped: asyncio.Event | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -79,11 +107,14 @@ class Grant:
 
     def tokens(self) -> int:
         with self._lock:
-            return sum(int(c["input_tokens"]) + int(c["output_tokens"]) for c in self.calls)
+            return self._used_locked()
 
-    def admit(self) -> Refusal | None:
-        """None to forward the call (it is then counted in flight until :meth:`record`),
-        else why not."""
+    def admit(self, prompt_bound: int = 0, output_bound: int = 0) -> Refusal | Admission:
+        """An :class:`Admission` to forward the call (it is then counted in flight, its
+        reservation held, until :meth:`record`), else why not. ``prompt_bound`` and
+        ``output_bound``: upper bounds of the call's prompt and output tokens. Under a token
+        cap the reservation is at most what the cap has left beside the calls in flight;
+        the output is then bounded to fit, so calls in parallel never together pass it."""
         with self._lock:
             if self.ended:
                 return Refusal(401, "ended", "this rollout has ended; its gateway token is no longer valid")
@@ -95,40 +126,101 @@ class Grant:
             if self.call_cap is not None and len(self.calls) + self.in_flight >= self.call_cap:
                 self._stop_locked("call_cap")
                 return Refusal(429, "call_cap", f"this rollout reached its {self._cap_text('call_cap')}")
+            prompt_bound, output_bound = max(0, int(prompt_bound)), max(1, int(output_bound))
+            reserved, output_cap = prompt_bound + output_bound, None
+            if self.token_cap is not None:
+                room = self.token_cap - self._used_locked() - self.reserved
+                if room < prompt_bound + 1:
+                    # Spent, or promised to the calls in flight: a further call could pass the cap.
+                    self._stop_locked("token_cap")
+                    return Refusal(429, "token_cap", f"this rollout reached its {self._cap_text('token_cap')} "
+                                                     "(counting its calls in flight)")
+                if reserved > room:
+                    reserved, output_cap = room, room - prompt_bound
             self.in_flight += 1
-            return None
+            self.reserved += reserved
+            self._tickets += 1
+            self._open[self._tickets] = reserved
+            return Admission(reserved, self._tickets, output_cap)
 
-    def forwarding(self, started_at: float) -> int | None:
+    def forwarding(self, started_at: float, admission: Admission | None = None) -> int | None:
         """An admitted call is being forwarded now: journaled, when the grant keeps a
         journal, before the provider sees it. Returns the number :meth:`record` takes."""
-        return None if self.journal is None else self.journal.began(started_at)
+        began = None if self.journal is None else self.journal.began(started_at)
+        if admission is not None:
+            with self._lock:
+                self._began[admission.ticket] = (started_at, began)
+        return began
 
-    def record(self, call: dict[str, Any], *, upstream_error: str | None = None, began: int | None = None) -> None:
-        """A forwarded call finished (``call``: a ``SolverCall.as_dict()`` row; ``began``:
-        what :meth:`forwarding` returned for it)."""
+    def record(self, call: dict[str, Any], *, admission: Admission | None = None, failure: str | None = None,
+               status: int | None = None, began: int | None = None) -> None:
+        """A forwarded call finished (``call``: a ``SolverCall.as_dict()`` row; ``admission``:
+        what :meth:`admit` gave it; ``failure``: its class when it failed, ``status`` the
+        provider's HTTP status then; ``began``: what :meth:`forwarding` returned for it).
+        A call :meth:`settle_open` already charged is not recorded again."""
+        if failure is not None and failure not in FAILURE_CLASSES:
+            raise ValueError(f"Grant.record: failure={failure!r}: expected one of {FAILURE_CLASSES}")
         with self._lock:
-            self.in_flight = max(0, self.in_flight - 1)
-            self.calls.append(call)
-            if self.journal is not None and began is not None:
-                self.journal.finished(began, len(self.calls) - 1, call)
-            if self.run_budget is not None:
-                self.run_budget.charge(int(call["input_tokens"]) + int(call["output_tokens"]), call.get("cost_usd"))
-            if upstream_error is not None:
-                self.upstream_error = upstream_error
-            used = sum(int(c["input_tokens"]) + int(c["output_tokens"]) for c in self.calls)
-            if self.token_cap is not None and used >= self.token_cap and self.stop_reason is None:
-                self._stop_locked("token_cap")
+            if admission is not None:
+                self._began.pop(admission.ticket, None)
+                if self._open.pop(admission.ticket, None) is None:
+                    return  # charged its reservation when its rollout ended
+            self._record_locked(call, 0 if admission is None else admission.reserved, failure, status, began)
 
-    def release(self) -> None:
-        """A call admitted but never forwarded (the request was malformed)."""
+    def settle_open(self, row_for: Any) -> int:
+        """Charge every call still in flight its reservation (``row_for(reserved, started_at)``
+        makes its row): its rollout is over and the provider's usage did not come in time.
+        Returns how many there were."""
         with self._lock:
-            self.in_flight = max(0, self.in_flight - 1)
+            open_calls, self._open = list(self._open.items()), {}
+            for ticket, reserved in open_calls:
+                started_at, began = self._began.pop(ticket, (None, None))
+                self._record_locked(row_for(reserved, started_at), reserved, None, None, began)
+            return len(open_calls)
 
-    def refuse_for_run_budget(self, reason: str) -> Refusal:
+    def _record_locked(self, call: dict[str, Any], reserved: int, failure: str | None, status: int | None,
+                       began: int | None) -> None:
+        self.in_flight = max(0, self.in_flight - 1)
+        self.reserved = max(0, self.reserved - int(reserved))
+        self.calls.append(call)
+        if failure is not None:
+            self.failures.append({"call": len(self.calls) - 1, "class": failure, "status": status,
+                                  "error": call.get("error")})
+        if self.journal is not None and began is not None:
+            self.journal.finished(began, len(self.calls) - 1, call)
+        if self.run_budget is not None:
+            self.run_budget.charge(int(call["input_tokens"]) + int(call["output_tokens"]), call.get("cost_usd"))
+        if self.token_cap is not None and self._used_locked() >= self.token_cap and self.stop_reason is None:
+            self._stop_locked("token_cap")
+
+    def refused(self, refusal: Refusal) -> Refusal:
+        """A request refused before it was admitted or forwarded (malformed, or asking the
+        provider to act outside the sandbox): noted in :attr:`failures`, nothing charged."""
+        with self._lock:
+            self.failures.append({"call": None, "class": "refused", "status": refusal.status,
+                                  "error": refusal.message[:500]})
+        return refusal
+
+    def endpoint_failure(self) -> str | None:
+        """The error of the rollout's last recorded call when it failed as ``infra`` (the
+        endpoint, past the gateway's retries), else None: the only ground on which the
+        rollout is an infrastructure failure. Whatever the harness says about itself is
+        not asked."""
+        with self._lock:
+            if not self.calls:
+                return None
+            last = self.failures[-1] if self.failures and self.failures[-1]["call"] == len(self.calls) - 1 else None
+            if last is None or last["class"] != "infra":
+                return None
+            return last["error"] or "the model endpoint failed"
+
+    def refuse_for_run_budget(self, reason: str, admission: Admission) -> Refusal:
         """The run's budget refused a call admitted by :meth:`admit`: it is not forwarded,
         and the rollout stops (``run_budget``)."""
         with self._lock:
-            self.in_flight = max(0, self.in_flight - 1)
+            if self._open.pop(admission.ticket, None) is not None:
+                self.in_flight = max(0, self.in_flight - 1)
+                self.reserved = max(0, self.reserved - admission.reserved)
             if self.stop_reason is None:
                 self._stop_locked("run_budget")
         return Refusal(429, "run_budget", f"{reason}; no further model calls are paid for")
@@ -137,6 +229,9 @@ class Grant:
         """The rollout is over: refuse the token from now on."""
         with self._lock:
             self.ended = True
+
+    def _used_locked(self) -> int:
+        return sum(int(c["input_tokens"]) + int(c["output_tokens"]) for c in self.calls)
 
     def _cap_text(self, reason: str) -> str:
         if reason == "token_cap":

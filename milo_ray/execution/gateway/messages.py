@@ -7,7 +7,9 @@ As for chat completions (:mod:`.upstream`), the caller chooses the conversation 
 sampling, never the model, the key, the endpoint or the retry policy: the request is
 rebuilt from an allowlist of fields on top of the model config, ``max_tokens`` clamped
 to its ``max_output_tokens``; retries, the shared rate limit and the token report are
-:mod:`.upstream`'s.
+:mod:`.upstream`'s. Tools are the client's own (no ``type``, or ``custom``): Anthropic's
+server tools (``web_search_*``, ``web_fetch_*``, ``code_execution_*``...) and its
+Anthropic-defined ones are refused, as is the MCP connector (``mcp_servers``).
 """
 
 from __future__ import annotations
@@ -16,7 +18,8 @@ import json
 from typing import Any, AsyncIterator, Mapping
 
 from milo_ray.agents.llm import _field
-from milo_ray.execution.gateway.upstream import Answer, BadRequest, _report, call_retried, with_endpoint
+from milo_ray.execution.gateway.upstream import (Answer, BadRequest, _report, call_retried, check_provider_actions,
+                                                 check_tool_choice, check_tools, with_endpoint)
 
 # Messages-API fields a client may set; everything else comes from the model config.
 ALLOWED_FIELDS = ("messages", "system", "tools", "tool_choice", "temperature", "top_p", "top_k",
@@ -24,11 +27,17 @@ ALLOWED_FIELDS = ("messages", "system", "tools", "tool_choice", "temperature", "
 # When neither the request nor the config bounds the answer (the Messages API requires it).
 DEFAULT_MAX_TOKENS = 4096
 
+# The request field that bounds a call's output (where admission's bound goes).
+OUTPUT_FIELD = "max_tokens"
+
 
 def request_kwargs(cfg: Any, key: str | None, body: Mapping[str, Any]) -> dict[str, Any]:
     """``litellm.anthropic.messages.acreate`` arguments for ``body`` under ``cfg``."""
     if not isinstance(body.get("messages"), list) or not body["messages"]:
         raise BadRequest("messages: a non-empty list is required")
+    check_provider_actions(body)
+    check_tools(body.get("tools"), untyped=True)
+    check_tool_choice(body.get("tool_choice"), words=(), types=("auto", "any", "tool", "none"))
     kwargs: dict[str, Any] = {k: body[k] for k in ALLOWED_FIELDS if k in body and body[k] is not None}
     with_endpoint(kwargs, cfg, key, temperature_unless=("thinking",))
     asked, cap = body.get("max_tokens"), _field(cfg, "max_output_tokens")
@@ -75,7 +84,8 @@ async def stream(cfg: Any, key: str | None, body: Mapping[str, Any], limiter: An
     mutation's spend; a CLI mutator loses only the time to its first token.
     ``usage_out`` receives ``input_tokens``, ``output_tokens`` and ``retries``."""
     answer = await complete(cfg, key, body, limiter)
-    usage_out.update(input_tokens=answer.input_tokens, output_tokens=answer.output_tokens, retries=answer.retries)
+    usage_out.update(input_tokens=answer.input_tokens, output_tokens=answer.output_tokens, retries=answer.retries,
+                     reported=1)
     for event in replay(answer.body):
         yield event
 

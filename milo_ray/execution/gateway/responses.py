@@ -25,7 +25,8 @@ import json
 from typing import Any, AsyncIterator, Mapping
 
 from milo_ray.agents.llm import _field
-from milo_ray.execution.gateway.upstream import Answer, BadRequest, _report, call_retried, with_endpoint
+from milo_ray.execution.gateway.upstream import (CLIENT_TOOL_TYPES, Answer, BadRequest, _report, call_retried,
+                                                 check_provider_actions, check_tool_choice, check_tools, with_endpoint)
 
 # Responses-API fields a client may set; everything else comes from the model config or is
 # dropped (``include``, ``prompt_cache_key``, ``metadata``... ask for nothing the bridge
@@ -33,10 +34,8 @@ from milo_ray.execution.gateway.upstream import Answer, BadRequest, _report, cal
 # them and dropped where it does not (``drop_params``).
 ALLOWED_FIELDS = ("input", "instructions", "tools", "tool_choice", "parallel_tool_calls", "temperature", "top_p",
                   "reasoning", "text", "user")
-# Tools the client runs itself (the sandboxed CLI): every other tool type is one the
-# provider would run -- web search, file search, code interpreter, MCP servers -- outside
-# the sandbox and billed apart from the tokens the gateway meters, so it is dropped.
-CLIENT_TOOL_TYPES = ("function", "custom", "namespace")
+# Tool types that only group other tools (each grouped tool is checked like a top-level one).
+TOOL_GROUP_TYPES = ("namespace",)
 # Fields whose meaning the gateway cannot honour: refused rather than silently ignored.
 REFUSED_FIELDS = {
     "previous_response_id": "the gateway keeps no conversations: send the whole conversation as `input` "
@@ -44,6 +43,9 @@ REFUSED_FIELDS = {
     "background": "background responses are not served; send the request and wait for it",
     "conversation": "the gateway keeps no conversations: send the whole conversation as `input`",
 }
+
+# The request field that bounds a call's output (where admission's bound goes).
+OUTPUT_FIELD = "max_output_tokens"
 
 
 def request_kwargs(cfg: Any, key: str | None, body: Mapping[str, Any]) -> dict[str, Any]:
@@ -54,17 +56,12 @@ def request_kwargs(cfg: Any, key: str | None, body: Mapping[str, Any]) -> dict[s
     for name, why in REFUSED_FIELDS.items():
         if body.get(name) not in (None, False):
             raise BadRequest(f"{name}: {why}")
+    # A provider-run tool (web search, file search, code interpreter, MCP...) is refused,
+    # not dropped: the caller learns at once that it is not served.
+    check_provider_actions(body)
+    check_tools(body.get("tools"), groups=TOOL_GROUP_TYPES)
+    check_tool_choice(body.get("tool_choice"), words=("none", "auto", "required"), types=CLIENT_TOOL_TYPES)
     kwargs: dict[str, Any] = {k: body[k] for k in ALLOWED_FIELDS if k in body and body[k] is not None}
-    if "tools" in kwargs:
-        if not isinstance(kwargs["tools"], list):
-            raise BadRequest("tools: a list is required")
-        kwargs["tools"] = [t for t in kwargs["tools"] if isinstance(t, Mapping) and t.get("type") in CLIENT_TOOL_TYPES]
-        if not kwargs["tools"]:
-            del kwargs["tools"]
-            kwargs.pop("tool_choice", None)
-    choice = kwargs.get("tool_choice")
-    if isinstance(choice, Mapping) and choice.get("type") not in (*CLIENT_TOOL_TYPES, "allowed_tools"):
-        del kwargs["tool_choice"]  # it names a provider-run tool, dropped above
     with_endpoint(kwargs, cfg, key, temperature_unless=("reasoning",))
     kwargs.update(store=False, use_chat_completions_api=True, drop_params=True)
     asked, cap = body.get("max_output_tokens"), _field(cfg, "max_output_tokens")
@@ -116,7 +113,8 @@ async def stream(cfg: Any, key: str | None, body: Mapping[str, Any], limiter: An
     is the provider's whole usage, where a translated stream's last event may carry none.
     ``usage_out`` receives ``input_tokens``, ``output_tokens`` and ``retries``."""
     answer = await complete(cfg, key, body, limiter)
-    usage_out.update(input_tokens=answer.input_tokens, output_tokens=answer.output_tokens, retries=answer.retries)
+    usage_out.update(input_tokens=answer.input_tokens, output_tokens=answer.output_tokens, retries=answer.retries,
+                     reported=1)
     for event in replay(answer.body):
         yield event
 

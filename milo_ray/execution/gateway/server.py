@@ -5,10 +5,15 @@ one, :mod:`.responses`) on a Unix socket, run by the rollout worker on its own e
 Sandboxed harnesses reach it through the socket bound into their sandbox (relayed to a
 loopback port inside, :mod:`milo_ray.execution.harness_process_backend`), with the bearer
 token of their rollout's :class:`~milo_ray.execution.gateway.ledger.Grant`. For each call
-the gateway checks the token (unknown or ended: 401), the grant's caps and the run's
-budget (:mod:`.run_budget`; 429), forwards
-the request through :mod:`.upstream` (streamed or not), and records what the call cost on
-the grant. The key never leaves this process: it is handed to the gateway as an argument
+the gateway checks the token (unknown or ended: 401), the request (malformed, or carrying a
+tool the provider would run: 400, before anything goes upstream), the grant's caps with
+the call's reserved upper bound and the run's budget (:mod:`.run_budget`; 429), forwards
+the request through :mod:`.upstream` (streamed or not), and records on the grant what the
+call cost and, when it failed, its class as the gateway sees it. Metering does not depend
+on the caller: a streamed call whose caller leaves is read on to the provider's usage (for
+at most :data:`STREAM_DRAIN_S`), and a call whose usage never arrives -- the stream cut
+before it, the request timed out, the rollout ended first (:meth:`ModelGateway.settle`) --
+is charged its reservation, never nothing. The key never leaves this process: it is handed to the gateway as an argument
 (:meth:`ModelGateway.set_key`), never read from or written to an environment variable,
 and an upstream error text is scrubbed of it before it reaches the caller.
 
@@ -27,16 +32,34 @@ import json
 import logging
 import os
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from milo_ray.execution.gateway import messages, responses, upstream
-from milo_ray.execution.gateway.ledger import Grant, GrantBook, Refusal
+from milo_ray.execution.gateway.ledger import Admission, Grant, GrantBook, Refusal
 
 log = logging.getLogger(__name__)
 
 # Request bodies larger than this are refused (a conversation of a long rollout is a few MB).
 MAX_REQUEST_BYTES = 32 * 1024 * 1024
+# How long a stream whose caller left is read on for the provider's usage (its last chunk).
+STREAM_DRAIN_S = 60.0
+# How long a rollout's end waits for its calls in flight to be recorded before it charges
+# each its reservation.
+SETTLE_WAIT_S = 10.0
+
+
+@dataclass(frozen=True)
+class _Forwarded:
+    """A call on its way upstream: when it started, its journal number, its admission
+    (the reservation) and the request's size (the bound of its prompt's tokens)."""
+
+    started: float
+    mono: float
+    began: int | None
+    admission: Admission
+    size: int
 
 
 class ModelGateway:
@@ -111,6 +134,18 @@ class ModelGateway:
     def end(self, grant: Grant) -> None:
         self.grants.end(grant)
 
+    async def settle(self, grant: Grant, wait_s: float = SETTLE_WAIT_S) -> int:
+        """After its rollout ended: wait up to ``wait_s`` for ``grant``'s calls in flight
+        to be recorded, then charge each still open its reservation (the harness must not
+        escape a call's cost by ending first). Returns how many were charged so."""
+        deadline = time.monotonic() + wait_s
+        while grant.in_flight and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
+        note = "still in flight when the rollout ended: charged its reserved upper bound"
+        return grant.settle_open(lambda reserved, started: upstream.call_row(
+            self.cfg, started_at=started or time.time(), started_mono=time.monotonic(), input_tokens=0,
+            output_tokens=reserved, retries=0, error=note))
+
     # --- requests -------------------------------------------------------------------------
     def _limiter_for(self) -> Any:
         if self._limiter == "unset":
@@ -145,54 +180,71 @@ class ModelGateway:
 
     async def _serve(self, request: Any, api: Any) -> Any:
         """One call of ``api`` (:mod:`.upstream` for chat completions, :mod:`.messages`
-        for Anthropic messages): token, caps, validation, forwarding, metering."""
+        for Anthropic messages, :mod:`.responses`): token, validation, caps, forwarding,
+        metering."""
         from aiohttp import web
 
         grant = self._grant(request)
         if grant is None:
             return _error(web, Refusal(401, "unknown_token", "unknown gateway token"))
-        refusal = grant.admit()
-        if refusal is not None:
-            return _error(web, refusal)
         try:
-            body = await request.json()
+            raw = await request.read()
+            body = json.loads(raw)
             if not isinstance(body, dict):
                 raise upstream.BadRequest("the body must be a JSON object")
-            api.request_kwargs(self.cfg, None, body)  # validate before anything is spent
+            # Validated (and provider-run tools refused) before anything is spent.
+            kwargs = api.request_kwargs(self.cfg, None, body)
         except (ValueError, upstream.BadRequest) as exc:
-            grant.release()
-            return _error(web, Refusal(400, "bad_request", f"bad request: {exc}"))
+            return _error(web, grant.refused(Refusal(400, "bad_request", f"bad request: {exc}")))
+        admission = grant.admit(len(raw), upstream.output_bound(kwargs))
+        if isinstance(admission, Refusal):
+            return _error(web, admission)
+        if admission.output_cap is not None:  # what the token cap has left bounds the answer
+            body.pop("max_completion_tokens", None)
+            body[api.OUTPUT_FIELD] = admission.output_cap
         if grant.run_budget is not None:
             # The run's counter, shared by every worker's gateway: asked before each call,
             # charged after it (Grant.record), so a spent budget stops paying at once.
             spent = await grant.run_budget.admit()
             if spent is not None:
-                return _error(web, grant.refuse_for_run_budget(spent))
-        started, mono = time.time(), time.monotonic()
-        began = grant.forwarding(started)
+                return _error(web, grant.refuse_for_run_budget(spent, admission))
+        started = time.time()
+        call = _Forwarded(started, time.monotonic(), grant.forwarding(started, admission), admission, len(raw))
         if body.get("stream"):
-            return await self._stream(request, grant, body, api, started, mono, began)
+            return await self._stream(request, grant, body, api, call)
         try:
             answer = await api.complete(self.cfg, self._key, body, self._limiter_for())
         except Exception as exc:
-            return self._failed(web, grant, exc, started, mono, began)
-        grant.record(upstream.call_row(self.cfg, started_at=started, started_mono=mono,
-                                       input_tokens=answer.input_tokens, output_tokens=answer.output_tokens,
-                                       retries=answer.retries, error=None), began=began)
+            return self._failed(web, grant, exc, call)
+        self._record(grant, call, answer.input_tokens, answer.output_tokens, answer.retries, None)
         return web.json_response(answer.body)
 
-    def _failed(self, web: Any, grant: Grant, exc: BaseException, started: float, mono: float,
-                began: int | None) -> Any:
-        text = self._scrub(f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")[:500]
-        grant.record(upstream.call_row(self.cfg, started_at=started, started_mono=mono, input_tokens=0,
-                                       output_tokens=0, retries=int(getattr(exc, "_gateway_retries", 0)),
-                                       error=text), upstream_error=text, began=began)
-        status = getattr(exc, "status_code", None)
-        status = status if isinstance(status, int) and 400 <= status < 600 else 502
-        return _error(web, Refusal(status, "upstream", f"model endpoint: {text}"))
+    def _record(self, grant: Grant, call: _Forwarded, tin: int, tout: int, retries: int, error: str | None, *,
+                reported: bool = True, failure: str | None = None, status: int | None = None) -> None:
+        """Record ``call`` on ``grant``: the provider's usage, or -- ``reported`` false: it
+        never arrived -- the call's reservation, said so in its error."""
+        if not reported:
+            reserved = call.admission.reserved
+            tin = min(call.size, reserved)
+            tout = reserved - tin
+            note = f"the provider's usage never arrived: charged the call's reserved upper bound ({reserved} tokens)"
+            error = f"{error}; {note}" if error else note
+        grant.record(upstream.call_row(self.cfg, started_at=call.started, started_mono=call.mono, input_tokens=tin,
+                                       output_tokens=tout, retries=retries, error=error),
+                     admission=call.admission, failure=failure, status=status, began=call.began)
 
-    async def _stream(self, request: Any, grant: Grant, body: dict[str, Any], api: Any, started: float,
-                      mono: float, began: int | None) -> Any:
+    def _failed(self, web: Any, grant: Grant, exc: BaseException, call: _Forwarded) -> Any:
+        text = self._scrub(f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")[:500]
+        failure, status = upstream.failure_class(exc)
+        # An answer with an error status was billed nothing; a request that timed out may
+        # have been answered, and billed, after the gateway stopped waiting.
+        timed_out = isinstance(exc, TimeoutError) or "Timeout" in type(exc).__name__
+        self._record(grant, call, 0, 0, int(getattr(exc, "_gateway_retries", 0)), text, reported=not timed_out,
+                     failure=failure, status=status)
+        code = status if status is not None and 400 <= status < 600 else 502
+        return _error(web, Refusal(code, "upstream", f"model endpoint: {text}"))
+
+    async def _stream(self, request: Any, grant: Grant, body: dict[str, Any], api: Any, call: _Forwarded) -> Any:
         from aiohttp import web
 
         usage: dict[str, int] = {}
@@ -205,23 +257,43 @@ class ModelGateway:
         except StopAsyncIteration:
             first = None
         except Exception as exc:
-            return self._failed(web, grant, exc, started, mono, began)
+            return self._failed(web, grant, exc, call)
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
-        await response.prepare(request)
-        error = None
+        error = failure = status = None
+        gone, deadline = False, 0.0
         try:
-            if first is not None:
-                await response.write(_sse(first) if framed else first)
-                async for chunk in chunks:
-                    await response.write(_sse(chunk) if framed else chunk)
-            if framed:
+            try:
+                await response.prepare(request)
+            except Exception:
+                gone, deadline = True, time.monotonic() + STREAM_DRAIN_S
+            item = first
+            while item is not None:
+                if not gone:
+                    try:
+                        await response.write(_sse(item) if framed else item)
+                    except Exception:  # the caller left: the provider's answer, and its usage, go on
+                        gone, deadline = True, time.monotonic() + STREAM_DRAIN_S
+                try:
+                    item = await (asyncio.wait_for(chunks.__anext__(), max(0.0, deadline - time.monotonic()))
+                                  if gone else chunks.__anext__())
+                except StopAsyncIteration:
+                    item = None
+                except Exception as exc:
+                    if gone and isinstance(exc, TimeoutError) and time.monotonic() >= deadline:
+                        error = f"the caller left and the provider's answer did not end within {STREAM_DRAIN_S:g} s"
+                    else:  # the provider dropped the stream midway
+                        error = self._scrub(f"{type(exc).__name__}: {exc}")[:500]
+                        failure, status = upstream.failure_class(exc)
+                    break
+            if framed and not gone and error is None:
                 await response.write(b"data: [DONE]\n\n")
-        except Exception as exc:  # the provider or the caller dropped the stream midway
-            error = self._scrub(f"{type(exc).__name__}: {exc}")[:500]
-        grant.record(upstream.call_row(self.cfg, started_at=started, started_mono=mono,
-                                       input_tokens=usage.get("input_tokens", 0),
-                                       output_tokens=usage.get("output_tokens", 0),
-                                       retries=usage.get("retries", 0), error=error), began=began)
+        except Exception:
+            pass  # the caller left at the very end: the answer was whole
+        finally:
+            await chunks.aclose()  # its usage is final once the stream is closed
+            self._record(grant, call, usage.get("input_tokens", 0), usage.get("output_tokens", 0),
+                         usage.get("retries", 0), error, reported=bool(usage.get("reported")), failure=failure,
+                         status=status)
         try:
             await response.write_eof()
         except Exception:

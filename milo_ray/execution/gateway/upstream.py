@@ -10,6 +10,12 @@ full-jitter backoff or the wait a 429's ``Retry-After`` names
 (:class:`~milo_ray.agents.llm.RetryWait`); each attempt takes a slot of the model's
 shared rate limiter, and the answer's tokens are reported to it (a stream's when it
 ends, however it ends).
+
+Also the rules every route shares: which tools a request may carry (:func:`check_tools`:
+an allow-list of the tools the client runs itself, so the provider never acts for the
+caller outside the sandbox or the meter), the upper bound of a call's tokens that
+admission reserves (:func:`call_bound`), and how a failed call is classed
+(:func:`failure_class`: the gateway's view, never the caller's).
 """
 
 from __future__ import annotations
@@ -27,8 +33,91 @@ ALLOWED_FIELDS = ("messages", "tools", "tool_choice", "temperature", "top_p", "s
                   "frequency_penalty", "logit_bias", "user")
 
 
+# Tool types the client runs itself: the only ones a request may carry. Every other type
+# (web search, file search, code interpreter, MCP, computer use, and any type added later)
+# is one the provider would run for the caller -- outside the sandbox's network policy and
+# billed apart from the tokens metered here -- so it is refused, never forwarded.
+CLIENT_TOOL_TYPES = ("function", "custom")
+# When neither the request nor the config bounds a call's output: the output assumed for
+# the call's reservation (a call that passes it is still charged what the provider billed).
+ASSUMED_OUTPUT_TOKENS = 32_768
+# Request fields that make the provider act outside the sandbox without naming a tool.
+PROVIDER_ACTION_FIELDS = ("web_search_options", "mcp_servers", "container")
+
+
 class BadRequest(ValueError):
     """The request cannot be forwarded as sent (HTTP 400 to the caller)."""
+
+
+def check_tools(tools: Any, *, field: str = "tools", untyped: bool = False, groups: tuple[str, ...] = ()) -> None:
+    """Refuse (:class:`BadRequest`) a tool list holding anything but client-run tools
+    (:data:`CLIENT_TOOL_TYPES`; ``untyped``: a tool without ``type`` is one too, as in the
+    Messages API; ``groups``: types that only group tools, each checked in turn)."""
+    if tools is None:
+        return
+    if not isinstance(tools, list):
+        raise BadRequest(f"{field}: a list of tools is required")
+    for i, tool in enumerate(tools):
+        if not isinstance(tool, Mapping):
+            raise BadRequest(f"{field}[{i}]: a tool object is required")
+        kind = tool.get("type")
+        if kind in CLIENT_TOOL_TYPES or (untyped and kind is None):
+            continue
+        if kind in groups:
+            check_tools(tool.get("tools"), field=f"{field}[{i}].tools", untyped=untyped, groups=groups)
+            continue
+        raise BadRequest(f"{field}[{i}]: type {kind!r} is a tool the provider would run for the caller, outside "
+                         "the sandbox and the gateway's metering; only tools the client runs itself are served "
+                         f"(type {' or '.join(repr(t) for t in CLIENT_TOOL_TYPES)}"
+                         f"{', or no type' if untyped else ''}): run it as a function tool in the sandbox")
+
+
+def check_tool_choice(choice: Any, *, words: tuple[str, ...], types: tuple[str, ...], untyped: bool = False) -> None:
+    """Refuse a ``tool_choice`` that names a provider-run tool: a word of ``words``, an
+    object of a type in ``types``, or an ``allowed_tools`` object whose tools are client-run."""
+    if choice is None or (isinstance(choice, str) and choice in words):
+        return
+    if isinstance(choice, Mapping):
+        kind = choice.get("type")
+        if kind in types:
+            return
+        if kind == "allowed_tools":
+            inner = choice.get("allowed_tools")
+            check_tools(choice.get("tools", inner.get("tools") if isinstance(inner, Mapping) else None),
+                        field="tool_choice.tools", untyped=untyped)
+            return
+    raise BadRequest(f"tool_choice={choice!r}: only {', '.join(words) or 'a tool'} the client runs itself may "
+                     "be chosen")
+
+
+def check_provider_actions(body: Mapping[str, Any]) -> None:
+    for name in PROVIDER_ACTION_FIELDS:
+        if body.get(name) is not None:  # even empty: `web_search_options: {}` turns search on
+            raise BadRequest(f"{name}: the provider would act for the caller outside the sandbox and the gateway's "
+                             "metering; leave it out and use function tools run in the sandbox")
+
+
+def output_bound(kwargs: Mapping[str, Any]) -> int:
+    """The output bound of a call's upstream arguments (:data:`ASSUMED_OUTPUT_TOKENS` when
+    it has none). The bound of its prompt is the request's size in bytes: a prompt never
+    has more tokens than bytes under a byte-level tokenizer, the JSON syntax is margin."""
+    out = kwargs.get("max_tokens", kwargs.get("max_output_tokens"))
+    return int(out) if isinstance(out, int) and not isinstance(out, bool) and out > 0 else ASSUMED_OUTPUT_TOKENS
+
+
+# The request field that bounds a call's output, per route (where admission's bound goes).
+OUTPUT_FIELD = "max_tokens"
+
+
+def failure_class(exc: BaseException) -> tuple[str, int | None]:
+    """How the gateway classes a forwarded call that failed past its retries, and the
+    provider's HTTP status: ``infra`` when the endpoint failed (what :func:`retryable`
+    retries: 429, 5xx, timeouts, dropped or refused connections), ``request`` when the
+    provider refused the request as sent (any other 4xx: bad request, auth, unknown model,
+    too large, unprocessable) or it failed in a way the endpoint cannot be blamed for."""
+    status = getattr(exc, "status_code", None)
+    status = status if isinstance(status, int) and 100 <= status < 600 else None
+    return ("infra" if retryable(exc) else "request"), status
 
 
 @dataclass
@@ -49,6 +138,9 @@ def request_kwargs(cfg: Any, key: str | None, body: Mapping[str, Any]) -> dict[s
     kwargs: dict[str, Any] = {k: body[k] for k in ALLOWED_FIELDS if k in body and body[k] is not None}
     if body.get("n") not in (None, 1):
         raise BadRequest("n: only one choice per call is served")
+    check_provider_actions(body)
+    check_tools(body.get("tools"))
+    check_tool_choice(body.get("tool_choice"), words=("none", "auto", "required"), types=CLIENT_TOOL_TYPES)
     with_endpoint(kwargs, cfg, key)
     cap = _field(cfg, "max_output_tokens")
     if cap is not None:
@@ -136,7 +228,8 @@ async def stream(cfg: Any, key: str | None, body: Mapping[str, Any], limiter: An
     """A streamed call: yields each chunk as a dict. The stream is retried only until it
     opens (a retry after the first chunk would repeat text already delivered). The
     provider is asked to include usage in the last chunk; ``usage_out`` receives
-    ``input_tokens``, ``output_tokens`` and ``retries``."""
+    ``input_tokens``, ``output_tokens``, ``retries`` and ``reported`` (whether a chunk
+    carried the provider's usage: a stream cut before it did not)."""
     import litellm
 
     kwargs = request_kwargs(cfg, key, body)
@@ -148,9 +241,11 @@ async def stream(cfg: Any, key: str | None, body: Mapping[str, Any], limiter: An
             cin, cout = _usage(chunk)
             if cin or cout:
                 tin, tout = cin, cout
+                usage_out["reported"] = 1
             yield _as_dict(chunk)
     finally:
-        # A stream cut midway was billed for what the provider reported by then.
+        # What the provider reported by the end (the gateway charges a stream that never
+        # reported its usage its reservation instead).
         usage_out["input_tokens"], usage_out["output_tokens"] = tin, tout
         _report(limiter, tin + tout)
 
