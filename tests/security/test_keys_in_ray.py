@@ -127,7 +127,7 @@ import glob, os
 from langchain.agents import create_agent
 
 def _seen():
-    needle = os.environ.get("MILO_NEVER_SET", "") or %r
+    needle = %r
     hits = [k for k, v in os.environ.items() if needle in v]
     for path in glob.glob("/proc/*/environ"):
         try:
