@@ -47,12 +47,14 @@ def test_ray_starts_and_joins_without_any_credential_variable(monkeypatch):
     kept = {"TOKENIZERS_PARALLELISM": "false", "RAY_AUTH_TOKEN_PATH": "/x", "MILO_PLAIN": "1"}
     for k, v in {**keys, **kept}.items():
         monkeypatch.setenv(k, v)
+    before = dict(redaction._secrets)  # what this test process had registered: put back after
     redaction.register({"MILO_ODD_NAME": keys["MILO_ODD_NAME"]})
     try:
         cluster.start_local(num_cpus=1)
         cluster.join("ray://example:10001")
     finally:
         redaction.clear()
+        redaction.register(before)
     for env, kwargs in seen:
         assert not set(keys) & set(env)
         assert all(env[k] == v for k, v in kept.items())
