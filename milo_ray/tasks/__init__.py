@@ -2,7 +2,7 @@
 
 For every task of a Harbor directory or a SWE-style JSONL file: static checks (format,
 files, which sandbox can run it, whether its image is on the Docker host, whether its
-verifier reaches for the network), its reference solution graded, a do-nothing agent
+verifier script has a fetch step, a note), its reference solution graded, a do-nothing agent
 graded, optionally the reference solution again to catch a flaky verifier -- all through
 the rollout scheduler, in parallel -- and one verdict per task (:mod:`.verdicts`).
 
