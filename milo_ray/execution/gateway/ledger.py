@@ -86,6 +86,7 @@ class Grant:
         self.failures: list[dict[str, Any]] = []
         self.in_flight = 0
         self.reserved = 0  # tokens reserved by the calls in flight
+        self._used = 0  # tokens of the recorded calls (kept, not summed per call)
         self._open: dict[int, int] = {}  # ticket -> reservation of each call in flight
         self._began: dict[int, tuple[float, int | None]] = {}  # ticket -> (start, journal number)
         self._tickets = 0
@@ -183,6 +184,7 @@ class Grant:
         self.in_flight = max(0, self.in_flight - 1)
         self.reserved = max(0, self.reserved - int(reserved))
         self.calls.append(call)
+        self._used += int(call["input_tokens"]) + int(call["output_tokens"])
         if failure is not None:
             self.failures.append({"call": len(self.calls) - 1, "class": failure, "status": status,
                                   "error": call.get("error")})
@@ -231,7 +233,7 @@ class Grant:
             self.ended = True
 
     def _used_locked(self) -> int:
-        return sum(int(c["input_tokens"]) + int(c["output_tokens"]) for c in self.calls)
+        return self._used
 
     def _cap_text(self, reason: str) -> str:
         if reason == "token_cap":
