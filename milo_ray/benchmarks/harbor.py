@@ -59,12 +59,13 @@ def tail(text: str, n: int = TAIL) -> str:
     return text if len(text) <= n else "..." + text[-n:]
 
 
-def diagnose(output: str, script: str | None = None, who: str = "the test runner") -> str:
+def diagnose(output: str, script: str | None = None, who: str = "the test runner", *, reported: bool = False) -> str:
     """Why a verifier's (or ``who``'s) environment, not the answer, may have failed, or ''.
     ``script``: the commands that ran, whose fetch steps alone can show that the network
-    was needed (None: unknown; see :mod:`milo_ray.benchmarks.network_evidence`)."""
+    was needed (None: unknown; see :mod:`milo_ray.benchmarks.network_evidence`);
+    ``reported``: the tests wrote their own report, so whatever fetch failed did not stop them."""
     notes = []
-    fetch = fetch_failure(output, script)
+    fetch = fetch_failure(output, script, reported=reported)
     if fetch:
         notes.append(f"{who} needs the network ({fetch}; allow the task internet access or preinstall "
                      "what it fetches in the image)")
@@ -221,7 +222,7 @@ class HarborFormat:
         output = res.output or ""
         score, values, rerr, ctrf = read_verifier_files(sandbox)
         out_tail = output[-OUTPUT_CAP:]
-        why = diagnose(output, shell_scripts(task_root(task) / "tests"))
+        why = diagnose(output, shell_scripts(task_root(task) / "tests"), reported=ctrf is not None)
         if rerr:
             return Verdict(0.0, error=f"{rerr}; verifier output: {tail(output)}", reward=values, ctrf=ctrf,
                            output=out_tail, seconds=elapsed)

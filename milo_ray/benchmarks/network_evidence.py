@@ -11,6 +11,10 @@ script itself* failed to get what it fetches:
 * or a command the script runs after a fetch step not being found (``uvx: command not
   found`` after ``curl ... install.sh | sh`` printed nothing: the installer fetched nothing).
 
+And only when the tests then did not report: a failed fetch step followed by a test runner's
+summary (pytest's ``== 3 passed, 1 failed in 0.2s ==``, unittest's ``Ran 4 tests``) or a CTRF
+report means the runner was there already (preinstalled, cached); the score is the answer's.
+
 Never on a bare exception or traceback -- ``Temporary failure in name resolution``,
 ``ConnectionError``, ``Connection refused``, ``Network is unreachable`` printed by a test:
 a verifier may probe a blocked URL on purpose (a task about network policy checks that the
@@ -91,6 +95,11 @@ _PROBES = {"curl", "wget"}
 _NOT_FETCHED = {"python", "python3"}
 
 
+# A test runner's own summary: the tests ran and were counted.
+_REPORTED = re.compile(r"^=+ .*\b(?:passed|failed|errors?|skipped|xfailed|deselected)\b.* in [\d.]+m?s\b.*=+\s*$|"
+                       r"^Ran \d+ tests? in [\d.]+s$", re.M)
+
+
 def script_lines(script: str) -> list[str]:
     """The script's command lines (comments and blank lines left out)."""
     return [ln.strip() for ln in script.splitlines() if ln.strip() and not ln.strip().startswith("#")]
@@ -112,10 +121,12 @@ def _short(text: str, n: int = 100) -> str:
     return text if len(text) <= n else text[: n - 3] + "..."
 
 
-def fetch_failure(output: str, script: str | None = None) -> str:
+def fetch_failure(output: str, script: str | None = None, *, reported: bool = False) -> str:
     """What shows that a fetch step of ``script`` failed (module docstring: the rule),
-    or '' when nothing does."""
+    or '' when nothing does. ``reported``: the tests wrote their own report (a CTRF file)."""
     output = output or ""
+    if reported or _REPORTED.search(output):
+        return ""
     steps = fetch_steps(script) if script is not None else []
     step_tools = {name for _, name, _ in steps}
     for tool in TOOLS:

@@ -88,3 +88,14 @@ def test_the_reference_solution_is_named_when_its_fetch_fails():
     note = diagnose("curl: (7) Failed to connect to x.example port 443", "curl -fsSL https://x.example/a.tgz -o a.tgz\n",
                     who="the reference solution")
     assert note.startswith("the reference solution needs the network (`curl -fsSL https://x.example/a.tgz -o a.tgz`")
+
+
+def test_a_failed_fetch_step_whose_tests_still_ran_and_reported_is_not_evidence():
+    # The runner was there already (preinstalled, cached): the 0 is the answer's.
+    script = "curl -LsSf https://astral.sh/uv/install.sh | sh\nuvx -w pytest pytest /tests/test_outputs.py -rA\n"
+    failed = "curl: (6) Could not resolve host: astral.sh\n"
+    assert fetch_failure(failed, script).startswith("`curl -LsSf")
+    pytest_summary = "FAILED test_outputs.py::test_status\n==================== 1 failed, 3 passed in 0.52s ====================\n"
+    assert fetch_failure(failed + pytest_summary, script) == ""
+    assert fetch_failure(failed + "-" * 70 + "\nRan 4 tests in 0.003s\n\nFAILED (failures=1)\n", script) == ""
+    assert diagnose(failed, script, reported=True) == ""  # the verifier wrote its CTRF report
