@@ -186,7 +186,11 @@ class HarborFormat:
 
     name = "harbor"
     # What Harbor's verifier sees of the agent phase besides the workspace: the agent's
-    # logs and what the task asks it to publish (trial/paths.py: EnvironmentPaths).
+    # logs and what the task asks it to publish (harbor's EnvironmentPaths). Harbor's
+    # default (shared) verifier runs in the agent's own environment, where both are simply
+    # there; its separate-verifier mode re-uploads /logs/artifacts through a tar filter
+    # that drops special files and links leaving it. Grading here is always a fresh
+    # sandbox, so both arrive as the host's copies, read-only (execution/sandbox/carried.py).
     carried_dirs = (f"{LOGS_DIR}/agent", f"{LOGS_DIR}/artifacts")
 
     def sandbox_spec(self, task: Task) -> SandboxSpec:
