@@ -1,10 +1,13 @@
-"""Which failures are the model endpoint's rather than the caller's.
+"""Which failures are the model endpoint's rather than the caller's, as a caller in its
+own process sees them.
 
-The rollout executor, the harness process inside the sandbox and the search agents all
-sort an exception the same way: an endpoint failure (past its retries) is infrastructure,
-anything else is the harness's or the agent's own fault. Checked by the exception's
-class hierarchy, so nothing here imports the client libraries (``import litellm`` takes
-seconds)."""
+The search agents sort an exception this way: an endpoint failure (past its retries) is
+the model call's, anything else the agent's own fault. The harness process inside the
+sandbox uses it too, but only to say what it saw (``endpoint_error``, informational): a
+rollout's failure class is decided on the host, by the model gateway's record of the
+call that failed (:meth:`milo_ray.execution.gateway.ledger.Grant.endpoint_failure`), never
+by what the harness reports. Checked by the exception's class hierarchy, so nothing here
+imports the client libraries (``import litellm`` takes seconds)."""
 
 from __future__ import annotations
 

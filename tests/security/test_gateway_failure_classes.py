@@ -106,6 +106,30 @@ def test_one_harness_cannot_make_the_run_retry_it_without_end():
         RetryPolicy(max_harness_retries=-1)
 
 
+def test_the_scheduler_stops_retrying_a_harness_once_it_used_the_runs_retries(ray_local):
+    """Three rollouts of one harness whose every attempt is an infrastructure failure: each
+    may be retried 3 times, the harness 2 times in all, so 5 attempts run, not 12."""
+    from milo_ray.core.tasks import Task
+    from milo_ray.execution.scheduler import RolloutScheduler
+    from milo_ray.store import MemoryRunStore
+
+    harness = Harness.from_source("def build_agent(model, backend):\n    return 'flaky'\n")
+    # SleepExecutor reports the task's out-of-contract score: an infrastructure failure.
+    tasks = {"bad": Task("bad", "search", "x", 30.0, 1000, {"score": 1.5})}
+    store = MemoryRunStore(run_id="bound")
+    sched = RolloutScheduler({"_target_": "milo_ray.execution.fake.SleepExecutor", "seconds": 0.0}, tasks, store,
+                             model_id="m", run_id="bound", max_retries=3, retry_backoff_s=0.0,
+                             max_harness_retries=2, progress=False)
+    try:
+        sched.add_harness(harness)
+        results = sched.run([RolloutRequest(harness.harness_id, "bad", i, seed=1) for i in range(3)])
+    finally:
+        sched.close()
+    assert all(r.error_kind == "infra" for r in results)
+    assert sum(r.attempts for r in results) == 3 + 2
+    assert sum("max_harness_retries" in r.error for r in results) >= 1
+
+
 # --- real harnesses in bwrap ---------------------------------------------------------------
 _HARNESS = '''
 from langchain_core.messages import AIMessage, HumanMessage
