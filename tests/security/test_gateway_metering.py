@@ -205,3 +205,28 @@ def test_a_call_still_in_flight_when_its_rollout_ends_is_charged_once(tmp_path):
     (call,) = first
     assert call["output_tokens"] > 400 and "still in flight" in call["error"]  # bytes + max_tokens
     assert grant.calls == first  # charged once: the late answer adds nothing
+
+
+def test_a_call_the_provider_answers_too_late_is_charged_its_reservation(tmp_path):
+    """The gateway stopped waiting (its request timeout), but the provider went on and
+    billed the answer: the call is charged its upper bound, and the endpoint's failure."""
+    async def go():
+        import aiohttp
+
+        with ScriptedOpenAIServer([reply("late", prompt_tokens=30, completion_tokens=20)]) as srv:
+            srv.script[0].delay_s = 1.5
+            gw = await _gateway(srv.url, tmp_path, request_timeout_s=0.3, max_output_tokens=100)
+            grant = gw.issue("h/t")
+            async with aiohttp.ClientSession(connector=aiohttp.UnixConnector(path=gw.socket_path)) as s:
+                async with s.post("http://gateway/v1/chat/completions",
+                                  headers={"Authorization": f"Bearer {grant.token}"},
+                                  json={"messages": [{"role": "user", "content": "hi"}]}) as r:
+                    status = r.status
+            await gw.close()
+            return grant, status
+
+    grant, status = asyncio.run(go())
+    assert status >= 400
+    (call,) = grant.calls
+    assert call["output_tokens"] == 100 and call["input_tokens"] > 0 and "reserved upper bound" in call["error"]
+    assert [f["class"] for f in grant.failures] == ["infra"]
