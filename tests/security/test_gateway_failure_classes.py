@@ -56,8 +56,12 @@ def _calls(url: str, tmp_path, prompts: list[str]):
         client = openai.AsyncOpenAI(api_key=grant.token, base_url="http://gateway/v1", max_retries=0,
                                     http_client=httpx.AsyncClient(transport=httpx.AsyncHTTPTransport(uds=gw.socket_path)))
         for prompt in prompts:
+            # A string is the prompt; a dict, more of the request (e.g. a provider-run tool).
+            extra = prompt if isinstance(prompt, dict) else {}
+            text = "hello" if extra else prompt
             try:
-                await client.chat.completions.create(model="any", messages=[{"role": "user", "content": prompt}])
+                await client.chat.completions.create(model="any", messages=[{"role": "user", "content": text}],
+                                                     **extra)
             except openai.APIStatusError:
                 pass
         await client.close()
@@ -92,6 +96,26 @@ def test_a_provoked_refusal_after_an_outage_leaves_no_endpoint_failure_to_claim(
         grant = _calls(srv.url, tmp_path, ["OUTAGE-503", "hello", "PROVOKE-400"])
     assert [f["class"] for f in grant.failures] == ["infra", "request"]
     assert grant.endpoint_failure() is None
+
+
+def test_a_refused_request_after_an_outage_leaves_no_endpoint_failure_to_claim(tmp_path):
+    web_search = {"tools": [{"type": "web_search"}]}
+    with ScriptedOpenAIServer(_provider) as srv:
+        grant = _calls(srv.url, tmp_path, ["OUTAGE-503", web_search])
+    assert [f["class"] for f in grant.failures] == ["infra", "refused"]
+    assert grant.endpoint_failure() is None
+
+
+def test_refused_requests_are_counted_and_only_the_first_kept(tmp_path):
+    """A harness may send any number of requests the gateway refuses: they cost the
+    provider nothing, and the grant does not grow with them."""
+    from milo_ray.execution.gateway.ledger import KEPT_REFUSALS
+
+    with ScriptedOpenAIServer(_provider) as srv:
+        grant = _calls(srv.url, tmp_path, [{"tools": [{"type": "code_interpreter"}]}] * (KEPT_REFUSALS + 20))
+        assert srv.requests == []
+    assert grant.refusals == KEPT_REFUSALS + 20 and len(grant.failures) == KEPT_REFUSALS
+    assert grant.calls == []
 
 
 def test_one_harness_cannot_make_the_run_retry_it_without_end():

@@ -58,6 +58,9 @@ class Admission:
 
 # The failure classes the gateway records (see the module docstring).
 FAILURE_CLASSES = ("infra", "request", "refused")
+# Refused requests cost the provider nothing and a harness can send any number of them:
+# the first ones are kept with their reasons, the rest only counted.
+KEPT_REFUSALS = 100
 
 
 class Grant:
@@ -84,6 +87,8 @@ class Grant:
         # The failed and refused calls, each {"call": index in calls or None, "class",
         # "status", "error"}: the class is the gateway's decision, never the harness's.
         self.failures: list[dict[str, Any]] = []
+        self.refusals = 0  # requests refused before they went upstream (the first KEPT_REFUSALS in failures)
+        self._endpoint_failed: str | None = None  # the error of the last request when it failed as infra
         self.in_flight = 0
         self.reserved = 0  # tokens reserved by the calls in flight
         self._used = 0  # tokens of the recorded calls (kept, not summed per call)
@@ -185,6 +190,7 @@ class Grant:
         self.reserved = max(0, self.reserved - int(reserved))
         self.calls.append(call)
         self._used += int(call["input_tokens"]) + int(call["output_tokens"])
+        self._endpoint_failed = (call.get("error") or "the model endpoint failed") if failure == "infra" else None
         if failure is not None:
             self.failures.append({"call": len(self.calls) - 1, "class": failure, "status": status,
                                   "error": call.get("error")})
@@ -199,22 +205,20 @@ class Grant:
         """A request refused before it was admitted or forwarded (malformed, or asking the
         provider to act outside the sandbox): noted in :attr:`failures`, nothing charged."""
         with self._lock:
-            self.failures.append({"call": None, "class": "refused", "status": refusal.status,
-                                  "error": refusal.message[:500]})
+            self.refusals += 1
+            self._endpoint_failed = None
+            if self.refusals <= KEPT_REFUSALS:
+                self.failures.append({"call": None, "class": "refused", "status": refusal.status,
+                                      "error": refusal.message[:500]})
         return refusal
 
     def endpoint_failure(self) -> str | None:
-        """The error of the rollout's last recorded call when it failed as ``infra`` (the
-        endpoint, past the gateway's retries), else None: the only ground on which the
-        rollout is an infrastructure failure. Whatever the harness says about itself is
-        not asked."""
+        """The error of the rollout's last request when it was a call that failed as
+        ``infra`` (the endpoint, past the gateway's retries), else None (a later call or
+        refused request clears it): the only ground on which the rollout is an
+        infrastructure failure. Whatever the harness says about itself is not asked."""
         with self._lock:
-            if not self.calls:
-                return None
-            last = self.failures[-1] if self.failures and self.failures[-1]["call"] == len(self.calls) - 1 else None
-            if last is None or last["class"] != "infra":
-                return None
-            return last["error"] or "the model endpoint failed"
+            return self._endpoint_failed
 
     def refuse_for_run_budget(self, reason: str, admission: Admission) -> Refusal:
         """The run's budget refused a call admitted by :meth:`admit`: it is not forwarded,

@@ -194,7 +194,7 @@ class ModelGateway:
                 raise upstream.BadRequest("the body must be a JSON object")
             # Validated (and provider-run tools refused) before anything is spent.
             kwargs = api.request_kwargs(self.cfg, None, body)
-        except (ValueError, upstream.BadRequest) as exc:
+        except (ValueError, TypeError, upstream.BadRequest) as exc:  # a field of the wrong type: TypeError
             return _error(web, grant.refused(Refusal(400, "bad_request", f"bad request: {exc}")))
         admission = grant.admit(len(raw), upstream.output_bound(kwargs))
         if isinstance(admission, Refusal):
