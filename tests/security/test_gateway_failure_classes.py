@@ -26,8 +26,8 @@ SANDBOX = {"_target_": "milo_ray.execution.sandbox.bwrap.BwrapSandboxFactory"}
 needs_bwrap = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap is not installed")
 
 # Each marker in a prompt makes the scripted provider answer so.
-ANSWERS = {"PROVOKE-400": 400, "PROVOKE-401": 401, "PROVOKE-404": 404, "PROVOKE-413": 413, "PROVOKE-422": 422,
-           "OUTAGE-503": 503, "OUTAGE-500": 500, "OUTAGE-429": 429}
+ANSWERS = {"PROVOKE-400": 400, "PROVOKE-401": 401, "PROVOKE-403": 403, "PROVOKE-404": 404, "PROVOKE-413": 413,
+           "PROVOKE-422": 422, "OUTAGE-503": 503, "OUTAGE-500": 500, "OUTAGE-429": 429}
 
 
 def _provider(body: dict) -> Reply:
@@ -71,7 +71,8 @@ def _calls(url: str, tmp_path, prompts: list[str]):
     return asyncio.run(go())
 
 
-@pytest.mark.parametrize("marker", ["PROVOKE-400", "PROVOKE-401", "PROVOKE-404", "PROVOKE-413", "PROVOKE-422"])
+@pytest.mark.parametrize("marker", ["PROVOKE-400", "PROVOKE-401", "PROVOKE-403", "PROVOKE-404", "PROVOKE-413",
+                                    "PROVOKE-422"])
 def test_a_request_the_provider_refuses_is_the_requests_failure_never_the_endpoints(tmp_path, marker):
     with ScriptedOpenAIServer(_provider) as srv:
         grant = _calls(srv.url, tmp_path, ["hello", marker])
@@ -95,6 +96,18 @@ def test_a_provoked_refusal_after_an_outage_leaves_no_endpoint_failure_to_claim(
     with ScriptedOpenAIServer(_provider) as srv:
         grant = _calls(srv.url, tmp_path, ["OUTAGE-503", "hello", "PROVOKE-400"])
     assert [f["class"] for f in grant.failures] == ["infra", "request"]
+    assert grant.endpoint_failure() is None
+
+
+@pytest.mark.parametrize("marker", ["PROVOKE-401", "PROVOKE-403"])
+def test_a_refused_key_is_the_endpoints_failure_until_the_provider_has_accepted_it(tmp_path, marker):
+    """A 401/403 before any answer may be the host's key going bad: infrastructure, so the
+    run retries and records it instead of scoring every rollout 0. Once the key has been
+    answered, the same status is the request's."""
+    with ScriptedOpenAIServer(_provider) as srv:
+        grant = _calls(srv.url, tmp_path, [marker, "hello", marker])
+    assert [(f["class"], f["status"]) for f in grant.failures] == [("infra", ANSWERS[marker]),
+                                                                  ("request", ANSWERS[marker])]
     assert grant.endpoint_failure() is None
 
 

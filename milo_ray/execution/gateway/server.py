@@ -72,6 +72,9 @@ class ModelGateway:
         self.grants = GrantBook()
         self._key: str | None = None
         self._limiter: Any = "unset"
+        # Whether the provider has answered this gateway's key: until it has, a 401/403 may
+        # be the key's fault (the host's), not the request's.
+        self._key_works = False
         self._runner: Any = None
         self.loop: asyncio.AbstractEventLoop | None = None
 
@@ -216,6 +219,7 @@ class ModelGateway:
             answer = await api.complete(self.cfg, self._key, body, self._limiter_for())
         except Exception as exc:
             return self._failed(web, grant, exc, call)
+        self._key_works = True
         self._record(grant, call, answer.input_tokens, answer.output_tokens, answer.retries, None)
         return web.json_response(answer.body)
 
@@ -236,6 +240,8 @@ class ModelGateway:
     def _failed(self, web: Any, grant: Grant, exc: BaseException, call: _Forwarded) -> Any:
         text = self._scrub(f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")[:500]
         failure, status = upstream.failure_class(exc)
+        if status in (401, 403) and not self._key_works:
+            failure = "infra"  # nothing has shown the key works: the host's, not the harness's
         # An answer with an error status was billed nothing; a request that timed out may
         # have been answered, and billed, after the gateway stopped waiting.
         timed_out = isinstance(exc, TimeoutError) or "Timeout" in type(exc).__name__
@@ -258,6 +264,7 @@ class ModelGateway:
             first = None
         except Exception as exc:
             return self._failed(web, grant, exc, call)
+        self._key_works = True
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
         error = failure = status = None
         gone, deadline = False, 0.0
