@@ -243,9 +243,7 @@ class AgentExecutor:
                 binds = await self._binds_at_open(harness, scratch)
                 sandbox = await asyncio.to_thread(self.sandbox.open, spec, scratch / "agent", **binds)
             try:
-                if getattr(fmt, "carried_dirs", ()):
-                    # As in the task's own environment, the agent finds them there to write into.
-                    await asyncio.to_thread(sandbox.execute, "mkdir -p " + " ".join(map(shlex.quote, fmt.carried_dirs)))
+                await asyncio.to_thread(_make_carried_dirs, fmt, sandbox)
                 run = await self._act(harness, task, sandbox, scratch, spare.process if spare else None)
             except BaseException:
                 await asyncio.to_thread(sandbox.close)
@@ -430,6 +428,16 @@ def _carry(fmt: Any, sandbox: Any, scratch: Path) -> CarriedDirs | None:
     a sandbox writes. None when the format carries nothing."""
     dirs = tuple(getattr(fmt, "carried_dirs", ()))
     return carry_dirs(sandbox, dirs, scratch / "carried") if dirs else None
+
+
+def _make_carried_dirs(fmt: Any, sandbox: Any) -> None:
+    """Make the directories ``fmt`` carries to the verifier inside the agent's sandbox, by
+    the sandbox's own user, so the agent finds them as in the task's environment. Only in
+    a sandbox with its own view of the task's paths (bwrap, Docker): the local sandbox's
+    commands would make them on the host."""
+    dirs = tuple(getattr(fmt, "carried_dirs", ()))
+    if dirs and (hasattr(sandbox, "fresh_for_grading") or hasattr(sandbox, "workspace_dir")):
+        sandbox.execute("mkdir -p " + " ".join(map(shlex.quote, dirs)))
 
 
 def _binds_of(carried: CarriedDirs | None) -> dict[str, Any]:

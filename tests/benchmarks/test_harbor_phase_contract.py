@@ -96,6 +96,19 @@ def test_an_agent_phase_link_to_a_host_file_brings_nothing_into_the_verifier(tmp
     assert canary.read_text() == "HOST-SECRET-CANARY\n"  # the host file itself is untouched
 
 
+def test_the_agent_finds_the_carried_dirs_made_but_never_on_the_host_by_a_local_sandbox():
+    from types import SimpleNamespace
+
+    from milo_ray.benchmarks.harbor import HARBOR
+    from milo_ray.execution.agent_executor import _make_carried_dirs
+
+    ran: list[str] = []
+    _make_carried_dirs(HARBOR, SimpleNamespace(execute=ran.append))  # the local sandbox: the host's paths
+    assert ran == []
+    _make_carried_dirs(HARBOR, SimpleNamespace(execute=ran.append, workspace_dir="/scratch/ws"))  # bwrap
+    assert ran == ["mkdir -p /logs/agent /logs/artifacts"]
+
+
 PLANTING_HARNESS = """
 import os
 from langchain.agents import create_agent
