@@ -11,7 +11,8 @@ whose members are read here, never extracted by ``tarfile``. The agent wrote the
 * no symlink is ever followed, and only regular files and directories are carried: a
   symlink, hard link, fifo, socket or device is dropped, as is a tar name that would leave
   the directory (absolute, ``..``);
-* the file count and the total size are capped (:data:`MAX_FILES`, :data:`MAX_BYTES`);
+* the number of entries (files and directories) and the total size are capped
+  (:data:`MAX_FILES`, :data:`MAX_BYTES`);
 * what was dropped, and why, is recorded (:meth:`CarriedDirs.record`; the executor keeps
   it in the rollout's trace, beside the verifier's output).
 
@@ -35,7 +36,7 @@ from typing import IO, Any, Sequence
 
 from milo_ray.core.nofollow import Refusal, Tree, UnsafePath, read_tree_nofollow, safe_relpath, write_tree_nofollow
 
-MAX_FILES = 10_000  # entries of all carried directories together
+MAX_FILES = 10_000  # entries (files and directories) of all carried directories together
 MAX_BYTES = 64 << 20  # bytes of all carried files together
 MAX_DROPPED_KEPT = 100  # dropped entries named in the record (all are counted)
 # One docker cp of a capped tree takes seconds; a hung daemon then fails the copy (recorded
@@ -73,11 +74,12 @@ def carry_dirs(sandbox: Any, paths: Sequence[str], dest: Path, *, max_files: int
     """Copy each sandbox directory of ``paths`` out of ``sandbox`` (whose processes are
     dead) into ``dest``, a directory this call creates (module docstring: how)."""
     out = CarriedDirs()
+    entries = 0
     dest.mkdir(mode=0o755)
     os.chmod(dest, 0o755)  # the host's own new directory: readable by the sandbox user
     for i, inside in enumerate(paths):
         target = dest / f"{i}-{posixpath.basename(inside.rstrip('/')) or 'root'}"
-        files, size = max(0, max_files - out.files), max(0, max_bytes - out.bytes)
+        files, size = max(0, max_files - entries), max(0, max_bytes - out.bytes)
         export = getattr(sandbox, "export_tar", None)
         tree = _from_tar(export(inside), files, size) if export is not None else _from_host(sandbox, inside, files, size)
         target.mkdir(mode=0o755)
@@ -85,6 +87,7 @@ def carry_dirs(sandbox: Any, paths: Sequence[str], dest: Path, *, max_files: int
         write_tree_nofollow(target, tree)
         out.binds[str(target)] = inside
         out._add(inside, tree)
+        entries += len(tree.files) + len(tree.dirs)
     return out
 
 
