@@ -79,6 +79,8 @@ class ModelGateway:
         self.loop: asyncio.AbstractEventLoop | None = None
 
     def set_key(self, key: str | None) -> None:
+        if (key or None) != self._key:
+            self._key_works = False  # a new key has not been answered yet
         self._key = key or None
 
     # --- lifecycle ------------------------------------------------------------------------
