@@ -669,6 +669,26 @@ MUTATIONS: tuple[Mutation, ...] = (
         "a link the agent planted brings a host file into the verifier",
     ),
     Mutation(
+        "gateway-4xx-is-infra", "milo_ray/execution/gateway/upstream.py",
+        'return ("infra" if retryable(exc) else "request"), status', 'return "infra", status',
+        ("tests/security/test_gateway_failure_classes.py::"
+         "test_a_request_the_provider_refuses_is_the_requests_failure_never_the_endpoints",),
+        "a 4xx the harness provoked re-rolls its rollout as an infrastructure failure",
+    ),
+    Mutation(
+        "stream-usage-unknown-is-zero", "milo_ray/execution/gateway/server.py",
+        'reported=bool(usage.get("reported"))', "reported=True",
+        ("tests/security/test_gateway_metering.py::test_a_stream_the_provider_cuts_before_its_usage_is_charged_its_reservation",),
+        "a stream cut before its usage chunk is charged 0 tokens",
+    ),
+    Mutation(
+        "provider-tools-forwarded", "milo_ray/execution/gateway/upstream.py",
+        "        if kind in CLIENT_TOOL_TYPES or (untyped and kind is None):", "        if True:",
+        ("tests/security/test_gateway_provider_tools.py::"
+         "test_provider_run_tools_are_refused_on_the_chat_route_before_anything_goes_upstream",),
+        "provider-run tools reach the provider, outside the sandbox and the meter",
+    ),
+    Mutation(
         "ci-rotation-stuck", "scripts/ci_rotation.py",
         "        part = count % PARTS\n", "        part = 0\n",
         ("tests/test_ci_rotation.py",),
