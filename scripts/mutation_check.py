@@ -162,8 +162,8 @@ MUTATIONS: tuple[Mutation, ...] = (
     # The run's budget at the gateway (tests/security/test_run_budget.py).
     Mutation(
         "gateway-run-budget-off", "milo_ray/execution/gateway/server.py",
-        "            if spent is not None:\n                return _error(web, grant.refuse_for_run_budget(spent))",
-        "            if False:\n                return _error(web, grant.refuse_for_run_budget(spent))",
+        "            if spent is not None:\n                return _error(web, grant.refuse_for_run_budget(spent, admission))",
+        "            if False:\n                return _error(web, grant.refuse_for_run_budget(spent, admission))",
         ("tests/security/test_run_budget.py::test_two_gateways_share_the_run_budget_and_stop_paying_within_the_bound",),
         "a rollout goes on paying for model calls after the run's USD budget is spent",
     ),
@@ -361,7 +361,7 @@ MUTATIONS: tuple[Mutation, ...] = (
     ),
     Mutation(
         "store-rows-unredacted", "milo_ray/store/core.py",
-        "rows = redaction.redact_obj(list(rows))", "rows = list(rows)",
+        "rows = storable(redaction.redact_obj(rows))", "rows = storable(rows)",
         ("tests/store/test_contract.py::TestRunStoreContract::test_registered_secrets_are_redacted_from_every_write",),
         "a key value in an error text or an event payload is stored in a table",
     ),
@@ -450,7 +450,7 @@ MUTATIONS: tuple[Mutation, ...] = (
     ),
     Mutation(
         "journal-call-not-begun", "milo_ray/execution/gateway/ledger.py",
-        "        return None if self.journal is None else self.journal.began(started_at)\n", "        return None\n",
+        "        began = None if self.journal is None else self.journal.began(started_at)\n", "        began = None\n",
         ("tests/reliability/test_call_journal.py",),
         "a forwarded call is never journaled, so one in flight at a kill is not known on resume",
     ),
