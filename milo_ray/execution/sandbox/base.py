@@ -77,6 +77,17 @@ class Sandbox(BaseSandbox):
     def close(self) -> None:
         """Kill everything and release the sandbox (idempotent)."""
 
+    def oom_kills(self) -> int | None:
+        """How many of the sandbox's processes the kernel's OOM killer has killed so far,
+        as the sandbox's own memory cgroup counts them; None when this sandbox has no such
+        counter (then nothing may be reported as "out of memory" on its word)."""
+        return None
+
+    def shell_path(self, path: str) -> str:
+        """``path`` (a task path such as the workdir) as a command's shell sees it: the
+        same path in a sandbox with its own view of the task's paths (bwrap, Docker)."""
+        return path
+
     def __enter__(self) -> "Sandbox":
         return self
 

@@ -444,6 +444,9 @@ class BwrapSandbox(Sandbox):
     def download_files(self, paths: list[str]) -> list[FileDownloadResponse]:
         return self.dirs.download(paths)
 
+    def oom_kills(self) -> int | None:
+        return self._cgroup.oom_kills()
+
     def interrupt(self) -> None:
         with self._lock:
             running = list(self._running)

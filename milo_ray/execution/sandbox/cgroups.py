@@ -6,6 +6,12 @@ hosts) and with a delegated cgroup v2 subtree (our own cgroup already enables th
 controllers for its children, as systemd's ``Delegate=yes`` or a container runtime does).
 When neither is writable, :func:`probe_cgroups` reports nothing available and the caller
 falls back to rlimits; it never half-applies a limit.
+
+A sandbox's cgroups are removed when it closes. Their names carry the creating process's
+owner tag (:mod:`leftovers`), and the first sandbox a process opens under a parent first
+removes the cgroups there whose owner died (:func:`reap_cgroups`): a worker that was
+killed cannot close its sandboxes, the next one cleans up after it, and a live sandbox's
+cgroup (empty between two commands) is never taken for a leftover.
 """
 
 from __future__ import annotations
@@ -18,7 +24,11 @@ import weakref
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from milo_ray.execution.sandbox.leftovers import owned_name, owner_of, reap_once
+
 CONTROLLERS = ("pids", "memory", "cpu")
+# Every per-sandbox cgroup's name starts with this, then its owner tag.
+CGROUP_PREFIX = "milo_ray_"
 # CFS period for the CPU quota: the kernel default (100 ms); quota = cpus * period.
 _CPU_PERIOD_US = 100_000
 
@@ -132,6 +142,10 @@ class SandboxCgroup:
             )
         self.enforced = tuple(sorted(wanted))
         self.dirs: list[Path] = []
+        self._memory_dir: Path | None = None
+        for parent in {support.parents[ctrl] for ctrl in wanted}:
+            reap_once(("cgroup", str(parent)), lambda parent=parent: reap_cgroups(parent))
+        name = owned_name(CGROUP_PREFIX, name)
         # A sandbox dropped without close() must not leave its cgroups behind for good
         # (the list is shared, so close() emptying it disarms this). Not a method of self:
         # a finalizer holding self would keep it alive.
@@ -142,6 +156,8 @@ class SandboxCgroup:
                 if d not in self.dirs:
                     d.mkdir()
                     self.dirs.append(d)
+                if ctrl == "memory":
+                    self._memory_dir = d
                 for fname, value in files.items():
                     (d / fname).write_text(value)
         except OSError:
@@ -153,13 +169,14 @@ class SandboxCgroup:
         return [str(d / "cgroup.procs") for d in self.dirs]
 
     def pids(self) -> set[int]:
-        out: set[int] = set()
-        for d in self.dirs:
-            try:
-                out.update(int(x) for x in (d / "cgroup.procs").read_text().split())
-            except OSError:
-                pass
-        return out
+        return _pids(self.dirs)
+
+    def oom_kills(self) -> int | None:
+        """How many processes the kernel's OOM killer has killed in this sandbox's memory
+        cgroup so far (``oom_kill`` of v2's ``memory.events``, of v1's
+        ``memory.oom_control``), or None when there is no memory cgroup to ask (or the
+        kernel does not count them)."""
+        return None if self._memory_dir is None else _oom_kills(self._memory_dir)
 
     def kill_all(self, wait_s: float = 5.0) -> bool:
         """SIGKILL every process in the cgroup until it is empty (a fork bomb can add
@@ -183,6 +200,59 @@ class SandboxCgroup:
     def close(self) -> None:
         self.kill_all()
         _rmdirs(self.dirs)
+
+
+def _pids(dirs: list[Path]) -> set[int]:
+    out: set[int] = set()
+    for d in dirs:
+        try:
+            out.update(int(x) for x in (d / "cgroup.procs").read_text().split())
+        except OSError:
+            pass
+    return out
+
+
+def _oom_kills(memory_dir: Path) -> int | None:
+    for fname in ("memory.events", "memory.oom_control"):
+        try:
+            lines = (memory_dir / fname).read_text().splitlines()
+        except OSError:
+            continue
+        for line in lines:
+            key, _, value = line.partition(" ")
+            if key == "oom_kill" and value.strip().isdigit():
+                return int(value)
+    return None
+
+
+def reap_cgroups(parent: Path) -> int:
+    """Remove the per-sandbox cgroups under ``parent`` whose owner is dead (killing what
+    is still in them: a process of a dead worker's sandbox that outlived it); how many.
+    A cgroup without an owner tag, or whose owner may be alive, is left alone."""
+    removed = 0
+    try:
+        names = [e.name for e in os.scandir(parent) if e.is_dir(follow_symlinks=False)]
+    except OSError:
+        return 0
+    for name in names:
+        owner = owner_of(name, CGROUP_PREFIX)
+        if owner is None or not owner.is_dead():
+            continue
+        d = parent / name
+        deadline = time.monotonic() + 2.0
+        while (pids := _pids([d])) and time.monotonic() < deadline:
+            for pid in pids:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except (ProcessLookupError, PermissionError):
+                    pass
+            time.sleep(0.005)
+        try:
+            d.rmdir()
+            removed += 1
+        except OSError:
+            pass  # still busy (a process stuck in the kernel): the next worker tries again
+    return removed
 
 
 def _rmdirs(dirs: list[Path]) -> None:

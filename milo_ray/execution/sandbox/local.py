@@ -9,7 +9,13 @@ scratch. They are rewritten where this class sees a path: ``upload_files`` /
 ``grep``, ``glob``, which take and return task paths). They are NOT rewritten inside shell
 commands: a command runs in the workspace, so relative paths work, but ``cat /app/x`` reads
 the host's ``/app/x``; ``/tmp`` is the host's ``/tmp``. Tasks whose scripts use absolute
-task paths (most verifiers do) need ``sandbox=bwrap`` or ``sandbox=docker``.
+task paths (most verifiers do) need ``sandbox=bwrap`` or ``sandbox=docker``. Code of the
+framework's own that builds a command naming a task path asks :meth:`LocalSandbox.shell_path`
+for it (the optimizer runner's ``cd`` into its workdir).
+
+A task's ``memory_mb``, ``cpus`` and ``storage_mb`` are not enforced (the open's warning
+names the ones asked for), and :meth:`oom_kills` is None: no failure here is ever put down
+to memory on the sandbox's word.
 """
 
 from __future__ import annotations
@@ -69,7 +75,10 @@ class LocalSandboxFactory:
         why = self.unsupported(spec)
         if why:
             raise RuntimeError(why)
-        logger.warning("%s (task %s, workspace %s)", UNCONFINED_WARNING, spec.task_id, Path(scratch) / "workspace")
+        ignored = [f"{k}={v}" for k, v in (("memory_mb", spec.memory_mb), ("cpus", spec.cpus),
+                                             ("storage_mb", spec.storage_mb)) if v is not None]
+        logger.warning("%s (task %s, workspace %s)%s", UNCONFINED_WARNING, spec.task_id, Path(scratch) / "workspace",
+                       f"; not enforced: {', '.join(ignored)}" if ignored else "")
         return LocalSandbox(self, spec, Path(scratch))
 
 
@@ -126,6 +135,13 @@ class LocalSandbox(Sandbox):
 
     def download_files(self, paths: list[str]) -> list[FileDownloadResponse]:
         return self.dirs.download(paths)
+
+    def shell_path(self, path: str) -> str:
+        # No mount namespace: a command's shell reaches a task path at its host directory.
+        target = self.dirs.host_path(path)
+        if isinstance(target, str):
+            raise ValueError(f"{path}: not a path of this sandbox ({target})")
+        return str(target)
 
     def interrupt(self) -> None:
         # Each command is its own process group; a process that left its group (setsid)
