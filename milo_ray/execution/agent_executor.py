@@ -70,6 +70,7 @@ from milo_ray.execution.harness_process_host import HarnessProcess, harness_bind
 from milo_ray.execution.harness_process_pool import WarmPool, parse_size
 from milo_ray.execution.sandbox.carried import CarriedDirs, carry_dirs
 from milo_ray.execution.sandbox.interpreter import with_interpreter
+from milo_ray.execution.sandbox.leftovers import make_scratch
 from milo_ray.execution.sandbox.runtime_code import write_harness
 from milo_ray.execution.trajectory import trajectory
 
@@ -233,7 +234,7 @@ class AgentExecutor:
 
     async def _execute(self, harness: Any, task: Task, rollout_idx: int, fmt: Any, spec: Any,
                        spare: Any) -> RolloutResult:
-        scratch = spare.scratch if spare else Path(tempfile.mkdtemp(prefix="milo-rollout-", dir=self.scratch_dir))
+        scratch = spare.scratch if spare else make_scratch("rollout", self.scratch_dir)
         try:
             if spare is not None:
                 sandbox = spare.sandbox

@@ -29,12 +29,12 @@ import dataclasses
 import logging
 import os
 import shutil
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from milo_ray.execution.harness_process_host import HarnessProcess
+from milo_ray.execution.sandbox.leftovers import make_scratch
 
 log = logging.getLogger(__name__)
 
@@ -231,7 +231,7 @@ class WarmPool:
         return False
 
     def _open(self, spec: Any) -> tuple[Path, Any, HarnessProcess]:
-        scratch = Path(tempfile.mkdtemp(prefix="milo-rollout-", dir=self.scratch_dir))
+        scratch = make_scratch("rollout", self.scratch_dir)
         try:
             sandbox = self.factory.open(spec, scratch / "agent")
         except BaseException:

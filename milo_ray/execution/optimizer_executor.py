@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import math
 import shutil
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -49,6 +48,7 @@ from milo_ray.execution.agent_executor import build_factory
 from milo_ray.execution.sandbox.base import SandboxSpec
 from milo_ray.execution.sandbox.hostdirs import SANDBOX_HOME
 from milo_ray.execution.sandbox.interpreter import with_interpreter
+from milo_ray.execution.sandbox.leftovers import make_scratch
 
 # The cache identity of this executor's rollouts: no model is involved (as the agent
 # executor's oracle), so a run's results do not depend on the model group.
@@ -115,7 +115,7 @@ class OptimizerExecutor:
         problem, budget_s = meta["problem"], float(meta["budget_s"])
         start = start_values(meta)
         start_score = score(problem, start)
-        scratch = Path(tempfile.mkdtemp(prefix=f"milo-opt-{task.task_id[:40]}-", dir=self.scratch_dir))
+        scratch = make_scratch(f"opt-{task.task_id}", self.scratch_dir)
         try:
             sandbox = self.sandbox.open(self._spec(task), scratch / "sandbox")
             try:
