@@ -17,6 +17,10 @@ import pytest
 # before any test module imports them, hence the root conftest.
 pytest.register_assert_rewrite("milo_ray.testing")
 
+# Task fixtures carry their own verifier tests (tests/fixtures/harbor_tasks/*/tests/),
+# which run inside a task's sandbox, never in this suite.
+collect_ignore_glob = ["fixtures/*"]
+
 
 @pytest.fixture(scope="session")
 def ray_local():
