@@ -319,13 +319,23 @@ def test_a_download_of_a_link_a_fifo_a_hard_link_or_a_sparse_giant_is_refused(ag
 def test_a_directory_swapped_for_a_link_while_the_host_uploads_is_never_followed(agent_sandbox, canary):
     """A real race: the agent's command flips /app/d between a directory and a link to a
     host directory while the host writes into /app/d again and again."""
-    flipper = threading.Thread(target=agent_sandbox.execute, args=(
-        f"for i in $(seq 1 3000); do rm -rf /app/d; mkdir /app/d; rm -rf /app/d; ln -s {canary['dir']} /app/d; "
-        "done",), daemon=True)
+    flip = (f"import os, shutil\nos.mkdir('/app/dir'); os.symlink({str(canary['dir'])!r}, '/app/lnk'); n = 0\n"
+            "for _ in range(20000):\n"
+            "    for name in ('/app/dir', '/app/lnk'):\n"
+            "        try:\n"
+            "            os.rename(name, '/app/d'); os.rename('/app/d', name); n += 1\n"
+            "        except OSError:  # the host made /app/d in between: clear it and go on\n"
+            "            if os.path.isdir('/app/d') and not os.path.islink('/app/d') and os.path.lexists(name):\n"
+            "                shutil.rmtree('/app/d', ignore_errors=True)\n"
+            "print('swaps', n)\n")
+    done: list = []
+    flipper = threading.Thread(target=lambda: done.append(agent_sandbox.execute(f"python3 -c \"{flip}\"")),
+                               daemon=True)
     flipper.start()
     while flipper.is_alive():
         agent_sandbox.upload_files([("/app/d/x.py", b"pwn")])
     flipper.join()
+    assert done and "swaps" in done[0].output and int(done[0].output.split()[-1]) > 0, done
     _host_unchanged(canary)
 
 
