@@ -689,6 +689,28 @@ MUTATIONS: tuple[Mutation, ...] = (
         "provider-run tools reach the provider, outside the sandbox and the meter",
     ),
     Mutation(
+        "child-with-links-accepted", "milo_ray/agents/mutators/workspace.py",
+        "        if not tree.ok:\n", "        if False:\n",
+        ("tests/security/test_host_never_follows.py::test_a_child_holding_a_link_or_special_file_is_rejected_never_read_through",),
+        "a child holding a symlink, fifo, hard link or oversized file is accepted instead of rejected with its reason",
+    ),
+    Mutation(
+        "grading-mount-points-made-through-links", "milo_ray/execution/sandbox/bwrap.py",
+        "        argv += self._late_binds(late)\n", "        argv += _readonly_args(late)\n",
+        ("tests/security/test_host_never_follows.py::test_a_readonly_bind_inside_the_sandboxs_tmp_is_never_made_through_an_agents_link",
+         "tests/security/test_host_never_follows.py::test_grading_setup_over_any_link_left_in_the_workspace_changes_no_host_dir"),
+        "bwrap makes mount points inside the writable tree and follows an agent's link through its old root onto the host",
+    ),
+    Mutation(
+        "host-walk-follows-directory-links", "milo_ray/core/nofollow.py",
+        "_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC\n",
+        "_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC\n",
+        ("tests/security/test_host_never_follows.py::test_an_upload_through_a_directory_the_agent_swapped_for_a_link_is_refused",
+         "tests/security/test_host_never_follows.py::test_a_directory_swapped_for_a_link_while_the_host_uploads_is_never_followed",
+         "tests/core/test_nofollow.py::test_writes_never_go_through_a_link_on_the_way_or_at_the_end"),
+        "uploads and walks follow a directory the agent swapped for a link",
+    ),
+    Mutation(
         "ci-rotation-stuck", "scripts/ci_rotation.py",
         "        part = count % PARTS\n", "        part = 0\n",
         ("tests/test_ci_rotation.py",),
