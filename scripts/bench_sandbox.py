@@ -368,7 +368,7 @@ def boundary_overhead(args: argparse.Namespace) -> None:
             usage = []
             for i in range(args.rollouts + 1):
                 # A spare whose imports are done: what a rollout finds when the pool keeps up.
-                warm_ex.pool.refill(task_spec(task), (await warm_ex.gateway()).socket_path)
+                warm_ex.pool.refill(task_spec(task))
                 await _spares_ready(warm_ex.pool, 1)
                 usage.append(_tree_usage(next(s for v in warm_ex.pool._spares.values() for s in v).process.proc.pid))
                 t = time.perf_counter()
@@ -409,29 +409,41 @@ def boundary_overhead(args: argparse.Namespace) -> None:
                   f"{mb:6.2f} s, harness process {ms:6.2f} s (p90 {p90:6.2f} s)   added {ms - mb:+7.2f} s per rollout  "
                   f"(median of {len(rest)} after the first {n}; {found} of {count} found a spare)")
 
-        async def per_call() -> tuple[float, float]:
+        async def per_call() -> tuple[float, float, float, float]:
             gw = ModelGateway(model, Path(tempfile.mkdtemp(prefix="milo-bench-gw-")) / "gw.sock")
             gw.set_key("local")
             await gw.start()
-            grant = gw.issue("bench")
-            relay = GatewayRelay(gw.socket_path)
+            shared = gw.issue("bench")
+            bound = await gw.issue_bound("bench")  # the rollout's own socket, as a sandbox gets it
             # The chat model a harness gets inside its sandbox, through the relay it uses there.
-            through = GatewayChatModel(model="openai/scripted", api_base=relay.url, api_key=grant.token)
+            through = {name: GatewayChatModel(model="openai/scripted", api_base=GatewayRelay(path).url,
+                                              api_key=grant.token)
+                       for name, path, grant in (("shared", gw.socket_path, shared),
+                                                 ("own", bound.socket_path, bound))}
             direct = build_chat_model(model, rate_limiter=None)
-            times: dict[str, list[float]] = {"direct": [], "gateway": []}
+            times: dict[str, list[float]] = {"direct": [], "shared": [], "own": []}
             for round_no in range(args.n + 1):
-                for name, m in (("direct", direct), ("gateway", through)):
+                for name, m in (("direct", direct), ("shared", through["shared"]), ("own", through["own"])):
                     t = time.perf_counter()
                     await m.ainvoke("hi")
                     if round_no:
                         times[name].append(time.perf_counter() - t)
+            # What a rollout pays for its own socket: made at its start, closed at its end.
+            sockets = []
+            for _ in range(args.n):
+                t = time.perf_counter()
+                gw.end(await gw.issue_bound("bench"))
+                sockets.append(time.perf_counter() - t)
             await gw.close()
-            return med(times["direct"]) * 1000, med(times["gateway"]) * 1000
+            return tuple(med(times[k]) * 1000 for k in ("direct", "shared", "own")) + (med(sockets) * 1000,)
 
         srv.responder = lambda body: reply("ok", prompt_tokens=1, completion_tokens=1)
-        d, g = asyncio.run(per_call())
-        print(f"model call latency  direct {d:7.2f} ms   through the gateway {g:7.2f} ms   added {g - d:+7.2f} ms "
-              f"per call  (median of {args.n})")
+        d, g, o, sock_ms = asyncio.run(per_call())
+        print(f"model call latency  direct {d:7.2f} ms   through the gateway {o:7.2f} ms   added {o - d:+7.2f} ms "
+              f"per call  (median of {args.n}; on the rollout's own socket; {g:7.2f} ms on a socket shared by "
+              "every grant)")
+        print(f"a rollout's own gateway socket: {sock_ms:.3f} ms to open and close (median of {args.n}; once "
+              "per rollout)")
 
 
 def task_spec(task):

@@ -5,10 +5,11 @@ starts the harness process inside it (:mod:`milo_ray.execution.harness_process`)
 harness is imported, ``build_agent(model, backend)`` called and the agent run there, as
 an unprivileged user with the harness files and the interpreter read-only -- never in
 this worker. The harness's chat model reaches the provider only through this worker's
-model gateway (:mod:`milo_ray.execution.gateway`), with a token issued for this rollout;
-the gateway holds the key and records every call, so the rollout's tokens and USD are the
-gateway's. When the agent is done its processes are killed, and the task's verifier grades
-the workspace in a fresh sandbox (the task's tests and solution are never in the agent's).
+model gateway (:mod:`milo_ray.execution.gateway`), with a token issued for this rollout
+on a socket of its own, the only gateway socket its sandbox is shown; the gateway holds
+the key and records every call, so the rollout's tokens and USD are the gateway's. When
+the agent is done its processes are killed, and the task's verifier grades the workspace
+in a fresh sandbox (the task's tests and solution are never in the agent's).
 With ``agent: oracle`` the task's reference solution runs instead of an agent (no model,
 no tokens): a task suite is validated before money is spent.
 
@@ -66,7 +67,7 @@ from milo_ray.core.rollouts import InfraFailure, RolloutResult
 from milo_ray.core.tasks import Task, format_of
 from milo_ray.execution.gateway.call_journal import current_attempt_journal
 from milo_ray.execution.gateway.run_budget import current_rollout_budget
-from milo_ray.execution.harness_process_host import HarnessProcess, harness_binds, harness_dir_of
+from milo_ray.execution.harness_process_host import HarnessProcess, gateway_dir_of, harness_binds, harness_dir_of
 from milo_ray.execution.harness_process_pool import WarmPool, parse_size
 from milo_ray.execution.sandbox.carried import CarriedDirs, carry_dirs
 from milo_ray.execution.sandbox.interpreter import with_interpreter
@@ -226,7 +227,7 @@ class AgentExecutor:
         pooled = bool(self.pool.size and getattr(self.sandbox, "hosts_harness", False))
         try:
             if pooled:
-                spare = await self.pool.take(spec, (await self.gateway()).socket_path)
+                spare = await self.pool.take(spec)
             return await self._execute(harness, task, rollout_idx, fmt, spec, spare)
         finally:
             if pooled:
@@ -258,13 +259,16 @@ class AgentExecutor:
     async def _binds_at_open(self, harness: Any, scratch: Path) -> dict[str, Any]:
         """The ``open`` arguments of a sandbox that takes the harness process's read-only
         binds when it starts (Docker): the harness files are written first, and the
-        gateway is started, so that both exist to be mounted."""
+        process's gateway directory made, so that both exist to be mounted (the grant's
+        socket is made in that directory later, before the job is sent)."""
         if self.agent != "harness" or not getattr(self.sandbox, "binds_at_open", False):
             return {}
 
-        gateway = await self.gateway()
         where = await asyncio.to_thread(write_harness, harness, harness_dir_of(scratch))
-        return {"readonly_binds": harness_binds(where, gateway.socket_path)}
+        gateway_dir = gateway_dir_of(scratch)
+        gateway_dir.mkdir(mode=0o755, exist_ok=True)
+        os.chmod(gateway_dir, 0o755)  # the container's user reaches its socket through it
+        return {"readonly_binds": harness_binds(where, gateway_dir)}
 
     async def _grade(self, fmt: Any, task: Task, spec: Any, sandbox: Any, scratch: Path) -> Any:
         """Grade in a fresh sandbox on the agent's workspace, after every process of the
@@ -322,11 +326,14 @@ class AgentExecutor:
 
         gateway = await self.gateway()
         token_cap = int(task.token_cap) if task.token_cap and task.token_cap > 0 else None
-        grant = gateway.issue(f"{harness.harness_id}/{task.task_id}", token_cap=token_cap,
-                              call_cap=self.max_model_calls, run_budget=current_rollout_budget.get(),
-                              journal=current_attempt_journal.get())
+        process = warm or HarnessProcess(sandbox, harness, scratch)
+        # The grant's own socket, in the one directory this process's sandbox is shown: a
+        # token is worthless on any other socket (see harness_process_host).
+        grant = await gateway.issue_bound(f"{harness.harness_id}/{task.task_id}", process.gateway_dir,
+                                          token_cap=token_cap, call_cap=self.max_model_calls,
+                                          run_budget=current_rollout_budget.get(),
+                                          journal=current_attempt_journal.get())
         try:
-            process = warm or HarnessProcess(sandbox, harness, scratch, gateway.socket_path)
             job = process.job(task, token=grant.token, recursion_limit=self.recursion_limit,
                               model=_inner_model(self.model))
             cap = task.time_cap_s if task.time_cap_s and task.time_cap_s > 0 else None

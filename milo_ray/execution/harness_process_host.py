@@ -5,8 +5,20 @@ to the rollout's scratch, starts :mod:`milo_ray.execution.harness_process` insid
 rollout's sandbox (:meth:`~milo_ray.execution.sandbox.bwrap.BwrapSandbox.process_command`)
 with three read-only binds -- a private copy of this package's Python code
 (:func:`runtime_code_dir`, so no path of the checkout is visible), the harness files and
-the model gateway's socket -- writes the job to its stdin, and reads its stdout as
+the process's gateway directory -- writes the job to its stdin, and reads its stdout as
 bounded, schema-checked JSON lines (:mod:`milo_ray.execution.trajectory`).
+
+The gateway directory (:func:`gateway_dir_of`): each process has one of its own, made by
+the host in the rollout's scratch (beside the harness files, outside anything a sandbox
+can write) and shown to the sandbox, read-only, at :data:`INSIDE_GATEWAY_DIR`. The
+rollout's grant gets its own listening socket made *in* that directory
+(:meth:`~milo_ray.execution.gateway.server.ModelGateway.issue_bound`) before the job is
+sent, and the job names it at the fixed path :data:`INSIDE_GATEWAY`. Binding the directory
+rather than the socket is what lets a warm process (:mod:`.harness_process_pool`), whose
+sandbox is made before its rollout's grant exists, get that grant's socket at assignment:
+a bind is fixed when the sandbox starts, but a socket made later in a bound directory
+appears in it. No other rollout's socket is ever in the directory, so a token learnt
+elsewhere has no socket here that would take it.
 
 Caps, all enforced here by killing the process's whole tree (its process group, its PID
 namespace and its cgroup):
@@ -33,6 +45,7 @@ from pathlib import Path
 from typing import Any
 
 from milo_ray.core.storable import storable, storable_text
+from milo_ray.execution.gateway.ledger import GRANT_SOCKET
 from milo_ray.execution.sandbox.runtime_code import runtime_code_dir, write_harness
 from milo_ray.execution.trajectory import ProtocolError, StepLog, parse_message
 
@@ -42,7 +55,8 @@ STDERR_TAIL_BYTES = 8192
 # Where the sandbox sees what this module binds into it (on its root tmpfs).
 INSIDE_CODE = "/run/milo/lib"
 INSIDE_HARNESS = "/run/milo/harness"
-INSIDE_GATEWAY = "/run/milo/gateway.sock"
+INSIDE_GATEWAY_DIR = "/run/milo/gateway"
+INSIDE_GATEWAY = f"{INSIDE_GATEWAY_DIR}/{GRANT_SOCKET}"
 _BOOT = (f"import sys; sys.path.insert(0, {INSIDE_CODE!r}); "
          "from milo_ray.execution.harness_process import main; main()")
 
@@ -66,13 +80,14 @@ class ProcessRun:
 class HarnessProcess:
     """One harness process in one sandbox (see the module docstring)."""
 
-    def __init__(self, sandbox: Any, harness: Any, scratch: Path, gateway_socket: str) -> None:
+    def __init__(self, sandbox: Any, harness: Any, scratch: Path) -> None:
         """``harness`` None: a warm process, started before its rollout is known
-        (:meth:`start`); :meth:`assign` gives it its harness."""
+        (:meth:`start`); :meth:`assign` gives it its harness. Its grant's socket is made in
+        :attr:`gateway_dir` before the job is sent."""
         self.sandbox, self.harness = sandbox, harness
         where = harness_dir_of(scratch)
         self.harness_dir = write_harness(harness, where) if harness is not None else _empty_dir(where)
-        self.gateway_socket = gateway_socket
+        self.gateway_dir = _empty_dir(gateway_dir_of(scratch))
         self.proc: asyncio.subprocess.Process | None = None
         self.log = StepLog()
         self.ready, self.started = asyncio.Event(), asyncio.Event()
@@ -86,7 +101,7 @@ class HarnessProcess:
         # The first call copies (and compiles) the package's code: off the event loop.
         await asyncio.to_thread(runtime_code_dir)
         prefix, args, command = self.sandbox.process_command([sys.executable, "-I", "-c", _BOOT],
-                                                             harness_binds(self.harness_dir, self.gateway_socket))
+                                                             harness_binds(self.harness_dir, self.gateway_dir))
         from milo_ray.execution.sandbox.bwrap import LAUNCH_ENV
 
         pipes = dict(stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
@@ -280,10 +295,16 @@ def harness_dir_of(scratch: Path) -> Path:
     return scratch / "harness"
 
 
-def harness_binds(harness_dir: Path, gateway_socket: str) -> dict[str, str]:
+def gateway_dir_of(scratch: Path) -> Path:
+    """Where a rollout's grant socket is made (the directory its sandbox is shown)."""
+    return scratch / "gateway"
+
+
+def harness_binds(harness_dir: Path, gateway_dir: Path) -> dict[str, str]:
     """What the harness process sees read-only (host path -> sandbox path): the package's
-    code copy, the harness files and the gateway's socket."""
-    return {str(runtime_code_dir()): INSIDE_CODE, str(harness_dir): INSIDE_HARNESS, gateway_socket: INSIDE_GATEWAY}
+    code copy, the harness files and its own gateway directory (see the module docstring)."""
+    return {str(runtime_code_dir()): INSIDE_CODE, str(harness_dir): INSIDE_HARNESS,
+            str(gateway_dir): INSIDE_GATEWAY_DIR}
 
 
 def _empty_dir(where: Path) -> Path:

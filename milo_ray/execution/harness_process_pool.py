@@ -5,7 +5,9 @@ known, so a rollout does not wait seconds for imports.
 A warm process is made for a sandbox *shape* -- a task's :class:`SandboxSpec` without its
 task id and files (workdir, environment, limits, network, read-only paths): the rollout
 that takes it copies its task's files into the workspace and writes its harness files
-into the process's read-only harness directory, then hands over the job. Nothing of
+into the process's read-only harness directory, its grant's socket is made in the
+process's own gateway directory (bound, empty, when the sandbox opened: see
+:mod:`.harness_process_host`), then it hands over the job. Nothing of
 another rollout is in it: a warm process has never run anything but its imports, and
 :meth:`WarmPool.take` hands each one out once (the rollout's end kills it).
 
@@ -86,7 +88,6 @@ class WarmPool:
         self._importing = 0  # started (in _spares or handed out), imports not yet done
         self._waiters: dict[str, list[asyncio.Future]] = {}  # rollouts waiting for a spare being opened
         self._tasks: set[asyncio.Task] = set()
-        self._socket = ""
         self.handed_out = 0  # spares given to rollouts (each once)
 
     @property
@@ -101,7 +102,7 @@ class WarmPool:
         return int(self.mode)
 
     # --- a rollout's side ---------------------------------------------------------------------
-    async def take(self, spec: Any, gateway_socket: str | None = None) -> Spare | None:
+    async def take(self, spec: Any) -> Spare | None:
         """A live spare of ``spec``'s shape on this loop (possibly still importing), or None;
         counts the rollout as in flight until :meth:`release` and starts replacements.
         With none held but one being opened that no other rollout waits for, it waits for
@@ -110,8 +111,6 @@ class WarmPool:
         out: no other rollout gets it."""
         if self.size == 0:
             return None
-        if gateway_socket is not None:
-            self._socket = gateway_socket
         key = self._key(spec)
         # Counted before anything can be cancelled: the caller's release() always follows.
         self._in_flight[key] = self._in_flight.get(key, 0) + 1
@@ -151,12 +150,10 @@ class WarmPool:
         key = self._key(spec)
         self._in_flight[key] = max(0, self._in_flight.get(key, 0) - 1)
 
-    def refill(self, spec: Any, gateway_socket: str | None = None) -> None:
+    def refill(self, spec: Any) -> None:
         """Start spares of ``spec``'s shape up to its target (without taking one)."""
         if self.size == 0:
             return
-        if gateway_socket is not None:
-            self._socket = gateway_socket
         self._key(spec)
         self._fill()
 
@@ -238,7 +235,7 @@ class WarmPool:
             shutil.rmtree(scratch, ignore_errors=True)
             raise
         try:
-            return scratch, sandbox, HarnessProcess(sandbox, None, scratch, self._socket)
+            return scratch, sandbox, HarnessProcess(sandbox, None, scratch)
         except BaseException:
             _close(sandbox, scratch)
             raise

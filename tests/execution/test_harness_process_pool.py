@@ -85,7 +85,7 @@ def test_warm_processes_takes_auto_or_a_count():
 def test_a_spare_serves_one_rollout_only(tmp_path):
     async def go():
         pool = WarmPool(FakeFactory(), 2, str(tmp_path))
-        pool.refill(SPEC, "/nonexistent.sock")
+        pool.refill(SPEC)
         await _ready(pool, 2)
         a, b = await pool.take(SPEC), await pool.take(SPEC)
         assert a is not None and b is not None and a is not b
@@ -106,7 +106,7 @@ def test_taking_a_spare_starts_its_replacement(tmp_path):
     async def go():
         factory = FakeFactory()
         pool = WarmPool(factory, 1, str(tmp_path))
-        assert await pool.take(SPEC, "/nonexistent.sock") is None  # nothing yet: it starts one
+        assert await pool.take(SPEC) is None  # nothing yet: it starts one
         pool.release(SPEC)
         await _ready(pool, 1)
         spare = await pool.take(SPEC)
@@ -122,7 +122,7 @@ def test_taking_a_spare_starts_its_replacement(tmp_path):
 def test_auto_keeps_as_many_spares_as_rollouts_in_flight(tmp_path):
     async def go():
         pool = WarmPool(FakeFactory(), "auto", str(tmp_path), max_starting=2)
-        first = await asyncio.gather(*(pool.take(SPEC, "/nonexistent.sock") for _ in range(3)))  # three at once
+        first = await asyncio.gather(*(pool.take(SPEC) for _ in range(3)))  # three at once
         assert pool.target(next(iter(pool._shapes))) == 3
         for s in first:
             if s is not None:
@@ -144,7 +144,7 @@ def test_a_rollout_waits_for_the_spare_being_opened_instead_of_starting_its_own(
         gate = threading.Event()
         factory = FakeFactory(gate)
         pool = WarmPool(factory, 1, str(tmp_path))
-        pool.refill(SPEC, "/nonexistent.sock")  # opening, held at the gate
+        pool.refill(SPEC)  # opening, held at the gate
         taking = asyncio.ensure_future(pool.take(SPEC))
         await asyncio.sleep(0.05)
         assert not taking.done()
@@ -164,7 +164,7 @@ def test_refill_and_discard_never_block_the_event_loop(tmp_path):
     async def go():
         gate = threading.Event()
         pool = WarmPool(FakeFactory(gate), 1, str(tmp_path))
-        pool.refill(SPEC, "/nonexistent.sock")
+        pool.refill(SPEC)
         await asyncio.sleep(0.05)
         gate.set()  # reached only while open() waits in its thread
         await _ready(pool, 1)

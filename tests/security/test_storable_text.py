@@ -95,7 +95,7 @@ def test_the_harness_processs_messages_and_stderr_enter_the_host_storable(tmp_pa
         returncode = 0
 
     async def read():
-        proc = HarnessProcess(sandbox=None, harness=None, scratch=tmp_path, gateway_socket="")
+        proc = HarnessProcess(sandbox=None, harness=None, scratch=tmp_path)
         proc.proc = _Proc()
         proc.proc.stdout = asyncio.StreamReader()
         proc.proc.stdout.feed_data(b"".join(json.dumps(m).encode() + b"\n" for m in lines))

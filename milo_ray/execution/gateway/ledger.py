@@ -1,7 +1,9 @@
 """Per-rollout grants of the model gateway: who may call, how much, and what they spent.
 
 A :class:`Grant` is issued for one rollout with a random bearer token (worthless outside
-the gateway that issued it, and after the rollout ended) and the rollout's caps: its
+the gateway that issued it, and after the rollout ended; a sandbox's grant also has a
+socket of its own, :attr:`Grant.socket_path`, and its token is worthless on any other) and
+the rollout's caps: its
 task's token cap and the executor's cap on model calls. The gateway asks
 :meth:`Grant.admit` before forwarding a call and tells :meth:`Grant.record` what the
 call cost; the calls recorded here are the rollout's tokens and USD, whatever the harness
@@ -41,7 +43,7 @@ class Refusal:
     """Why a call is not forwarded: an HTTP status and a message for the caller."""
 
     status: int
-    reason: str  # "unknown_token" | "ended" | "token_cap" | "call_cap" | "run_budget" | "bad_request"
+    reason: str  # "unknown_token" | "ended" | "wrong_socket" | "token_cap" | "call_cap" | "run_budget" | "bad_request"
     message: str
 
 
@@ -56,6 +58,9 @@ class Admission:
     output_cap: int | None = None
 
 
+# The name of a bound grant's socket in the directory the host made for its sandbox (the
+# sandbox sees that directory, read-only, at a fixed path of its own).
+GRANT_SOCKET = "gateway.sock"
 # The failure classes the gateway records (see the module docstring).
 FAILURE_CLASSES = ("infra", "request", "refused")
 # Refused requests cost the provider nothing and a harness can send any number of them:
@@ -80,6 +85,9 @@ class Grant:
             raise ValueError(f"Grant: call_cap={call_cap} must be >= 1 or None")
         self.token = secrets.token_urlsafe(32)
         self.label = label
+        # The grant's own listening socket, when the gateway made it one
+        # (ModelGateway.issue_bound): its token is then accepted there and nowhere else.
+        self.socket_path: str | None = None
         self.token_cap, self.call_cap = token_cap, call_cap
         self.run_budget = run_budget
         self.journal = journal

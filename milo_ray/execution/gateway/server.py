@@ -2,10 +2,11 @@
 Anthropic ``/v1/messages`` one, :mod:`.messages`, and an OpenAI Responses ``/v1/responses``
 one, :mod:`.responses`) on a Unix socket, run by the rollout worker on its own event loop, holding the provider key.
 
-Sandboxed harnesses reach it through the socket bound into their sandbox (relayed to a
-loopback port inside, :mod:`milo_ray.execution.harness_process_backend`), with the bearer
-token of their rollout's :class:`~milo_ray.execution.gateway.ledger.Grant`. For each call
-the gateway checks the token (unknown or ended: 401), the request (malformed, or carrying a
+Sandboxed harnesses reach it through their grant's own socket (relayed to a loopback port
+inside, :mod:`milo_ray.execution.harness_process_backend`), with the bearer token of their
+rollout's :class:`~milo_ray.execution.gateway.ledger.Grant`. For each call the gateway
+checks where the call came in and the token (see "One socket per grant" below; unknown or
+ended: 401), the request (malformed, or carrying a
 tool the provider would run: 400, before anything goes upstream), the grant's caps with
 the call's reserved upper bound and the run's budget (:mod:`.run_budget`; 429), forwards
 the request through :mod:`.upstream` (streamed or not), and records on the grant what the
@@ -16,6 +17,20 @@ before it, the request timed out, the rollout ended first (:meth:`ModelGateway.s
 is charged its reservation, never nothing. The key never leaves this process: it is handed to the gateway as an argument
 (:meth:`ModelGateway.set_key`), never read from or written to an environment variable,
 and an upstream error text is scrubbed of it before it reaches the caller.
+
+One socket per grant. A bearer token alone is worth what its secrecy is: a harness that
+learnt another live rollout's token could spend it. So a grant made for a sandbox
+(:meth:`ModelGateway.issue_bound`) gets a listening socket of its own, and the sandbox is
+shown only that socket: a request arriving on it is served only with the token of the
+grant it was made for; any other token (unknown, ended, or another grant's) is refused
+403 and noted as a refused request on *this* socket's grant -- the grant whose token was
+presented is charged nothing. A bound grant's token is refused 403 on every other listener
+too (the gateway's shared socket and loopback port, which serve grants issued without a
+socket: the in-process search agents'). Which listener accepted a connection is the
+kernel's answer (the accepted socket's own address), not anything the client sends. The
+socket is closed and unlinked when the grant ends (:meth:`ModelGateway.end`), so an ended
+token has nowhere left to go. A listener costs one ``bind``/``listen`` per rollout and a
+dict look-up per call.
 
 Why a small app over litellm rather than LiteLLM's own proxy: the proxy's virtual keys
 (``/key/generate``) with budgets and spend tracking need its Postgres database, and its
@@ -31,13 +46,16 @@ import asyncio
 import json
 import logging
 import os
+import secrets
+import shutil
+import socket
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from milo_ray.execution.gateway import messages, responses, upstream
-from milo_ray.execution.gateway.ledger import Admission, Grant, GrantBook, Refusal
+from milo_ray.execution.gateway.ledger import GRANT_SOCKET, Admission, Grant, GrantBook, Refusal
 
 log = logging.getLogger(__name__)
 
@@ -77,6 +95,11 @@ class ModelGateway:
         self._key_works = False
         self._runner: Any = None
         self.loop: asyncio.AbstractEventLoop | None = None
+        # Bound grants by their listener's address (what the kernel reports as the local
+        # address of every connection that listener accepted; unique, see _listen_in), and
+        # each one's listener by the socket's path.
+        self._bound: dict[str, Grant] = {}
+        self._listeners: dict[str, tuple[Any, str, bool]] = {}  # path -> (server, address, the directory is ours)
 
     def set_key(self, key: str | None) -> None:
         if (key or None) != self._key:
@@ -124,6 +147,8 @@ class ModelGateway:
         return "http://127.0.0.1:%d" % sock.getsockname()[1]
 
     async def close(self) -> None:
+        for grant in list(self._bound.values()):
+            self._unbind(grant)
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
@@ -136,8 +161,63 @@ class ModelGateway:
         self.grants.forget_ended()
         return grant
 
+    async def issue_bound(self, label: str, socket_dir: str | Path | None = None, *, token_cap: int | None = None,
+                          call_cap: int | None = None, run_budget: Any = None, journal: Any = None) -> Grant:
+        """A grant with a listening socket of its own (see "One socket per grant" in the
+        module docstring): ``socket_dir/``:data:`GRANT_SOCKET` -- ``socket_dir`` a directory
+        the host made for one sandbox, outside any tree a sandbox can write (None: a fresh
+        one inside this gateway's private directory, removed when the grant ends). The
+        grant's :attr:`~Grant.socket_path` says where; :meth:`end` closes and removes it."""
+        if self._runner is None or self._runner.server is None:
+            raise RuntimeError("ModelGateway.issue_bound: start() the gateway first")
+        own_dir = socket_dir is None
+        if own_dir:
+            where = Path(self.socket_path).parent / f"grant-{secrets.token_hex(8)}"
+            where.mkdir(mode=0o711)  # traverse-only: the caller connects to the socket it was told
+        else:
+            where = Path(socket_dir)
+        path = str(where / GRANT_SOCKET)
+        if os.path.lexists(path):
+            raise RuntimeError(f"ModelGateway.issue_bound: {path} is already a grant's socket")
+        grant = self.issue(label, token_cap=token_cap, call_cap=call_cap, run_budget=run_budget, journal=journal)
+        try:
+            sock, address = _listen_in(where)
+            try:
+                server = await asyncio.get_running_loop().create_unix_server(self._runner.server, sock=sock)
+            except BaseException:
+                sock.close()
+                raise
+        except BaseException:
+            self.grants.end(grant)
+            if own_dir:
+                shutil.rmtree(where, ignore_errors=True)
+            raise
+        grant.socket_path = path
+        self._bound[address] = grant
+        self._listeners[path] = (server, address, own_dir)
+        return grant
+
     def end(self, grant: Grant) -> None:
+        """End ``grant``: its token is refused from now on, and its own socket (if it has
+        one) stops listening and is removed."""
         self.grants.end(grant)
+        self._unbind(grant)
+
+    def _unbind(self, grant: Grant) -> None:
+        path = grant.socket_path
+        if path is None or path not in self._listeners:
+            return
+        server, address, own_dir = self._listeners.pop(path)
+        del self._bound[address]
+        # Stops accepting; a connection already accepted keeps its address, which no
+        # grant holds any more: whatever it sends next is refused.
+        server.close()
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            pass
+        if own_dir:
+            shutil.rmtree(os.path.dirname(path), ignore_errors=True)
 
     async def settle(self, grant: Grant, wait_s: float = SETTLE_WAIT_S) -> int:
         """After its rollout ended: wait up to ``wait_s`` for ``grant``'s calls in flight
@@ -165,14 +245,34 @@ class ModelGateway:
     async def _models(self, request: Any) -> Any:
         from aiohttp import web
 
-        if self._grant(request) is None:
-            return _error(web, Refusal(401, "unknown_token", "unknown gateway token"))
+        grant = self._grant(request)
+        if isinstance(grant, Refusal):
+            return _error(web, grant)
         return web.json_response({"object": "list", "data": [{"id": str(self.cfg.solver), "object": "model"}]})
 
-    def _grant(self, request: Any) -> Grant | None:
+    def _grant(self, request: Any) -> Grant | Refusal:
+        """The grant ``request`` is served under, or why none: on a bound grant's socket
+        only that grant's token (any other is refused there and noted on that grant); on
+        the shared listeners only a grant issued without a socket."""
         auth = request.headers.get("Authorization", "")
         token = auth[7:].strip() if auth.lower().startswith("bearer ") else request.headers.get("api-key")
-        return self.grants.find(token)
+        grant = self.grants.find(token)
+        transport = request.transport
+        where = transport.get_extra_info("sockname") if transport is not None else None
+        if isinstance(where, str) and where in self._bound:
+            own = self._bound[where]
+            if grant is not own:
+                return own.refused(Refusal(403, "wrong_socket", "this socket accepts only its own rollout's gateway "
+                                                                "token"))
+            return grant
+        if grant is not None and grant.socket_path is not None:
+            # Never charged to, nor noted on, the grant whose token this is: it may be a thief's use.
+            if grant.ended:
+                return Refusal(401, "ended", "this rollout has ended; its gateway token is no longer valid")
+            return Refusal(403, "wrong_socket", "this gateway token is accepted only on its rollout's own socket")
+        if grant is None:
+            return Refusal(401, "unknown_token", "unknown gateway token")
+        return grant
 
     async def _responses(self, request: Any) -> Any:
         return await self._serve(request, responses)
@@ -190,8 +290,8 @@ class ModelGateway:
         from aiohttp import web
 
         grant = self._grant(request)
-        if grant is None:
-            return _error(web, Refusal(401, "unknown_token", "unknown gateway token"))
+        if isinstance(grant, Refusal):
+            return _error(web, grant)
         try:
             raw = await request.read()
             body = json.loads(raw)
@@ -308,6 +408,31 @@ class ModelGateway:
         except Exception:
             pass
         return response
+
+
+def _listen_in(directory: Path) -> tuple[socket.socket, str]:
+    """A listening Unix socket at ``directory/``:data:`GRANT_SOCKET`, and the address the
+    kernel gives each connection it accepts. It is bound under a random name through the
+    directory's descriptor, then renamed: the address is then unique for the gateway's
+    life (a path reused by a later grant, or a descriptor number reused, never names an
+    older listener's connections), and short whatever the directory's path (a socket
+    address holds 107 bytes)."""
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        name = f".{secrets.token_hex(16)}.sock"
+        sock.bind(f"/proc/self/fd/{fd}/{name}")
+        os.rename(name, GRANT_SOCKET, src_dir_fd=fd, dst_dir_fd=fd)
+        # The sandbox's user may be another uid; the socket admits only its grant's token.
+        os.chmod(GRANT_SOCKET, 0o666, dir_fd=fd)
+        sock.listen(128)
+        sock.setblocking(False)
+        return sock, sock.getsockname()
+    except BaseException:
+        sock.close()
+        raise
+    finally:
+        os.close(fd)
 
 
 def _import_litellm() -> None:
