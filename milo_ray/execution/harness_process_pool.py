@@ -19,6 +19,12 @@ would only share the same cores and make each one later). Opening and closing sa
 runs in threads, never on the event loop, and the imports run in the spare's own process.
 0 turns warming off.
 
+The pool is not tied to the harness process: ``process_factory(sandbox, scratch)`` makes
+the process a spare holds (default :class:`HarnessProcess`); the optimizer executor's
+spares are runners with numpy imported (:mod:`milo_ray.execution.optimizer_process`). A
+process offers ``start()``, ``ready`` (an event set once its imports are done),
+``_readers[0]`` (a task that ends when it exits), ``alive()``, ``kill()`` and ``finish()``.
+
 Spares belong to the event loop that started them (their pipes do); a loop that ends
 leaves its spares to :meth:`WarmPool.close` (or to the process exit, which kills them:
 ``--die-with-parent``).
@@ -75,8 +81,10 @@ def parse_size(size: Any) -> int | str:
 class WarmPool:
     """Spares by shape (see the module docstring)."""
 
-    def __init__(self, factory: Any, size: Any, scratch_dir: str | None, *, max_starting: int = MAX_STARTING) -> None:
+    def __init__(self, factory: Any, size: Any, scratch_dir: str | None, *, max_starting: int = MAX_STARTING,
+                 process_factory: Any = None) -> None:
         self.factory, self.scratch_dir = factory, scratch_dir
+        self.process_factory = process_factory or (lambda sandbox, scratch: HarnessProcess(sandbox, None, scratch))
         self.mode = parse_size(size)
         self.max_starting = max(1, int(max_starting))
         self._spares: dict[str, list[Spare]] = {}
@@ -235,7 +243,7 @@ class WarmPool:
             shutil.rmtree(scratch, ignore_errors=True)
             raise
         try:
-            return scratch, sandbox, HarnessProcess(sandbox, None, scratch)
+            return scratch, sandbox, self.process_factory(sandbox, scratch)
         except BaseException:
             _close(sandbox, scratch)
             raise

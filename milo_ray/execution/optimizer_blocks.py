@@ -32,7 +32,6 @@ import math
 import time
 
 import numpy as np
-from scipy.optimize import Bounds, minimize
 
 if __package__:  # imported as milo_ray.execution.optimizer_blocks (the runner on the host, tests)
     from milo_ray.kernels import autocorr_kit as kit
@@ -53,6 +52,10 @@ STAGE_SETTINGS = {
 # The names a program is given from here (the runner adds the formulas, PROBLEM and publish).
 GIVEN = ("offer", "best", "best_score", "reset_best", "run_stages", "lbfgs_smooth", "temperature_ladder",
          "polish", "upsample", "jitter", "warm_restarts", "normalize") + tuple(f"stage_{s}" for s in STAGE_SETTINGS)
+# The given names whose work may call L-BFGS (scipy.optimize): the runner imports it before
+# optimize() for a program that names one (see optimizer_runner.import_what_it_names).
+USES_LBFGS = ("run_stages", "lbfgs_smooth", "temperature_ladder", "polish", "warm_restarts", "stage_ladder",
+              "stage_polish", "stage_restarts")
 
 
 class _OutOfTime(Exception):
@@ -93,6 +96,10 @@ def lbfgs_smooth(h, temperature, problem, deadline, *, maxiter, memory, erdos_su
         if f < seen["f"]:
             seen["h"], seen["f"] = x.copy(), f
         return f, g
+
+    # Here, not at the top: scipy.optimize costs ~0.3 s to import, which a program that
+    # never calls L-BFGS should not pay (the runner imports this file for every program).
+    from scipy.optimize import Bounds, minimize
 
     if problem == kit.FIRST:
         bounds = Bounds(np.zeros(n), np.full(n, np.inf))

@@ -27,12 +27,20 @@ scores 0 with ``error_kind="harness"`` and the reason; a task whose metadata is 
 scores 0 with ``error_kind="task"``. Only the sandbox itself failing raises (an
 infrastructure failure, which the scheduler retries).
 
-Only ``execute`` is provided: the rollout waits on one subprocess, and the worker runs a
-blocking ``execute`` on its own thread pool sized to its slots.
+Warm spares (``warm_processes``): the rollout worker calls :meth:`OptimizerExecutor.aexecute`,
+which takes a spare from a :class:`~milo_ray.execution.harness_process_pool.WarmPool` -- a
+sandbox opened and the runner started in it with numpy imported before the candidate is
+known (:mod:`milo_ray.execution.optimizer_process`) -- so a candidate pays for its
+program and its upload, not for an interpreter starting. Each spare runs one candidate
+and is closed with its sandbox; its replacement starts in the background. Without a
+spare (warming off, a sandbox that cannot host a process, one that died before its job)
+the rollout opens its own sandbox as :meth:`OptimizerExecutor.execute` does, which
+always runs cold.
 """
 
 from __future__ import annotations
 
+import asyncio
 import math
 import shutil
 import time
@@ -40,15 +48,25 @@ from pathlib import Path
 from typing import Any
 
 from milo_ray.benchmarks.einstein.problems import PROBLEMS, score
-from milo_ray.benchmarks.einstein.programs import grade_program, run_program
+from milo_ray.benchmarks.einstein.programs import (
+    grade_program,
+    kill_after,
+    read_run,
+    run_program,
+    runner_args,
+    upload_program,
+)
 from milo_ray.benchmarks.einstein.starts import start_values
 from milo_ray.core.rollouts import RolloutResult
 from milo_ray.core.tasks import Task
 from milo_ray.execution.agent_executor import build_factory
+from milo_ray.execution.harness_process_pool import WarmPool, parse_size
+from milo_ray.execution.optimizer_process import OptimizerProcess
 from milo_ray.execution.sandbox.base import SandboxSpec
 from milo_ray.execution.sandbox.hostdirs import SANDBOX_HOME
 from milo_ray.execution.sandbox.interpreter import with_interpreter
 from milo_ray.execution.sandbox.leftovers import make_scratch
+from milo_ray.harness.model import ENTRY_FILE
 
 # The cache identity of this executor's rollouts: no model is involved (as the agent
 # executor's oracle), so a run's results do not depend on the model group.
@@ -72,12 +90,18 @@ class OptimizerExecutor:
         program may run before the runner stops it and keeps its last published point.
     scratch_dir: where per-rollout scratch directories go (None: the system temp dir);
         keep_scratch: keep them after the rollout (debugging a program).
+    warm_processes: spares (sandboxed runners with numpy imported, each used for one
+        candidate) kept ahead of need for :meth:`aexecute`: ``"auto"`` (as many as
+        rollouts have been in flight at once), a number, or 0 (off). Only sandboxes that
+        host a process and take its options when it starts (bwrap) have spares; under any
+        other ``"auto"`` means 0.
     """
 
     model_id = OPTIMIZER_MODEL_ID
 
     def __init__(self, sandbox: Any = None, memory_mb: int = 2048, grace_s: float = 2.0,
-                 scratch_dir: str | None = None, keep_scratch: bool = False) -> None:
+                 scratch_dir: str | None = None, keep_scratch: bool = False,
+                 warm_processes: int | str = "auto") -> None:
         if not isinstance(memory_mb, int) or isinstance(memory_mb, bool) or memory_mb < 256:
             raise ValueError(f"executor.memory_mb={memory_mb!r}: give an integer >= 256 (numpy and scipy need ~200 MB)")
         if not isinstance(grace_s, (int, float)) or isinstance(grace_s, bool) or not 0 < grace_s < math.inf:
@@ -87,6 +111,13 @@ class OptimizerExecutor:
         self.grace_s = float(grace_s)
         self.scratch_dir = scratch_dir
         self.keep_scratch = bool(keep_scratch)
+        warm = parse_size(warm_processes)
+        hosts = getattr(self.sandbox, "hosts_harness", False) and not getattr(self.sandbox, "binds_at_open", False)
+        if warm and warm != "auto" and not hosts:
+            raise ValueError(f"executor.warm_processes={warm_processes!r}: sandbox={self.sandbox.name} cannot hold a "
+                             "warm runner (only bwrap can); set executor.warm_processes=0")
+        self.pool = WarmPool(self.sandbox, warm if hosts else 0, scratch_dir,
+                             process_factory=lambda sandbox, scratch: OptimizerProcess(sandbox, scratch, WORKDIR))
 
     # --- checks before a run starts -------------------------------------------------------
     def unsupported_tasks(self, tasks: list[Task]) -> list[str]:
@@ -105,16 +136,63 @@ class OptimizerExecutor:
 
     # --- one rollout ----------------------------------------------------------------------
     def execute(self, harness: Any, task: Task, rollout_idx: int, seed: int) -> RolloutResult:
+        """One rollout in a sandbox of its own, opened now (cold: no spare)."""
         began = time.monotonic()
         why = _task_problem(task)
         if why:
-            return RolloutResult(harness.harness_id, task.task_id, rollout_idx, score=0.0, error_kind="task",
-                                 error=why, latency_s=time.monotonic() - began,
-                                 trace={"problem": task.metadata.get("problem"), "reason": why})
-        meta = task.metadata
-        problem, budget_s = meta["problem"], float(meta["budget_s"])
-        start = start_values(meta)
+            return _task_failure(harness, task, rollout_idx, why, began)
+        problem, budget_s = task.metadata["problem"], float(task.metadata["budget_s"])
+        start = start_values(task.metadata)
         start_score = score(problem, start)
+        run = self._run_cold(harness, task, start, problem, seed, budget_s)
+        return self._result(harness, task, rollout_idx, problem, start, start_score, run, began)
+
+    async def aexecute(self, harness: Any, task: Task, rollout_idx: int, seed: int) -> RolloutResult:
+        """One rollout on a warm spare when there is one (see the module docstring)."""
+        began = time.monotonic()
+        why = _task_problem(task)
+        if why:
+            return _task_failure(harness, task, rollout_idx, why, began)
+        problem, budget_s = task.metadata["problem"], float(task.metadata["budget_s"])
+        start = start_values(task.metadata)
+        start_score = score(problem, start)
+        spec = self._spec(task)
+        spare = None
+        try:
+            if self.pool.size:
+                spare = await self.pool.take(spec)
+            run = None
+            if spare is not None:
+                run = await self._run_warm(spare, harness, start, problem, seed, budget_s)
+            if run is None:
+                run = await asyncio.to_thread(self._run_cold, harness, task, start, problem, seed, budget_s)
+        finally:
+            if self.pool.size:
+                self.pool.release(spec)
+        return await asyncio.to_thread(self._result, harness, task, rollout_idx, problem, start, start_score, run,
+                                       began)
+
+    async def _run_warm(self, spare: Any, harness: Any, start: Any, problem: str, seed: int,
+                        budget_s: float) -> Any:
+        """Run the program on ``spare`` and close it; None when the spare died before it
+        was given its job (the rollout then runs cold: a spare's failure is not the
+        program's)."""
+        process = spare.process
+        try:
+            if not process.alive():
+                return None
+            await asyncio.to_thread(upload_program, spare.sandbox, WORKDIR, harness.files, start, with_runner=False)
+            if not process.alive():
+                return None
+            argv = runner_args(ENTRY_FILE, problem, seed, budget_s, self.grace_s)
+            code, killed = await process.run(argv, kill_after(budget_s, self.grace_s))
+            return await asyncio.to_thread(read_run, spare.sandbox, WORKDIR, code, killed, process.tail("stdout"),
+                                           process.tail("stderr"))
+        finally:
+            await process.finish()
+            await asyncio.to_thread(_close, spare.sandbox, None if self.keep_scratch else spare.scratch)
+
+    def _run_cold(self, harness: Any, task: Task, start: Any, problem: str, seed: int, budget_s: float) -> Any:
         scratch = make_scratch(f"opt-{task.task_id}", self.scratch_dir)
         try:
             sandbox = self.sandbox.open(self._spec(task), scratch / "sandbox")
@@ -125,11 +203,34 @@ class OptimizerExecutor:
         finally:
             if not self.keep_scratch:
                 shutil.rmtree(scratch, ignore_errors=True)
+        return run
+
+    def _result(self, harness: Any, task: Task, rollout_idx: int, problem: str, start: Any, start_score: float,
+                run: Any, began: float) -> RolloutResult:
         graded = grade_program(problem, start, start_score, run, self.grace_s)
         return RolloutResult(harness.harness_id, task.task_id, rollout_idx, score=graded.reward,
                              latency_s=time.monotonic() - began, timed_out=graded.timed_out,
                              error_kind="harness" if graded.reason else None, error=graded.reason,
                              trace=graded.trace)
+
+
+    def close(self) -> None:
+        """Kill the spares not handed out and remove their sandboxes."""
+        self.pool.close()
+
+
+def _task_failure(harness: Any, task: Task, rollout_idx: int, why: str, began: float) -> RolloutResult:
+    return RolloutResult(harness.harness_id, task.task_id, rollout_idx, score=0.0, error_kind="task", error=why,
+                         latency_s=time.monotonic() - began, trace={"problem": task.metadata.get("problem"),
+                                                                    "reason": why})
+
+
+def _close(sandbox: Any, scratch: Path | None) -> None:
+    try:
+        sandbox.close()
+    finally:
+        if scratch is not None:
+            shutil.rmtree(scratch, ignore_errors=True)
 
 
 def _task_problem(task: Task) -> str | None:

@@ -33,7 +33,7 @@ START_FILE = "start.npy"
 # import before its clock starts) and its last save, before the hard kill.
 KILL_MARGIN_S = 3.0
 # Bytes of the program's stdout and stderr kept in the trace.
-_TAIL_BYTES = 4000
+TAIL_BYTES = 4000
 _TAIL_MARK = "=====milo-optimizer-stderr====="
 
 
@@ -68,29 +68,55 @@ def run_program(sandbox: Any, workdir: str, files: Mapping[str, str | bytes], st
     ``optimize``) on ``start`` in ``workdir`` of an open ``sandbox``, through the runner,
     with ``python`` as the interpreter; read back how it ended, its last saved point and
     its score trajectory. Only the sandbox failing raises."""
-    buf = io.BytesIO()
-    np.save(buf, start, allow_pickle=False)
-    uploads = [(f"{workdir}/{rel}", text.encode() if isinstance(text, str) else text) for rel, text in files.items()]
-    uploads += [(f"{workdir}/{START_FILE}", buf.getvalue())]
-    uploads += [(f"{workdir}/{name}", content) for name, content in runner_files().items()]
-    _check_transfers("upload", sandbox.upload_files(uploads))
-    argv = [python, RUNNER_FILE, entry, START_FILE, problem, str(int(seed)), repr(float(budget_s)), repr(grace_s)]
+    upload_program(sandbox, workdir, files, start, with_runner=True)
+    argv = [python, RUNNER_FILE, *runner_args(entry, problem, seed, budget_s, grace_s)]
     here = f"cd {shlex.quote(workdir)} && "
     command = here + " ".join(shlex.quote(a) for a in argv) + " >stdout.log 2>stderr.log"
-    timeout = budget_s + grace_s + KILL_MARGIN_S
+    timeout = kill_after(budget_s, grace_s)
     ran = time.monotonic()
     response = sandbox.execute(command, timeout=timeout)
     # 124 is also what a program's own os._exit(124) reads: only past the timeout is it the kill.
     hard_killed = response.exit_code == 124 and time.monotonic() - ran >= timeout - 0.5
-    tails = sandbox.execute(here + f"tail -c {_TAIL_BYTES} stdout.log; printf '\\n%s\\n' {_TAIL_MARK}; "
-                            f"tail -c {_TAIL_BYTES} stderr.log", timeout=30)
+    tails = sandbox.execute(here + f"tail -c {TAIL_BYTES} stdout.log; printf '\\n%s\\n' {_TAIL_MARK}; "
+                            f"tail -c {TAIL_BYTES} stderr.log", timeout=30)
     stdout_tail, _, stderr_tail = tails.output.partition(f"\n{_TAIL_MARK}\n")
+    return read_run(sandbox, workdir, response.exit_code, hard_killed, stdout_tail, stderr_tail)
+
+
+def upload_program(sandbox: Any, workdir: str, files: Mapping[str, str | bytes], start: np.ndarray, *,
+                   with_runner: bool) -> None:
+    """Put the program ``files``, its start and (``with_runner``) the runner's files into
+    ``workdir``; the runner's files go last, so a program file of the same name never
+    replaces them. Only the sandbox failing raises."""
+    buf = io.BytesIO()
+    np.save(buf, start, allow_pickle=False)
+    uploads = [(f"{workdir}/{rel}", text.encode() if isinstance(text, str) else text) for rel, text in files.items()]
+    uploads += [(f"{workdir}/{START_FILE}", buf.getvalue())]
+    if with_runner:
+        uploads += [(f"{workdir}/{name}", content) for name, content in runner_files().items()]
+    _check_transfers("upload", sandbox.upload_files(uploads))
+
+
+def runner_args(entry: str, problem: str, seed: int, budget_s: float, grace_s: float) -> list[str]:
+    """The runner's arguments after its own file name (see :mod:`optimizer_runner`)."""
+    return [entry, START_FILE, problem, str(int(seed)), repr(float(budget_s)), repr(grace_s)]
+
+
+def kill_after(budget_s: float, grace_s: float) -> float:
+    """Seconds after the runner starts at which its process is killed whatever it does."""
+    return budget_s + grace_s + KILL_MARGIN_S
+
+
+def read_run(sandbox: Any, workdir: str, exit_code: int | None, hard_killed: bool, stdout_tail: str,
+             stderr_tail: str) -> ProgramRun:
+    """How a runner that has ended left ``workdir``: its status, last saved point and
+    score trajectory."""
     names = (runner.STATUS_FILE, runner.BEST_FILE, runner.TRAJECTORY_FILE)
     got = {Path(r.path).name: r for r in sandbox.download_files([f"{workdir}/{n}" for n in names])}
     status = _json_file(got[runner.STATUS_FILE])
     run = ProgramRun(status=str(status.get("status", "killed")) if isinstance(status, dict) else "killed",
                      error=status.get("error") if isinstance(status, dict) else None,
-                     exit_code=response.exit_code, hard_killed=hard_killed,
+                     exit_code=exit_code, hard_killed=hard_killed,
                      stdout_tail=stdout_tail, stderr_tail=stderr_tail)
     best = got[runner.BEST_FILE]
     if best.content is not None:
