@@ -51,6 +51,7 @@ from typing import Any
 import numpy as np
 
 from milo_ray.execution.sandbox.interpreter import interpreter_env, interpreter_paths
+from milo_ray.execution.sandbox.process import EXIT_WAITER, ProcessEnd
 from milo_ray.execution.sandbox.runtime_code import runtime_code_dir, write_harness
 from milo_ray.harness._validate_child import ENTRIES
 from milo_ray.harness.model import Harness
@@ -233,9 +234,9 @@ _WORKDIR = "/validate"  # the child's (empty, writable) working directory inside
 _RESULT = f"{_WORKDIR}/result.json"  # read back through the sandbox's file transfer
 _RESULT_ARG = "result.json"  # as the child is told it: relative to its working directory (the
 # local sandbox runs commands on the host, where /validate does not exist)
+_EXIT = f"{_WORKDIR}/exit.json"  # how the child ended, as its parent (EXIT_WAITER) saw it
+_EXIT_ARG = "exit.json"
 _TIMED_OUT_NOTE = "Error: command timed out after"
-# Exit statuses the child's shell reports for a child killed by a signal (128 + N).
-_SIGNAL_BASE = 128
 _fallback_warned = False
 
 
@@ -313,7 +314,8 @@ def _command(host_dir: Path, entry: str, timeout_s: float, memory_mb: int | None
     limits = ["ulimit -c 0", f"ulimit -t {int(math.ceil(timeout_s)) + 1}"]
     if memory_mb is not None:
         limits.append(f"ulimit -v {int(memory_mb) * 1024}")
-    argv = [sys.executable, "-P", "-m", CHILD_MODULE, str(host_dir), entry, _RESULT_ARG]
+    argv = [sys.executable, "-c", EXIT_WAITER, _EXIT_ARG,
+            sys.executable, "-P", "-m", CHILD_MODULE, str(host_dir), entry, _RESULT_ARG]
     return " && ".join(limits) + " && exec " + " ".join(shlex.quote(a) for a in argv)
 
 
@@ -336,10 +338,15 @@ def _validate_in_sandbox(factory: Any, harness: Harness, entry: str, timeout_s: 
                                     "crash")
         # The wall-clock cap is the command's timeout: the sandbox kills the whole process
         # tree at it (background processes included).
+        oom_kills = getattr(sandbox, "oom_kills", lambda: None)
+        oom_before = oom_kills()
         run = sandbox.execute(_command(host_dir, entry, timeout_s, memory_mb), timeout=max(1, math.ceil(timeout_s)))
+        oom_after = oom_kills()
         seconds = time.monotonic() - t0
-        got = sandbox.download_files([_RESULT])[0]
-        return _verdict(run, got.content if got.error is None else None, seconds, timeout_s, memory_mb)
+        got, ended = sandbox.download_files([_RESULT, _EXIT])
+        oom = None if oom_before is None or oom_after is None else max(0, oom_after - oom_before)
+        end = _observed_end(ended.content if ended.error is None else None, run, oom)
+        return _verdict(run, got.content if got.error is None else None, seconds, timeout_s, end)
     finally:
         if sandbox is not None:
             sandbox.close()
@@ -347,7 +354,23 @@ def _validate_in_sandbox(factory: Any, harness: Harness, entry: str, timeout_s: 
         shutil.rmtree(scratch, ignore_errors=True)
 
 
-def _verdict(run: Any, result: bytes | None, seconds: float, timeout_s: float, memory_mb: int | None) -> ValidationResult:
+def _observed_end(recorded: bytes | None, run: Any, oom_kills: int | None) -> ProcessEnd:
+    """How the child ended: what its waiter recorded (an exit code, or the signal that
+    killed it); without that record, the command's exit code as a number (a shell or
+    bwrap may have made it of a signal, so it is never read as one)."""
+    try:
+        got = json.loads(recorded) if recorded is not None else None
+    except ValueError:
+        got = None
+    sig = got.get("signal") if isinstance(got, dict) else None
+    code = got.get("exit_code") if isinstance(got, dict) else run.exit_code
+    if isinstance(sig, int) and not isinstance(sig, bool) and 0 < sig < 128:
+        return ProcessEnd(signal=sig, oom_kills=oom_kills, stderr_tail=run.output or "")
+    return ProcessEnd(exit_code=code if isinstance(code, int) and not isinstance(code, bool) else run.exit_code,
+                      oom_kills=oom_kills, stderr_tail=run.output or "")
+
+
+def _verdict(run: Any, result: bytes | None, seconds: float, timeout_s: float, end: ProcessEnd) -> ValidationResult:
     output = run.output or ""
     if run.exit_code == 124 and _TIMED_OUT_NOTE in output[-300:]:
         return ValidationResult(False, f"validation timed out after {timeout_s:g}s", seconds, "timeout")
@@ -362,25 +385,11 @@ def _verdict(run: Any, result: bytes | None, seconds: float, timeout_s: float, m
         reason = None if ok else str(payload.get("reason") or "validation failed")[:2000]
         check = payload.get("check")
         return ValidationResult(ok, reason, seconds, None if ok else (check if isinstance(check, str) else "crash"))
-    rc = run.exit_code
-    if rc is not None and rc > _SIGNAL_BASE and rc - _SIGNAL_BASE in signal.valid_signals():
-        sig = rc - _SIGNAL_BASE
-        name = signal.Signals(sig).name
-        if sig == signal.SIGXCPU:
-            reason = f"validation exceeded its CPU-time limit ({int(math.ceil(timeout_s)) + 1}s)"
-        elif sig == signal.SIGKILL and memory_mb is not None:
-            reason = "validation process was killed by SIGKILL (out of memory, or killed from outside)"
-        else:
-            reason = f"validation process was killed by {name}"
+    if end.signal == signal.SIGXCPU and not end.oom_kills:
+        reason = f"validation exceeded its CPU-time limit ({int(math.ceil(timeout_s)) + 1}s)"
     else:
-        tail = _tail(output)
-        reason = f"validation process exited with code {rc} without a result" + (f": {tail}" if tail else "")
+        reason = f"validation process ended without a result: {end.describe()}"
     return ValidationResult(False, reason, seconds, "crash")
-
-
-def _tail(text: str, limit: int = 300) -> str:
-    lines = [ln for ln in text.splitlines() if ln.strip()]
-    return lines[-1][-limit:] if lines else ""
 
 
 def _check_options(timeout_s: float, memory_mb: int | None, max_workers: int, entry: str) -> None:

@@ -226,6 +226,13 @@ def test_process_killed_by_a_signal_is_reported():
     assert "SIGKILL" in r.reason
 
 
+def test_a_sigkill_under_a_memory_limit_is_named_as_a_signal_never_as_memory():
+    # Nothing counted an OOM kill: a SIGKILL is only a SIGKILL.
+    r = validate(src("import os, signal\nos.kill(os.getpid(), signal.SIGKILL)\n" + PLAIN), memory_mb=1024)
+    assert not r.ok and r.check == "crash"
+    assert "killed by signal 9 (SIGKILL)" in r.reason and "memory" not in r.reason
+
+
 def test_harness_exiting_the_interpreter_is_reported():
     r_exit = validate(src("import os\nos._exit(3)\n" + PLAIN))
     assert not r_exit.ok and r_exit.check == "crash" and "code 3" in r_exit.reason

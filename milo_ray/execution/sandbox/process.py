@@ -11,6 +11,12 @@ command printing gigabytes costs CPU, never memory. On timeout the group is SIGK
 first SIGTERMed, ``term_grace_s`` before, for a command that saves its state on the way
 out), and once the command ends any process it left behind in its group is killed too (a
 backgrounded process ignoring SIGTERM must not outlive the command it belongs to).
+
+How a process ended is told by what was observed (:class:`ProcessEnd`): its exit code,
+the signal that killed it when its parent saw one (:data:`EXIT_WAITER` is such a parent
+inside a sandbox, where a shell or bwrap in between would turn a signal into 128+N),
+the OOM kills its memory cgroup counted, and a kill by our own timeout. Nothing else is
+named as a cause.
 """
 
 from __future__ import annotations
@@ -304,3 +310,63 @@ def run_capped(
     return start_capped(argv, timeout_s=timeout_s, output_cap_bytes=output_cap_bytes, tail_bytes=tail_bytes,
                         separate_stderr=separate_stderr, term_grace_s=term_grace_s, env=env, cwd=cwd,
                         stdin=stdin).wait()
+
+# A parent that tells an exit from a death by a signal (a shell reports both as a number):
+# ``python -c EXIT_WAITER OUT argv...`` runs argv, writes {"exit_code": N} or
+# {"signal": N} to OUT (atomically) and exits as a shell would (128+N for signal N). It is
+# small next to the command it waits for, so an OOM killer choosing by size spares it.
+EXIT_WAITER = (
+    "import json, os, subprocess, sys\n"
+    "out, argv = sys.argv[1], sys.argv[2:]\n"
+    "code = subprocess.call(argv)\n"
+    "with open(out + '.tmp', 'w') as fh:\n"
+    "    json.dump({'signal': -code} if code < 0 else {'exit_code': code}, fh)\n"
+    "os.replace(out + '.tmp', out)\n"
+    "sys.exit(128 - code if code < 0 else code)\n"
+)
+
+
+@dataclass(frozen=True)
+class ProcessEnd:
+    """How a process ended, as observed. ``exit_code``: the code it exited with (None when
+    it did not exit on its own or nobody saw it); ``signal``: the signal that killed it,
+    only when its parent saw it die of one; ``oom_kills``: OOM kills its memory cgroup
+    counted while it ran (None: no such counter); ``timeout_s``: set when our own timeout
+    killed it; ``stderr_tail``: the end of what it wrote to stderr."""
+
+    exit_code: int | None = None
+    signal: int | None = None
+    oom_kills: int | None = None
+    timeout_s: float | None = None
+    stderr_tail: str = ""
+
+    def describe(self) -> str:
+        """One line naming only what was observed."""
+        if self.timeout_s is not None:
+            text = f"killed by the sandbox's timeout after {self.timeout_s:g} s"
+        elif self.signal is not None:
+            name = _signal_name(self.signal)
+            text = f"killed by signal {self.signal}" + (f" ({name})" if name else "")
+        elif self.exit_code is not None:
+            text = f"exited with code {self.exit_code}"
+        else:
+            text = "ended without an exit status anyone observed"
+        if self.oom_kills:
+            oom = (f"out of memory: the sandbox's memory cgroup counted {self.oom_kills} OOM kill"
+                   f"{'s' if self.oom_kills > 1 else ''} (its oom_kill counter)")
+            # The timeout is what ended it; an OOM kill before it is worth knowing.
+            text = f"{text}; {oom}" if self.timeout_s is not None else f"{oom}; {text}"
+        tail = _last_lines(self.stderr_tail)
+        return f"{text}; stderr ends: {tail}" if tail else text
+
+
+def _signal_name(sig: int) -> str | None:
+    try:
+        return signal.Signals(sig).name
+    except ValueError:
+        return None
+
+
+def _last_lines(text: str, limit: int = 300) -> str:
+    lines = [ln.strip() for ln in (text or "").splitlines() if ln.strip()]
+    return " | ".join(lines[-3:])[-limit:]
