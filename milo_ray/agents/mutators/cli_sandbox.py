@@ -44,7 +44,9 @@ from milo_ray.execution.sandbox.interpreter import interpreter_env, interpreter_
 # no other process can hold it).
 SANDBOX_PORT = 18080
 SOCKET_NAME = "gateway.sock"
-# Largest file the CLI may write (RLIMIT_FSIZE): its transcript and stderr land in /logs.
+# Largest file the CLI may write (RLIMIT_FSIZE, set by the command's shell): its transcript
+# and stderr land in /logs. Not the spec's storage_mb, which would put the workspace on a
+# volume of the sandbox's own, gone when it closes: the caller reads the workspace after.
 FILE_LIMIT_MB = 64
 # How each preset reaches a gateway: the API flavour it speaks, the variables that take
 # the base URL and the token, and arguments that point it there (``{base_url}``: the URL as
@@ -286,13 +288,13 @@ def run_in_sandbox(argv: list[str], *, scratch: Path, env: dict[str, str], reado
     factory = BwrapSandboxFactory(command_timeout_s=time_cap_s, output_cap_bytes=output_cap_bytes,
                                   host_readonly=(*DEFAULT_HOST_READONLY, *ro))
     spec = SandboxSpec(task_id="cli-mutation", workdir="/workspace", allow_internet=False,
-                       storage_mb=FILE_LIMIT_MB, env={**interpreter_env(), **env})
+                       env={**interpreter_env(), **env})
     try:
         sandbox = factory.open(spec, scratch)
     except Exception as e:
         return SandboxedRun(None, launch_error=f"could not open the CLI's sandbox: {e}")
     try:
-        steps = []
+        steps = [f"ulimit -f {FILE_LIMIT_MB * 1024}"]  # 1 KiB blocks; soft and hard, so it stays
         if relay is not None:
             steps.append(" ".join(shlex.quote(a) for a in (sys.executable, "-c", RELAY_SCRIPT, str(relay.path),
                                                            str(SANDBOX_PORT))))

@@ -7,7 +7,9 @@ so the host's ``python3`` and shell work), the workspace at ``spec.workdir``, ``
 rollout's scratch, see :mod:`hostdirs`), its own ``/proc`` and a minimal ``/dev``. The
 rest of the root is an empty read-only tmpfs, so the host's home directories, ``/sys``
 and every other path do not exist. It gets a clean environment (never the host's, which
-holds API keys), no network unless ``spec.allow_internet``, no capabilities (as root,
+holds API keys), no network unless ``spec.allow_internet`` -- and then its own network
+namespace with egress to public addresses only (:mod:`egress`: never the host's loopback,
+ports or sockets, nor link-local or private ranges) --, no capabilities (as root,
 bwrap would otherwise keep them all), a new session (no terminal injection), and it dies
 with its parent. Every command is its own bwrap with its own PID namespace: when the
 command ends (or is killed) every process it started ends with it, background ones
@@ -21,8 +23,10 @@ Limits (what :attr:`BwrapSandbox.limits` reports as enforced):
   Without a pids cgroup the process count falls back to RLIMIT_NPROC, but only when not
   running as root: the kernel never applies RLIMIT_NPROC to uid 0, so a root host without
   cgroups bounds a fork bomb only by the command timeout. CPU has no fallback.
-* ``spec.storage_mb``: RLIMIT_FSIZE, i.e. the size of any one file written; the total
-  size of the writable directories is not bounded.
+* ``spec.storage_mb``: the total of every writable directory (workspace, ``/tmp``, home,
+  ``/logs``, ``/tests``, ``/solution``): all of them live on one volume of that size
+  (:mod:`volume`, root only), which grading keeps (``fresh_for_grading``). Without root
+  only RLIMIT_FSIZE holds, i.e. the size of any one file (kept with a volume as well).
 * Per-command timeout and output cap: :mod:`process`.
 
 Cost: a command takes ~4 ms more than a bare subprocess (namespaces and mounts), plus,
@@ -32,6 +36,7 @@ with the machine's load); ``scripts/bench_sandbox.py`` measures both.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import posixpath
@@ -46,6 +51,9 @@ from deepagents.backends.protocol import ExecuteResponse, FileDownloadResponse, 
 
 from milo_ray.execution.sandbox.base import Sandbox, SandboxSpec, resolve_timeout
 from milo_ray.execution.sandbox.cgroups import CgroupSupport, SandboxCgroup, probe_cgroups
+from milo_ray.execution.sandbox.egress import PrivateNetwork
+from milo_ray.execution.sandbox.egress import missing_tools as missing_network_tools
+from milo_ray.execution.sandbox.volume import Volume, move_for_grading, open_volume
 from milo_ray.execution.sandbox.hostdirs import HostDirs, _under
 from milo_ray.execution.sandbox.process import CappedProcess, CappedRun, run_capped, start_capped
 
@@ -83,6 +91,8 @@ class Limits:
     memory: str | None
     cpu: str | None
     file_size: str | None
+    # The total every writable directory may hold (spec.storage_mb): a volume (:mod:`volume`).
+    storage: str | None = None
 
 
 def to_response(run: CappedRun, timeout_s: float | None) -> ExecuteResponse:
@@ -189,6 +199,8 @@ class BwrapSandboxFactory:
         error, _ = self._probe()
         if error:
             return f"task {spec.task_id}: {error}; run it with sandbox=docker"
+        if spec.allow_internet and (why := missing_network_tools()):
+            return f"task {spec.task_id}: it allows the internet, but {why}"
         return None
 
     def open(self, spec: SandboxSpec, scratch: Path, readonly_binds: dict[str, str] | None = None) -> "BwrapSandbox":
@@ -205,14 +217,24 @@ class BwrapSandbox(Sandbox):
     """One task's bwrap sandbox (see the module docstring for what it isolates)."""
 
     def __init__(self, factory: BwrapSandboxFactory, spec: SandboxSpec, scratch: Path, support: CgroupSupport,
-                 readonly_binds: dict[str, str] | None = None) -> None:
+                 readonly_binds: dict[str, str] | None = None, *, volume: Volume | None = None,
+                 dirs_root: Path | None = None) -> None:
         self._factory = factory
+        self._scratch, self._support = scratch, support
         self._binds = dict(readonly_binds or {})
         self.spec = spec
         self._id = f"bwrap-{uuid.uuid4().hex[:16]}"
         # Dropping to the sandbox user takes root; a worker that is not root already is one.
         self.owner = factory._uid_gid if factory._uid_gid is not None and os.geteuid() == 0 else None
-        self.dirs = HostDirs(spec, scratch, owner=self.owner)
+        # Every writable directory on one volume of spec.storage_mb (:mod:`volume`); None
+        # without a cap or where none can be mounted (then RLIMIT_FSIZE only: see limits).
+        self._volume = volume if volume is not None else open_volume(spec, scratch)
+        try:
+            self.dirs = HostDirs(spec, dirs_root or (self._volume.path / "sandbox" if self._volume else scratch),
+                                 owner=self.owner)
+        except BaseException:
+            self._release_volume()
+            raise
         # The worker's own directory (never mounted writable) for the skeletons of
         # _late_binds.
         self._mountpoints = scratch / "ro-mountpoints"
@@ -237,6 +259,16 @@ class BwrapSandbox(Sandbox):
         self.output_cap_bytes = factory.output_cap_bytes
         # The host directory behind the workspace: grading moves it into a fresh sandbox.
         self.workspace_dir = self.dirs.mounts[self.dirs.workdir]
+        try:
+            self._network = self._private_network()
+        except BaseException:
+            self._release_volume()
+            raise
+        if self._volume is not None:
+            # The executor grades a workspace by renaming it next to a fresh sandbox's
+            # directories, which cannot leave a volume: a sandbox on one offers
+            # fresh_for_grading instead (as Docker's does), keeping the workspace on it.
+            self.fresh_for_grading = self._fresh_on_volume
 
     @property
     def id(self) -> str:
@@ -272,13 +304,47 @@ class BwrapSandbox(Sandbox):
         if self.spec.storage_mb is not None:
             rlimits.append(f"--fsize={self.spec.storage_mb * 1024 * 1024}")
             file_size = f"RLIMIT_FSIZE={self.spec.storage_mb} MB per file"
+        storage = self._volume.mechanism if self._volume is not None else None
         launcher: list[str] = []
         if rlimits:
             prlimit = shutil.which("prlimit")
             if prlimit is None:
                 raise RuntimeError("the sandbox's rlimits need prlimit (util-linux), which is not installed")
             launcher += [prlimit, *rlimits, "--"]
-        return Limits(pids, memory, cpu, file_size), launcher
+        return Limits(pids, memory, cpu, file_size, storage), launcher
+
+    def _release_volume(self) -> None:
+        if self._volume is not None:
+            self._volume.close()
+            self._volume = None
+
+    def _fresh_on_volume(self, readonly_binds: dict[str, str] | None = None) -> "BwrapSandbox":
+        """End this sandbox (every process dies) and open a fresh one for grading on the
+        same volume, with only the workspace carried over: the agent's /tmp, home, /logs,
+        /tests and /solution are deleted (its processes are dead; ``rmtree`` never follows
+        a link) so the verifier has the cap less the workspace, and sees nothing else the
+        agent left; ``readonly_binds`` are the host's copies of what the format carries."""
+        volume, self._volume = self._volume, None  # the fresh sandbox owns it from here
+        try:
+            self.close()
+            root = move_for_grading(volume, self.dirs)
+            scratch = self._scratch / root.name
+            return BwrapSandbox(self._factory, dataclasses.replace(self.spec, copy_in=()), scratch, self._support,
+                                readonly_binds, volume=volume, dirs_root=root)
+        except BaseException:
+            volume.close()
+            raise
+
+    def _private_network(self) -> PrivateNetwork | None:
+        """A task that allows the internet gets its own network namespace with filtered
+        user-mode egress (:mod:`egress`), made once and joined by every command (``nsenter``
+        ahead of bwrap, which then shares that namespace rather than making an empty one):
+        never the host's namespace, its loopback or its sockets."""
+        if not self.spec.allow_internet:
+            return None
+        network = PrivateNetwork()
+        self._launcher = [*self._launcher, *network.join_prefix]
+        return network
 
     def _build_bwrap_argv(self, extra_readonly: dict[str, str] | None = None) -> list[str]:
         if self.owner is not None:
@@ -464,6 +530,9 @@ class BwrapSandbox(Sandbox):
             self._closed = True
         self.interrupt()
         self._cgroup.close()
+        if self._network is not None:
+            self._network.close()
+        self._release_volume()
 
 
 LAUNCH_ENV = {"PATH": SANDBOX_PATH}

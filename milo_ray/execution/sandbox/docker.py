@@ -12,11 +12,15 @@ capabilities and ``no-new-privileges``; the root filesystem is read-only, the ta
 directories (workdir, ``/logs``, ``/tests``, ``/solution``) are anonymous volumes filled
 from the image and removed with the container, ``/tmp`` is a tmpfs of ``tmpfs_mb``.
 
-What is enforced: no network unless ``spec.allow_internet`` (``--network none``); CPUs,
-memory (swap included) and the process count (``--cpus``, ``--memory``/``--memory-swap``,
-``--pids-limit``) from the spec, else the factory's defaults; the timeout and output cap
-of each command. ``spec.storage_mb`` is not enforced: Docker can cap a container's
-writable layer only on overlay2 over xfs with project quotas, which these hosts lack.
+What is enforced: every container runs with ``--network none``; one whose task allows the
+internet then gets the bwrap sandbox's private egress attached to its own namespace
+(:mod:`egress`: public addresses only, no host port; the daemon must run on the worker's
+host), never Docker's bridge. CPUs, memory (swap included) and the process count
+(``--cpus``, ``--memory``/``--memory-swap``, ``--pids-limit``) from the spec, else the
+factory's defaults; the timeout and output cap of each command. ``spec.storage_mb`` caps
+``/tmp`` (and HOME, which is there) only: the workspace and the other task directories are
+Docker volumes, and Docker caps those (or the writable layer) only on drivers with project
+quotas (overlay2 over xfs), which these hosts lack.
 
 Offline hosts cannot pull the public image a task's Dockerfile starts ``FROM``; the
 factory's ``base_image_override`` replaces it at build time (tests and offline CI use
@@ -64,6 +68,8 @@ from deepagents.backends.protocol import (
 
 from milo_ray.execution.sandbox.base import LOGS_DIR, SOLUTION_DIR, TESTS_DIR, Sandbox, SandboxSpec, resolve_timeout
 from milo_ray.execution.sandbox.docker_interpreter import PRIVATE_PARENTS, probe_interpreter, skeleton
+from milo_ray.execution.sandbox.egress import container_network
+from milo_ray.execution.sandbox.egress import missing_tools as missing_network_tools
 from milo_ray.execution.sandbox.process import run_capped
 
 log = logging.getLogger(__name__)
@@ -176,6 +182,7 @@ class DockerSandbox(Sandbox):
         self._volumes = [volume] if volume else []
         # Not a method of self: a finalizer holding the sandbox would keep it alive forever.
         self._remover = weakref.finalize(self, _remove_container, docker, container, self._volumes)
+        self._network_closer: weakref.finalize | None = None  # the private network's, when it has one
 
     @property
     def id(self) -> str:
@@ -303,9 +310,11 @@ class DockerSandbox(Sandbox):
             return FileDownloadResponse(path=path, content=extracted.read(), error=None)
 
     def close(self) -> None:
-        """Remove the container (``docker rm -f``); idempotent."""
+        """Remove the container (``docker rm -f``) and end its private network; idempotent."""
         self._closed = True
         self._remover()
+        if self._network_closer is not None:
+            self._network_closer()
 
     def _check_open(self) -> None:
         if self._closed:
@@ -323,6 +332,12 @@ class DockerSandbox(Sandbox):
         if run.exit_code != 0:
             log.warning("kill sweep in %s failed (exit %s): %s", self._container, run.exit_code, run.output.strip())
         return run.exit_code == 0
+
+
+def _tmp_mb(tmpfs_mb: int, storage_mb: int | None) -> int:
+    """The size of the container's /tmp: the factory's, and never more than the task's
+    storage cap (the workspace and the other volumes are not capped: docs/security.md)."""
+    return tmpfs_mb if storage_mb is None else max(1, min(tmpfs_mb, int(storage_mb)))
 
 
 def _remove_container(docker: tuple[str, ...], container: str, volumes: list[str] | None = None) -> None:
@@ -464,6 +479,8 @@ class DockerSandboxFactory:
         if reason is not None:
             return (f"task {spec.task_id}: no Docker daemon answers ({reason}); start one (as root: "
                     f"python -m milo_ray.testing.dockerd) or use sandbox=bwrap")
+        if spec.allow_internet and (why := missing_network_tools()):
+            return f"task {spec.task_id}: it allows the internet, but {why}"
         return None
 
     def _daemon(self) -> str | None:
@@ -510,7 +527,7 @@ class DockerSandboxFactory:
                 # only what root's control calls below need (make the directories, kill a
                 # command's processes); the agent's commands run as a non-root user, which
                 # holds none of them.
-                "--read-only", "--tmpfs", f"/tmp:rw,nosuid,nodev,size={self.tmpfs_mb}m",
+                "--read-only", "--tmpfs", f"/tmp:rw,nosuid,nodev,size={_tmp_mb(self.tmpfs_mb, spec.storage_mb)}m",
                 "--security-opt", "no-new-privileges", "--cap-drop", "ALL",
                 *(a for c in ("CHOWN", "DAC_OVERRIDE", "FOWNER", "KILL") for a in ("--cap-add", c))]
         # The grading container mounts the agent's workspace as it is: ``nocopy``, or an
@@ -522,8 +539,10 @@ class DockerSandboxFactory:
                 argv += ["-v", d]
         if self.user is not None and "HOME" not in spec.env:
             argv += ["-e", "HOME=/tmp"]
-        if not spec.allow_internet:
-            argv += ["--network", "none"]
+        # Never Docker's bridge (from which the host's ports are one hop away): a task that
+        # allows the internet gets the same private egress as under bwrap, attached to the
+        # container's own namespace once it runs (egress.container_network).
+        argv += ["--network", "none"]
         cpus = spec.cpus if spec.cpus is not None else self.cpus
         if cpus is not None:
             # Docker refuses more CPUs than the daemon's host has; a task asking for 4 on a
@@ -565,13 +584,17 @@ class DockerSandboxFactory:
                 raise RuntimeError(f"task {spec.task_id}: cannot create the sandbox directories: {made.output.strip()}")
             if readonly_binds:
                 env = probe_interpreter(self.docker, self.user, spec.task_id, image, container)
+            network = container_network(self.docker, container) if spec.allow_internet else None
         except BaseException:
             _remove_container(self.docker, container, [volume])
             raise
-        return DockerSandbox(docker=self.docker, container=container, workdir=spec.workdir, main_pid=main_pid,
-                             command_timeout_s=self.command_timeout_s, output_cap_bytes=self.output_cap_bytes,
-                             user=self.user, factory=self, spec=spec, image=image, volume=volume,
-                             readonly_binds=readonly_binds, env=env)
+        sandbox = DockerSandbox(docker=self.docker, container=container, workdir=spec.workdir, main_pid=main_pid,
+                                command_timeout_s=self.command_timeout_s, output_cap_bytes=self.output_cap_bytes,
+                                user=self.user, factory=self, spec=spec, image=image, volume=volume,
+                                readonly_binds=readonly_binds, env=env)
+        if network is not None:
+            sandbox._network_closer = weakref.finalize(sandbox, network.close)
+        return sandbox
 
     def _build(self, spec: SandboxSpec, scratch: Path) -> str:
         context = Path(spec.build_context)

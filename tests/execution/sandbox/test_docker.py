@@ -92,7 +92,8 @@ def test_no_network_unless_the_task_allows_it(docker_factory, docker_task, tmp_p
         assert out.execute(probe).output.split("\n")[:2] == ["['lo']", "101"]  # ENETUNREACH
     allowed = docker_factory.open(dataclasses.replace(docker_task, allow_internet=True), tmp_path / "b")
     with allowed:
-        assert "eth0" in allowed.execute(probe).output.split("\n")[0]
+        # Its own namespace with user-mode egress (egress.py), never Docker's bridge.
+        assert "tap0" in allowed.execute(probe).output.split("\n")[0]
 
 
 def test_resource_limits_come_from_the_spec(docker_factory, docker_task, tmp_path) -> None:
