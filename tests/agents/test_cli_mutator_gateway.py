@@ -124,6 +124,9 @@ def test_claude_code_calls_messages_through_the_mutation_gateway_metered_and_key
     status, payload = _post(gw, "/anthropic/v1/messages", token)
     assert status == 401 and "ended" in payload
     assert len(srv.answered) == 2
+    # The token had a socket of its own, the relay's only target, removed with the call.
+    own = gw._gateway.grants.find(token).socket_path
+    assert own is not None and own != unquote(urlsplit(gw.base_url("anthropic")).netloc) and not os.path.exists(own)
 
 
 def test_an_unknown_token_is_refused_on_every_route_and_costs_nothing(setting):

@@ -176,6 +176,34 @@ def test_concurrent_grants_are_each_billed_exactly_their_own_calls(tmp_path):
         assert len(grant.calls) == n and grant.tokens() == n * (11 + i), grant.label
 
 
+def test_a_search_agents_bound_token_is_accepted_on_its_own_socket_only(tmp_path):
+    from urllib.parse import unquote, urlsplit
+
+    from milo_ray.agents.llm import use_secrets
+    from milo_ray.execution.gateway.mutation import MutationGateway
+
+    with ScriptedOpenAIServer(_policy) as srv:
+        gw = MutationGateway({"model": "openai/scripted", "api_base": srv.url, "api_key_env": KEY_ENV,
+                              "max_retries": 0})
+        try:
+            with use_secrets({KEY_ENV: KEY}):
+                token, other = (gw.issue_token(role="mutator", caller=c) for c in ("cli", "other"))
+            own = gw.bind_token(token)
+            shared = unquote(urlsplit(gw.base_url("openai")).netloc)
+            loopback = gw.local_url("openai")[: -len("/openai/v1")]
+            out = {"own": asyncio.run(_post(own, token)), "shared": asyncio.run(_post(shared, token)),
+                   "loopback": asyncio.run(_post(loopback, token)), "other_on_own": asyncio.run(_post(own, other))}
+            gw.revoke_token(token)
+            out["metered"], out["other_metered"] = gw.metered(token), gw.metered(other)
+            out["gone"] = not os.path.exists(own) and not os.path.exists(os.path.dirname(own))
+        finally:
+            gw.close()
+        answered = len(srv.answered)
+    assert out["own"][0] == 200 and out["gone"]
+    assert out["shared"][0] == 403 and out["loopback"][0] == 403 and out["other_on_own"][0] == 403
+    assert answered == 1 and out["metered"]["calls"] == 1 and out["other_metered"]["calls"] == 0
+
+
 # --- for real: a thief harness in a bwrap sandbox ---------------------------------------
 
 VICTIM = '''

@@ -21,7 +21,9 @@ Where the CLI runs (a CLI reads task-derived text and runs commands: it is untru
   workspace at ``/workspace``, the host system, the CLI's install directory and the lineage
   files read-only, a scratch HOME, a clean environment, no network but a relay to the run's
   model ``gateway``, to which the CLI's provider base URL points, with a per-call token the
-  gateway issues and revokes instead of a key (Claude Code: ``ANTHROPIC_BASE_URL`` and
+  gateway issues and revokes instead of a key (a gateway with ``bind_token``, as the run's
+  own, gives the token a socket of its own, the relay's only target, and refuses it on any
+  other) (Claude Code: ``ANTHROPIC_BASE_URL`` and
   ``ANTHROPIC_AUTH_TOKEN``, the Messages API; Codex: a ``model_providers`` entry given with
   ``-c`` -- the gateway's URL, the Responses API, the token in ``OPENAI_API_KEY``; a custom
   ``command`` names its variables in ``base_url_env``/``token_env``). No key is given to it:
@@ -339,6 +341,10 @@ class CliMutator:
             (scratch / "logs" / "prompt.md").write_text(prompt, encoding="utf-8")
             argv = self._argv(exe, prompt, "/logs/prompt.md", ws) + gateway_args(vars_, inside_url(url))
             token = gateway.issue_token(role="mutator", caller=self.name)
+            if callable(getattr(gateway, "bind_token", None)):
+                # The token's own socket: the relay carries the CLI there, and the token is
+                # worthless on any other (a leaked one cannot be spent from elsewhere).
+                target = gateway.bind_token(token)
             env = {k: os.environ[k] for k in ("LANG",) if k in os.environ}
             env.update({k: os.environ[k] for k in self.pass_env if k in os.environ})
             env.update(self.env)

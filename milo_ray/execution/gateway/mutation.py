@@ -6,8 +6,9 @@ Two kinds of agent use it:
 
 * a sandboxed CLI mutator (:class:`milo_ray.agents.mutators.cli.CliMutator`), through its
   gateway protocol (:class:`milo_ray.agents.mutators.cli_sandbox.ModelGateway`):
-  ``base_url(api)`` is an ``http+unix://`` URL of its socket (the CLI's relay forwards to
-  it);
+  ``base_url(api)`` is an ``http+unix://`` URL of its socket; the CLI then gives its token a
+  socket of its own (:meth:`MutationGateway.bind_token`), the one the CLI's relay forwards
+  to, and the token is accepted there only (as a rollout's: see :mod:`.server`);
 * the in-process LLM coding agent (the deepagents mutator, which is also MILO's graft agent
   and SSR's optimizer), whose chat model gets ``local_url(api)``, an ``http://`` URL on a
   loopback port of the same gateway (litellm speaks no Unix sockets), and the token as its
@@ -107,6 +108,17 @@ class MutationGateway:
         # Read here, in the agent's context: the grant is made on the gateway's own loop.
         grant = self._call(self._issue(gw, f"{role}:{caller}", current_role_call.get()))
         return grant.token
+
+    def bind_token(self, token: str) -> str:
+        """Give ``token`` (issued by :meth:`issue_token`) a listening socket of its own, in a
+        fresh directory of this gateway's private one, and return its path: from now on the
+        token is refused anywhere else (this gateway's shared socket and loopback port
+        included), and any other token is refused there. :meth:`revoke_token` closes it."""
+        gw = self._started()
+        grant = gw.grants.find(token)
+        if grant is None:
+            raise ValueError("MutationGateway.bind_token: a token this gateway did not issue")
+        return self._call(gw.bind(grant))
 
     def revoke_token(self, token: str) -> None:
         gw = self._gateway

@@ -20,13 +20,13 @@ and an upstream error text is scrubbed of it before it reaches the caller.
 
 One socket per grant. A bearer token alone is worth what its secrecy is: a harness that
 learnt another live rollout's token could spend it. So a grant made for a sandbox
-(:meth:`ModelGateway.issue_bound`) gets a listening socket of its own, and the sandbox is
-shown only that socket: a request arriving on it is served only with the token of the
-grant it was made for; any other token (unknown, ended, or another grant's) is refused
-403 and noted as a refused request on *this* socket's grant -- the grant whose token was
-presented is charged nothing. A bound grant's token is refused 403 on every other listener
-too (the gateway's shared socket and loopback port, which serve grants issued without a
-socket: the in-process search agents'). Which listener accepted a connection is the
+(:meth:`ModelGateway.issue_bound`, :meth:`ModelGateway.bind`) gets a listening socket of
+its own, and the sandbox is shown only that socket: a request arriving on it is served
+only with the token of the grant it was made for; any other token (unknown, ended, or
+another grant's) is refused 403 and noted as a refused request on *this* socket's grant --
+the grant whose token was presented is charged nothing. A bound grant's token is refused
+403 on every other listener too (the gateway's shared socket and loopback port, which serve
+grants issued without a socket: the in-process search agents'). Which listener accepted a connection is the
 kernel's answer (the accepted socket's own address), not anything the client sends. The
 socket is closed and unlinked when the grant ends (:meth:`ModelGateway.end`), so an ended
 token has nowhere left to go. A listener costs one ``bind``/``listen`` per rollout and a
@@ -163,13 +163,26 @@ class ModelGateway:
 
     async def issue_bound(self, label: str, socket_dir: str | Path | None = None, *, token_cap: int | None = None,
                           call_cap: int | None = None, run_budget: Any = None, journal: Any = None) -> Grant:
-        """A grant with a listening socket of its own (see "One socket per grant" in the
-        module docstring): ``socket_dir/``:data:`GRANT_SOCKET` -- ``socket_dir`` a directory
-        the host made for one sandbox, outside any tree a sandbox can write (None: a fresh
-        one inside this gateway's private directory, removed when the grant ends). The
-        grant's :attr:`~Grant.socket_path` says where; :meth:`end` closes and removes it."""
+        """A grant with a listening socket of its own (:meth:`bind`)."""
+        grant = self.issue(label, token_cap=token_cap, call_cap=call_cap, run_budget=run_budget, journal=journal)
+        try:
+            await self.bind(grant, socket_dir)
+        except BaseException:
+            self.grants.end(grant)
+            raise
+        return grant
+
+    async def bind(self, grant: Grant, socket_dir: str | Path | None = None) -> str:
+        """Give ``grant`` a listening socket of its own (see "One socket per grant" in the
+        module docstring) and return its path: ``socket_dir/``:data:`GRANT_SOCKET` --
+        ``socket_dir`` a directory the host made for one sandbox, outside any tree a sandbox
+        can write (None: a fresh one inside this gateway's private directory, removed when
+        the grant ends). From now on the grant's token is accepted there only;
+        :attr:`~Grant.socket_path` says where, and :meth:`end` closes and removes it."""
         if self._runner is None or self._runner.server is None:
-            raise RuntimeError("ModelGateway.issue_bound: start() the gateway first")
+            raise RuntimeError("ModelGateway.bind: start() the gateway first")
+        if grant.socket_path is not None or grant.ended:
+            raise RuntimeError(f"ModelGateway.bind: grant {grant.label!r} is already bound or has ended")
         own_dir = socket_dir is None
         if own_dir:
             where = Path(self.socket_path).parent / f"grant-{secrets.token_hex(8)}"
@@ -177,10 +190,9 @@ class ModelGateway:
         else:
             where = Path(socket_dir)
         path = str(where / GRANT_SOCKET)
-        if os.path.lexists(path):
-            raise RuntimeError(f"ModelGateway.issue_bound: {path} is already a grant's socket")
-        grant = self.issue(label, token_cap=token_cap, call_cap=call_cap, run_budget=run_budget, journal=journal)
         try:
+            if os.path.lexists(path):
+                raise RuntimeError(f"ModelGateway.bind: {path} is already a grant's socket")
             sock, address = _listen_in(where)
             try:
                 server = await asyncio.get_running_loop().create_unix_server(self._runner.server, sock=sock)
@@ -188,14 +200,13 @@ class ModelGateway:
                 sock.close()
                 raise
         except BaseException:
-            self.grants.end(grant)
             if own_dir:
                 shutil.rmtree(where, ignore_errors=True)
             raise
         grant.socket_path = path
         self._bound[address] = grant
         self._listeners[path] = (server, address, own_dir)
-        return grant
+        return path
 
     def end(self, grant: Grant) -> None:
         """End ``grant``: its token is refused from now on, and its own socket (if it has
