@@ -198,7 +198,7 @@ def test_a_program_holding_the_interpreter_forever_is_killed_and_its_saved_point
     def optimize(values, *, seed, deadline):
         publish(values)
         os._exit(9)
-    ''', "the runner died (exit code 9)"),
+    ''', "the runner died before saving a result: exited with code 9"),
     ("first_autocorrelation", "def optimize(values:\n", "importing harness.py failed: SyntaxError"),
 ])
 def test_a_failing_program_scores_zero_with_the_reason(executor, problem, body, reason):

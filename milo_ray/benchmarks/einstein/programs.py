@@ -25,10 +25,13 @@ import numpy as np
 
 from milo_ray.benchmarks.einstein.problems import check, reward, score
 from milo_ray.execution import optimizer_runner as runner
+from milo_ray.execution.sandbox.process import EXIT_WAITER, ProcessEnd
 from milo_ray.harness.model import ENTRY_FILE
 
 RUNNER_FILE = "optimizer_runner.py"
 START_FILE = "start.npy"
+# Where the runner's parent (process.EXIT_WAITER) records how the runner ended.
+EXIT_FILE = "exit.json"
 # After the runner's own deadline + grace: time for its startup (interpreter and numpy
 # import before its clock starts) and its last save, before the hard kill.
 KILL_MARGIN_S = 3.0
@@ -51,6 +54,7 @@ class ProgramRun:
     publishes: int = 0
     stdout_tail: str = ""
     stderr_tail: str = ""
+    end: ProcessEnd | None = None  # how the runner's process ended, as observed
 
 
 def runner_files(runner_name: str = RUNNER_FILE) -> dict[str, bytes]:
@@ -69,18 +73,25 @@ def run_program(sandbox: Any, workdir: str, files: Mapping[str, str | bytes], st
     with ``python`` as the interpreter; read back how it ended, its last saved point and
     its score trajectory. Only the sandbox failing raises."""
     upload_program(sandbox, workdir, files, start, with_runner=True)
-    argv = [python, RUNNER_FILE, *runner_args(entry, problem, seed, budget_s, grace_s)]
-    here = f"cd {shlex.quote(workdir)} && "
+    argv = [python, "-c", EXIT_WAITER, EXIT_FILE, python, RUNNER_FILE,
+            *runner_args(entry, problem, seed, budget_s, grace_s)]
+    # The workdir as the command's shell sees it (the local sandbox has no view of its own).
+    shell_path = getattr(sandbox, "shell_path", None)
+    here = f"cd {shlex.quote(shell_path(workdir) if shell_path else workdir)} && "
     command = here + " ".join(shlex.quote(a) for a in argv) + " >stdout.log 2>stderr.log"
     timeout = kill_after(budget_s, grace_s)
+    oom_kills = getattr(sandbox, "oom_kills", lambda: None)
+    oom_before = oom_kills()
     ran = time.monotonic()
     response = sandbox.execute(command, timeout=timeout)
+    oom_after = oom_kills()
     # 124 is also what a program's own os._exit(124) reads: only past the timeout is it the kill.
     hard_killed = response.exit_code == 124 and time.monotonic() - ran >= timeout - 0.5
     tails = sandbox.execute(here + f"tail -c {TAIL_BYTES} stdout.log; printf '\\n%s\\n' {_TAIL_MARK}; "
                             f"tail -c {TAIL_BYTES} stderr.log", timeout=30)
     stdout_tail, _, stderr_tail = tails.output.partition(f"\n{_TAIL_MARK}\n")
-    return read_run(sandbox, workdir, response.exit_code, hard_killed, stdout_tail, stderr_tail)
+    oom = None if oom_before is None or oom_after is None else max(0, oom_after - oom_before)
+    return read_run(sandbox, workdir, response.exit_code, hard_killed, stdout_tail, stderr_tail, oom_kills=oom)
 
 
 def upload_program(sandbox: Any, workdir: str, files: Mapping[str, str | bytes], start: np.ndarray, *,
@@ -108,16 +119,18 @@ def kill_after(budget_s: float, grace_s: float) -> float:
 
 
 def read_run(sandbox: Any, workdir: str, exit_code: int | None, hard_killed: bool, stdout_tail: str,
-             stderr_tail: str) -> ProgramRun:
+             stderr_tail: str, *, oom_kills: int | None = None) -> ProgramRun:
     """How a runner that has ended left ``workdir``: its status, last saved point and
-    score trajectory."""
-    names = (runner.STATUS_FILE, runner.BEST_FILE, runner.TRAJECTORY_FILE)
+    score trajectory, and how its process ended (``exit_code``: the sandbox command's;
+    ``oom_kills``: the OOM kills the sandbox counted during it, None: no counter)."""
+    names = (runner.STATUS_FILE, runner.BEST_FILE, runner.TRAJECTORY_FILE, EXIT_FILE)
     got = {Path(r.path).name: r for r in sandbox.download_files([f"{workdir}/{n}" for n in names])}
     status = _json_file(got[runner.STATUS_FILE])
     run = ProgramRun(status=str(status.get("status", "killed")) if isinstance(status, dict) else "killed",
                      error=status.get("error") if isinstance(status, dict) else None,
                      exit_code=exit_code, hard_killed=hard_killed,
                      stdout_tail=stdout_tail, stderr_tail=stderr_tail)
+    run.end = _observed_end(_json_file(got[EXIT_FILE]), exit_code, oom_kills, stderr_tail)
     best = got[runner.BEST_FILE]
     if best.content is not None:
         try:
@@ -157,8 +170,8 @@ def grade_program(problem: str, start: np.ndarray, start_score: float, run: Prog
     if run.status == "crashed":
         reason = f"the program failed: {run.error}"
     elif run.status == "killed" and not run.hard_killed:
-        reason = (f"the runner died (exit code {run.exit_code}) before saving a result; out of memory "
-                  f"(memory_mb) or killed by a signal")
+        end = run.end or ProcessEnd(exit_code=run.exit_code, stderr_tail=run.stderr_tail)
+        reason = f"the runner died before saving a result: {end.describe()}"
     elif run.values_error:
         reason = run.values_error
     elif run.values is None:
@@ -183,6 +196,20 @@ def _check_transfers(what: str, responses: list[Any]) -> None:
     errors = [f"{r.path}: {r.error}" for r in responses if getattr(r, "error", None)]
     if errors:  # the sandbox cannot hold the workspace: infrastructure, retried
         raise RuntimeError(f"sandbox {what} failed: {'; '.join(errors[:3])}")
+
+
+def _observed_end(recorded: Any, command_exit: int | None, oom_kills: int | None, stderr_tail: str) -> ProcessEnd:
+    """How the runner ended: what its waiter recorded (its exit code, or the signal that
+    killed it), else the sandbox command's exit code (a number a shell or bwrap may have
+    made of a signal, so reported as a number, never as a signal)."""
+    exit_code, sig = command_exit, None
+    if isinstance(recorded, dict):
+        code, got_sig = recorded.get("exit_code"), recorded.get("signal")
+        if isinstance(got_sig, int) and not isinstance(got_sig, bool) and 0 < got_sig < 128:
+            exit_code, sig = None, got_sig
+        elif isinstance(code, int) and not isinstance(code, bool):
+            exit_code = code
+    return ProcessEnd(exit_code=exit_code, signal=sig, oom_kills=oom_kills, stderr_tail=stderr_tail)
 
 
 def _json_file(response: Any) -> Any:
