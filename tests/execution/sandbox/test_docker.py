@@ -96,6 +96,31 @@ def test_no_network_unless_the_task_allows_it(docker_factory, docker_task, tmp_p
         assert "tap0" in allowed.execute(probe).output.split("\n")[0]
 
 
+def test_an_internet_container_reaches_no_host_port_metadata_or_private_range(docker_factory, docker_task,
+                                                                            tmp_path) -> None:
+    # Its own namespace with the bwrap sandbox's egress filter (egress.py), never Docker's
+    # bridge: neither the bridge's gateway (the host, 172.17.0.1) nor the host's own
+    # address, where a listener on every address waits.
+    import socket
+
+    from milo_ray.execution.sandbox.egress import host_networks
+
+    srv = socket.socket()
+    srv.bind(("0.0.0.0", 0))
+    srv.listen(4)
+    port = srv.getsockname()[1]
+    own = [n.split("/")[0] for n in host_networks() if n.endswith("/32") and not n.startswith("127.")]
+    targets = [(a, port) for a in own] + [("169.254.169.254", 80), ("10.1.2.3", 80), ("192.168.1.1", 80)]
+    probe = ("python3 -c \"import socket\nfor a in %r:\n    try: socket.create_connection(a, 8).close(); print('connected')\n"
+             "    except socket.timeout: print('timeout')\n    except OSError as e: print(type(e).__name__)\"" % (targets,))
+    try:
+        with docker_factory.open(dataclasses.replace(docker_task, allow_internet=True), tmp_path / "net") as sandbox:
+            out = sandbox.execute(probe).output.split()
+    finally:
+        srv.close()
+    assert out == ["ConnectionRefusedError"] * len(targets), out
+
+
 def test_resource_limits_come_from_the_spec(docker_factory, docker_task, tmp_path) -> None:
     spec = dataclasses.replace(docker_task, cpus=0.5, memory_mb=256)
     with docker_factory.open(spec, tmp_path / "s") as sandbox:
