@@ -6,6 +6,8 @@ harness run by the executor, whose rollout is recorded as a score."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import gc
 import json
 import os
 import shutil
@@ -16,6 +18,7 @@ import pytest
 
 from milo_ray.execution.sandbox.base import SandboxSpec
 from milo_ray.execution.sandbox.bwrap import BwrapSandboxFactory
+from milo_ray.execution.sandbox.leftovers import SCRATCH_PREFIX, current_owner, reap_scratch
 from milo_ray.execution.sandbox.volume import Volume, unavailable
 
 pytestmark = [pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap is not installed"),
@@ -86,6 +89,29 @@ def test_the_volume_is_unmounted_when_the_sandbox_closes(tmp_path):
     assert _mounted(tmp_path / "volume")
     sb.close()
     assert not _mounted(tmp_path / "volume")
+
+
+def test_a_volume_left_unclosed_is_unmounted_when_its_sandbox_is_collected(tmp_path):
+    sb = FACTORY.open(SPEC, tmp_path)
+    assert _mounted(tmp_path / "volume")
+    del sb
+    gc.collect()
+    assert not _mounted(tmp_path / "volume")
+
+
+def test_a_dead_workers_volume_is_unmounted_before_its_scratch_is_reaped(tmp_path):
+    me = current_owner()
+    if me is None:
+        pytest.skip("no owner tag can be made here")
+    dead = dataclasses.replace(me, start=me.start + 1)  # this pid, another start: a dead process
+    scratch = tmp_path / f"{SCRATCH_PREFIX}{dead.tag}rollout"
+    sb = FACTORY.open(SPEC, scratch / "agent")  # never closed, as by a worker killed outright
+    try:
+        assert _mounted(scratch / "agent" / "volume")
+        assert reap_scratch(tmp_path) == 1
+        assert not _mounted(scratch / "agent" / "volume") and not scratch.exists()
+    finally:
+        sb.close()
 
 
 def test_a_storage_cap_below_one_mib_is_refused_naming_the_field(tmp_path):

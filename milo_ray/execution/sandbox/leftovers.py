@@ -25,6 +25,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from milo_ray.execution.sandbox.volume import unmount_below
+
 # Prefix of a per-rollout scratch directory; the owner tag follows it.
 SCRATCH_PREFIX = "milo-scratch-"
 _TAG = r"own-(?P<boot>[0-9a-f]{12})-(?P<ns>\d+)-(?P<pid>\d+)-(?P<start>\d+)-"
@@ -125,6 +127,7 @@ def reap_scratch(base: str | os.PathLike) -> int:
             continue
         if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid():
             continue
+        unmount_below(path)  # a storage volume of a sandbox its owner never closed
         shutil.rmtree(path, ignore_errors=True)
         removed += not os.path.lexists(path)
     return removed

@@ -21,8 +21,10 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import re
 import shutil
 import subprocess
+import weakref
 from pathlib import Path
 
 from milo_ray.execution.sandbox.base import SandboxSpec
@@ -60,6 +62,9 @@ class Volume:
         self.path.mkdir(mode=0o755)
         self._mounted = False
         failure = self._mount_ext4(Path(image))
+        # Unmounted by close(), or else when the sandbox is collected unclosed or the
+        # interpreter exits; only a worker killed outright leaves it (reap_scratch then).
+        self._finalizer = weakref.finalize(self, _unmount, str(self.path))
         if failure is not None:
             logger.warning("sandbox volume: no ext4 loop volume (%s); using a tmpfs of %d MiB instead",
                            failure, self.size_mb)
@@ -98,9 +103,31 @@ class Volume:
         if not self._mounted:
             return
         self._mounted = False
-        run = subprocess.run(["umount", str(self.path)], capture_output=True, timeout=_TOOL_TIMEOUT_S, env=_ENV)
-        if run.returncode != 0:
-            self._run(["umount", "-l", str(self.path)], "unmount")
+        self._finalizer()
+
+
+def _unmount(path: str) -> None:
+    run = subprocess.run(["umount", path], capture_output=True, timeout=_TOOL_TIMEOUT_S, env=_ENV)
+    if run.returncode != 0:
+        subprocess.run(["umount", "-l", path], capture_output=True, timeout=_TOOL_TIMEOUT_S, env=_ENV)
+
+
+def unmount_below(root: str | os.PathLike) -> int:
+    """Detach every mount at or below ``root`` (deepest first), e.g. the volume of a dead
+    worker's sandbox before its scratch is removed; how many. Root only (nobody else can
+    have mounted one)."""
+    if os.geteuid() != 0:
+        return 0
+    root = os.path.realpath(root)
+    try:
+        with open("/proc/self/mountinfo") as f:
+            points = [re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), line.split()[4]) for line in f]
+    except OSError:
+        return 0
+    below = sorted({p for p in points if p == root or p.startswith(root.rstrip("/") + "/")}, key=len, reverse=True)
+    for point in below:
+        subprocess.run(["umount", "-l", point], capture_output=True, timeout=_TOOL_TIMEOUT_S, env=_ENV)
+    return len(below)
 
 
 def open_volume(spec: SandboxSpec, scratch: Path) -> Volume | None:
