@@ -40,7 +40,6 @@ import shlex
 import shutil
 import signal
 import sys
-import tempfile
 import time
 from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -51,6 +50,7 @@ from typing import Any
 import numpy as np
 
 from milo_ray.execution.sandbox.interpreter import interpreter_env, interpreter_paths
+from milo_ray.execution.sandbox.leftovers import make_scratch
 from milo_ray.execution.sandbox.process import EXIT_WAITER, ProcessEnd
 from milo_ray.execution.sandbox.runtime_code import runtime_code_dir, write_harness
 from milo_ray.harness._validate_child import ENTRIES
@@ -324,8 +324,9 @@ def _validate_in_sandbox(factory: Any, harness: Harness, entry: str, timeout_s: 
     """Import-check one harness in a fresh sandbox of ``factory``; never raises for a bad
     harness. The sandbox's scratch and the harness's host copy are removed afterwards."""
     t0 = time.monotonic()
-    host_dir = Path(tempfile.mkdtemp(prefix="milo_ray_validate_"))
-    scratch = Path(tempfile.mkdtemp(prefix="milo_ray_validate_scratch_"))
+    # Named with their owner: a process killed mid-check leaves them to the next one to remove.
+    host_dir = make_scratch("validate-harness")
+    scratch = make_scratch("validate")
     sandbox = None
     try:
         # World-readable: the sandbox's commands run as an unprivileged user.
