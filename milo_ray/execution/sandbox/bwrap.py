@@ -15,6 +15,14 @@ with its parent. Every command is its own bwrap with its own PID namespace: when
 command ends (or is killed) every process it started ends with it, background ones
 included, so state carries over between commands only through files.
 
+No kernel state is shared between sandboxes: every command has its own IPC namespace (SysV
+IPC, POSIX message queues); a worker running as root gives each open sandbox a host uid of
+its own, leased from ``uid_range`` and cleared when it closes (:mod:`identity`: keyrings
+and other per-uid objects are keyed by the host uid, which a user namespace would not
+change); and every command runs under a seccomp filter (:mod:`seccomp`) refusing the
+keyring calls, ptrace, mounts, new namespaces, BPF, perf events and the like, as Docker's
+default profile does.
+
 Limits (what :attr:`BwrapSandbox.limits` reports as enforced):
 
 * ``pids_limit`` (fork bombs), ``spec.memory_mb`` and ``spec.cpus``: a cgroup per
@@ -55,6 +63,10 @@ from milo_ray.execution.sandbox.egress import PrivateNetwork
 from milo_ray.execution.sandbox.egress import missing_tools as missing_network_tools
 from milo_ray.execution.sandbox.volume import Volume, move_for_grading, open_volume
 from milo_ray.execution.sandbox.hostdirs import HostDirs, _under
+from milo_ray.execution.sandbox.identity import DEFAULT_UID_RANGE, UidLease, accounts_in, parse_uid_range
+from milo_ray.execution.sandbox.identity import lease as lease_uid
+from milo_ray.execution.sandbox.seccomp import SeccompUnavailable
+from milo_ray.execution.sandbox.seccomp import launcher as seccomp_launcher
 from milo_ray.execution.sandbox.process import CappedProcess, CappedRun, run_capped, start_capped
 
 logger = logging.getLogger(__name__)
@@ -69,9 +81,6 @@ _MASKED_DIRS = ("/etc/sudoers.d", "/etc/ssh", "/etc/ssl/private", "/etc/credstor
 # Where the sandbox finds ``python`` when the host has only ``python3`` (task verifiers
 # call ``python``, which every task image has): on the root tmpfs, last on PATH.
 _EXTRA_BIN = "/run/sandbox/bin"
-# The user commands run as when the worker is root: ``nobody``, so root-only host files
-# stay unreadable inside.
-DEFAULT_USER = "65534:65534"
 # Namespaces of a sandbox started by root: all but the user namespace, in which root
 # could not set up mounts over directories owned by the sandbox's user.
 _ROOT_UNSHARE = ("--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts", "--unshare-cgroup-try")
@@ -110,8 +119,9 @@ class BwrapSandboxFactory:
     paths visible read-only at the same path (symlinks are recreated as symlinks);
     ``pids_limit``: processes per sandbox (None: no limit); ``cgroups``: use cgroups for
     the limits when the machine allows; ``bwrap_path``: the bwrap executable;
-    ``user``: ``UID:GID`` the sandbox's processes run as when the worker runs as root
-    (None: root, with no capabilities; a worker that is not root runs them as itself)."""
+    ``uid_range``: ``FIRST-LAST``, host uids no account uses, from which each sandbox
+    leases one of its own for as long as it is open when the worker runs as root
+    (:mod:`identity`; a worker that is not root runs them as itself, in a user namespace)."""
 
     name = "bwrap"
     # Can run a long-lived harness process inside (process_command).
@@ -125,7 +135,7 @@ class BwrapSandboxFactory:
         pids_limit: int | None = 1024,
         cgroups: bool = True,
         bwrap_path: str = "bwrap",
-        user: str | None = DEFAULT_USER,
+        uid_range: str = DEFAULT_UID_RANGE,
     ) -> None:
         if command_timeout_s is not None and command_timeout_s <= 0:
             raise ValueError(f"sandbox.command_timeout_s must be > 0 or null, got {command_timeout_s}")
@@ -136,8 +146,8 @@ class BwrapSandboxFactory:
         for p in host_readonly:
             if not str(p).startswith("/"):
                 raise ValueError(f"sandbox.host_readonly entries must be absolute paths, got {p!r}")
-        self._uid_gid = parse_user(user)
-        self.user = None if user is None else str(user)
+        self._uids = parse_uid_range(uid_range)
+        self.uid_range = str(uid_range)
         self.command_timeout_s = command_timeout_s
         self.output_cap_bytes = int(output_cap_bytes)
         self.host_readonly = tuple(str(p) for p in host_readonly)
@@ -162,7 +172,7 @@ class BwrapSandboxFactory:
         with self._lock:
             if self._probed is None:
                 support = probe_cgroups() if self.cgroups else CgroupSupport()
-                self._probed = (self._probe_bwrap(), support)
+                self._probed = (self._probe_bwrap() or _probe_identity(self._uids), support)
                 logger.info("bwrap sandbox: cgroup controllers usable here: %s", sorted(support.parents) or "none")
                 if self.pids_limit is not None and not support.has("pids") and os.geteuid() == 0:
                     logger.warning(
@@ -171,6 +181,10 @@ class BwrapSandboxFactory:
                         self.pids_limit,
                     )
             return self._probed
+
+    def _lease_uid(self) -> UidLease | None:
+        """A uid of the sandbox's own while it is open (root only: nobody else may switch)."""
+        return lease_uid(self._uids) if os.geteuid() == 0 else None
 
     def _probe_bwrap(self) -> str | None:
         exe = shutil.which(self.bwrap_path)
@@ -224,8 +238,9 @@ class BwrapSandbox(Sandbox):
         self._binds = dict(readonly_binds or {})
         self.spec = spec
         self._id = f"bwrap-{uuid.uuid4().hex[:16]}"
-        # Dropping to the sandbox user takes root; a worker that is not root already is one.
-        self.owner = factory._uid_gid if factory._uid_gid is not None and os.geteuid() == 0 else None
+        # Dropping to the sandbox's own uid takes root; a worker that is not root already is one.
+        self._lease = factory._lease_uid()
+        self.owner = self._lease.owner if self._lease is not None else None
         # Every writable directory on one volume of spec.storage_mb (:mod:`volume`); None
         # without a cap or where none can be mounted (then RLIMIT_FSIZE only: see limits).
         self._volume = volume if volume is not None else open_volume(spec, scratch)
@@ -442,6 +457,18 @@ class BwrapSandbox(Sandbox):
             args += _readonly_args([p for p in paths if not os.path.islink(p)])
         return args
 
+    def _launch(self) -> list[str]:
+        """What runs ahead of bwrap: the launchers (rlimits, network) and, last, the one
+        handing bwrap its seccomp filter (:mod:`seccomp`), whose ``--seccomp`` it puts
+        right after the bwrap executable."""
+        return [*self._launcher, *seccomp_launcher()]
+
+    def _release_identity(self) -> None:
+        """Give the sandbox's uid back, its processes killed and its keyrings emptied
+        (every command's PID namespace has ended by now; this catches what did not)."""
+        if self._lease is not None:
+            self._lease.release()
+
     def _wrap(self, argv: list[str]) -> list[str]:
         """What runs inside for ``argv``: join the sandbox's cgroups, become the sandbox
         user, then exec ``argv``."""
@@ -474,7 +501,7 @@ class BwrapSandbox(Sandbox):
             if self._closed:
                 raise RuntimeError(f"sandbox {self._id} is closed")
         base = self._build_bwrap_argv({**self._binds, **readonly_binds}) if readonly_binds else self._bwrap_argv
-        return self._launcher + base[:1], base[1:], self._wrap(list(argv))
+        return self._launch() + base[:1], base[1:], self._wrap(list(argv))
 
     def execute(self, command: str, *, timeout: int | None = None) -> ExecuteResponse:
         if not command or not isinstance(command, str):
@@ -485,7 +512,7 @@ class BwrapSandbox(Sandbox):
                 raise RuntimeError(f"sandbox {self._id} is closed")
             # The host environment is not passed on: bwrap gets only what it needs to start.
             proc = start_capped(
-                self._launcher + self._bwrap_argv + self._command(command),
+                self._launch() + self._bwrap_argv + self._command(command),
                 timeout_s=timeout_s,
                 output_cap_bytes=self._factory.output_cap_bytes,
                 env={"PATH": SANDBOX_PATH},
@@ -530,6 +557,7 @@ class BwrapSandbox(Sandbox):
             self._closed = True
         self.interrupt()
         self._cgroup.close()
+        self._release_identity()
         if self._network is not None:
             self._network.close()
         self._release_volume()
@@ -537,19 +565,6 @@ class BwrapSandbox(Sandbox):
 
 LAUNCH_ENV = {"PATH": SANDBOX_PATH}
 _SETPRIV = shutil.which("setpriv") or "/usr/bin/setpriv"
-
-
-def parse_user(user: str | None) -> tuple[int, int] | None:
-    """``"UID:GID"`` -> (uid, gid); None stays None."""
-    if user is None:
-        return None
-    parts = str(user).split(":")
-    if len(parts) != 2 or not all(p.isdigit() for p in parts):
-        raise ValueError(f"sandbox.user={user!r}: give numeric UID:GID (e.g. 65534:65534 for nobody) or null for root")
-    uid, gid = int(parts[0]), int(parts[1])
-    if uid == 0:
-        raise ValueError("sandbox.user: 0 is root; give an unprivileged UID:GID or null to keep root")
-    return uid, gid
 
 
 def _dirs_for(path: str, made: set[str]) -> list[str]:
@@ -580,6 +595,20 @@ def _top_parent(path: str, covered: Sequence[str]) -> str:
             break
         keep = d
     return keep
+
+
+def _probe_identity(uids: range) -> str | None:
+    """Why sandboxes cannot get their own identity and seccomp filter here, or None."""
+    try:
+        seccomp_launcher()
+    except SeccompUnavailable as e:
+        return f"the sandbox's seccomp filter cannot be built: {e}"
+    if not os.path.exists("/bin/bash"):
+        return "the seccomp filter is handed to bwrap by /bin/bash, which is not installed"
+    if os.geteuid() == 0 and (taken := accounts_in(uids)):
+        return (f"sandbox.uid_range {uids.start}-{uids.stop - 1} holds ids of host accounts ({', '.join(taken[:5])}); "
+                "give a range no account, group or subordinate-id range uses")
+    return None
 
 
 def _python_alias() -> str | None:
