@@ -711,6 +711,24 @@ MUTATIONS: tuple[Mutation, ...] = (
         "uploads and walks follow a directory the agent swapped for a link",
     ),
     Mutation(
+        "internet-task-shares-host-net", "milo_ray/execution/sandbox/bwrap.py",
+        "if not self.spec.allow_internet:", "if True:",
+        ("tests/security/test_sandbox_network.py::test_an_internet_task_cannot_reach_a_listener_on_the_hosts_loopback",),
+        "an internet task joins the host's network namespace: host loopback, ports and sockets reachable",
+    ),
+    Mutation(
+        "egress-filter-blocks-nothing", "milo_ray/execution/sandbox/egress.py",
+        "    for net in blocked:", "    for net in ():",
+        ("tests/security/test_sandbox_network.py::test_the_egress_filter_refuses_every_private_range_and_the_hosts_own_networks",),
+        "metadata, private ranges and the host's own address become reachable",
+    ),
+    Mutation(
+        "storage-cap-per-file-only", "milo_ray/execution/sandbox/bwrap.py",
+        "self._volume = volume if volume is not None else open_volume(spec, scratch)", "self._volume = volume",
+        ("tests/security/test_sandbox_storage.py::test_the_volume_is_unmounted_when_the_sandbox_closes",),
+        "storage_mb bounds each file, not the total of the writable directories",
+    ),
+    Mutation(
         "ci-rotation-stuck", "scripts/ci_rotation.py",
         "        part = count % PARTS\n", "        part = 0\n",
         ("tests/test_ci_rotation.py",),
