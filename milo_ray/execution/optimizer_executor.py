@@ -49,6 +49,7 @@ from typing import Any
 
 from milo_ray.benchmarks.einstein.problems import PROBLEMS, score
 from milo_ray.benchmarks.einstein.programs import (
+    EXIT_FILE,
     grade_program,
     kill_after,
     read_run,
@@ -185,9 +186,13 @@ class OptimizerExecutor:
             if not process.alive():
                 return None
             argv = runner_args(ENTRY_FILE, problem, seed, budget_s, self.grace_s)
-            code, killed = await process.run(argv, kill_after(budget_s, self.grace_s))
+            oom_kills = getattr(spare.sandbox, "oom_kills", lambda: None)
+            oom_before = oom_kills()
+            code, killed = await process.run(argv, kill_after(budget_s, self.grace_s), EXIT_FILE)
+            oom_after = oom_kills()
+            oom = None if oom_before is None or oom_after is None else max(0, oom_after - oom_before)
             return await asyncio.to_thread(read_run, spare.sandbox, WORKDIR, code, killed, process.tail("stdout"),
-                                           process.tail("stderr"))
+                                           process.tail("stderr"), oom_kills=oom)
         finally:
             await process.finish()
             await asyncio.to_thread(_close, spare.sandbox, None if self.keep_scratch else spare.scratch)

@@ -144,12 +144,14 @@ class OptimizerProcess:
     def alive(self) -> bool:
         return self.proc is not None and self.proc.returncode is None and not self.job_sent
 
-    async def run(self, argv: list[str], timeout_s: float) -> tuple[int | None, bool]:
-        """Send the runner's ``argv`` (its one job) and wait until it exits or
+    async def run(self, argv: list[str], timeout_s: float, exit_file: str | None = None) -> tuple[int | None, bool]:
+        """Send the runner's ``argv`` (its one job; ``exit_file``: where its waiter records
+        how it ended, see ``optimizer_runner.serve``) and wait until it exits or
         ``timeout_s`` passes (then kill it). Returns (exit code, killed at the timeout)."""
         assert self.proc is not None and self.proc.stdin is not None
         self.job_sent = True
-        self.proc.stdin.write(json.dumps([str(a) for a in argv]).encode() + b"\n")
+        job = {"argv": [str(a) for a in argv], "exit_file": exit_file}
+        self.proc.stdin.write(json.dumps(job).encode() + b"\n")
         try:
             await self.proc.stdin.drain()
             self.proc.stdin.close()

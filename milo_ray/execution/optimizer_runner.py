@@ -285,20 +285,50 @@ def main(argv: list[str]) -> int:
 
 
 def serve() -> int:
-    """A warm spare's one run: say :data:`READY`, read the job's argv (one JSON line) from
-    stdin, restart the clock and run :func:`main` once. Its imports happened before the
-    job came, so the program's budget starts when the job arrives."""
+    """A warm spare's one run: say :data:`READY`, read the job (one JSON line:
+    ``{"argv": [the runner's 6 arguments], "exit_file": name or null}``) from stdin,
+    restart the clock and run :func:`main` once. Its imports happened before the job came,
+    so the program's budget starts when the job arrives.
+
+    With ``exit_file``, :func:`main` runs in a forked child and this process waits for it
+    and records how it ended there, as ``process.EXIT_WAITER`` does for a cold runner:
+    ``{"exit_code": N}`` or ``{"signal": N}`` (bwrap would fold a signal into 128+N). The
+    fork copies the imports already done, so the waiter costs no interpreter start."""
     global T0
     sys.stdout.write(READY + "\n")
     sys.stdout.flush()
     line = sys.stdin.readline()
     if not line:
         return 1  # the host discarded this spare unused
-    argv = json.loads(line)
+    job = json.loads(line)
+    argv = job.get("argv") if isinstance(job, dict) else None
     if not (isinstance(argv, list) and len(argv) == 6 and all(isinstance(a, str) for a in argv)):
-        raise SystemExit(f"a warm runner's job is the runner's 6 arguments as a JSON list, got {line[:200]!r}")
+        raise SystemExit(f"a warm runner's job is {{'argv': [the runner's 6 arguments], 'exit_file': ...}}, "
+                         f"got {line[:200]!r}")
     T0 = time.monotonic()
-    return main(argv)
+    exit_file = job.get("exit_file")
+    if not exit_file:
+        return main(argv)
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            code = main(argv)
+        except BaseException:
+            traceback.print_exc()
+        finally:
+            for stream in (sys.stdout, sys.stderr):
+                try:
+                    stream.flush()
+                except Exception:
+                    pass
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    code = os.waitstatus_to_exitcode(status)
+    with open(exit_file + ".tmp", "w") as fh:
+        json.dump({"signal": -code} if code < 0 else {"exit_code": code}, fh)
+    os.replace(exit_file + ".tmp", exit_file)
+    return 128 - code if code < 0 else code
 
 
 if __name__ == "__main__":

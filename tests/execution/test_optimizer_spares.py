@@ -260,8 +260,8 @@ def test_a_warm_runner_runs_one_job_then_exits(tmp_path):
     import numpy as np
 
     np.save(tmp_path / "start.npy", np.ones(8))
-    jobs = "".join(json.dumps([f"p{i}.py", "start.npy", "first_autocorrelation", "0", "1.0", "0.5"]) + "\n"
-                   for i in (1, 2))
+    jobs = "".join(json.dumps({"argv": [f"p{i}.py", "start.npy", "first_autocorrelation", "0", "1.0", "0.5"],
+                               "exit_file": "exit.json"}) + "\n" for i in (1, 2))
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     out = subprocess.run([sys.executable, "-I", "-c", "import sys; sys.path.insert(0, '.'); "
                           "import optimizer_runner as r; sys.exit(r.serve())"], input=jobs, cwd=tmp_path, env=env,
@@ -270,3 +270,17 @@ def test_a_warm_runner_runs_one_job_then_exits(tmp_path):
     assert out.stdout.splitlines()[0] == optimizer_runner.READY
     assert (tmp_path / "ran1").exists() and not (tmp_path / "ran2").exists()
     assert json.loads((tmp_path / "status.json").read_text())["status"] == "returned"
+    assert json.loads((tmp_path / "exit.json").read_text()) == {"exit_code": 0}
+
+
+@pytest.mark.parametrize("end,described", [("os._exit(9)", "exited with code 9"),
+                                           ("os.kill(os.getpid(), 9)", "killed by signal 9")])
+def test_a_runner_dying_on_a_spare_is_described_by_what_its_waiter_saw(end, described):
+    body = f'''
+    def optimize(values, *, seed, deadline):
+        {end}
+    '''
+    (r,), taken, _ = run_warm([program(body)])
+    assert len(taken) == 1
+    assert r.score == 0.0 and r.error_kind == "harness" and not r.timed_out
+    assert r.error.startswith("the runner died before saving a result: ") and described in r.error, r.error
