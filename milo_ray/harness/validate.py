@@ -51,7 +51,7 @@ import numpy as np
 
 from milo_ray.execution.sandbox.interpreter import interpreter_env, interpreter_paths
 from milo_ray.execution.sandbox.leftovers import make_scratch
-from milo_ray.execution.sandbox.process import EXIT_WAITER, ProcessEnd
+from milo_ray.execution.sandbox.process import ProcessEnd, waited
 from milo_ray.execution.sandbox.runtime_code import runtime_code_dir, write_harness
 from milo_ray.harness._validate_child import ENTRIES
 from milo_ray.harness.model import Harness
@@ -314,8 +314,8 @@ def _command(host_dir: Path, entry: str, timeout_s: float, memory_mb: int | None
     limits = ["ulimit -c 0", f"ulimit -t {int(math.ceil(timeout_s)) + 1}"]
     if memory_mb is not None:
         limits.append(f"ulimit -v {int(memory_mb) * 1024}")
-    argv = [sys.executable, "-c", EXIT_WAITER, _EXIT_ARG,
-            sys.executable, "-P", "-m", CHILD_MODULE, str(host_dir), entry, _RESULT_ARG]
+    argv = waited(sys.executable, _EXIT_ARG,
+                  [sys.executable, "-P", "-m", CHILD_MODULE, str(host_dir), entry, _RESULT_ARG])
     return " && ".join(limits) + " && exec " + " ".join(shlex.quote(a) for a in argv)
 
 

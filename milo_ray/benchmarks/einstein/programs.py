@@ -25,7 +25,7 @@ import numpy as np
 
 from milo_ray.benchmarks.einstein.problems import check, reward, score
 from milo_ray.execution import optimizer_runner as runner
-from milo_ray.execution.sandbox.process import EXIT_WAITER, ProcessEnd
+from milo_ray.execution.sandbox.process import ProcessEnd, waited
 from milo_ray.harness.model import ENTRY_FILE
 
 RUNNER_FILE = "optimizer_runner.py"
@@ -73,8 +73,7 @@ def run_program(sandbox: Any, workdir: str, files: Mapping[str, str | bytes], st
     with ``python`` as the interpreter; read back how it ended, its last saved point and
     its score trajectory. Only the sandbox failing raises."""
     upload_program(sandbox, workdir, files, start, with_runner=True)
-    argv = [python, "-c", EXIT_WAITER, EXIT_FILE, python, RUNNER_FILE,
-            *runner_args(entry, problem, seed, budget_s, grace_s)]
+    argv = waited(python, EXIT_FILE, [python, RUNNER_FILE, *runner_args(entry, problem, seed, budget_s, grace_s)])
     # The workdir as the command's shell sees it (the local sandbox has no view of its own).
     shell_path = getattr(sandbox, "shell_path", None)
     here = f"cd {shlex.quote(shell_path(workdir) if shell_path else workdir)} && "

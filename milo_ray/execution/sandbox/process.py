@@ -312,18 +312,32 @@ def run_capped(
                         stdin=stdin).wait()
 
 # A parent that tells an exit from a death by a signal (a shell reports both as a number):
-# ``python -c EXIT_WAITER OUT argv...`` runs argv, writes {"exit_code": N} or
-# {"signal": N} to OUT (atomically) and exits as a shell would (128+N for signal N). It is
-# small next to the command it waits for, so an OOM killer choosing by size spares it.
+# run through :func:`waited`, it runs argv, writes {"exit_code": N} or {"signal": N} to its
+# first argument (atomically) and exits as a shell would (128+N for signal N). Only os and
+# sys, under ``python -S``: it costs an interpreter start without site, and it is small
+# next to the command it waits for, so an OOM killer choosing by size spares it.
 EXIT_WAITER = (
-    "import json, os, subprocess, sys\n"
+    "import os, sys\n"
     "out, argv = sys.argv[1], sys.argv[2:]\n"
-    "code = subprocess.call(argv)\n"
+    "pid = os.fork()\n"
+    "if pid == 0:\n"
+    "    try:\n"
+    "        os.execvp(argv[0], argv)\n"
+    "    finally:\n"
+    "        os._exit(127)\n"
+    "status = os.waitpid(pid, 0)[1]\n"
+    "sig = os.WTERMSIG(status) if os.WIFSIGNALED(status) else 0\n"
+    "code = 128 + sig if sig else os.waitstatus_to_exitcode(status)\n"
     "with open(out + '.tmp', 'w') as fh:\n"
-    "    json.dump({'signal': -code} if code < 0 else {'exit_code': code}, fh)\n"
+    "    fh.write('{\"signal\": %d}' % sig if sig else '{\"exit_code\": %d}' % code)\n"
     "os.replace(out + '.tmp', out)\n"
-    "sys.exit(128 - code if code < 0 else code)\n"
+    "os._exit(code)\n"
 )
+
+
+def waited(python: str, out: str, argv: list[str]) -> list[str]:
+    """``argv`` run under :data:`EXIT_WAITER` by ``python``, its end recorded in ``out``."""
+    return [python, "-S", "-c", EXIT_WAITER, out, *argv]
 
 
 @dataclass(frozen=True)
