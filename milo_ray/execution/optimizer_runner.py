@@ -46,9 +46,9 @@ What it does:
 
 A warm spare (:func:`serve`, :mod:`milo_ray.execution.optimizer_process`) is this module
 imported in a fresh sandbox before its program is known: it prints :data:`READY` once
-numpy and the runner are imported, reads one job (the argv above, as one JSON line) from
-stdin, restarts its clock (T0) and runs :func:`main` once; then the process ends. It
-never runs a second program.
+numpy and the runner are imported, reads one job (the arguments above and an exit file, as
+one JSON line) from stdin, restarts its clock (T0) and runs :func:`main` once, in a forked
+child whose end it records; then the process ends. It never runs a second program.
 """
 
 from __future__ import annotations
@@ -328,7 +328,11 @@ def serve() -> int:
     with open(exit_file + ".tmp", "w") as fh:
         json.dump({"signal": -code} if code < 0 else {"exit_code": code}, fh)
     os.replace(exit_file + ".tmp", exit_file)
-    return 128 - code if code < 0 else code
+    # os._exit, not a return into sys.exit: finalizing an interpreter that holds numpy
+    # takes tens of ms, for nothing (its files are written and closed).
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(128 - code if code < 0 else code)
 
 
 if __name__ == "__main__":
