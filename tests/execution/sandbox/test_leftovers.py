@@ -84,6 +84,20 @@ def test_a_dead_workers_cgroups_and_scratch_are_reaped_and_a_live_workers_never(
     assert not any(os.path.exists(d) for d in live_left["cgroups"] + [live_left["scratch"]])
 
 
+@pytest.mark.skipif(shutil.which("bwrap") is None, reason="bwrap is not installed")
+def test_a_closed_sandbox_leaves_no_cgroup(tmp_path):
+    from milo_ray.execution.sandbox.base import SandboxSpec
+    from milo_ray.execution.sandbox.bwrap import BwrapSandboxFactory
+
+    sb = BwrapSandboxFactory(command_timeout_s=30).open(SandboxSpec(task_id="t", memory_mb=512), tmp_path / "s")
+    dirs = list(sb._cgroup.dirs)
+    if not dirs:
+        pytest.skip("no cgroup can be created here")
+    assert sb.execute("echo ok").exit_code == 0 and all(d.is_dir() for d in dirs)
+    sb.close()
+    assert not any(d.exists() for d in dirs)
+
+
 def test_only_a_certainly_dead_owner_is_dead():
     me = current_owner()
     assert me is not None and not me.is_dead()
