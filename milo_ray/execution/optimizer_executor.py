@@ -176,8 +176,7 @@ class OptimizerExecutor:
     async def _run_warm(self, spare: Any, harness: Any, start: Any, problem: str, seed: int,
                         budget_s: float) -> Any:
         """Run the program on ``spare`` and close it; None when the spare died before it
-        was given its job (the rollout then runs cold: a spare's failure is not the
-        program's)."""
+        read its job (the rollout then runs cold: a spare's failure is not the program's)."""
         process = spare.process
         try:
             if not process.alive():
@@ -189,6 +188,8 @@ class OptimizerExecutor:
             oom_kills = getattr(spare.sandbox, "oom_kills", lambda: None)
             oom_before = oom_kills()
             code, killed = await process.run(argv, kill_after(budget_s, self.grace_s), EXIT_FILE)
+            if not process.ready.is_set():
+                return None  # it died importing, before it read the job: the program never ran
             oom_after = oom_kills()
             oom = None if oom_before is None or oom_after is None else max(0, oom_after - oom_before)
             return await asyncio.to_thread(read_run, spare.sandbox, WORKDIR, code, killed, process.tail("stdout"),

@@ -205,6 +205,17 @@ def test_a_spare_that_died_before_its_job_costs_the_candidate_nothing():
     assert r.error is None and "SCORED True" in r.trace["stdout_tail"]
 
 
+def test_a_spare_that_dies_importing_after_it_was_taken_costs_the_candidate_nothing(monkeypatch):
+    """A spare taken while still importing that dies before it reads its job: the program
+    never ran there, so the rollout runs cold instead of scoring the spare's failure."""
+    from milo_ray.execution import optimizer_process
+
+    monkeypatch.setattr(optimizer_process, "_BOOT", "import sys, time; time.sleep(1); sys.exit(3)")
+    (r,), taken, _ = run_warm([program(NO_SCIPY)])
+    assert len(taken) == 1 and taken[0].process.job_sent
+    assert r.error is None and "SCORED True" in r.trace["stdout_tail"]
+
+
 def test_a_crash_on_a_spare_scores_zero_with_its_traceback_and_output():
     body = '''
     def optimize(values, *, seed, deadline):
