@@ -729,6 +729,25 @@ MUTATIONS: tuple[Mutation, ...] = (
         "storage_mb bounds each file, not the total of the writable directories",
     ),
     Mutation(
+        "closed-sandbox-keeps-cgroups", "milo_ray/execution/sandbox/cgroups.py",
+        "        self.kill_all()\n        _rmdirs(self.dirs)", "        self.kill_all()",
+        ("tests/execution/sandbox/test_leftovers.py::test_a_closed_sandbox_leaves_no_cgroup",),
+        "a closed sandbox leaves its cgroups on the host",
+    ),
+    Mutation(
+        "reaper-takes-live-owners", "milo_ray/execution/sandbox/leftovers.py",
+        "        return _start_time(self.pid) != self.start", "        return True",
+        ("tests/execution/sandbox/test_leftovers.py::test_a_dead_workers_cgroups_and_scratch_are_reaped_and_a_live_workers_never",
+         "tests/execution/sandbox/test_leftovers.py::test_only_a_certainly_dead_owner_is_dead"),
+        "a live sandbox's idle cgroup and scratch are reaped",
+    ),
+    Mutation(
+        "oom-named-without-a-kill", "milo_ray/execution/sandbox/process.py",
+        "        if self.oom_kills:", "        if self.oom_kills is not None:",
+        ("tests/benchmarks/test_einstein_program_ends.py::test_a_sigkill_from_outside_is_named_as_a_signal_not_as_memory",),
+        "a SIGKILL with no OOM kill counted is called out of memory",
+    ),
+    Mutation(
         "ci-rotation-stuck", "scripts/ci_rotation.py",
         "        part = count % PARTS\n", "        part = 0\n",
         ("tests/test_ci_rotation.py",),
