@@ -165,6 +165,28 @@ def test_keyrings_a_uid_was_left_with_are_emptied_when_its_lease_ends(tmp_path):
     assert found["user"] == found["user_session"] == "ENOKEY" and found["proc_keys"] is False
 
 
+@as_root
+def test_a_uid_whose_holder_died_is_cleared_before_it_is_leased_again(tmp_path):
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import sys; from milo_ray.execution.sandbox.identity import lease, parse_uid_range\n"
+                               f"held = lease(parse_uid_range({FACTORY.uid_range!r}))\nprint(held.uid, flush=True)\n"
+                               "sys.stdin.read()"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    uid, desc = int(holder.stdout.readline()), f"milo-{uuid.uuid4().hex[:12]}"
+    assert isinstance(_as_uid(uid, "plant", desc)["user"], int)
+    holder.kill()  # dies holding the uid: nothing given back, nothing cleared
+    holder.wait(timeout=30)
+    sandboxes = []
+    try:
+        while not sandboxes or sandboxes[-1].owner[0] != uid:  # lowest free first: reached within a few
+            sandboxes.append(FACTORY.open(SandboxSpec(task_id="t"), tmp_path / str(len(sandboxes))))
+        found = _kernel(sandboxes[-1], "find", desc)
+        assert found["proc_keys"] is False
+        assert _as_uid(uid, "find", desc)["user"] == "ENOKEY"
+    finally:
+        for sb in sandboxes:
+            sb.close()
+
+
 def test_sysv_ipc_made_in_one_sandbox_is_invisible_in_another(tmp_path):
     key = 0x4D000000 + uuid.uuid4().int % 0xFFFF
     # A makes a shared memory segment and a message queue, says so (with what its own

@@ -9,8 +9,9 @@ uid: each leases one from a range (``sandbox.uid_range``, ``FIRST-LAST``) for it
 life, and gives it back when it closes (uid == gid, no supplementary groups).
 
 The lease is an exclusive ``flock`` on ``<LEASE_DIR>/<uid>.lock``, so it holds across every
-worker process of the machine and ends by itself when the process holding it dies. Taking
-a uid and giving it back both clear what a uid can leave in the kernel: every process
+worker process of the machine and ends by itself when the process holding it dies. Giving
+a uid back -- and taking one whose last holder died without giving it back (its lock file
+is not marked clean) -- clears what a uid can leave in the kernel: every process
 still running as it is killed (looked up in ``/proc``; the sandbox's PID namespaces
 normally took them already), and its user, user session and persistent keyrings are
 emptied (a thread of this process takes the uid for the length of those keyctl calls, as
@@ -42,6 +43,9 @@ DEFAULT_UID_RANGE = "100000-101023"
 # and the next lease of the uid kills them again.
 _KILL_WAIT_S = 2.0
 
+# How long to wait for the kernel to collect a uid's unlinked keys.
+_KEY_GC_WAIT_S = 1.0
+_CLEAN = b"clean"  # a lock file's content once its last holder cleared the uid
 _SYS_KEYCTL = {"x86_64": 250, "aarch64": 219}
 _SYS_SETRESUID = {"x86_64": 117, "aarch64": 147}
 _KEYCTL_GET_KEYRING_ID, _KEYCTL_CLEAR, _KEYCTL_GET_PERSISTENT, _KEYCTL_SETPERM = 0, 7, 22, 5
@@ -102,6 +106,9 @@ class UidLease:
             return
         try:
             clear_uid(self.uid)
+            # Cleared: the next lease of this uid need not clear it again (one /proc scan
+            # per sandbox, not two). A holder that dies before this leaves it unmarked.
+            os.pwrite(self._fd, _CLEAN, 0)
         finally:
             self._finalizer()
 
@@ -134,7 +141,9 @@ def lease(uids: range, start: int = 0) -> UidLease:
                 os.close(fd)
                 continue
             try:
-                clear_uid(uid)  # a holder that died may have left something behind
+                if os.pread(fd, len(_CLEAN), 0) != _CLEAN:
+                    clear_uid(uid)  # a holder that died may have left something behind
+                os.ftruncate(fd, 0)  # held: not known clean until its release says so
             except BaseException:
                 os.close(fd)
                 raise
@@ -223,10 +232,11 @@ def _purge_as(uid: int, machine: str, error: list[BaseException]) -> None:
     try:
         rings = []
         for spec in (_KEY_SPEC_USER_KEYRING, _KEY_SPEC_USER_SESSION_KEYRING):
-            # create=0: a keyring the uid never made is not made now.
             ring = syscall(keyctl, _KEYCTL_GET_KEYRING_ID, ctypes.c_long(spec), 0)
             if ring > 0:
                 rings.append(ring)
+        # Linked into a thread keyring of this thread's (owned by the uid, gone with the
+        # thread), through which the thread possesses it: only a possessor may change it.
         persistent = syscall(keyctl, _KEYCTL_GET_PERSISTENT, ctypes.c_long(-1), ctypes.c_long(_KEY_SPEC_THREAD_KEYRING))
         if persistent > 0:
             rings.append(persistent)
@@ -237,7 +247,33 @@ def _purge_as(uid: int, machine: str, error: list[BaseException]) -> None:
                 code = ctypes.get_errno()
                 if code not in (errno.ENOKEY, errno.EKEYREVOKED, errno.EKEYEXPIRED):
                     error.append(OSError(code, f"cannot clear keyring {ring} of uid {uid}: {os.strerror(code)}"))
+        # A key unlinked from every keyring stays listed in /proc/keys, description and
+        # all, until the kernel's key collector runs (milliseconds): wait until the uid's
+        # own listing (read as the uid: root is not shown other users' keys) holds only
+        # the keyrings the kernel names (bounded; the keys are unreachable either way).
+        deadline, delay = time.monotonic() + _KEY_GC_WAIT_S, 0.001
+        while _leftover_keys(uid) and time.monotonic() < deadline:
+            time.sleep(delay)
+            delay = min(delay * 2, 0.05)
     finally:
         if syscall(setresuid, ctypes.c_long(0), ctypes.c_long(0), ctypes.c_long(0)) != 0:
             # Cannot happen with saved uid 0; if it did, the thread ends here anyway.
             error.append(OSError(ctypes.get_errno(), "cannot take root back after clearing keyrings"))
+
+
+def _leftover_keys(uid: int) -> list[str]:
+    """What the calling thread (as ``uid``) sees in ``/proc/keys`` of ``uid``'s keys
+    beyond its user, user session, persistent and thread keyrings."""
+    own = {f"_uid.{uid}", f"_uid_ses.{uid}", f"_persistent.{uid}", "_tid"}
+    left = []
+    try:
+        with open("/proc/keys") as f:
+            for line in f:
+                fields = line.split(None, 8)
+                if len(fields) == 9 and fields[5] == str(uid):
+                    name = fields[8].split(":")[0].strip()
+                    if fields[7] != "keyring" or name not in own:
+                        left.append(name)
+    except OSError:
+        pass
+    return left
