@@ -155,8 +155,9 @@ class OptimizerExecutor:
         if why:
             return _task_failure(harness, task, rollout_idx, why, began)
         problem, budget_s = task.metadata["problem"], float(task.metadata["budget_s"])
-        start = start_values(task.metadata)
-        start_score = score(problem, start)
+        # Off the event loop: a large start (a file, a refined construction) takes a while.
+        start = await asyncio.to_thread(start_values, task.metadata)
+        start_score = await asyncio.to_thread(score, problem, start)
         spec = self._spec(task)
         spare = None
         try:
