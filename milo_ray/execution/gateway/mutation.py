@@ -124,7 +124,9 @@ class MutationGateway:
         gw = self._gateway
         grant = gw.grants.find(token) if gw is not None else None
         if grant is not None:
-            gw.end(grant)
+            # On the gateway's loop: ending a bound grant closes its listener, which only
+            # that loop may touch.
+            asyncio.run_coroutine_threadsafe(self._end(gw, grant), gw.loop).result(START_TIMEOUT_S)
 
     def metered(self, token: str) -> dict[str, Any] | None:
         """The calls made with ``token``: ``input_tokens``, ``output_tokens``, ``cost_usd``
@@ -160,6 +162,10 @@ class MutationGateway:
             shutil.rmtree(Path(gw.socket_path).parent, ignore_errors=True)
 
     # --- running ----------------------------------------------------------------------------
+    @staticmethod
+    async def _end(gw: Any, grant: Any) -> None:
+        gw.end(grant)
+
     @staticmethod
     async def _issue(gw: Any, label: str, journal: Any) -> Any:
         return gw.issue(label, journal=journal)  # binds the grant to the gateway's loop
