@@ -748,6 +748,24 @@ MUTATIONS: tuple[Mutation, ...] = (
         "a SIGKILL with no OOM kill counted is called out of memory",
     ),
     Mutation(
+        "optimizer-kit-imports-scipy-eagerly", "milo_ray/kernels/autocorr_kit.py",
+        "sfft = _ScipyFFT()", "from scipy import fft as sfft",
+        ("tests/execution/test_optimizer_spares.py::test_a_program_that_does_not_use_scipy_never_imports_it",),
+        "every candidate pays scipy.fft's import, used or not",
+    ),
+    Mutation(
+        "warm-runner-clock-from-its-imports", "milo_ray/execution/optimizer_runner.py",
+        "    T0 = time.monotonic()\n    exit_file = job.get(\"exit_file\")", "    exit_file = job.get(\"exit_file\")",
+        ("tests/execution/test_optimizer_spares.py::test_a_spares_idle_time_does_not_count_against_the_programs_budget",),
+        "a spare's idle time is taken from the program's budget",
+    ),
+    Mutation(
+        "spare-sandbox-never-closed", "milo_ray/execution/optimizer_executor.py",
+        "await asyncio.to_thread(_close, spare.sandbox, None if self.keep_scratch else spare.scratch)", "pass",
+        ("tests/execution/test_optimizer_spares.py::test_a_spare_runs_one_candidate_and_is_discarded_with_its_sandbox",),
+        "a used spare's sandbox and scratch outlive its candidate",
+    ),
+    Mutation(
         "ci-rotation-stuck", "scripts/ci_rotation.py",
         "        part = count % PARTS\n", "        part = 0\n",
         ("tests/test_ci_rotation.py",),
