@@ -115,14 +115,26 @@ def test_a_bound_token_is_refused_on_the_shared_socket_and_the_loopback_port(tmp
 
 
 def test_a_token_is_refused_on_every_socket_once_its_grant_ended(tmp_path):
+    import aiohttp
+
     async def go(url):
         gw = await _gateway(url, tmp_path)
         try:
             ended = await gw.issue_bound("ended", _sandbox_dir(tmp_path, "a"))
             live = await gw.issue_bound("live", _sandbox_dir(tmp_path, "b"))
-            before = await _post(ended.socket_path, ended.token)
+            host = gw.issue("in-process agent")
+            # A connection its socket accepted while the grant lived, kept open past its end
+            # (the second request can only travel on it: the socket file is gone by then).
+            kept = aiohttp.ClientSession(connector=aiohttp.UnixConnector(path=ended.socket_path, force_close=False))
+            async with kept.post("http://gateway/v1/chat/completions", json=ASK,
+                                 headers={"Authorization": f"Bearer {ended.token}"}) as r:
+                before = (r.status, await r.text())
             gw.end(ended)
-            out = {"before": before, "gone": os.path.lexists(ended.socket_path),
+            async with kept.post("http://gateway/v1/chat/completions", json=ASK,
+                                 headers={"Authorization": f"Bearer {host.token}"}) as r:
+                kept_after = (r.status, await r.text())
+            await kept.close()
+            out = {"before": before, "kept_after": kept_after, "gone": os.path.lexists(ended.socket_path),
                    "on_live": await _post(live.socket_path, ended.token),
                    "on_shared": await _post(gw.socket_path, ended.token)}
             try:
@@ -142,6 +154,7 @@ def test_a_token_is_refused_on_every_socket_once_its_grant_ended(tmp_path):
         out, ended, live = asyncio.run(go(srv.url))
         answered = len(srv.answered)
     assert out["before"][0] == 200 and out["gone"] is False and out["own"] != "answered"
+    assert out["kept_after"][0] == 401, out["kept_after"]  # not even a host grant's token
     assert out["on_live"][0] == 403 and out["on_shared"][0] == 401 and "ended" in out["on_shared"][1]
     assert out["own_dir_gone"] and answered == 1 and len(ended.calls) == 1 and live.calls == []
 

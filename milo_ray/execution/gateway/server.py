@@ -221,7 +221,7 @@ class ModelGateway:
         server, address, own_dir = self._listeners.pop(path)
         del self._bound[address]
         # Stops accepting; a connection already accepted keeps its address, which no
-        # grant holds any more: whatever it sends next is refused.
+        # grant holds any more: whatever it sends next is refused (_grant).
         server.close()
         try:
             os.unlink(path)
@@ -276,6 +276,10 @@ class ModelGateway:
                 return own.refused(Refusal(403, "wrong_socket", "this socket accepts only its own rollout's gateway "
                                                                 "token"))
             return grant
+        if isinstance(where, str) and where != self.socket_path:
+            # A connection a grant's listener accepted before its grant ended: nothing is
+            # served on it any more (only the shared listeners serve unbound grants).
+            return Refusal(401, "ended", "this socket's rollout has ended")
         if grant is not None and grant.socket_path is not None:
             # Never charged to, nor noted on, the grant whose token this is: it may be a thief's use.
             if grant.ended:
