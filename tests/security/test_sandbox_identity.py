@@ -30,7 +30,9 @@ pytestmark = [
 ]
 as_root = pytest.mark.skipif(os.geteuid() != 0, reason="a uid per sandbox is leased when the worker runs as root")
 
-FACTORY = BwrapSandboxFactory(command_timeout_s=60)
+# A range of its own, outside the default one other sandboxes on this machine lease from,
+# so which uid a sandbox here gets depends on these tests alone.
+FACTORY = BwrapSandboxFactory(command_timeout_s=60, uid_range="101100-101163")
 
 # Run inside a sandbox (or as a host process of a leased uid): the kernel-object attacks,
 # each printing one JSON line. x86_64 numbers: add_key 248, request_key 249, keyctl 250.
@@ -175,16 +177,11 @@ def test_a_uid_whose_holder_died_is_cleared_before_it_is_leased_again(tmp_path):
     assert isinstance(_as_uid(uid, "plant", desc)["user"], int)
     holder.kill()  # dies holding the uid: nothing given back, nothing cleared
     holder.wait(timeout=30)
-    sandboxes = []
-    try:
-        while not sandboxes or sandboxes[-1].owner[0] != uid:  # lowest free first: reached within a few
-            sandboxes.append(FACTORY.open(SandboxSpec(task_id="t"), tmp_path / str(len(sandboxes))))
-        found = _kernel(sandboxes[-1], "find", desc)
+    factory = BwrapSandboxFactory(command_timeout_s=60, uid_range=f"{uid}-{uid}")
+    with factory.open(SandboxSpec(task_id="t"), tmp_path) as sb:
+        found = _kernel(sb, "find", desc)
         assert found["proc_keys"] is False
         assert _as_uid(uid, "find", desc)["user"] == "ENOKEY"
-    finally:
-        for sb in sandboxes:
-            sb.close()
 
 
 def test_sysv_ipc_made_in_one_sandbox_is_invisible_in_another(tmp_path):
@@ -289,7 +286,7 @@ def test_a_uid_range_must_be_valid_and_nobody_elses(tmp_path):
 
 @as_root
 def test_every_uid_taken_is_an_error_naming_the_knob(tmp_path):
-    factory = BwrapSandboxFactory(command_timeout_s=60, uid_range="101020-101021")
+    factory = BwrapSandboxFactory(command_timeout_s=60, uid_range="101200-101201")
     with factory.open(SandboxSpec(task_id="a"), tmp_path / "a"), factory.open(SandboxSpec(task_id="b"), tmp_path / "b"):
         with pytest.raises(RuntimeError, match="widen sandbox.uid_range"):
             factory.open(SandboxSpec(task_id="c"), tmp_path / "c")
