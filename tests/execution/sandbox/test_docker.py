@@ -242,6 +242,13 @@ def test_commands_run_hardened(docker_sandbox) -> None:
 
 
 
+def test_commands_run_under_the_daemons_seccomp_filter(docker_sandbox) -> None:
+    """Docker's default seccomp profile stays on (never --privileged or seccomp=unconfined):
+    it is what refuses the keyring calls to containers that all run as one uid."""
+    r = docker_sandbox.execute("grep -E '^Seccomp:' /proc/self/status")
+    assert r.output.split() == ["Seccomp:", "2"], r.output  # 2: a filter is applied
+
+
 def test_grading_container_carries_over_only_the_workspace(docker_sandbox, docker_task) -> None:
     """What the agent left anywhere but its workspace -- a planted test in /tests, a file
     in /tmp and /logs, a running process -- is not in the container the verifier gets."""
