@@ -105,7 +105,7 @@ MUTATIONS: tuple[Mutation, ...] = (
     ),
     Mutation(
         "sandbox-runs-as-root", "milo_ray/execution/sandbox/bwrap.py",
-        "        self.owner = factory._uid_gid if factory._uid_gid is not None and os.geteuid() == 0 else None",
+        "        self.owner = self._lease.owner if self._lease is not None else None",
         "        self.owner = None",
         ("tests/security/test_harness_boundary.py::test_root_only_host_files_are_unreadable",),
         "the sandbox runs the harness as root, which reads root-only host files",
@@ -764,6 +764,26 @@ MUTATIONS: tuple[Mutation, ...] = (
         "await asyncio.to_thread(_close, spare.sandbox, None if self.keep_scratch else spare.scratch)", "pass",
         ("tests/execution/test_optimizer_spares.py::test_a_spare_runs_one_candidate_and_is_discarded_with_its_sandbox",),
         "a used spare's sandbox and scratch outlive its candidate",
+    ),
+    Mutation(
+        "sandbox-uid-lease-ignores-its-lock", "milo_ray/execution/sandbox/identity.py",
+        "fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)", "pass",
+        ("tests/security/test_sandbox_identity.py::test_concurrently_open_sandboxes_never_share_a_uid",),
+        "two open sandboxes share a uid and so its keyrings",
+    ),
+    Mutation(
+        "bwrap-commands-get-no-seccomp-filter", "milo_ray/execution/sandbox/seccomp.py",
+        'exec "$1" --seccomp "$fd" "${@:2}"', 'exec "$1" "${@:2}"',
+        ("tests/security/test_sandbox_identity.py::test_keyring_calls_are_refused_and_nothing_is_planted",
+         "tests/security/test_sandbox_identity.py::test_tracing_mounting_namespaces_bpf_and_perf_are_refused"),
+        "keyctl, ptrace, mount, unshare, bpf and perf work inside a sandbox",
+    ),
+    Mutation(
+        "sandbox-uid-given-back-uncleared", "milo_ray/execution/sandbox/identity.py",
+        "        try:\n            clear_uid(self.uid)\n", "        try:\n",
+        ("tests/security/test_sandbox_identity.py::test_keyrings_a_uid_was_left_with_are_emptied_when_its_lease_ends",
+         "tests/security/test_sandbox_identity.py::test_processes_of_a_closed_sandbox_uid_are_gone"),
+        "keys and processes of a closed sandbox's uid reach the uid's next holder",
     ),
     Mutation(
         "ci-rotation-stuck", "scripts/ci_rotation.py",
