@@ -190,16 +190,21 @@ class SandboxCgroup:
                 return True
             if time.monotonic() >= deadline:
                 return False
-            for pid in pids:
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except (ProcessLookupError, PermissionError):
-                    pass
+            _kill(pids)
             time.sleep(0.005)
 
     def close(self) -> None:
         self.kill_all()
         _rmdirs(self.dirs)
+
+
+def _kill(pids: set[int]) -> None:
+    """SIGKILL each of ``pids``; one that is gone already (or not ours to kill) is skipped."""
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
 
 
 def _pids(dirs: list[Path]) -> set[int]:
@@ -241,11 +246,7 @@ def reap_cgroups(parent: Path) -> int:
         d = parent / name
         deadline = time.monotonic() + 2.0
         while (pids := _pids([d])) and time.monotonic() < deadline:
-            for pid in pids:
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except (ProcessLookupError, PermissionError):
-                    pass
+            _kill(pids)
             time.sleep(0.005)
         try:
             d.rmdir()
