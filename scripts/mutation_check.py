@@ -761,7 +761,7 @@ MUTATIONS: tuple[Mutation, ...] = (
     ),
     Mutation(
         "spare-sandbox-never-closed", "milo_ray/execution/optimizer_executor.py",
-        "await asyncio.to_thread(_close, spare.sandbox, None if self.keep_scratch else spare.scratch)", "pass",
+        "await asyncio.to_thread(close_sandbox, spare.sandbox, None if self.keep_scratch else spare.scratch)", "pass",
         ("tests/execution/test_optimizer_spares.py::test_a_spare_runs_one_candidate_and_is_discarded_with_its_sandbox",),
         "a used spare's sandbox and scratch outlive its candidate",
     ),
@@ -784,6 +784,18 @@ MUTATIONS: tuple[Mutation, ...] = (
         ("tests/security/test_sandbox_identity.py::test_keyrings_a_uid_was_left_with_are_emptied_when_its_lease_ends",
          "tests/security/test_sandbox_identity.py::test_processes_of_a_closed_sandbox_uid_are_gone"),
         "keys and processes of a closed sandbox's uid reach the uid's next holder",
+    ),
+    Mutation(
+        "gateway-socket-takes-any-grant", "milo_ray/execution/gateway/server.py",
+        "if grant is not own:", "if grant is None:",
+        ("tests/security/test_gateway_per_grant.py::test_a_token_is_refused_on_another_grants_socket_and_its_grant_is_charged_nothing",),
+        "a rollout's socket serves another live rollout's token and bills that rollout",
+    ),
+    Mutation(
+        "grant-socket-outlives-grant", "milo_ray/execution/gateway/server.py",
+        "os.unlink(path)", "pass",
+        ("tests/security/test_gateway_per_grant.py::test_a_token_is_refused_on_every_socket_once_its_grant_ended",),
+        "an ended grant's socket stays in its sandbox's directory",
     ),
     Mutation(
         "ci-rotation-stuck", "scripts/ci_rotation.py",

@@ -211,7 +211,7 @@ class WarmPool:
             if sandbox is not None and not listed:
                 if process is not None:
                     process.kill()
-                await asyncio.to_thread(_close, sandbox, scratch)
+                await asyncio.to_thread(close_sandbox, sandbox, scratch)
             if isinstance(exc, asyncio.CancelledError):
                 raise
         finally:
@@ -245,16 +245,16 @@ class WarmPool:
         try:
             return scratch, sandbox, self.process_factory(sandbox, scratch)
         except BaseException:
-            _close(sandbox, scratch)
+            close_sandbox(sandbox, scratch)
             raise
 
     def _discard(self, spare: Spare) -> None:
         """Kill a spare that will not be used and close its sandbox in a thread."""
         spare.process.kill()
         try:
-            t = asyncio.ensure_future(asyncio.to_thread(_close, spare.sandbox, spare.scratch))
+            t = asyncio.ensure_future(asyncio.to_thread(close_sandbox, spare.sandbox, spare.scratch))
         except RuntimeError:  # no running loop: close() at the end of a run
-            _close(spare.sandbox, spare.scratch)
+            close_sandbox(spare.sandbox, spare.scratch)
             return
         self._tasks.add(t)
         t.add_done_callback(self._tasks.discard)
@@ -269,7 +269,7 @@ class WarmPool:
         for spares in self._spares.values():
             for spare in spares:
                 spare.process.kill()
-                _close(spare.sandbox, spare.scratch)
+                close_sandbox(spare.sandbox, spare.scratch)
         self._spares.clear()
 
     async def aclose(self) -> None:
@@ -282,14 +282,15 @@ class WarmPool:
         self._spares.clear()
         for spare in spares:
             await spare.process.finish()
-            await asyncio.to_thread(_close, spare.sandbox, spare.scratch)
+            await asyncio.to_thread(close_sandbox, spare.sandbox, spare.scratch)
 
     def spares(self) -> int:
         """Spares held now (started or importing), all shapes."""
         return sum(len(s) for s in self._spares.values())
 
 
-def _close(sandbox: Any, scratch: Path | None) -> None:
+def close_sandbox(sandbox: Any, scratch: Path | None) -> None:
+    """Close a spare's sandbox, then remove its scratch (None: keep it), whatever the close raised."""
     try:
         sandbox.close()
     finally:

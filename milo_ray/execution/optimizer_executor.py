@@ -61,7 +61,7 @@ from milo_ray.benchmarks.einstein.starts import start_values
 from milo_ray.core.rollouts import RolloutResult
 from milo_ray.core.tasks import Task
 from milo_ray.execution.agent_executor import build_factory
-from milo_ray.execution.harness_process_pool import WarmPool, parse_size
+from milo_ray.execution.harness_process_pool import WarmPool, close_sandbox, parse_size
 from milo_ray.execution.optimizer_process import OptimizerProcess
 from milo_ray.execution.sandbox.base import SandboxSpec
 from milo_ray.execution.sandbox.hostdirs import SANDBOX_HOME
@@ -197,7 +197,7 @@ class OptimizerExecutor:
                                            process.tail("stderr"), oom_kills=oom)
         finally:
             await process.finish()
-            await asyncio.to_thread(_close, spare.sandbox, None if self.keep_scratch else spare.scratch)
+            await asyncio.to_thread(close_sandbox, spare.sandbox, None if self.keep_scratch else spare.scratch)
 
     def _run_cold(self, harness: Any, task: Task, start: Any, problem: str, seed: int, budget_s: float) -> Any:
         scratch = make_scratch(f"opt-{task.task_id}", self.scratch_dir)
@@ -231,13 +231,6 @@ def _task_failure(harness: Any, task: Task, rollout_idx: int, why: str, began: f
                          latency_s=time.monotonic() - began, trace={"problem": task.metadata.get("problem"),
                                                                     "reason": why})
 
-
-def _close(sandbox: Any, scratch: Path | None) -> None:
-    try:
-        sandbox.close()
-    finally:
-        if scratch is not None:
-            shutil.rmtree(scratch, ignore_errors=True)
 
 
 def _task_problem(task: Task) -> str | None:
