@@ -74,7 +74,10 @@ def optimize(values, *, seed, deadline):
 
 
 def test_an_improving_program_earns_the_reward_of_its_verified_point(executor):
-    t = task()
+    # 2 s, not 1: on a loaded machine the runner's start-up (counted against the budget)
+    # can take a second, and a trajectory needs the program to outlast one flush interval.
+    budget_s = 2.0
+    t = task(budget_s=budget_s)
     r = executor.execute(program(RATCHET), t, 0, 7)
     start = start_values(t.metadata)
     assert r.error is None and r.error_kind is None and not r.timed_out
@@ -87,7 +90,7 @@ def test_an_improving_program_earns_the_reward_of_its_verified_point(executor):
     # The trajectory: timestamps within the budget, scores non-increasing, ending at the final point.
     traj = tr["trajectory"]
     assert len(traj) >= 2 and tr["publishes"] >= len(traj)
-    assert all(0 <= t_ <= BUDGET_S + 0.5 for t_, _ in traj)
+    assert all(0 <= t_ <= budget_s + 0.5 for t_, _ in traj)
     assert all(b[1] <= a[1] for a, b in zip(traj, traj[1:]))
     assert traj[-1][1] == pytest.approx(tr["score"], rel=1e-9)
     assert "iterations done first_autocorrelation" in tr["stdout_tail"]  # PROBLEM was set
