@@ -326,6 +326,33 @@ def test_a_graft_child_with_a_path_traversal_file_name_is_refused_and_written_no
             and not p.startswith(str(tmp_path / "a"))] == []
 
 
+@pytest.mark.xfail(strict=True, reason=(
+    "MILO records a child rejected by validation with its files: admit_child -> build_node -> "
+    "write_harness_dir -> Harness.write_to joins each file name to the harness directory unchecked, "
+    "so a '../' or absolute name the validator refused is still written outside the run. "
+    "Harness (harness/model.py) should refuse such names, or write_to write fd-relative without them"))
+def test_a_graft_child_rejected_for_a_traversal_name_is_recorded_without_writing_outside_the_run(tmp_path):
+    """Guards (missing): the record of a rejected child (``milo.records.build_node`` writes
+    every child that has files, valid or not, with ``milo.evaluate.write_harness_dir``)
+    refusing file names that leave the harness directory."""
+    from milo_ray.milo.evaluate import write_harness_dir
+
+    parent = load_seeds(["minimal"])[0]
+    outside = tmp_path / "abs-escape.py"
+    run_dir = tmp_path / "run"
+    for name in ("../../../../dotdot-escape.py", str(outside)):
+        req = MutationRequest(parent=parent, parent_dir=parent.write_to(tmp_path / "nodes" / "parent"),
+                              evidence_dir=tmp_path / "evidence", memory_markdown="", workdir=tmp_path / "work",
+                              seed=1, context={})
+        out = run_mutation(_TraversalMutator(name), req, time_cap_s=60, validation=ValidationOptions(timeout_s=60))
+        assert not out.ok and out.child is not None  # rejected, and kept for the lineage as MILO does
+        try:
+            write_harness_dir(run_dir, out.child, None)
+        except (ValueError, OSError):
+            pass  # refusing to write it is containment too
+    assert not (tmp_path / "dotdot-escape.py").exists() and not outside.exists()
+
+
 # --- the SSR judge ---------------------------------------------------------------------
 
 GOOD = {"w": 0.5, "a": 0.5, "u": 0.5, "summary": "It stopped early.", "suggestions": ["Run the tests."]}
