@@ -8,10 +8,11 @@ persisted text passes :func:`redact` first: the store's rows, blobs and manifest
 the report's files and what the tracker sends to MLflow.
 
 What is secret: the *values* of the configured key variables (``model.api_key_env`` or the
-provider's own variable, each backend role's ``api_key_env``), registered once per process
-with :func:`register` (the entry point does it before anything is written). Both the value and
-its JSON-escaped form are replaced by ``[redacted $NAME]``, so the variable stays nameable in
-a log and the value does not.
+provider's own variable, each backend role's ``api_key_env``, and a ``bedrock/`` model's AWS
+credential variables: ``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``, ``AWS_SESSION_TOKEN``),
+registered once per process with :func:`register` (the entry point does it before anything is
+written). Both the value and its JSON-escaped form are replaced by ``[redacted $NAME]``, so the
+variable stays nameable in a log and the value does not.
 
 Values shorter than :data:`MIN_SECRET_CHARS` are not redacted: a real provider key is 20+
 characters, while a local server's placeholder key (``x``, ``sk-1``, ``none``) is a word that
@@ -48,12 +49,20 @@ def marker(name: str) -> str:
     return f"[redacted ${name}]"
 
 
+# Settings handed to the gateway beside a model's credentials (a bedrock/ model's region):
+# not secrets, and a value such as ``us-east-1`` is text a trace or a report rightly holds.
+NOT_SECRET_NAMES = frozenset({"AWS_REGION", "AWS_DEFAULT_REGION"})
+
+
 def register(values: Mapping[str, str | None]) -> None:
     """Redact ``values`` ({variable name: value}) from now on in this process. Values shorter
-    than :data:`MIN_SECRET_CHARS` (and empty ones) are ignored; see the module docstring."""
+    than :data:`MIN_SECRET_CHARS` (and empty ones) are ignored, and so are the variables of
+    :data:`NOT_SECRET_NAMES`; see the module docstring."""
     global _needles, _byte_needles
     with _lock:
         for name, value in values.items():
+            if str(name) in NOT_SECRET_NAMES:
+                continue
             if isinstance(value, str) and len(value) >= MIN_SECRET_CHARS:
                 _secrets[str(name)] = value
         _rebuild()

@@ -485,9 +485,10 @@ def _register_secrets(plan: Any) -> None:
     """The values of the run's key variables (the solver's and every LLM role's) are
     redacted from everything this process persists (``milo_ray/redaction.py``)."""
     from milo_ray.agents.llm import key_env
-    from milo_ray.config.targets import agent_env
+    from milo_ray.config.targets import agent_env, worker_env
 
     redaction.register_env([key_env(plan.model)])
+    redaction.register(worker_env(plan.model))
     redaction.register(agent_env(plan.agents))
 
 

@@ -51,6 +51,52 @@ def key_env(cfg: Any) -> str | None:
     return _PROVIDER_KEY_ENV.get(str(_field(cfg, "solver") or "").split("/", 1)[0])
 
 
+# The AWS credential variables a ``bedrock/`` model authenticates with, each with the
+# litellm argument it becomes (``AWS_REGION`` before ``AWS_DEFAULT_REGION``, as boto reads
+# them). Ray's processes never hold the credentials (they are scrubbed from every Ray
+# environment, see execution/cluster.py), so the driver hands them over like a key and the
+# gateway passes them to litellm per call. ``AWS_PROFILE`` names a section of a credentials
+# file and is not handed over: a profile works only where that file is.
+AWS_CREDENTIAL_ENV = (("AWS_ACCESS_KEY_ID", "aws_access_key_id"), ("AWS_SECRET_ACCESS_KEY", "aws_secret_access_key"),
+                      ("AWS_SESSION_TOKEN", "aws_session_token"), ("AWS_REGION", "aws_region_name"),
+                      ("AWS_DEFAULT_REGION", "aws_region_name"))
+
+
+def credential_envs(cfg: Any) -> list[str]:
+    """Every variable ``cfg``'s model may authenticate with: :func:`key_env`'s, and for a
+    ``bedrock/`` model the AWS credential variables (:data:`AWS_CREDENTIAL_ENV`)."""
+    names = [n for n in [key_env(cfg)] if n]
+    if str(_field(cfg, "solver") or "").startswith("bedrock/"):
+        names += [n for n, _ in AWS_CREDENTIAL_ENV if n not in names]
+    return names
+
+
+def aws_credentials(cfg: Any, env: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The litellm arguments (``aws_access_key_id``...) of the AWS credential variables set
+    in ``env`` (default: the secrets of :func:`use_secrets`, else this process's
+    environment) for a ``bedrock/`` model; empty for any other model."""
+    if not str(_field(cfg, "solver") or "").startswith("bedrock/"):
+        return {}
+    if env is None:
+        with _SECRETS_LOCK:
+            env = {**os.environ, **_SECRETS}
+    out: dict[str, str] = {}
+    for name, arg in AWS_CREDENTIAL_ENV:
+        if env.get(name) and arg not in out:
+            out[arg] = env[name]
+    return out
+
+
+def gateway_credentials(cfg: Any, key: str | None, env: Mapping[str, str] | None = None) -> str | dict[str, str] | None:
+    """What a model gateway is given to authenticate ``cfg``'s calls: the key alone, or,
+    for a ``bedrock/`` model with AWS credentials in ``env`` (see :func:`aws_credentials`),
+    the litellm arguments {``api_key``?, ``aws_...``} it passes on every call."""
+    aws = aws_credentials(cfg, env)
+    if not aws:
+        return key
+    return {**({"api_key": key} if key else {}), **aws}
+
+
 _SECRETS: dict[str, str] = {}
 _SECRETS_LOCK = threading.Lock()
 
@@ -139,6 +185,11 @@ def build_chat_model(cfg: Any, *, rate_limiter: Any = "config", callbacks: list[
     extra = dict(_field(cfg, "extra_body") or {})
     if extra:
         kwargs["model_kwargs"] = {"extra_body": extra}
+    # A Ray process has no AWS credentials in its environment: those handed over
+    # (use_secrets) go to litellm as arguments of every call.
+    aws = aws_credentials(cfg)
+    if aws:
+        kwargs["model_kwargs"] = {**kwargs.get("model_kwargs", {}), **aws}
     if callbacks:
         kwargs["callbacks"] = list(callbacks)
     return _solver_class()(**kwargs)

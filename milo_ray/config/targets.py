@@ -329,23 +329,22 @@ def agent_env(agents: Mapping[str, Any]) -> dict[str, str]:
     elsewhere on a cluster); empty for offline agents."""
     import os
 
-    from milo_ray.agents.llm import key_env
+    from milo_ray.agents.llm import credential_envs
     from milo_ray.agents.role_llm import RoleLLM
 
     names = set()
     for _, where, block in _llm_specs(agents):
-        name = key_env(RoleLLM.of(block, where=where).model_config())
-        if name:
-            names.add(name)
+        names.update(credential_envs(RoleLLM.of(block, where=where).model_config()))
     return {n: os.environ[n] for n in sorted(names) if os.environ.get(n)}
 
 
 def worker_env(model: ModelConfig) -> dict[str, str]:
     """The environment the rollout workers need from the driver's: the model's API key
-    variable (``model.api_key_env``, else the provider's own), when the driver has it."""
+    variable (``model.api_key_env``, else the provider's own) and, for a ``bedrock/`` model,
+    the AWS credential variables -- those the driver has."""
     import os
 
-    from milo_ray.agents.llm import key_env
+    from milo_ray.agents.llm import credential_envs
 
-    name = key_env(model) if model.solver else None
-    return {name: os.environ[name]} if name and os.environ.get(name) else {}
+    names = credential_envs(model) if model.solver else []
+    return {n: os.environ[n] for n in names if os.environ.get(n)}

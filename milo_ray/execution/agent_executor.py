@@ -185,10 +185,11 @@ class AgentExecutor:
         if self._gateway is not None:
             self._gateway.set_key(self._key())
 
-    def _key(self) -> str | None:
-        from milo_ray.agents.llm import api_key
+    def _key(self) -> str | dict[str, str] | None:
+        from milo_ray.agents.llm import api_key, gateway_credentials
 
-        return api_key(self.model, self._secrets if self._secrets is not None else os.environ)
+        env = self._secrets if self._secrets is not None else os.environ
+        return gateway_credentials(self.model, api_key(self.model, env), env)
 
     async def gateway(self) -> Any:
         """This executor's gateway on the running loop (started on first use; a new loop,

@@ -99,12 +99,12 @@ class MutationGateway:
         return f"{self._loopback}{API_PATHS[api]}"
 
     def issue_token(self, *, role: str, caller: str) -> str:
-        from milo_ray.agents.llm import key_env, secret
+        from milo_ray.agents.llm import gateway_credentials, key_env, secret
         from milo_ray.execution.gateway.role_journal import current_role_call
 
         gw = self._started()
         name = key_env(self.cfg)
-        gw.set_key(secret(name) if name else None)
+        gw.set_key(gateway_credentials(self.cfg, secret(name) if name else None))
         # Read here, in the agent's context: the grant is made on the gateway's own loop.
         grant = self._call(self._issue(gw, f"{role}:{caller}", current_role_call.get()))
         return grant.token

@@ -50,6 +50,7 @@ import secrets
 import shutil
 import socket
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -88,7 +89,7 @@ class ModelGateway:
         self.cfg = cfg
         self.socket_path = str(socket_path)
         self.grants = GrantBook()
-        self._key: str | None = None
+        self._key: str | Mapping[str, str] | None = None
         self._limiter: Any = "unset"
         # Whether the provider has answered this gateway's key: until it has, a 401/403 may
         # be the key's fault (the host's), not the request's.
@@ -101,7 +102,9 @@ class ModelGateway:
         self._bound: dict[str, Grant] = {}
         self._listeners: dict[str, tuple[Any, str, bool]] = {}  # path -> (server, address, the directory is ours)
 
-    def set_key(self, key: str | None) -> None:
+    def set_key(self, key: str | Mapping[str, str] | None) -> None:
+        """The provider key, or the litellm credential arguments of a ``bedrock/`` model
+        (agents/llm.py:gateway_credentials), passed on every call."""
         if (key or None) != self._key:
             self._key_works = False  # a new key has not been answered yet
         self._key = key or None
@@ -251,7 +254,11 @@ class ModelGateway:
         return self._limiter
 
     def _scrub(self, text: str) -> str:
-        return text.replace(self._key, "[key]") if self._key else text
+        secrets = [v for k, v in self._key.items() if k != "aws_region_name"] if isinstance(self._key, Mapping) \
+            else [self._key] if self._key else []
+        for value in secrets:
+            text = text.replace(value, "[key]") if value else text
+        return text
 
     async def _models(self, request: Any) -> Any:
         from aiohttp import web

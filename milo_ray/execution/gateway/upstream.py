@@ -152,14 +152,23 @@ def request_kwargs(cfg: Any, key: str | None, body: Mapping[str, Any]) -> dict[s
     return kwargs
 
 
-def with_endpoint(kwargs: dict[str, Any], cfg: Any, key: str | None, *,
+# The litellm arguments a gateway's credentials may set on a call (a key, or AWS's).
+CREDENTIAL_ARGS = ("api_key", "aws_access_key_id", "aws_secret_access_key", "aws_session_token", "aws_region_name")
+
+
+def with_endpoint(kwargs: dict[str, Any], cfg: Any, key: str | Mapping[str, str] | None, *,
                   temperature_unless: tuple[str, ...] = ()) -> dict[str, Any]:
     """Put the config's endpoint on a request's allowed fields (every route): its model
-    (never the client's), key, base URL and request timeout, and its temperature unless
+    (never the client's), key (or credential arguments: a mapping of :data:`CREDENTIAL_ARGS`),
+    base URL and request timeout, and its temperature unless
     the request sets one (or a field in ``temperature_unless``, which such models refuse
     a temperature beside). Retries are the gateway's, so litellm's own are off."""
     kwargs.update(model=str(_field(cfg, "solver")), max_retries=0, num_retries=0)
-    if key:
+    if isinstance(key, Mapping):
+        # Credential arguments (a bedrock/ model's AWS credentials, see
+        # agents/llm.py:gateway_credentials): only these names, whatever else it holds.
+        kwargs.update({k: v for k, v in key.items() if k in CREDENTIAL_ARGS and v})
+    elif key:
         kwargs["api_key"] = key
     if _field(cfg, "api_base"):
         kwargs["api_base"] = _field(cfg, "api_base")
