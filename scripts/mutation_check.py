@@ -92,7 +92,7 @@ MUTATIONS: tuple[Mutation, ...] = (
         "sandbox-network-shared", "milo_ray/execution/sandbox/bwrap.py",
         "            if self.spec.allow_internet:\n                argv.remove(\"--unshare-net\")",
         "            if True:\n                argv.remove(\"--unshare-net\")",
-        ("tests/execution/sandbox/test_bwrap.py::test_network_is_reachable_only_when_allowed",),
+        ("tests/execution/sandbox/test_bwrap.py::test_the_hosts_loopback_is_unreachable_with_or_without_internet",),
         "the bwrap sandbox lets agent commands reach the network",
     ),
     # The trust boundary (tests/security): each guard of the harness process and the gateway.
@@ -120,7 +120,8 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation(
         "gateway-token-outlives-rollout", "milo_ray/execution/gateway/ledger.py",
         "            if self.ended:\n", "            if False:\n",
-        ("tests/security/test_harness_boundary.py::test_a_token_used_after_its_rollout_is_refused",),
+        ("tests/security/test_gateway.py::test_an_ended_grant_admits_no_call_whatever_socket_the_call_came_on",
+         "tests/security/test_harness_boundary.py::test_a_token_used_after_its_rollout_is_refused"),
         "the gateway forwards calls of a rollout that has ended",
     ),
     Mutation(

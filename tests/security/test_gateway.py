@@ -176,3 +176,15 @@ def test_a_responses_call_goes_upstream_with_the_key_and_its_error_never_echoes_
     assert status == 401 and "bad credentials" in text and KEY not in text
     (failed,) = outcome["responses_calls"]
     assert failed["error"] and KEY not in failed["error"]
+
+
+def test_an_ended_grant_admits_no_call_whatever_socket_the_call_came_on():
+    # The grant itself refuses after its rollout, independently of the sockets in front of
+    # it (a kept-open connection, the shared socket): the last line of that defence.
+    from milo_ray.execution.gateway.ledger import Grant, Refusal
+
+    grant = Grant("r", token_cap=1000, call_cap=5)
+    assert not isinstance(grant.admit(10, 10), Refusal)
+    grant.end()
+    refused = grant.admit(10, 10)
+    assert isinstance(refused, Refusal) and refused.reason == "ended" and refused.status == 401
