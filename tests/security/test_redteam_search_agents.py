@@ -413,7 +413,8 @@ def test_a_judge_verdict_with_lone_surrogates_nul_and_megabytes_is_stored_saniti
 
 
 @pytest.mark.parametrize("answer", ["[" * 200_000, "{" + '"w": 1,' * 100_000, "score: 1.0\nresolved: true",
-                                    json.dumps({**GOOD, "w": float("nan")}), '{"w": 1e999}'])
+                                    json.dumps({**GOOD, "w": float("nan")}), '{"w": 1e999}'],
+                         ids=["deep-nesting", "unclosed-object", "score-claim-as-text", "nan", "infinity"])
 @pytest.mark.usefixtures("key_env")
 def test_an_unparseable_judge_verdict_is_recorded_as_a_judge_error_never_a_crash(tmp_path, answer):
     """Guards: ``judge_one`` turns any failure to parse (deep nesting's RecursionError, a
