@@ -142,8 +142,8 @@ MUTATIONS: tuple[Mutation, ...] = (
     ),
     Mutation(
         "gateway-echoes-the-key", "milo_ray/execution/gateway/server.py",
-        '        return text.replace(self._key, "[key]") if self._key else text',
-        "        return text",
+        '            text = text.replace(value, "[key]") if value else text',
+        "            pass",
         ("tests/security/test_gateway.py",),
         "a provider error quoting the key reaches the harness",
     ),
@@ -797,6 +797,45 @@ MUTATIONS: tuple[Mutation, ...] = (
         "os.unlink(path)", "pass",
         ("tests/security/test_gateway_per_grant.py::test_a_token_is_refused_on_every_socket_once_its_grant_ended",),
         "an ended grant's socket stays in its sandbox's directory",
+    ),
+    Mutation(
+        "cli-sandbox-env-from-host", "milo_ray/agents/mutators/cli.py",
+        'env = {k: os.environ[k] for k in ("LANG",) if k in os.environ}', "env = dict(os.environ)",
+        ("tests/security/test_redteam_search_agents.py::test_an_injected_cli_mutator_hunting_keys_finds_none_and_its_one_call_is_metered",),
+        "the CLI mutator's sandbox gets the host's provider key",
+    ),
+    Mutation(
+        "import-check-env-from-host", "milo_ray/harness/validate.py",
+        'env = {**_CHILD_ENV, **interpreter_env(), "PYTHONPATH": code}',
+        'env = {**os.environ, **_CHILD_ENV, **interpreter_env(), "PYTHONPATH": code}',
+        ("tests/security/test_redteam_search_agents.py::test_a_child_whose_import_hunts_keys_and_sockets_is_rejected_with_what_it_found",),
+        "a child's import finds the key",
+    ),
+    Mutation(
+        "cli-shell-no-file-limit", "milo_ray/agents/mutators/cli_sandbox.py",
+        'steps = [f"ulimit -f {FILE_LIMIT_MB * 1024}"]', 'steps = ["ulimit -f unlimited"]',
+        ("tests/security/test_redteam_search_agents.py::test_a_two_gigabyte_child_file_is_rejected_and_the_host_disk_keeps_at_most_the_cap",),
+        "a mutator writes 2 GB to the host disk",
+    ),
+    Mutation(
+        "harness-written-outside-its-dir", "milo_ray/harness/model.py",
+        "            try:\n                safe_relpath(rel)\n            except UnsafePath:\n                continue\n",
+        "            if rel.startswith('/'):\n                (Path(rel)).write_text(text)\n                continue\n"
+        "            if '..' in rel:\n                (root / rel).write_text(text)\n                continue\n",
+        ("tests/security/test_redteam_search_agents.py::test_a_graft_child_rejected_for_a_traversal_name_is_recorded_without_writing_outside_the_run",),
+        "a rejected child's '../' or absolute file name is written outside the run when MILO records it",
+    ),
+    Mutation(
+        "gateway-drops-aws-credentials", "milo_ray/execution/gateway/upstream.py",
+        "if k in CREDENTIAL_ARGS and v})", 'if k == "api_key" and v})',
+        ("tests/security/test_keys_in_ray.py::test_the_driver_hands_over_only_the_aws_credential_variables_it_has",),
+        "a bedrock/ model's AWS credentials never reach litellm: every Bedrock call fails to authenticate",
+    ),
+    Mutation(
+        "aws-credentials-not-redacted", "milo_ray/run.py",
+        "    redaction.register(worker_env(plan.model))\n", "",
+        ("tests/security/test_keys_in_ray.py::test_a_bedrock_models_aws_secrets_are_redacted_and_its_region_is_not",),
+        "a run stores its bedrock model's AWS secret key and session token in plain text",
     ),
     Mutation(
         "ci-rotation-stuck", "scripts/ci_rotation.py",

@@ -7,7 +7,7 @@ import hashlib
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from milo_ray.core.nofollow import read_tree_nofollow
+from milo_ray.core.nofollow import UnsafePath, read_tree_nofollow, safe_relpath, write_file_nofollow
 
 ENTRY_FILE = "harness.py"
 # Files a harness directory may carry; larger or binary files are not harness source.
@@ -62,11 +62,18 @@ class Harness:
         return cls(files, name=name or root.name)
 
     def write_to(self, path: str | Path) -> Path:
+        """Write the files under ``path`` (made when missing), never through a link and
+        never outside it: a file name from an untrusted child (``../x``, ``/abs``) is
+        written nowhere -- validation rejects such a child with its reason -- and a link
+        on the way refuses the write (:mod:`milo_ray.core.nofollow`)."""
         root = Path(path)
+        root.mkdir(parents=True, exist_ok=True)
         for rel, text in self.files.items():
-            dst = root / rel
-            dst.parent.mkdir(parents=True, exist_ok=True)
-            dst.write_text(text)
+            try:
+                safe_relpath(rel)
+            except UnsafePath:
+                continue
+            write_file_nofollow(root, rel, text.encode("utf-8", "surrogateescape"))
         return root
 
     def with_source(self, source: str, name: str = "") -> "Harness":

@@ -326,15 +326,10 @@ def test_a_graft_child_with_a_path_traversal_file_name_is_refused_and_written_no
             and not p.startswith(str(tmp_path / "a"))] == []
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "MILO records a child rejected by validation with its files: admit_child -> build_node -> "
-    "write_harness_dir -> Harness.write_to joins each file name to the harness directory unchecked, "
-    "so a '../' or absolute name the validator refused is still written outside the run. "
-    "Harness (harness/model.py) should refuse such names, or write_to write fd-relative without them"))
 def test_a_graft_child_rejected_for_a_traversal_name_is_recorded_without_writing_outside_the_run(tmp_path):
-    """Guards (missing): the record of a rejected child (``milo.records.build_node`` writes
-    every child that has files, valid or not, with ``milo.evaluate.write_harness_dir``)
-    refusing file names that leave the harness directory."""
+    """Guards: ``Harness.write_to`` (the record of a rejected child: ``milo.records.build_node``
+    writes every child that has files, valid or not, with ``milo.evaluate.write_harness_dir``)
+    writes no file name that leaves the harness directory, and never through a link."""
     from milo_ray.milo.evaluate import write_harness_dir
 
     parent = load_seeds(["minimal"])[0]
