@@ -352,7 +352,7 @@ MUTATIONS: tuple[Mutation, ...] = (
         "validation-network", "milo_ray/harness/validate.py",
         "workdir=_WORKDIR, allow_internet=False,", "workdir=_WORKDIR, allow_internet=True,",
         ("tests/harness/test_validate_sandbox.py::test_a_hostile_child_gets_nothing_from_the_callers_environment_files_or_network",),
-        "a hostile child's import check can phone a listener on the host",
+        "a hostile child's import check gets a network (public egress, the next step to a listener)",
     ),
     Mutation(
         "store-blobs-unredacted", "milo_ray/store/core.py",

@@ -49,6 +49,7 @@ try:
     seen["direct"] = "connected"
 except OSError as e:
     seen["direct"] = type(e).__name__
+seen["ifaces"] = [line.split(":")[0].strip() for line in open("/proc/net/dev").read().splitlines()[2:]]
 open(out, "w").write(open(parent).read() + {CHANGED!r})
 print(json.dumps({{"type": "result", "subtype": "success", "is_error": False, "result": answer + " " + json.dumps(seen),
                   "usage": {{"input_tokens": 10, "output_tokens": 2}}}}))
@@ -98,6 +99,7 @@ def test_the_claude_preset_runs_in_bwrap_reaching_only_the_gateway_with_a_revoke
     # No key, no host home, no other network.
     assert seen["env"] == [] and seen["home"] in ("FileNotFoundError", "PermissionError")
     assert seen["direct"] != "connected"
+    assert set(seen["ifaces"]) <= {"lo"}, seen["ifaces"]  # no network at all, not even public egress
     with pytest.raises(OSError):
         bystander.accept()
     transcript = (req.workdir.parent / "round-1.cli-stdout.txt").read_text()

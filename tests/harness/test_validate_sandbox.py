@@ -84,6 +84,12 @@ for proc in glob.glob("/proc/[0-9]*"):  # other processes' environments and comm
             continue
         if "canary" in text:
             loot.append(f"{{proc}}/{{part}}: {{text[:200]}}")
+try:  # any network besides loopback (even egress to public addresses only)
+    ifaces = [line.split(":")[0].strip() for line in open("/proc/net/dev").read().splitlines()[2:]]
+    if [i for i in ifaces if i != "lo"]:
+        loot.append("network interfaces " + repr(ifaces))
+except OSError:
+    pass
 try:
     s = socket.create_connection(("127.0.0.1", {port}), timeout=2)
     s.sendall(("phoned home: " + repr(loot)).encode())
