@@ -159,7 +159,9 @@ def test_a_program_holding_the_interpreter_forever_is_killed_and_its_saved_point
         re.match(r"(a+)+$", "a" * 64 + "b")
         return values
     '''
-    t = task()
+    # 3 s: the regex must start before the deadline passes, also when a loaded machine's
+    # start-up used the first second (else the watchdog stops it first: "timeout").
+    t = task(budget_s=3.0)
     r = executor.execute(program(body), t, 0, 0)
     start = start_values(t.metadata)
     assert r.timed_out and r.error is None and r.trace["status"] == "killed"
