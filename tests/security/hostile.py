@@ -164,3 +164,18 @@ def build_agent(model, backend):
                 yield {"messages": [HumanMessage(content="x")]}
     return Looping({})
 ''', name="call-loop")
+
+
+def report_in_trace(trace, marker: str) -> str:
+    """The text after ``marker`` in the first string of a rollout's trace that starts with
+    it (a probing harness leaves its report in its trajectory's messages)."""
+    stack = [trace]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str) and item.startswith(marker):
+            return item[len(marker):]
+        if isinstance(item, dict):
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+    raise AssertionError(f"the probing harness left no {marker} report in its trajectory")

@@ -17,6 +17,8 @@ from pathlib import Path
 
 import pytest
 
+from hostile import report_in_trace
+
 from milo_ray.execution.sandbox.base import SandboxSpec
 from milo_ray.execution.sandbox.bwrap import BwrapSandboxFactory
 from milo_ray.execution.sandbox.egress import BLOCKED_V4, filter_rules, host_networks, missing_tools
@@ -209,23 +211,10 @@ def test_a_hostile_harness_on_an_internet_task_is_contained_and_scored(tmp_path,
             result = asyncio.run(ex.aexecute(harness, suite.task("secret"), 0, 0))
     finally:
         os.environ.pop(KEY_ENV, None)
-    report = json.loads(_first_report(result.trace))
+    report = json.loads(report_in_trace(result.trace, "NETPROBE"))
     assert report["host_loopback"] == report["host_address"] == "ConnectionRefusedError"
     assert report["metadata"] in ("ConnectionRefusedError", "OSError")
     assert f":{listener:04X}" not in report["tcp"]
     assert report["invoke"] == "hi"
     assert result.score == 0.0 and result.error_kind is None  # a score, not a crash
 
-
-def _first_report(trace) -> str:
-    """The probe's report, from the trajectory's messages."""
-    stack = [trace]
-    while stack:
-        item = stack.pop()
-        if isinstance(item, str) and item.startswith("NETPROBE"):
-            return item[len("NETPROBE"):]
-        if isinstance(item, dict):
-            stack.extend(item.values())
-        elif isinstance(item, list):
-            stack.extend(item)
-    raise AssertionError("the probing harness left no report in its trajectory")

@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from hostile import report_in_trace
+
 from milo_ray.execution.sandbox.base import SandboxSpec
 from milo_ray.execution.sandbox.bwrap import BwrapSandboxFactory
 from milo_ray.execution.sandbox.leftovers import SCRATCH_PREFIX, current_owner, reap_scratch
@@ -190,7 +192,7 @@ def test_a_harness_filling_its_disk_is_stopped_at_the_cap_and_its_rollout_scored
                                              suite.task("secret"), 0, 0))
     finally:
         os.environ.pop(KEY_ENV, None)
-    report = json.loads(_first_report(result.trace))
+    report = json.loads(report_in_trace(result.trace, "DISKFILL"))
     written = [report[d][0] for d in report if d != "command"]
     assert sum(written) <= CAP_MB * MIB, report
     assert all(report[d][1] == os.strerror(28) for d in report if d != "command"), report  # ENOSPC
@@ -200,15 +202,3 @@ def test_a_harness_filling_its_disk_is_stopped_at_the_cap_and_its_rollout_scored
     assert images and all(_allocated(p) <= CAP_MB * MIB for p in images)
     assert not [line for line in Path("/proc/mounts").read_text().splitlines() if str(scratch) in line]
 
-
-def _first_report(trace) -> str:
-    stack = [trace]
-    while stack:
-        item = stack.pop()
-        if isinstance(item, str) and item.startswith("DISKFILL"):
-            return item[len("DISKFILL"):]
-        if isinstance(item, dict):
-            stack.extend(item.values())
-        elif isinstance(item, list):
-            stack.extend(item)
-    raise AssertionError("the filling harness left no report in its trajectory")
