@@ -236,8 +236,8 @@ def run_job(cfg: DictConfig) -> dict[str, Any]:
     from milo_ray.evaluation import print_run_summary
     from milo_ray.execution.budget import BudgetLedger
     from milo_ray.execution.cluster import connect
-    from milo_ray.execution.gateway.call_journal import JOURNAL_DIR
-    from milo_ray.execution.gateway.role_journal import RoleJournal
+    from milo_ray.boundary.gateway.call_journal import JOURNAL_DIR
+    from milo_ray.boundary.gateway.role_journal import RoleJournal
     from milo_ray.execution.scheduler import RolloutScheduler
     from milo_ray.config.targets import agent_env, worker_env
     from milo_ray.search.agent_calls import AgentCallLog, role_caps
@@ -484,7 +484,7 @@ def _attach_run_log(run_dir: Path) -> logging.Handler:
 def _register_secrets(plan: Any) -> None:
     """The values of the run's key variables (the solver's and every LLM role's) are
     redacted from everything this process persists (``milo_ray/redaction.py``)."""
-    from milo_ray.agents.llm import key_env
+    from milo_ray.llm.client import key_env
     from milo_ray.config.targets import agent_env, worker_env
 
     redaction.register_env([key_env(plan.model)])

@@ -53,7 +53,7 @@ import numpy as np
 from milo_ray.benchmarks.einstein import start_values
 from milo_ray.core.tasks import Task
 from milo_ray.execution.optimizer_executor import OptimizerExecutor
-from milo_ray.execution.sandbox.bwrap import BwrapSandboxFactory
+from milo_ray.boundary.sandbox.bwrap import BwrapSandboxFactory
 from milo_ray.harness.model import Harness
 
 OPTIMIZER = '''

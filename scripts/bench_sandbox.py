@@ -32,9 +32,9 @@ import time
 from pathlib import Path
 from typing import Callable, Iterator
 
-from milo_ray.execution.sandbox.base import Sandbox, SandboxSpec
-from milo_ray.execution.sandbox.bwrap import SANDBOX_PATH, BwrapSandboxFactory
-from milo_ray.execution.sandbox.process import run_capped
+from milo_ray.boundary.sandbox.base import Sandbox, SandboxSpec
+from milo_ray.boundary.sandbox.bwrap import SANDBOX_PATH, BwrapSandboxFactory
+from milo_ray.boundary.sandbox.process import run_capped
 
 BASELINE = "bare subprocess"
 COMMANDS = ("true", "python3 -c pass")
@@ -102,7 +102,7 @@ def bwrap(args: argparse.Namespace, cgroups: bool = True) -> Iterator[Callable[[
 @contextlib.contextmanager
 def docker(args: argparse.Namespace) -> Iterator[Callable[[str], Callable[[], object]] | None]:
     try:
-        from milo_ray.execution.sandbox.docker import DockerSandboxFactory
+        from milo_ray.boundary.sandbox.docker import DockerSandboxFactory
         from milo_ray.testing.dockerd import daemon_answers, local_base_image, local_host_mounts
     except ImportError as exc:
         print(f"docker exec: skipped (the Docker sandbox does not import: {exc})")
@@ -187,7 +187,7 @@ def suite_throughput(args: argparse.Namespace) -> None:
     with ScriptedOpenAIServer(_write_then_stop) as srv:
         executor = {"_target_": "milo_ray.execution.agent_executor.AgentExecutor",
                     "model": {"solver": "openai/scripted", "api_base": srv.url, "api_key_env": "BENCH_SOLVER_KEY"},
-                    "sandbox": {"_target_": "milo_ray.execution.sandbox.bwrap.BwrapSandboxFactory"}}
+                    "sandbox": {"_target_": "milo_ray.boundary.sandbox.bwrap.BwrapSandboxFactory"}}
         for slots in args.slots:
             sched = RolloutScheduler(executor, {t.task_id: t for t in tasks}, MemoryRunStore(run_id="bench"),
                                      "openai/scripted", "bench", slots_per_node=slots, progress=False,
@@ -218,9 +218,9 @@ def _in_worker_rollout(harness, task, model_cfg, factory, scratch: Path):
     here only to measure against)."""
     import asyncio
 
-    from milo_ray.agents.llm import build_chat_model
+    from milo_ray.llm.client import build_chat_model
     from milo_ray.core.tasks import format_of
-    from milo_ray.harness.loader import load_harness
+    from milo_ray.boundary.inside.loader import load_harness
 
     fmt = format_of(task)
     sandbox = factory.open(fmt.sandbox_spec(task), scratch / "sandbox")
@@ -323,13 +323,13 @@ def boundary_overhead(args: argparse.Namespace) -> None:
     import os
     import shutil
 
-    from milo_ray.agents.llm import build_chat_model
+    from milo_ray.llm.client import build_chat_model
     from milo_ray.benchmarks.harbor import HarborBenchmark
     from milo_ray.execution.agent_executor import AgentExecutor
-    from milo_ray.execution.gateway.server import ModelGateway
-    from milo_ray.execution.harness_process_backend import GatewayRelay
-    from milo_ray.execution.harness_process_model import GatewayChatModel
-    from milo_ray.execution.sandbox.interpreter import with_interpreter
+    from milo_ray.boundary.gateway.server import ModelGateway
+    from milo_ray.boundary.inside.backend import GatewayRelay
+    from milo_ray.boundary.inside.model import GatewayChatModel
+    from milo_ray.boundary.sandbox.interpreter import with_interpreter
     from milo_ray.harness.seeds import load_seeds
     from milo_ray.testing.openai_server import ScriptedOpenAIServer, reply
 
@@ -344,7 +344,7 @@ def boundary_overhead(args: argparse.Namespace) -> None:
         r.delay_s = latency["s"]
         return r
 
-    sandbox = {"_target_": "milo_ray.execution.sandbox.bwrap.BwrapSandboxFactory"}
+    sandbox = {"_target_": "milo_ray.boundary.sandbox.bwrap.BwrapSandboxFactory"}
     med = lambda xs: statistics.median(list(xs))  # noqa: E731
     print(f"load average {' '.join(f'{x:.1f}' for x in os.getloadavg())} on {os.cpu_count()} CPUs "
           "(wall times grow with it; CPU seconds do not)")

@@ -27,7 +27,7 @@ import numpy as np
 
 from milo_ray.benchmarks.einstein.problems import PROBLEMS, check, score
 from milo_ray.benchmarks.einstein.starts import start_values
-from milo_ray.execution.optimizer_runner import load_program
+from milo_ray.boundary.inside.optimizer_runner import load_program
 
 SEEDS_DIR = Path(__file__).resolve().parents[1] / "milo_ray" / "benchmarks" / "einstein" / "seeds"
 

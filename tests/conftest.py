@@ -40,6 +40,15 @@ def ray_local():
     ray.shutdown()
 
 
+@pytest.fixture
+def key_env(monkeypatch):
+    """The scripted model's key, set for the test (the name of its variable is returned)."""
+    from milo_ray.testing.openai_server import SCRIPTED_KEY_ENV
+
+    monkeypatch.setenv(SCRIPTED_KEY_ENV, "local-secret")
+    return SCRIPTED_KEY_ENV
+
+
 @pytest.fixture(scope="session")
 def shared_runs(tmp_path_factory):
     """The directory of the tiny finished runs several test files read (tests/shared_runs.py),

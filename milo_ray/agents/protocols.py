@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
-from milo_ray.agents.usage import AgentReply, AgentUsage
+from milo_ray.llm.usage import AgentReply, AgentUsage
 from milo_ray.harness.model import Harness
 
 

@@ -41,8 +41,8 @@ from milo_ray.benchmarks.splits import resolve_splits
 from milo_ray.benchmarks.task_format import SETUP_ALLOWANCE_S
 from milo_ray.core.problems import ExistingPath
 from milo_ray.core.tasks import Task, Verdict
-from milo_ray.execution.sandbox.base import LOGS_DIR, SOLUTION_DIR, TESTS_DIR, Sandbox, SandboxFactory, SandboxSpec
-from milo_ray.execution.shipping import ShippedTree
+from milo_ray.boundary.sandbox.base import LOGS_DIR, SOLUTION_DIR, TESTS_DIR, Sandbox, SandboxFactory, SandboxSpec
+from milo_ray.boundary.shipping import ShippedTree
 from milo_ray.harness.model import Harness
 from milo_ray.harness.seeds import load_seeds
 
@@ -172,7 +172,7 @@ def read_verifier_files(sandbox: Sandbox) -> tuple[float | None, dict[str, float
 
 def task_root(task: Task) -> Path:
     """Where this process reads the task's files: its shipped directory unpacked in the
-    node's cache (:mod:`milo_ray.execution.shipping`), so a node that does not share the
+    node's cache (:mod:`milo_ray.boundary.shipping`), so a node that does not share the
     driver's disk runs it all the same; a task built without shipping (``files`` None)
     names paths on this machine."""
     files = task.metadata.get("files")
@@ -190,7 +190,7 @@ class HarborFormat:
     # default (shared) verifier runs in the agent's own environment, where both are simply
     # there; its separate-verifier mode re-uploads /logs/artifacts through a tar filter
     # that drops special files and links leaving it. Grading here is always a fresh
-    # sandbox, so both arrive as the host's copies, read-only (execution/sandbox/carried.py).
+    # sandbox, so both arrive as the host's copies, read-only (boundary/sandbox/carried.py).
     carried_dirs = (f"{LOGS_DIR}/agent", f"{LOGS_DIR}/artifacts")
 
     def sandbox_spec(self, task: Task) -> SandboxSpec:

@@ -279,7 +279,7 @@ class HarborTaskSpec:
         """``Task.metadata``: templates, never resolved environment values.
 
         ``files``: the task directory packed for the nodes that run it (a
-        :class:`~milo_ray.execution.shipping.ShippedTree`). With it, ``copy_in`` and
+        :class:`~milo_ray.boundary.shipping.ShippedTree`). With it, ``copy_in`` and
         ``build_context`` name paths inside the task directory, resolved wherever the
         tree is unpacked; ``task_dir`` is then only where it was read (for messages).
         Without it they are absolute paths on this machine."""

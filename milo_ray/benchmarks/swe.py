@@ -35,7 +35,7 @@ from milo_ray.benchmarks.splits import resolve_splits
 from milo_ray.benchmarks.task_format import SETUP_ALLOWANCE_S
 from milo_ray.core.problems import ExistingPath
 from milo_ray.core.tasks import Task, Verdict
-from milo_ray.execution.sandbox.base import SOLUTION_DIR, TESTS_DIR, Sandbox, SandboxFactory, SandboxSpec
+from milo_ray.boundary.sandbox.base import SOLUTION_DIR, TESTS_DIR, Sandbox, SandboxFactory, SandboxSpec
 from milo_ray.harness.model import Harness
 from milo_ray.harness.seeds import load_seeds
 

@@ -2,10 +2,10 @@
 :class:`~milo_ray.core.tasks.TaskFormat` protocol itself is in :mod:`milo_ray.core`).
 
 ``metadata`` holds plain values, and a task's files as a
-:class:`~milo_ray.execution.shipping.ShippedTree` (``metadata["files"]``): content put into
+:class:`~milo_ray.boundary.shipping.ShippedTree` (``metadata["files"]``): content put into
 the object store once and unpacked once per node, so a node that does not share the
 driver's disk runs the task all the same. A format resolves the paths it needs against
-the unpacked tree before it builds the :class:`~milo_ray.execution.sandbox.base.SandboxSpec`.
+the unpacked tree before it builds the :class:`~milo_ray.boundary.sandbox.base.SandboxSpec`.
 """
 
 from __future__ import annotations

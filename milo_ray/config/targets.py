@@ -308,8 +308,8 @@ def check_agent_models(agents: Mapping[str, Any], roles: Sequence[str], *, backe
     """Every LLM agent's model settings are valid, and the roles the method uses have
     their credentials (the key variable is set) before anything runs; a ``backend.model``
     that no agent reads is refused. ``CompositionError`` naming the key."""
-    from milo_ray.agents.llm import api_key
-    from milo_ray.agents.role_llm import RoleLLM
+    from milo_ray.llm.client import api_key
+    from milo_ray.llm.role_llm import RoleLLM
 
     specs = _llm_specs(agents)
     if backend_model and not specs:
@@ -329,8 +329,8 @@ def agent_env(agents: Mapping[str, Any]) -> dict[str, str]:
     elsewhere on a cluster); empty for offline agents."""
     import os
 
-    from milo_ray.agents.llm import credential_envs
-    from milo_ray.agents.role_llm import RoleLLM
+    from milo_ray.llm.client import credential_envs
+    from milo_ray.llm.role_llm import RoleLLM
 
     names = set()
     for _, where, block in _llm_specs(agents):
@@ -344,7 +344,7 @@ def worker_env(model: ModelConfig) -> dict[str, str]:
     the AWS credential variables -- those the driver has."""
     import os
 
-    from milo_ray.agents.llm import credential_envs
+    from milo_ray.llm.client import credential_envs
 
     names = credential_envs(model) if model.solver else []
     return {n: os.environ[n] for n in names if os.environ.get(n)}

@@ -11,6 +11,11 @@ from milo_ray.core.rollouts import RolloutResult
 from milo_ray.core.tasks import Task
 
 
+# The harness file that exposes ``build_agent(model, backend)``: the harness model checks
+# for it, and the harness process inside a sandbox imports it.
+ENTRY_FILE = "harness.py"
+
+
 class HarnessLike(Protocol):
     harness_id: str
     files: dict[str, str]

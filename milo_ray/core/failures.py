@@ -5,7 +5,7 @@ The search agents sort an exception this way: an endpoint failure (past its retr
 the model call's, anything else the agent's own fault. The harness process inside the
 sandbox uses it too, but only to say what it saw (``endpoint_error``, informational): a
 rollout's failure class is decided on the host, by the model gateway's record of the
-call that failed (:meth:`milo_ray.execution.gateway.ledger.Grant.endpoint_failure`), never
+call that failed (:meth:`milo_ray.boundary.gateway.ledger.Grant.endpoint_failure`), never
 by what the harness reports. Checked by the exception's class hierarchy, so nothing here
 imports the client libraries (``import litellm`` takes seconds)."""
 

@@ -8,8 +8,8 @@ cycle). A module belongs to the layer of the longest unit below that names it or
 its parent packages; ``milo_ray`` itself names only the package's ``__init__``. A module
 that no unit names fails the test: a new top-level package gets a row here.
 
-Where a unit is a module inside a package that sits higher (the LLM client inside
-``agents``, the sandbox inside ``execution``), ``reason`` says why it sits lower.
+Where a unit is a module inside a package that sits higher (the config checks inside
+``config``), ``reason`` says why it sits apart.
 """
 
 from __future__ import annotations
@@ -37,20 +37,19 @@ LAYERS: tuple[Layer, ...] = (
           "secret redaction (the store redacts what it writes)"),
     Layer("kernels", ("milo_ray.kernels",), "pure numpy/scipy functions"),
     Layer("store", ("milo_ray.store",), "the run store: Parquet tables, blobs, resume"),
-    Layer("sandbox", ("milo_ray.execution.sandbox", "milo_ray.execution.shipping",
-                      "milo_ray.execution.optimizer_runner", "milo_ray.execution.optimizer_blocks"),
-          "inside execution/ but below harness and benchmarks: a task format states the sandbox its task "
-          "needs and ships its files, a harness's import check runs in a sandbox, and the einstein "
-          "programs run under optimizer_runner (a script the sandbox executes) with the blocks it gives them"),
+    Layer("llm", ("milo_ray.llm",),
+          "the LLM client: litellm calls, rate limits, usage and prices, role and solver calls; the model "
+          "gateway forwards through it and the search agents are built on it"),
+    Layer("boundary", ("milo_ray.boundary",),
+          "the trust boundary: sandboxes, the harness and optimizer processes (the host side and what runs "
+          "inside), the model gateway, files shipped between nodes, every host operation on a tree a sandbox "
+          "wrote; below harness and benchmarks because a task format states the sandbox its task needs and a "
+          "harness's import check runs in one"),
     Layer("harness", ("milo_ray.harness",), "the harness source model, diffs, validation, seed harnesses"),
     Layer("benchmarks", ("milo_ray.benchmarks",),
           "task specs and loaders, each real-task format, the surrogate (with its own executor)"),
-    Layer("llm", ("milo_ray.agents.llm", "milo_ray.agents.usage", "milo_ray.agents.rate_limit",
-                  "milo_ray.agents.role_llm", "milo_ray.agents.solver_calls"),
-          "inside agents/ but below execution: the model gateway and the rollout executor call models "
-          "through this client, and the search agents are built on it"),
     Layer("execution", ("milo_ray.execution",),
-          "executors, the harness process, the gateway, the scheduler and its workers, budget ledger"),
+          "executors, the scheduler and its workers, the budget ledger, the cluster connection"),
     Layer("agents", ("milo_ray.agents",), "mutators, orchestrators, judges, embedder (offline and LLM)"),
     Layer("search", ("milo_ray.search", "milo_ray.context"),
           "services both methods share (mutation runner, recording, final test, event base) and the "

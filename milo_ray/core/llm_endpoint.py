@@ -2,7 +2,7 @@
 ``llm`` block share, and their one validation.
 
 ``milo_ray.config.schemas.ModelConfig`` (the solver), ``BackendConfig`` (the search roles'
-default model) and ``milo_ray.agents.role_llm.RoleLLM`` (one role's model) all extend
+default model) and ``milo_ray.llm.role_llm.RoleLLM`` (one role's model) all extend
 :class:`LLMEndpoint`, so a field means the same everywhere and is checked by the same
 rule; each names its own config path (``model``, ``backend.agents.judge.llm``) in the
 errors, so a message points at the key the person wrote.

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
-    from milo_ray.execution.sandbox.base import Sandbox, SandboxSpec
+    from milo_ray.boundary.sandbox.base import Sandbox, SandboxSpec
 
 
 @dataclass(frozen=True)

@@ -1,11 +1,11 @@
 """AgentExecutor (``executor=deepagents``): one real rollout of a harness on a task.
 
 For one (harness, task, rollout) it opens a sandbox holding the task's workspace and
-starts the harness process inside it (:mod:`milo_ray.execution.harness_process`): the
+starts the harness process inside it (:mod:`milo_ray.boundary.inside.harness_process`): the
 harness is imported, ``build_agent(model, backend)`` called and the agent run there, as
 an unprivileged user with the harness files and the interpreter read-only -- never in
 this worker. The harness's chat model reaches the provider only through this worker's
-model gateway (:mod:`milo_ray.execution.gateway`), with a token issued for this rollout
+model gateway (:mod:`milo_ray.boundary.gateway`), with a token issued for this rollout
 on a socket of its own, the only gateway socket its sandbox is shown; the gateway holds
 the key and records every call, so the rollout's tokens and USD are the gateway's. When
 the agent is done its processes are killed, and the task's verifier grades the workspace
@@ -24,7 +24,7 @@ Caps, each recorded in the trajectory's ``final.status``:
   gateway: once reached the rollout ends (``token_cap``);
 * ``max_model_calls`` bounds the number of model calls (``call_cap``);
 * the run's token/USD budget (``run.budget.tokens`` / ``cost_usd``), counted across every
-  worker of the run by :mod:`~milo_ray.execution.gateway.run_budget`: once it is spent the
+  worker of the run by :mod:`~milo_ray.boundary.gateway.run_budget`: once it is spent the
   gateway refuses the rollout's next call and the rollout ends (``run_budget``). Only a
   rollout the scheduler counts against the budget carries it (not a final evaluation);
 * the sandbox bounds every command (its per-command timeout and output cap).
@@ -65,15 +65,15 @@ from typing import Any
 
 from milo_ray.core.rollouts import InfraFailure, RolloutResult
 from milo_ray.core.tasks import Task, format_of
-from milo_ray.execution.gateway.call_journal import current_attempt_journal
-from milo_ray.execution.gateway.run_budget import current_rollout_budget
-from milo_ray.execution.harness_process_host import HarnessProcess, gateway_dir_of, harness_binds, harness_dir_of
-from milo_ray.execution.harness_process_pool import WarmPool, parse_size
-from milo_ray.execution.sandbox.carried import CarriedDirs, carry_dirs
-from milo_ray.execution.sandbox.interpreter import with_interpreter
-from milo_ray.execution.sandbox.leftovers import make_scratch
-from milo_ray.execution.sandbox.runtime_code import write_harness
-from milo_ray.execution.trajectory import trajectory
+from milo_ray.boundary.gateway.call_journal import current_attempt_journal
+from milo_ray.boundary.gateway.run_budget import current_rollout_budget
+from milo_ray.boundary.harness_process.host import HarnessProcess, gateway_dir_of, harness_binds, harness_dir_of
+from milo_ray.boundary.harness_process.pool import WarmPool, parse_size
+from milo_ray.boundary.sandbox.carried import CarriedDirs, carry_dirs
+from milo_ray.boundary.sandbox.interpreter import with_interpreter
+from milo_ray.boundary.sandbox.leftovers import make_scratch
+from milo_ray.boundary.sandbox.runtime_code import write_harness
+from milo_ray.boundary.trajectory import trajectory
 
 log = logging.getLogger(__name__)
 
@@ -87,7 +87,7 @@ class AgentExecutor:
 
     model: the ``model`` config (``${model}``; a litellm ``solver`` is required unless
         ``agent`` is ``oracle``). sandbox: the ``sandbox`` config (a ``_target_`` mapping
-        or a built :class:`~milo_ray.execution.sandbox.base.SandboxFactory`).
+        or a built :class:`~milo_ray.boundary.sandbox.base.SandboxFactory`).
     agent: ``harness`` (run the harness's agent) or ``oracle`` (run each task's
         ``solution/solve.sh``). recursion_limit: the agent's graph-step cap.
     max_model_calls: model calls one rollout may make (None: no cap; the task's token
@@ -95,7 +95,7 @@ class AgentExecutor:
         import and ``build_agent`` may take. warm_processes: harness processes kept
         started ahead per sandbox shape, so a rollout skips the interpreter's start and
         imports: a number, or ``"auto"`` for as many as rollouts in flight
-        (:mod:`milo_ray.execution.harness_process_pool`; 0: none).
+        (:mod:`milo_ray.boundary.harness_process.pool`; 0: none).
     scratch_dir: where per-rollout scratch directories go (None: the system temp dir);
         keep_scratch: keep them after the rollout (for debugging a task or sandbox).
     """
@@ -157,7 +157,7 @@ class AgentExecutor:
         _check_solver(model, agent)
         if agent == "oracle":
             return
-        from milo_ray.agents.llm import check_credentials
+        from milo_ray.llm.client import check_credentials
 
         check_credentials(model)
 
@@ -186,7 +186,7 @@ class AgentExecutor:
             self._gateway.set_key(self._key())
 
     def _key(self) -> str | dict[str, str] | None:
-        from milo_ray.agents.llm import api_key, gateway_credentials
+        from milo_ray.llm.client import api_key, gateway_credentials
 
         env = self._secrets if self._secrets is not None else os.environ
         return gateway_credentials(self.model, api_key(self.model, env), env)
@@ -194,7 +194,7 @@ class AgentExecutor:
     async def gateway(self) -> Any:
         """This executor's gateway on the running loop (started on first use; a new loop,
         e.g. one ``asyncio.run`` per rollout, gets a new one)."""
-        from milo_ray.execution.gateway.server import ModelGateway
+        from milo_ray.boundary.gateway.server import ModelGateway
 
         loop = asyncio.get_running_loop()
         if self._gateway is not None and self._gateway.loop is loop:
@@ -280,7 +280,7 @@ class AgentExecutor:
         its processes are killed. What the format carries from the agent phase besides the
         workspace (``fmt.carried_dirs``: Harbor's /logs/agent and /logs/artifacts) is copied
         out by the host without following a link and shown read-only to the fresh sandbox
-        (:mod:`~milo_ray.execution.sandbox.carried`); the verdict's details keep what was
+        (:mod:`~milo_ray.boundary.sandbox.carried`); the verdict's details keep what was
         carried and what was dropped (``carried``)."""
         fresh_for_grading = getattr(sandbox, "fresh_for_grading", None)
         if fresh_for_grading is not None:
@@ -329,7 +329,7 @@ class AgentExecutor:
         token_cap = int(task.token_cap) if task.token_cap and task.token_cap > 0 else None
         process = warm or HarnessProcess(sandbox, harness, scratch)
         # The grant's own socket, in the one directory this process's sandbox is shown: a
-        # token is worthless on any other socket (see harness_process_host).
+        # token is worthless on any other socket (see boundary/harness_process/host.py).
         grant = await gateway.issue_bound(f"{harness.harness_id}/{task.task_id}", process.gateway_dir,
                                           token_cap=token_cap, call_cap=self.max_model_calls,
                                           run_budget=current_rollout_budget.get(),
@@ -376,7 +376,7 @@ def _check_solver(model: Any, agent: str) -> None:
 def _inner_model(cfg: Any) -> dict[str, Any]:
     """The chat-model settings the harness process builds its model from: no key, no
     endpoint (the gateway has both), no retries (the gateway retries)."""
-    from milo_ray.agents.llm import gateway_client_timeout
+    from milo_ray.llm.client import gateway_client_timeout
 
     return {"solver": cfg.solver, "temperature": cfg.temperature, "max_tokens": cfg.max_output_tokens,
             "request_timeout": gateway_client_timeout(cfg)}
@@ -393,7 +393,7 @@ class _AgentRun:
         self.calls = calls or []
         self.stderr = stderr
         self.startup_s: float | None = None  # the harness process's launch (or job) to its agent built
-        self.warm = False  # the harness process was started ahead (harness_process_pool)
+        self.warm = False  # the harness process was started ahead (boundary/harness_process/pool.py)
         self.gateway_failures: list[dict[str, Any]] = []  # failed/refused calls, classed by the gateway
 
     def result(self, harness_id: str, task: Task, rollout_idx: int, verdict: Any, model_id: str) -> RolloutResult:
@@ -473,5 +473,5 @@ def build_factory(sandbox: Any) -> Any:
     for name in ("open", "unsupported"):
         if not callable(getattr(sandbox, name, None)):
             raise TypeError(f"executor.sandbox built {type(sandbox).__name__}, which has no {name}(); point "
-                            "_target_ at a SandboxFactory (milo_ray.execution.sandbox.base)")
+                            "_target_ at a SandboxFactory (milo_ray.boundary.sandbox.base)")
     return sandbox

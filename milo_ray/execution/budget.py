@@ -14,7 +14,7 @@ is rebuilt from the rollouts already in the store (see :meth:`BudgetLedger.resto
 
 Within a rollout: when the rollouts' model calls go through a metering gateway, the
 ledger is linked to the run's shared counter (:meth:`BudgetLedger.share`,
-:mod:`milo_ray.execution.gateway.run_budget`), which every worker's gateway checks
+:mod:`milo_ray.boundary.gateway.run_budget`), which every worker's gateway checks
 before each call and charges after it, so the token/USD caps also stop rollouts that
 are already running. The ledger stays the run's record and pushes into the counter the
 spend the gateways did not meter (restored spend, the search agents' calls, rollouts of

@@ -18,12 +18,20 @@ rules:
   moment, which spreads a batch across workers (and so across nodes); ties go to the
   smallest key, so the placement does not depend on the order workers were listed in.
 
-Every pick costs O(workers) per placed item plus O(groups) per turn: the worker counts
-are small (a few per node), and the turns are bounded by the free slots.
+Costs, for the driver of a 1,000-node cluster (``scripts/bench_dispatch_scale.py``
+measures them): a pick takes O(free workers) to read the free-slot map it is given,
+then O(log workers + log groups) per placed item (two heaps: free slots by worker,
+groups by their place in the turn order). A group found at its limit is set aside
+until :meth:`Dispatch.done` or :meth:`Dispatch.set_limit` lets it run again, so capped
+groups cost nothing per turn. :meth:`~Dispatch.runnable` and :meth:`~Dispatch.queued`
+are kept up to date as items move, O(1) each, because the scheduler asks for them on
+every pump.
 """
 
 from __future__ import annotations
 
+import heapq
+import itertools
 from collections import Counter, deque
 from collections.abc import Iterator, Mapping
 from typing import Generic, TypeVar
@@ -71,27 +79,47 @@ class Dispatch(Generic[T]):
     or lost alike: the count is of items the caller holds, not of successes)."""
 
     def __init__(self, default_limit: int | None = None, limits: Mapping[str, int] | None = None) -> None:
-        self.default_limit = check_limit("default_group_limit", default_limit)
+        # Read-only after construction (a property): a changed default would have to
+        # re-check every group set aside at its limit.
+        self._default_limit = check_limit("default_group_limit", default_limit)
         self._limits: dict[str, int] = {}
         for group, limit in (limits or {}).items():
             self._limits[group] = check_limit(f"group_limits[{group!r}]", limit)
-        # Insertion order is the turn order: a served group is moved to the end. A group
-        # is present only while it has queued items.
+        # A group is present only while it has queued items.
         self._queues: dict[str, deque[T]] = {}
         self._in_flight: Counter[str] = Counter()
+        # The turn order: each queued group holds a ticket, handed out when the group
+        # gets its first queued item and again each time it is served, so the smallest
+        # ticket is the group whose turn it is and a served group goes to the back. A
+        # group at its limit keeps its ticket in ``_held`` (it keeps its place, as if it
+        # had been skipped on every turn) and returns to the ``_turns`` heap when it may
+        # run again. A group in ``_turns`` may have reached a lowered limit meanwhile: it
+        # is moved to ``_held`` when its ticket comes up.
+        self._tickets = itertools.count()
+        self._turns: list[tuple[int, str]] = []
+        self._held: dict[str, int] = {}
+        self._queued = 0
+        self._runnable = 0
+
+    @property
+    def default_limit(self) -> int | None:
+        return self._default_limit
 
     # --- limits -----------------------------------------------------------------------
     def set_limit(self, group: str, limit: int | None) -> None:
         """Cap ``group`` at ``limit`` in flight; None returns it to ``default_limit``.
         Items already in flight are not recalled; the group waits until it is under."""
         limit = check_limit(f"limit of group {group!r}", limit)
+        before = self._runnable_of(group)
         if limit is None:
             self._limits.pop(group, None)
         else:
             self._limits[group] = limit
+        self._runnable += self._runnable_of(group) - before
+        self._release(group)
 
     def limit(self, group: str) -> int | None:
-        return self._limits.get(group, self.default_limit)
+        return self._limits.get(group, self._default_limit)
 
     @property
     def limits(self) -> GroupLimits:
@@ -101,29 +129,47 @@ class Dispatch(Generic[T]):
     # --- queues -----------------------------------------------------------------------
     def submit(self, group: str, item: T) -> None:
         """Queue ``item`` at the back of its group's queue."""
-        self._queues.setdefault(group, deque()).append(item)
+        self._queue_for(group).append(item)
 
     def requeue(self, group: str, item: T) -> None:
         """Queue an item that ran before (a retry) at the front of its group's queue."""
-        self._queues.setdefault(group, deque()).appendleft(item)
+        self._queue_for(group).appendleft(item)
+
+    def _queue_for(self, group: str) -> deque[T]:
+        """``group``'s queue, about to receive one item (the counts are updated for it)."""
+        queue = self._queues.get(group)
+        if queue is None:
+            queue = self._queues[group] = deque()
+            heapq.heappush(self._turns, (next(self._tickets), group))
+        limit = self.limit(group)
+        if limit is None or len(queue) < limit - self._in_flight[group]:
+            self._runnable += 1
+        self._queued += 1
+        return queue
 
     def clear(self) -> list[T]:
         """Remove and return every queued item (in-flight counts are unchanged)."""
         items = [item for queue in self._queues.values() for item in queue]
         self._queues.clear()
+        self._turns.clear()
+        self._held.clear()
+        self._queued = self._runnable = 0
         return items
 
     def queued(self) -> int:
-        return sum(len(q) for q in self._queues.values())
+        return self._queued
 
     def runnable(self) -> int:
         """Queued items that could start now if there were slots: each group's queue,
         cut to what its limit still allows (what the pool sizes its workers for)."""
-        total = 0
-        for group, queue in self._queues.items():
-            limit = self.limit(group)
-            total += len(queue) if limit is None else max(0, min(len(queue), limit - self._in_flight[group]))
-        return total
+        return self._runnable
+
+    def _runnable_of(self, group: str) -> int:
+        queue = self._queues.get(group)
+        if not queue:
+            return 0
+        limit = self.limit(group)
+        return len(queue) if limit is None else max(0, min(len(queue), limit - self._in_flight[group]))
 
     def in_flight(self, group: str) -> int:
         return self._in_flight[group]
@@ -136,33 +182,51 @@ class Dispatch(Generic[T]):
         """Take queued items for the free slots: ``(node, item)`` in dispatch order.
 
         Each picked item counts as in flight for its group until :meth:`done`."""
-        free = {node: n for node, n in free_slots_by_node.items() if n > 0}
         picks: list[tuple[str, T]] = []
-        while free:
-            served = False
-            for group in list(self._queues):  # one turn: at most one item per group
-                if not free:
-                    break
-                limit = self.limit(group)
-                if limit is not None and self._in_flight[group] >= limit:
-                    continue
-                queue = self._queues.pop(group)
-                item = queue.popleft()
-                if queue:
-                    self._queues[group] = queue  # back of the turn order
-                self._in_flight[group] += 1
-                node = min(free, key=lambda n: (-free[n], n))
-                picks.append((node, item))
-                free[node] -= 1
-                if not free[node]:
-                    del free[node]
-                served = True
-            if not served:
-                break
+        turns = self._turns
+        if not turns:
+            return picks
+        # Most free slots first, ties to the smallest key: the heap's order.
+        slots = [(-n, node) for node, n in free_slots_by_node.items() if n > 0]
+        heapq.heapify(slots)
+        queues, in_flight, held, tickets = self._queues, self._in_flight, self._held, self._tickets
+        while slots and turns:
+            ticket, group = heapq.heappop(turns)
+            limit = self._limits.get(group, self._default_limit)
+            if limit is not None and in_flight[group] >= limit:
+                held[group] = ticket
+                continue
+            queue = queues[group]
+            neg_free, node = slots[0]
+            picks.append((node, queue.popleft()))
+            if neg_free == -1:
+                heapq.heappop(slots)
+            else:
+                heapq.heapreplace(slots, (neg_free + 1, node))
+            n = in_flight[group] = in_flight[group] + 1
+            # The group was under its limit with an item queued: that item was runnable.
+            self._queued -= 1
+            self._runnable -= 1
+            if not queue:
+                del queues[group]
+            elif limit is not None and n >= limit:
+                held[group] = next(tickets)  # served: back of the turn order, and waits
+            else:
+                heapq.heappush(turns, (next(tickets), group))
         return picks
 
     def done(self, group: str) -> None:
         """One item of ``group`` that :meth:`pick` handed out is no longer in flight."""
         if self._in_flight[group] <= 0:
             raise RuntimeError(f"Dispatch.done({group!r}) without an item of that group in flight")
+        before = self._runnable_of(group)
         self._in_flight[group] -= 1
+        self._release(group)
+
+    def _release(self, group: str) -> None:
+        """Back into the turn order, in its old place, if ``group`` was held at a limit
+        it is now under."""
+        if group in self._held:
+            limit = self.limit(group)
+            if limit is None or self._in_flight[group] < limit:
+                heapq.heappush(self._turns, (self._held.pop(group), group))

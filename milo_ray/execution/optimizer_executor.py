@@ -6,9 +6,9 @@ For one (program, task, rollout) it rebuilds the task's start
 run's ``sandbox`` factory; bwrap: no network, ``memory_mb``, the interpreter visible
 read-only) and runs the program there with
 :func:`~milo_ray.benchmarks.einstein.programs.run_program`: the program's files,
-``start.npy``, the runner (:mod:`milo_ray.execution.optimizer_runner`) and the formulas it
+``start.npy``, the runner (:mod:`milo_ray.boundary.inside.optimizer_runner`) and the formulas it
 gives the program (:mod:`milo_ray.kernels.autocorr_kit`; the building blocks,
-:mod:`milo_ray.execution.optimizer_blocks`) go into the workspace, and the
+:mod:`milo_ray.boundary.inside.optimizer_blocks`) go into the workspace, and the
 runner calls ``optimize(start, seed=, deadline=)`` with ``deadline`` = its own start +
 ``budget_s`` and records every point the program publishes.
 
@@ -28,9 +28,9 @@ scores 0 with ``error_kind="task"``. Only the sandbox itself failing raises (an
 infrastructure failure, which the scheduler retries).
 
 Warm spares (``warm_processes``): the rollout worker calls :meth:`OptimizerExecutor.aexecute`,
-which takes a spare from a :class:`~milo_ray.execution.harness_process_pool.WarmPool` -- a
+which takes a spare from a :class:`~milo_ray.boundary.harness_process.pool.WarmPool` -- a
 sandbox opened and the runner started in it with numpy imported before the candidate is
-known (:mod:`milo_ray.execution.optimizer_process`) -- so a candidate pays for its
+known (:mod:`milo_ray.boundary.optimizer_process`) -- so a candidate pays for its
 program and its upload, not for an interpreter starting. Each spare runs one candidate
 and is closed with its sandbox; its replacement starts in the background. Without a
 spare (warming off, a sandbox that cannot host a process, one that died before its job)
@@ -61,12 +61,12 @@ from milo_ray.benchmarks.einstein.starts import start_values
 from milo_ray.core.rollouts import RolloutResult
 from milo_ray.core.tasks import Task
 from milo_ray.execution.agent_executor import build_factory
-from milo_ray.execution.harness_process_pool import WarmPool, close_sandbox, parse_size
-from milo_ray.execution.optimizer_process import OptimizerProcess
-from milo_ray.execution.sandbox.base import SandboxSpec
-from milo_ray.execution.sandbox.hostdirs import SANDBOX_HOME
-from milo_ray.execution.sandbox.interpreter import with_interpreter
-from milo_ray.execution.sandbox.leftovers import make_scratch
+from milo_ray.boundary.harness_process.pool import WarmPool, close_sandbox, parse_size
+from milo_ray.boundary.optimizer_process import OptimizerProcess
+from milo_ray.boundary.sandbox.base import SandboxSpec
+from milo_ray.boundary.sandbox.hostdirs import SANDBOX_HOME
+from milo_ray.boundary.sandbox.interpreter import with_interpreter
+from milo_ray.boundary.sandbox.leftovers import make_scratch
 from milo_ray.harness.model import ENTRY_FILE
 
 # The cache identity of this executor's rollouts: no model is involved (as the agent

@@ -37,7 +37,7 @@ from ray.exceptions import RayError
 
 from milo_ray.core.tasks import Task
 from milo_ray.execution.cluster import cluster_autoscales, ensure_connected
-from milo_ray.execution.shipping import publish_all
+from milo_ray.boundary.shipping import publish_all
 from milo_ray.execution.workers import Item, WorkerHandle, await_ready, create_worker
 
 log = logging.getLogger(__name__)

@@ -53,7 +53,7 @@ from milo_ray.execution.budget import BudgetExceeded, BudgetLedger
 from milo_ray.execution.cache import ResultCache
 from milo_ray.execution.cluster import SLOT_RESOURCE
 from milo_ray.execution.dispatch import Dispatch, GroupLimits
-from milo_ray.execution.gateway.call_journal import SessionJournal
+from milo_ray.boundary.gateway.call_journal import SessionJournal
 from milo_ray.execution.outcomes import RetryPolicy, attempt_error, fill_bookkeeping, infra_result, timed_out_result
 from milo_ray.execution.pool import WorkerPool
 from milo_ray.execution.progress import RolloutProgress
@@ -205,7 +205,7 @@ class RolloutScheduler:
 
     def recover_calls(self) -> int:
         """Record the journaled model calls :attr:`agent_calls` lacks, each once (see
-        :mod:`~milo_ray.execution.gateway.call_journal`); the entry point calls it on resume."""
+        :mod:`~milo_ray.boundary.gateway.call_journal`); the entry point calls it on resume."""
         return self._journal.recover(self.agent_calls, self.model_id)
 
     def add_harness(self, harness: Any) -> None:

@@ -5,7 +5,7 @@ A batch counted against the run's budget is reserved on the run's
 :class:`~milo_ray.execution.budget.BudgetLedger`; a ``count_budget=False`` batch (a final
 evaluation) on ``uncounted``, which is never capped. When the executor meters its model
 calls (a gateway) and a token/USD cap is set, one counter
-(:mod:`~milo_ray.execution.gateway.run_budget`) is started for the run and handed to
+(:mod:`~milo_ray.boundary.gateway.run_budget`) is started for the run and handed to
 every worker, so a spent budget stops the running rollouts' calls too; a rollout it
 stopped midway is remembered, so the batch holding it ends in
 :class:`~milo_ray.execution.budget.BudgetExceeded` (with every result).
@@ -16,7 +16,7 @@ from __future__ import annotations
 from typing import Any, Iterable
 
 from milo_ray.execution.budget import BudgetExceeded, BudgetLedger
-from milo_ray.execution.gateway.run_budget import meters_model_calls, start_run_spend, stop_run_spend
+from milo_ray.boundary.gateway.run_budget import meters_model_calls, start_run_spend, stop_run_spend
 
 
 class SchedulerSpend:

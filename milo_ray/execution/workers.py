@@ -48,9 +48,9 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from milo_ray.core.rollouts import RolloutResult
 from milo_ray.core.tasks import Task
-from milo_ray.execution.gateway.call_journal import AttemptJournal, current_attempt_journal
-from milo_ray.execution.gateway.run_budget import RolloutBudget, current_rollout_budget
-from milo_ray.execution.mailbox import Mailbox
+from milo_ray.boundary.gateway.call_journal import AttemptJournal, current_attempt_journal
+from milo_ray.boundary.gateway.run_budget import RolloutBudget, current_rollout_budget
+from milo_ray.boundary.mailbox import Mailbox
 
 log = logging.getLogger(__name__)
 

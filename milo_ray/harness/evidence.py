@@ -23,7 +23,7 @@ Layout written by ``write_evidence_dir``:
 
 Traces come from ``result.trace`` when still inline, else ``store.get_blob(result.trace_ref)``.
 
-Every file is written below ``path`` without following a link (:mod:`milo_ray.core.nofollow`),
+Every file is written below ``path`` without following a link (:mod:`milo_ray.boundary.nofollow`),
 and a task id that is not a plain relative path (``..``, an absolute path) is quoted into one
 directory name: the directory is copied into a coding agent's workspace, and a task's id is
 the task's text, not the run's.
@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping
 from urllib.parse import quote
 
-from milo_ray.core.nofollow import UnsafePath, safe_relpath, write_file_nofollow
+from milo_ray.boundary.nofollow import UnsafePath, safe_relpath, write_file_nofollow
 from milo_ray.core.rollouts import RolloutResult
 from milo_ray.core.tasks import Task
 

@@ -7,9 +7,9 @@ import hashlib
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from milo_ray.core.nofollow import UnsafePath, read_tree_nofollow, safe_relpath, write_file_nofollow
+from milo_ray.boundary.nofollow import UnsafePath, read_tree_nofollow, safe_relpath, write_file_nofollow
+from milo_ray.core.executor import ENTRY_FILE
 
-ENTRY_FILE = "harness.py"
 # Files a harness directory may carry; larger or binary files are not harness source.
 MAX_FILE_BYTES = 1_000_000
 
@@ -65,7 +65,7 @@ class Harness:
         """Write the files under ``path`` (made when missing), never through a link and
         never outside it: a file name from an untrusted child (``../x``, ``/abs``) is
         written nowhere -- validation rejects such a child with its reason -- and a link
-        on the way refuses the write (:mod:`milo_ray.core.nofollow`)."""
+        on the way refuses the write (:mod:`milo_ray.boundary.nofollow`)."""
         root = Path(path)
         root.mkdir(parents=True, exist_ok=True)
         for rel, text in self.files.items():

@@ -49,10 +49,10 @@ from typing import Any
 
 import numpy as np
 
-from milo_ray.execution.sandbox.interpreter import interpreter_env, interpreter_paths
-from milo_ray.execution.sandbox.leftovers import make_scratch
-from milo_ray.execution.sandbox.process import ProcessEnd, waited
-from milo_ray.execution.sandbox.runtime_code import runtime_code_dir, write_harness
+from milo_ray.boundary.sandbox.interpreter import interpreter_env, interpreter_paths
+from milo_ray.boundary.sandbox.leftovers import make_scratch
+from milo_ray.boundary.sandbox.process import ProcessEnd, waited
+from milo_ray.boundary.sandbox.runtime_code import runtime_code_dir, write_harness
 from milo_ray.harness._validate_child import ENTRIES
 from milo_ray.harness.model import Harness
 
@@ -247,7 +247,7 @@ def default_sandbox() -> Any:
     processes, clean environment, no isolation of the filesystem or network), with a
     warning once per process; ``sandbox=`` of the run decides otherwise. Built (and bwrap
     probed) once per process."""
-    from milo_ray.execution.sandbox.bwrap import BwrapSandboxFactory
+    from milo_ray.boundary.sandbox.bwrap import BwrapSandboxFactory
 
     bwrap = BwrapSandboxFactory()
     why = bwrap.unsupported(_probe_spec())
@@ -258,7 +258,7 @@ def default_sandbox() -> Any:
 
 def _local_fallback(why: str) -> Any:
     global _fallback_warned
-    from milo_ray.execution.sandbox.local import LocalSandboxFactory
+    from milo_ray.boundary.sandbox.local import LocalSandboxFactory
 
     if not _fallback_warned:
         _fallback_warned = True
@@ -289,7 +289,7 @@ def sandbox_factory_from(node: Any) -> Any:
 
 
 def _spec(task_id: str, host_dir: Path | None, memory_mb: int | None) -> Any:
-    from milo_ray.execution.sandbox.base import SandboxSpec
+    from milo_ray.boundary.sandbox.base import SandboxSpec
 
     # The package as a private copy of its code (never the checkout, whose data holds the
     # bundled tasks' tests and solutions), importable first.
@@ -420,7 +420,7 @@ def validate_many(
     ``forbidden_fragments`` may be a prebuilt :class:`ForbiddenIndex` (its own
     ``min_chars`` then applies). ``entry``: the entry function the harnesses must
     define (``build_agent`` or ``optimize``; see the module docstring). ``sandbox``: the
-    factory the import checks run in (a :class:`~milo_ray.execution.sandbox.base.SandboxFactory`,
+    factory the import checks run in (a :class:`~milo_ray.boundary.sandbox.base.SandboxFactory`,
     a ``sandbox`` config mapping, or None: :func:`default_sandbox`). Results are in input
     order; each sandbox is driven from its own thread (the sandbox starts and times out the
     process tree itself)."""

@@ -7,7 +7,7 @@ environments:
 ``harness`` is a harness directory (its ``harness.py`` exposes
 ``build_agent(model, backend)``) or a single ``.py`` file. Per trial the agent loads
 the harness under a fresh module name, builds the solver with
-:func:`milo_ray.agents.llm.build_chat_model`, hands ``build_agent`` a deepagents
+:func:`milo_ray.llm.client.build_chat_model`, hands ``build_agent`` a deepagents
 sandbox backend over Harbor's environment (:class:`HarborSandbox`), runs the agent on
 the instruction, and reports tokens and USD in Harbor's ``AgentContext``. The
 conversation goes to ``<agent logs>/messages.json``.
@@ -45,7 +45,7 @@ from deepagents.backends.sandbox import BaseSandbox
 from langchain_core.callbacks import BaseCallbackHandler
 
 import milo_ray
-from milo_ray.agents.llm import api_key, build_chat_model, price
+from milo_ray.llm.client import api_key, build_chat_model, price
 from milo_ray.harness.model import ENTRY_FILE, Harness
 
 ENTRY_FUNCTION = "build_agent"

@@ -3,7 +3,7 @@
 One file, importing numpy, scipy and the standard library only (never milo_ray), because
 it runs in two places: here, where :mod:`milo_ray.kernels.autocorr` builds its checked
 kernels on it, and inside an optimizer's sandbox, where the executor uploads it beside
-the runner (:mod:`milo_ray.execution.optimizer_runner`) and the runner gives its public
+the runner (:mod:`milo_ray.boundary.inside.optimizer_runner`) and the runner gives its public
 names to the program as module globals (see :data:`GIVEN`), the way it gives ``publish``
 and ``PROBLEM``. A program therefore needs no copy of the scores, the smoothed max or the
 projections; one that defines a name itself keeps its own definition.

@@ -17,7 +17,7 @@ import numpy as np
 import ray
 
 from milo_ray.agents.protocols import MutationRequest
-from milo_ray.execution.gateway.role_journal import RoleCallTicket
+from milo_ray.boundary.gateway.role_journal import RoleCallTicket
 from milo_ray.search.mutation import MutationOutcome, ShippedFiles, ValidationOptions, run_mutation_async
 
 

@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from milo_ray.agents.orchestrators.schema import DecisionError, validate_decision
-from milo_ray.agents.usage import AgentUsage, reply_parts
+from milo_ray.llm.usage import AgentUsage, reply_parts
 from milo_ray.kernels.pareto import task_regret
 from milo_ray.milo.evaluate import dumps
 from milo_ray.milo.events import Decision, DecisionInvalid, InterventionDone, MoveDone

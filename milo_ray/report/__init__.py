@@ -90,12 +90,13 @@ def write_report(run_dir: str | Path, out_dir: str | Path | None = None) -> Path
     return path
 
 
-def write_comparison(paths: list[str | Path], out_dir: str | Path) -> Path:
+def write_comparison(paths: list[str | Path], out_dir: str | Path, notes: tuple[str, ...] | list[str] = ()) -> Path:
     """Write ``comparison.html`` (table + plot) comparing the runs under ``paths``
-    (run directories or sweep directories) and return its path."""
+    (run directories or sweep directories) and return its path; ``notes`` are warnings
+    shown above the table (e.g. a sweep's runs that could not be read)."""
     from milo_ray.report.compare import write_comparison as _write
 
-    return _write(paths, out_dir)
+    return _write(paths, out_dir, notes)
 
 
 def _figure_sections(res: Any, out: Path) -> list:

@@ -36,10 +36,11 @@ def setting(row: Any) -> str:
     return f"{row['method']}_{rung}" if isinstance(rung, str) and rung else str(row["method"])
 
 
-def write_comparison(paths: list[str | Path], out_dir: str | Path) -> Path:
+def write_comparison(paths: list[str | Path], out_dir: str | Path, notes: tuple[str, ...] | list[str] = ()) -> Path:
     """Write ``comparison.html`` plus the plot as PNG/SVG into ``out_dir`` for every run
-    at or below ``paths``; returns the page's path. Raises ``results.RunDirError`` for
-    a path holding no readable run."""
+    at or below ``paths``; returns the page's path. ``notes``: warnings shown above the
+    runs table (a sweep's runs that could not be read, and why). Raises
+    ``results.RunDirError`` for a path holding no readable run."""
     from milo_ray import results
     from milo_ray.report import html as page
     from milo_ray.report import tables
@@ -56,7 +57,7 @@ def write_comparison(paths: list[str | Path], out_dir: str | Path) -> Path:
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
 
-    warnings = _warnings(df)
+    warnings = [*notes, *_warnings(df)]
     sections = [page.Section(
         "runs", "Runs",
         f'<p class="lead">{len(df)} run(s); each row is the incumbent\'s final-test result with task-clustered 95% '

@@ -17,7 +17,7 @@ were paid, and the rollout runs again: they are charged too -- a solver row is c
 by a rollout row only when that row has its cache key and began no later than the call.
 The calls of an attempt that never reported at all (in flight when the driver was killed,
 lost with a worker, cancelled when the run stopped) come from the gateways' journal
-(:mod:`~milo_ray.execution.gateway.call_journal`): :meth:`AgentCallLog.record_interrupted`
+(:mod:`~milo_ray.boundary.gateway.call_journal`): :meth:`AgentCallLog.record_interrupted`
 stores each once, with ``:interrupted:`` in its id, and charges a counted one once.
 """
 
@@ -29,7 +29,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from milo_ray.agents.usage import ROLES, AgentUsage
+from milo_ray.llm.usage import ROLES, AgentUsage
 from milo_ray.core.problems import Problem, raise_invalid
 
 
@@ -135,7 +135,7 @@ class AgentCallLog:
     # --- writing -----------------------------------------------------------------------
     def ticket(self, call_id: str, role: str, model: str | None) -> Any:
         """The journal ticket of an agent call about to be made (a
-        :class:`~milo_ray.execution.gateway.role_journal.RoleCallTicket`): the agent's
+        :class:`~milo_ray.boundary.gateway.role_journal.RoleCallTicket`): the agent's
         model calls are journaled under it. None when the run keeps no journal, or the
         agent has no ``model`` (an offline agent calls none)."""
         return None if self.journal is None or model is None else self.journal.ticket(call_id, role)
@@ -194,7 +194,7 @@ class AgentCallLog:
 
     def record_interrupted(self, calls: list[Any]) -> int:
         """Store the journaled solver calls of attempts that never reported
-        (:class:`~milo_ray.execution.gateway.call_journal.UnrecordedCall`), each once:
+        (:class:`~milo_ray.boundary.gateway.call_journal.UnrecordedCall`), each once:
         a finished one with its real usage, charged to the run's budget when its rollout
         counted; one still in flight with no usage (the provider's answer never came back)
         and its reason. Returns how many were new."""
@@ -220,7 +220,7 @@ class AgentCallLog:
 
     def record_interrupted_roles(self, calls: list[Any]) -> int:
         """Store the journaled attempts of search agents' calls that no row covers
-        (:class:`~milo_ray.execution.gateway.role_journal.InterruptedRoleCall`), each once,
+        (:class:`~milo_ray.boundary.gateway.role_journal.InterruptedRoleCall`), each once,
         under its role, charged like any call of that role. Returns how many were new."""
         added, unknown = 0, 0
         for c in calls:

@@ -33,7 +33,7 @@ thread runs on until the agent returns (nothing in-process can stop it).
 Files on other nodes: the request names paths on the driver's filesystem (parent
 harness, evidence directory, paths in its context, lineage files its memory names).
 On Ray the driver packs them into one content-addressed tree in the object store
-(:class:`ShippedFiles`, :mod:`milo_ray.execution.shipping`); the worker reads them from
+(:class:`ShippedFiles`, :mod:`milo_ray.boundary.shipping`); the worker reads them from
 its node's cache of unpacked trees, works in a private copy of the workdir, and sees
 the request, its memory text and its context rewritten to those paths. No worker reads a
 driver path or writes into the run directory: the child travels back as content, and what
@@ -55,11 +55,11 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping, Sequence
 
-from milo_ray.agents.llm import use_secrets
+from milo_ray.llm.client import use_secrets
 from milo_ray.agents.protocols import MutationRequest, MutationResult
-from milo_ray.agents.usage import AgentUsage
-from milo_ray.execution.gateway.role_journal import RoleCallTicket, journaling
-from milo_ray.execution.shipping import ShippingError
+from milo_ray.llm.usage import AgentUsage
+from milo_ray.boundary.gateway.role_journal import RoleCallTicket, journaling
+from milo_ray.boundary.shipping import ShippingError
 from milo_ray.harness.model import ENTRY_FILE, Harness
 from milo_ray.harness.validate import sandbox_factory_from, validate
 from milo_ray.search.mutation_files import ShippedFiles, _artifacts, keep_artifacts, ship_files
@@ -108,7 +108,7 @@ class MutationOutcome:
     artifacts: dict[str, bytes] = field(default_factory=dict)
     # Whether ``usage`` is the agent's own account of its model calls. False when the agent
     # ended without one (timed out, crashed, lost with its worker): what those calls cost is
-    # known only from the journal (:mod:`~milo_ray.execution.gateway.role_journal`).
+    # known only from the journal (:mod:`~milo_ray.boundary.gateway.role_journal`).
     metered: bool = False
 
     @property
@@ -390,7 +390,7 @@ def _remote(num_cpus: float, env: Mapping[str, str] | None) -> Any:
     """The body as a Ray task with these options. ``env``: variables the agent needs from
     the driver (its model's key), handed to the task as an argument (never through Ray's
     runtime_env, which Ray logs, nor the worker's environment; the agent reads them via
-    :func:`milo_ray.agents.llm.use_secrets`); never part of any stored config."""
+    :func:`milo_ray.llm.client.use_secrets`); never part of any stored config."""
     global _remote_body
     if _remote_body is None:
         import ray
@@ -467,7 +467,7 @@ async def run_mutation_async(spec: Any, request: MutationRequest, *, time_cap_s:
     ``shipped``: the request's files packed by the caller (None: packed here).
     ``keep_files``: write the artifacts beside the workdir here (False: the outcome
     carries them, for a caller on another machine to :func:`keep_artifacts`). ``ticket``:
-    journal the agent's model calls under it (:mod:`~milo_ray.execution.gateway.role_journal`)."""
+    journal the agent's model calls under it (:mod:`~milo_ray.boundary.gateway.role_journal`)."""
     if shipped is None:
         shipped = await asyncio.to_thread(ship_files, request)
     flight = _Flight(_remote(num_cpus, env).remote(spec, request, validation, call, shipped, scope, ticket),

@@ -1,7 +1,7 @@
 """A mutation's files on their way to the worker that runs it, and back.
 
 The request names paths on the driver's filesystem. :class:`ShippedFiles` packs them into
-one content-addressed tree (:mod:`milo_ray.execution.shipping`) that the worker reads from
+one content-addressed tree (:mod:`milo_ray.boundary.shipping`) that the worker reads from
 its node's cache, with every mention of a driver path rewritten; the workdir is a private
 copy on the worker. What the agent wrote in and beside the workdir travels back in the
 outcome (``MutationOutcome.artifacts``) for the caller, on the driver, to keep where the
@@ -17,13 +17,13 @@ from typing import Any
 
 from milo_ray.agents.mutators.workspace import snapshot_files
 from milo_ray.agents.protocols import MutationRequest
-from milo_ray.execution.shipping import ShippedTree
+from milo_ray.boundary.shipping import ShippedTree
 
 
 @dataclass(frozen=True)
 class ShippedFiles:
     """What a mutation reads from the driver's disk, as one content-addressed tree
-    (:class:`~milo_ray.execution.shipping.ShippedTree`): the parent harness directory,
+    (:class:`~milo_ray.boundary.shipping.ShippedTree`): the parent harness directory,
     the evidence directory, the files and directories its context names (``*_dir`` /
     ``*_path`` keys) and the lineage files (``harness.py``, ``diff.patch``) its memory
     text points the agent to. ``roots`` maps a tree path to the driver path it was packed

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any, Sequence
 
 from milo_ray.agents.protocols import MutationRequest
-from milo_ray.agents.usage import AgentUsage
+from milo_ray.llm.usage import AgentUsage
 from milo_ray.harness.model import Harness
 from milo_ray.search.mutation import MutationOutcome, ValidationOptions, run_mutations
 

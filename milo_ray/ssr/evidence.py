@@ -32,7 +32,7 @@ from typing import Any, Callable, Collection, Sequence
 import numpy as np
 
 from milo_ray.agents.judges.schema import JudgeOutputError, parse_verdict, verdict_tags
-from milo_ray.agents.usage import AgentUsage, reply_parts
+from milo_ray.llm.usage import AgentUsage, reply_parts
 from milo_ray.ssr.strategies import EVIDENCE_SETS, ORDERINGS, EvidenceOrdering, EvidenceSets
 
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import time
 from typing import Any, Callable, Sequence
 
-from milo_ray.agents.usage import AgentUsage
+from milo_ray.llm.usage import AgentUsage
 from milo_ray.ssr import evidence as ev
 from milo_ray.ssr.events import Judged, SSREvent
 from milo_ray.ssr.state import RoundRecord

@@ -17,8 +17,8 @@ from pathlib import Path, PurePosixPath
 
 from deepagents.backends.protocol import ExecuteResponse, FileDownloadResponse, FileUploadResponse
 
-from milo_ray.execution.sandbox.base import LOGS_DIR, SOLUTION_DIR, TESTS_DIR, Sandbox, SandboxSpec
-from milo_ray.execution.sandbox.process import CappedProcess, start_capped
+from milo_ray.boundary.sandbox.base import LOGS_DIR, SOLUTION_DIR, TESTS_DIR, Sandbox, SandboxSpec
+from milo_ray.boundary.sandbox.process import CappedProcess, start_capped
 
 OUTPUT_CAP = 200_000
 

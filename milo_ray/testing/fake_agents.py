@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from milo_ray.agents.llm import secret
+from milo_ray.llm.client import secret
 from milo_ray.agents.protocols import MutationRequest, MutationResult
-from milo_ray.agents.usage import AgentUsage
+from milo_ray.llm.usage import AgentUsage
 from milo_ray.harness.model import ENTRY_FILE, Harness
 
 
@@ -134,7 +134,7 @@ class EnvReportingMutator:
 
 class GatewayLoopMutator:
     """A mutator whose agent loop calls its model ``calls`` times through this process's
-    model gateway (:class:`~milo_ray.execution.gateway.mutation.MutationGateway`, as the
+    model gateway (:class:`~milo_ray.boundary.gateway.mutation.MutationGateway`, as the
     LLM mutators do), then writes a child and reports the gateway's metered usage; with
     ``hang_s`` it then waits that long first (a hung agent when it outlasts the time cap).
     For tests of the search agents' call journal."""
@@ -142,7 +142,7 @@ class GatewayLoopMutator:
     name = "gateway-loop"
 
     def __init__(self, llm: dict, calls: int = 3, hang_s: float = 0.0) -> None:
-        from milo_ray.agents.role_llm import RoleLLM
+        from milo_ray.llm.role_llm import RoleLLM
 
         self.llm = RoleLLM.of(llm, where="gateway-loop.llm")
         self.calls, self.hang_s = int(calls), float(hang_s)
@@ -150,8 +150,8 @@ class GatewayLoopMutator:
     def mutate(self, request: MutationRequest) -> MutationResult:
         import time
 
-        from milo_ray.agents.role_llm import metered_chat_model
-        from milo_ray.execution.gateway.mutation import MutationGateway
+        from milo_ray.llm.role_llm import metered_chat_model
+        from milo_ray.boundary.gateway.mutation import MutationGateway
 
         t0 = time.monotonic()
         with metered_chat_model(self.llm, MutationGateway.shared(self.llm), role="mutator", caller=self.name) as call:

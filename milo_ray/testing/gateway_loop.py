@@ -2,7 +2,7 @@
 worker's real model gateway -- no sandbox, no harness process -- for tests of what the
 gateway enforces across a run's workers (the run's budget) at the cost of a few seconds.
 
-Each rollout gets a grant from this worker's :class:`~milo_ray.execution.gateway.server.ModelGateway`
+Each rollout gets a grant from this worker's :class:`~milo_ray.boundary.gateway.server.ModelGateway`
 (with the rollout's share of the run's budget, as the real executor issues it), then posts
 chat completions over the gateway's Unix socket until the gateway refuses one (or
 ``most_calls``), and returns a 0-score result whose tokens and USD are the grant's metered
@@ -22,8 +22,8 @@ from typing import Any
 
 from milo_ray.core.rollouts import RolloutResult
 from milo_ray.core.tasks import Task
-from milo_ray.execution.gateway.call_journal import current_attempt_journal
-from milo_ray.execution.gateway.run_budget import current_rollout_budget
+from milo_ray.boundary.gateway.call_journal import current_attempt_journal
+from milo_ray.boundary.gateway.run_budget import current_rollout_budget
 
 
 class GatewayLoopExecutor:
@@ -42,14 +42,14 @@ class GatewayLoopExecutor:
         self._secrets = dict(env)
 
     async def _gateway_on_loop(self) -> Any:
-        from milo_ray.execution.gateway.server import ModelGateway
+        from milo_ray.boundary.gateway.server import ModelGateway
 
         if self._starting is None:
             self._starting = asyncio.Lock()
         async with self._starting:
             if self._gateway is None:
                 where = Path(tempfile.mkdtemp(prefix="milo-loop-gw-")) / f"{uuid.uuid4().hex[:8]}.sock"
-                from milo_ray.agents.llm import api_key
+                from milo_ray.llm.client import api_key
 
                 gateway = ModelGateway(self.model, where)
                 gateway.set_key(api_key(self.model, self._secrets if self._secrets is not None else os.environ))

@@ -21,9 +21,9 @@ from pathlib import Path
 
 import pytest
 
-from milo_ray.agents.llm import use_secrets
+from milo_ray.llm.client import use_secrets
 from milo_ray.agents.mutators.cli import CliMutator
-from milo_ray.execution.gateway.mutation import MutationGateway
+from milo_ray.boundary.gateway.mutation import MutationGateway
 from milo_ray.testing.openai_server import ScriptedOpenAIServer, reply, tool_call
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))

@@ -1,4 +1,4 @@
-"""The CLI mutators' real gateway (milo_ray.execution.gateway.mutation): started in the
+"""The CLI mutators' real gateway (milo_ray.boundary.gateway.mutation): started in the
 process that runs the CLI with the key that process was handed, it serves the sandboxed
 CLI's Anthropic Messages calls over the relay with a per-call token, meters them into the
 mutation's usage, refuses the token once revoked, and never lets the key inside."""
@@ -16,9 +16,9 @@ from urllib.parse import unquote, urlsplit
 
 import pytest
 
-from milo_ray.agents.llm import use_secrets
+from milo_ray.llm.client import use_secrets
 from milo_ray.agents.mutators.cli import CliMutator
-from milo_ray.execution.gateway.mutation import MutationGateway
+from milo_ray.boundary.gateway.mutation import MutationGateway
 from milo_ray.testing.openai_server import ScriptedOpenAIServer, reply
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))

@@ -12,7 +12,7 @@ import pytest
 
 from milo_ray.agents.orchestrators.llm import LLMOrchestrator, parse_answer
 from milo_ray.agents.prompts import placeholders
-from milo_ray.agents.usage import AgentReply
+from milo_ray.llm.usage import AgentReply
 from milo_ray.milo.events import Init, NodeRecorded, Progress
 from milo_ray.milo.lineage import LineageNode
 from milo_ray.milo.orchestrator import build_inputs

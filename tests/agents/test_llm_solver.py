@@ -8,9 +8,9 @@ import time
 
 import pytest
 
-from milo_ray.agents.llm import api_key, build_chat_model, check_credentials, price, usage_of
+from milo_ray.llm.client import api_key, build_chat_model, check_credentials, price, usage_of
 from milo_ray.config.schemas import ModelConfig
-from milo_ray.agents.solver_calls import SolverCallRecorder
+from milo_ray.llm.solver_calls import SolverCallRecorder
 from milo_ray.testing.openai_server import (SCRIPTED_KEY_ENV, Reply, ScriptedOpenAIServer, error, reply,
                                            scripted_model, tool_call)
 

@@ -2,7 +2,7 @@
 
 MILO's mutator, MILO's graft agent (the orchestrator's) and SSR's optimizer are one
 deepagents agent; each call's chat model gets a loopback base URL of the process's
-:class:`~milo_ray.execution.gateway.mutation.MutationGateway` and a token for that call.
+:class:`~milo_ray.boundary.gateway.mutation.MutationGateway` and a token for that call.
 Run for real (deepagents, langchain, litellm, bwrap) against a scripted OpenAI-compatible
 upstream that records the credentials it is sent: the upstream sees the key only from
 the gateway, the chat model holds no key, the token is refused once the call ended, and
@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from milo_ray.agents.llm import use_secrets
+from milo_ray.llm.client import use_secrets
 from milo_ray.agents.mutators.deepagents import DeepAgentsMutator, transcript_path
 from milo_ray.agents.orchestrators.llm import LLMOrchestrator
 from milo_ray.harness.seeds import load_seeds

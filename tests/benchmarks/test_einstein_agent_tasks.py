@@ -73,7 +73,7 @@ def test_bad_settings_are_refused_naming_the_field(kw, field):
 
 @pytest.fixture(scope="module")
 def sandbox_factory():
-    from milo_ray.execution.sandbox.bwrap import BwrapSandboxFactory
+    from milo_ray.boundary.sandbox.bwrap import BwrapSandboxFactory
 
     return BwrapSandboxFactory()
 

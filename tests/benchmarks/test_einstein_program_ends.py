@@ -13,9 +13,9 @@ import pytest
 
 from milo_ray.core.tasks import Task
 from milo_ray.execution.optimizer_executor import OptimizerExecutor
-from milo_ray.execution.sandbox.base import SandboxSpec
-from milo_ray.execution.sandbox.bwrap import BwrapSandboxFactory
-from milo_ray.execution.sandbox.process import ProcessEnd
+from milo_ray.boundary.sandbox.base import SandboxSpec
+from milo_ray.boundary.sandbox.bwrap import BwrapSandboxFactory
+from milo_ray.boundary.sandbox.process import ProcessEnd
 from milo_ray.harness.model import Harness
 
 pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bwrap is not installed")

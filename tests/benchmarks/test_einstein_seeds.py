@@ -16,8 +16,8 @@ import pytest
 
 from milo_ray.benchmarks.einstein.problems import PROBLEMS, check, score
 from milo_ray.benchmarks.einstein.starts import start_values
-from milo_ray.execution.optimizer_blocks import STAGE_SETTINGS
-from milo_ray.execution.optimizer_runner import given_names, load_program
+from milo_ray.boundary.inside.optimizer_blocks import STAGE_SETTINGS
+from milo_ray.boundary.inside.optimizer_runner import given_names, load_program
 
 SEEDS_DIR = Path(__file__).resolve().parents[2] / "milo_ray" / "benchmarks" / "einstein" / "seeds"
 SEEDS = sorted(p.parent.name for p in SEEDS_DIR.glob("*/harness.py"))

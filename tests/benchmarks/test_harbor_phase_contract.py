@@ -19,7 +19,7 @@ from milo_ray.benchmarks.harbor import HarborBenchmark
 from milo_ray.tasks.executor import DO_NOTHING, ORACLE, CheckExecutor
 
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "harbor_tasks" / "publish-status"
-BWRAP = {"_target_": "milo_ray.execution.sandbox.bwrap.BwrapSandboxFactory"}
+BWRAP = {"_target_": "milo_ray.boundary.sandbox.bwrap.BwrapSandboxFactory"}
 
 pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bwrap not installed")
 
@@ -147,7 +147,7 @@ def test_a_harness_that_plants_links_in_logs_artifacts_gets_no_host_file_into_th
 def test_under_docker_the_artifact_reaches_the_verifier_and_a_planted_link_does_not(tmp_path, docker_base_image):
     from milo_ray.testing.dockerd import local_host_mounts
 
-    docker = {"_target_": "milo_ray.execution.sandbox.docker.DockerSandboxFactory",
+    docker = {"_target_": "milo_ray.boundary.sandbox.docker.DockerSandboxFactory",
               "base_image_override": docker_base_image, "host_mounts": list(local_host_mounts())}
     res = run(ORACLE, task_of(FIXTURE), docker)
     assert res.score == 1.0 and res.error is None, res.trace["verifier"]["output"][-2000:]

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from milo_ray.agents.role_llm import RoleLLM
+from milo_ray.llm.role_llm import RoleLLM
 from milo_ray.config.schemas import ModelConfig, model_config
 from milo_ray.core.llm_endpoint import LLMEndpoint
 from milo_ray.core.problems import InvalidSettings

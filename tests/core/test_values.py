@@ -12,7 +12,7 @@ from milo_ray.core.seeds import derive_seed
 from milo_ray.core.tasks import Task, Verdict, format_of
 from milo_ray.execution.agent_executor import AgentExecutor
 
-SANDBOX = {"_target_": "milo_ray.execution.sandbox.bwrap.BwrapSandboxFactory"}
+SANDBOX = {"_target_": "milo_ray.boundary.sandbox.bwrap.BwrapSandboxFactory"}
 
 
 def test_cache_keys_and_seeds_keep_the_values_stored_runs_hold():
@@ -32,7 +32,7 @@ class NamedOnlyHereFormat:
         self.specs: list[str] = []
 
     def sandbox_spec(self, task: Task):
-        from milo_ray.execution.sandbox.base import SandboxSpec
+        from milo_ray.boundary.sandbox.base import SandboxSpec
 
         self.specs.append(task.task_id)
         return SandboxSpec(task_id=task.task_id, workdir="/app", allow_internet=True)

@@ -26,7 +26,7 @@ from real_tasks import (ANSWER, DONE_TOKENS, WRITE_TOKENS, failing_for, make_tas
 pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap is not installed")
 
 KEY_ENV = "MILO_TEST_SOLVER_KEY"
-SANDBOX = {"_target_": "milo_ray.execution.sandbox.bwrap.BwrapSandboxFactory"}
+SANDBOX = {"_target_": "milo_ray.boundary.sandbox.bwrap.BwrapSandboxFactory"}
 
 
 def model_cfg(url: str, **extra) -> dict:

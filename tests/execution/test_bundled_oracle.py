@@ -19,7 +19,7 @@ def test_oracle_solves_every_bundled_task():
     bench = HarborBenchmark()
     tasks = [t for split in bench.splits().values() for t in split]
     assert len(tasks) >= 12
-    ex = AgentExecutor(sandbox={"_target_": "milo_ray.execution.sandbox.bwrap.BwrapSandboxFactory"}, agent="oracle")
+    ex = AgentExecutor(sandbox={"_target_": "milo_ray.boundary.sandbox.bwrap.BwrapSandboxFactory"}, agent="oracle")
     assert ex.unsupported_tasks(tasks) == []
     harness = load_seeds(["minimal"])[0]
 

@@ -13,9 +13,9 @@ import pytest
 
 from milo_ray.benchmarks.einstein import reward, score, start_values
 from milo_ray.core.tasks import Task
-from milo_ray.execution import optimizer_runner
+from milo_ray.boundary.inside import optimizer_runner
 from milo_ray.execution.optimizer_executor import OptimizerExecutor
-from milo_ray.execution.sandbox.bwrap import BwrapSandboxFactory
+from milo_ray.boundary.sandbox.bwrap import BwrapSandboxFactory
 from milo_ray.harness.model import Harness
 from milo_ray.kernels import autocorr
 
@@ -275,7 +275,7 @@ def test_the_config_builds_the_executor_without_a_model():
     from hydra.utils import instantiate
     from omegaconf import OmegaConf
 
-    from milo_ray.execution.sandbox.interpreter import interpreter_paths, under_any
+    from milo_ray.boundary.sandbox.interpreter import interpreter_paths, under_any
 
     conf = Path(__file__).resolve().parents[2] / "conf"
     cfg = OmegaConf.create({"sandbox": OmegaConf.load(conf / "sandbox" / "bwrap.yaml"),

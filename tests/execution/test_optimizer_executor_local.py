@@ -14,8 +14,8 @@ import pytest
 from milo_ray.benchmarks.einstein import reward, score, start_values
 from milo_ray.core.tasks import Task
 from milo_ray.execution.optimizer_executor import OptimizerExecutor
-from milo_ray.execution.sandbox.bwrap import BwrapSandboxFactory
-from milo_ray.execution.sandbox.local import LocalSandboxFactory
+from milo_ray.boundary.sandbox.bwrap import BwrapSandboxFactory
+from milo_ray.boundary.sandbox.local import LocalSandboxFactory
 from milo_ray.harness.model import Harness
 
 # Deterministic whatever the clock: the score does not depend on how long it ran.

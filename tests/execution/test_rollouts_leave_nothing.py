@@ -17,9 +17,9 @@ import pytest
 
 from milo_ray.core.tasks import Task
 from milo_ray.execution.optimizer_executor import OptimizerExecutor
-from milo_ray.execution.sandbox.bwrap import BwrapSandboxFactory
-from milo_ray.execution.sandbox.cgroups import CGROUP_PREFIX, probe_cgroups
-from milo_ray.execution.sandbox.leftovers import SCRATCH_PREFIX, current_owner
+from milo_ray.boundary.sandbox.bwrap import BwrapSandboxFactory
+from milo_ray.boundary.sandbox.cgroups import CGROUP_PREFIX, probe_cgroups
+from milo_ray.boundary.sandbox.leftovers import SCRATCH_PREFIX, current_owner
 from milo_ray.harness.model import Harness
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(shutil.which("bwrap") is None, reason="bwrap is not installed")]

@@ -21,7 +21,7 @@ import pytest
 from hidden_cluster import HiddenDiskCluster
 
 from milo_ray.benchmarks.harbor import BUNDLED_SUITE
-from milo_ray.execution.shipping import ShippedTree
+from milo_ray.boundary.shipping import ShippedTree
 
 REPO = Path(__file__).resolve().parents[2]
 TASKS = ("leaderboard-sort", "csv-to-json", "dedupe-lines")  # each copies environment files into /app

@@ -11,7 +11,7 @@ import threading
 
 import pytest
 
-from milo_ray.execution.sandbox.bwrap import BwrapSandboxFactory
+from milo_ray.boundary.sandbox.bwrap import BwrapSandboxFactory
 from milo_ray.harness.model import Harness
 from milo_ray.harness.validate import default_sandbox, sandbox_factory_from, validate
 
@@ -175,7 +175,7 @@ def test_harness_files_are_read_only_in_the_sandbox():
 
 
 def test_the_validator_takes_the_runs_sandbox_config_and_defaults_to_bwrap():
-    local = sandbox_factory_from({"_target_": "milo_ray.execution.sandbox.local.LocalSandboxFactory"})
+    local = sandbox_factory_from({"_target_": "milo_ray.boundary.sandbox.local.LocalSandboxFactory"})
     assert local.name == "local"
     # The local sandbox (host processes, where bwrap is missing) validates the same way.
     ok = validate(Harness.from_source("def build_agent(model, backend):\n    return None\n"), sandbox=local)
@@ -185,4 +185,4 @@ def test_the_validator_takes_the_runs_sandbox_config_and_defaults_to_bwrap():
         assert default_sandbox().name == "bwrap"
         assert sandbox_factory_from(None).name == "bwrap"
     with pytest.raises(ValueError, match="sandbox"):
-        sandbox_factory_from({"_target_": "milo_ray.execution.sandbox.bwrap.BwrapSandboxFactory", "pids_limit": 1})
+        sandbox_factory_from({"_target_": "milo_ray.boundary.sandbox.bwrap.BwrapSandboxFactory", "pids_limit": 1})

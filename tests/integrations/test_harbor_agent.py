@@ -87,7 +87,7 @@ def test_what_the_harbor_environment_imports_needs_no_hydra_ray_or_torch():
     catches a stray import in the default suite, before the slow Harbor run would."""
     needed = (_milo_ray_imports(REPO / "milo_ray" / "integrations" / "harbor.py")
               | _milo_ray_imports(Path(__file__))) - {"milo_ray.integrations.harbor"}
-    assert "milo_ray.testing.openai_server" in needed and "milo_ray.agents.llm" in needed
+    assert "milo_ray.testing.openai_server" in needed and "milo_ray.llm.client" in needed
     check = textwrap.dedent(f"""
         import importlib, importlib.abc, sys
         BLOCKED = ("hydra", "omegaconf", "ray", "torch", "sentence_transformers")

@@ -72,6 +72,6 @@ class TokenMutator(AddMechanismMutator):
     def mutate(self, req: MutationRequest) -> MutationResult:
         from dataclasses import replace
 
-        from milo_ray.agents.usage import AgentUsage
+        from milo_ray.llm.usage import AgentUsage
 
         return replace(super().mutate(req), usage=AgentUsage(output_tokens=self.tokens))

@@ -16,7 +16,7 @@ import pytest
 
 from milo_ray.agents.orchestrators.llm import LLMOrchestrator
 from milo_ray.agents.protocols import MutationRequest, MutationResult
-from milo_ray.agents.usage import AgentReply, AgentUsage
+from milo_ray.llm.usage import AgentReply, AgentUsage
 from milo_ray.milo.events import (MILO_EVENTS, Decision, DecisionInvalid, Init, InterventionDone, MiloEvent, NodeRecorded, Progress,
                                   Reassign, decode)
 from milo_ray.milo.lineage import LineageNode

@@ -16,7 +16,7 @@ import ray
 
 from milo_ray.agents.protocols import MutationRequest
 from milo_ray.execution.budget import BudgetLedger
-from milo_ray.execution.gateway.role_journal import RoleJournal
+from milo_ray.boundary.gateway.role_journal import RoleJournal
 from milo_ray.harness.model import Harness
 from milo_ray.search.agent_calls import AgentCallLog
 from milo_ray.search.mutation import ValidationOptions, run_mutations

@@ -16,7 +16,7 @@ import pytest
 
 from milo_ray.core.rollouts import RolloutResult
 from milo_ray.execution.budget import BudgetLedger
-from milo_ray.execution.gateway.call_journal import (AttemptJournal, CallJournal, SessionJournal, read_journal,
+from milo_ray.boundary.gateway.call_journal import (AttemptJournal, CallJournal, SessionJournal, read_journal,
                                                      unrecorded_calls)
 from milo_ray.search.agent_calls import IN_FLIGHT_ERROR, AgentCallLog
 from milo_ray.store.memory import MemoryRunStore
@@ -165,7 +165,7 @@ def _keyed(result: RolloutResult) -> RolloutResult:
 
 
 def test_a_call_is_journaled_before_the_provider_answers(tmp_path, monkeypatch):
-    from milo_ray.execution.gateway.server import ModelGateway
+    from milo_ray.boundary.gateway.server import ModelGateway
 
     monkeypatch.setenv(KEY_ENV, "sk-journal")
     answer = threading.Event()

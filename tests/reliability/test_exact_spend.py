@@ -25,8 +25,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from milo_ray.execution.budget import BudgetExceeded, BudgetLedger
-from milo_ray.execution.gateway.ledger import Admission, Grant
-from milo_ray.execution.gateway.run_budget import RolloutBudget, RunSpend
+from milo_ray.boundary.gateway.ledger import Admission, Grant
+from milo_ray.boundary.gateway.run_budget import RolloutBudget, RunSpend
 
 ROLLOUTS = 64
 MAX_CALL_TOKENS = 500

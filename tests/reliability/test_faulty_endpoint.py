@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 
 from milo_ray.agents.judges.llm import LLMJudge
-from milo_ray.agents.llm import build_chat_model
+from milo_ray.llm.client import build_chat_model
 from milo_ray.agents.orchestrators.llm import LLMOrchestrator
-from milo_ray.agents.solver_calls import SolverCallRecorder
+from milo_ray.llm.solver_calls import SolverCallRecorder
 from milo_ray.config.schemas import ModelConfig
 from milo_ray.search.agent_calls import AgentCallLog
 from milo_ray.ssr import evidence as ev

@@ -14,8 +14,8 @@ import pytest
 
 from milo_ray.agents.protocols import MutationRequest
 from milo_ray.execution.budget import BudgetLedger
-from milo_ray.execution.gateway.call_journal import CallJournal, read_journal
-from milo_ray.execution.gateway.role_journal import (ROLE_JOURNAL_PREFIX, RoleCallTicket, RoleJournal,
+from milo_ray.boundary.gateway.call_journal import CallJournal, read_journal
+from milo_ray.boundary.gateway.role_journal import (ROLE_JOURNAL_PREFIX, RoleCallTicket, RoleJournal,
                                                      role_call_records, uncovered_attempts)
 from milo_ray.harness.model import Harness
 from milo_ray.search.agent_calls import AgentCallLog

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from milo_ray.core.rollouts import RolloutResult
-from milo_ray.agents.usage import AgentReply, AgentUsage, reply_parts
+from milo_ray.llm.usage import AgentReply, AgentUsage, reply_parts
 from milo_ray.execution.budget import BudgetLedger
 from milo_ray.search.agent_calls import AgentCallLog, RoleCap, role_caps
 from milo_ray.store.memory import MemoryRunStore

@@ -11,7 +11,7 @@ import pytest
 from milo_ray.harness.model import Harness
 from milo_ray.search.mutation import ValidationOptions, _validate
 
-LOCAL = {"_target_": "milo_ray.execution.sandbox.local.LocalSandboxFactory"}
+LOCAL = {"_target_": "milo_ray.boundary.sandbox.local.LocalSandboxFactory"}
 
 # The child says where its import ran: bwrap names its host "sandbox", the local sandbox
 # keeps the machine's name.

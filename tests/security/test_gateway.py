@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from milo_ray.execution.gateway.server import ModelGateway
+from milo_ray.boundary.gateway.server import ModelGateway
 
 KEY = "sk-gateway-test-key"
 
@@ -181,7 +181,7 @@ def test_a_responses_call_goes_upstream_with_the_key_and_its_error_never_echoes_
 def test_an_ended_grant_admits_no_call_whatever_socket_the_call_came_on():
     # The grant itself refuses after its rollout, independently of the sockets in front of
     # it (a kept-open connection, the shared socket): the last line of that defence.
-    from milo_ray.execution.gateway.ledger import Grant, Refusal
+    from milo_ray.boundary.gateway.ledger import Grant, Refusal
 
     grant = Grant("r", token_cap=1000, call_cap=5)
     assert not isinstance(grant.admit(10, 10), Refusal)

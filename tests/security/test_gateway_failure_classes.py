@@ -14,7 +14,7 @@ import shutil
 import pytest
 
 from milo_ray.core.rollouts import InfraFailure, RolloutRequest
-from milo_ray.execution.gateway.server import ModelGateway
+from milo_ray.boundary.gateway.server import ModelGateway
 from milo_ray.execution.outcomes import RetryPolicy, infra_result
 from milo_ray.harness.model import Harness
 from milo_ray.testing.openai_server import Reply, ScriptedOpenAIServer, error, reply
@@ -22,7 +22,7 @@ from milo_ray.testing.openai_server import Reply, ScriptedOpenAIServer, error, r
 from hostile import make_secret_task
 
 KEY_ENV = "MILO_FAILURE_CLASS_TEST_KEY"
-SANDBOX = {"_target_": "milo_ray.execution.sandbox.bwrap.BwrapSandboxFactory"}
+SANDBOX = {"_target_": "milo_ray.boundary.sandbox.bwrap.BwrapSandboxFactory"}
 needs_bwrap = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap is not installed")
 
 # Each marker in a prompt makes the scripted provider answer so.
@@ -122,7 +122,7 @@ def test_a_refused_request_after_an_outage_leaves_no_endpoint_failure_to_claim(t
 def test_refused_requests_are_counted_and_only_the_first_kept(tmp_path):
     """A harness may send any number of requests the gateway refuses: they cost the
     provider nothing, and the grant does not grow with them."""
-    from milo_ray.execution.gateway.ledger import KEPT_REFUSALS
+    from milo_ray.boundary.gateway.ledger import KEPT_REFUSALS
 
     with ScriptedOpenAIServer(_provider) as srv:
         grant = _calls(srv.url, tmp_path, [{"tools": [{"type": "code_interpreter"}]}] * (KEPT_REFUSALS + 20))

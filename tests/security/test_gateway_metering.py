@@ -11,8 +11,8 @@ import json
 
 import pytest
 
-from milo_ray.execution.gateway import server as gateway_server
-from milo_ray.execution.gateway.server import ModelGateway
+from milo_ray.boundary.gateway import server as gateway_server
+from milo_ray.boundary.gateway.server import ModelGateway
 from milo_ray.testing.openai_server import Reply, ScriptedOpenAIServer, reply
 
 BILLED = (1500, 300)  # what the slow provider bills a streamed call, in its last chunk only

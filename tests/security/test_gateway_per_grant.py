@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from milo_ray.execution.gateway.server import ModelGateway
+from milo_ray.boundary.gateway.server import ModelGateway
 from milo_ray.testing.openai_server import ScriptedOpenAIServer, reply
 
 KEY_ENV = "MILO_PER_GRANT_TEST_KEY"
@@ -192,8 +192,8 @@ def test_concurrent_grants_are_each_billed_exactly_their_own_calls(tmp_path):
 def test_a_search_agents_bound_token_is_accepted_on_its_own_socket_only(tmp_path):
     from urllib.parse import unquote, urlsplit
 
-    from milo_ray.agents.llm import use_secrets
-    from milo_ray.execution.gateway.mutation import MutationGateway
+    from milo_ray.llm.client import use_secrets
+    from milo_ray.boundary.gateway.mutation import MutationGateway
 
     with ScriptedOpenAIServer(_policy) as srv:
         gw = MutationGateway({"model": "openai/scripted", "api_base": srv.url, "api_key_env": KEY_ENV,
@@ -329,7 +329,7 @@ def test_a_sandboxed_thief_cannot_spend_a_live_rollouts_token_nor_see_its_socket
     try:
         with ScriptedOpenAIServer(policy) as srv:
             ex = AgentExecutor(model=model_cfg(srv.url), sandbox={"_target_":
-                               "milo_ray.execution.sandbox.bwrap.BwrapSandboxFactory"},
+                               "milo_ray.boundary.sandbox.bwrap.BwrapSandboxFactory"},
                                scratch_dir=str(scratch), keep_scratch=True, warm_processes=0, max_model_calls=1000)
 
             async def go():

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import pytest
 
-from milo_ray.agents.llm import use_secrets
-from milo_ray.execution.gateway.mutation import MutationGateway
+from milo_ray.llm.client import use_secrets
+from milo_ray.boundary.gateway.mutation import MutationGateway
 from milo_ray.testing.openai_server import ScriptedOpenAIServer, reply
 
 FUNCTION = {"type": "function", "function": {"name": "shell", "description": "run a command",

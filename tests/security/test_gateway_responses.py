@@ -11,8 +11,8 @@ from urllib.parse import unquote, urlsplit
 
 import pytest
 
-from milo_ray.agents.llm import use_secrets
-from milo_ray.execution.gateway.mutation import MutationGateway
+from milo_ray.llm.client import use_secrets
+from milo_ray.boundary.gateway.mutation import MutationGateway
 from milo_ray.testing.openai_server import Reply, ScriptedOpenAIServer, reply, tool_call
 
 KEY = "sk-responses-route-canary-0a1b2c3d"

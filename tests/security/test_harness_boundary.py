@@ -28,7 +28,7 @@ KEY_ENV = "MILO_SECURITY_SOLVER_KEY"
 KEY = "sk-canary-" + uuid.uuid4().hex
 OTHER_ENV = "MILO_SECURITY_OTHER_KEY"  # another role's key, set only in the driver
 OTHER = "sk-other-" + uuid.uuid4().hex
-SANDBOX = {"_target_": "milo_ray.execution.sandbox.bwrap.BwrapSandboxFactory"}
+SANDBOX = {"_target_": "milo_ray.boundary.sandbox.bwrap.BwrapSandboxFactory"}
 REPO = str(Path(__file__).resolve().parents[2])
 
 

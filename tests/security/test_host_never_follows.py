@@ -29,11 +29,11 @@ import pytest
 
 from milo_ray.agents.mutators.cli import CliMutator
 from milo_ray.agents.mutators.workspace import prepare
-from milo_ray.core import nofollow
+from milo_ray.boundary import nofollow
 from milo_ray.core.rollouts import RolloutResult
-from milo_ray.execution.sandbox.base import SandboxSpec
-from milo_ray.execution.sandbox.bwrap import BwrapSandboxFactory
-from milo_ray.execution.sandbox.interpreter import interpreter_paths, with_interpreter
+from milo_ray.boundary.sandbox.base import SandboxSpec
+from milo_ray.boundary.sandbox.bwrap import BwrapSandboxFactory
+from milo_ray.boundary.sandbox.interpreter import interpreter_paths, with_interpreter
 from milo_ray.harness.evidence import write_evidence_dir
 from milo_ray.search.mutation import ValidationOptions, run_mutation
 from milo_ray.testing.fake_gateway import FakeGateway

@@ -83,7 +83,7 @@ def test_the_key_reaches_the_worker_and_no_ray_file(tmp_path, ray_local, monkeyp
         executor = {"_target_": "milo_ray.execution.agent_executor.AgentExecutor",
                     "model": {"solver": "openai/scripted", "api_base": srv.url, "api_key_env": KEY_ENV,
                               "max_retries": 0},
-                    "sandbox": {"_target_": "milo_ray.execution.sandbox.bwrap.BwrapSandboxFactory"}}
+                    "sandbox": {"_target_": "milo_ray.boundary.sandbox.bwrap.BwrapSandboxFactory"}}
         sched = RolloutScheduler(executor, tasks, MemoryRunStore(run_id="keys"), "openai/scripted", "keys",
                                  progress=False, worker_env={KEY_ENV: key})
         try:
@@ -169,7 +169,7 @@ tasks = {t.task_id: t for t in suite.tasks("test")}
 with ScriptedOpenAIServer(lambda body: reply("done", prompt_tokens=7, completion_tokens=2)) as srv:
     executor = {"_target_": "milo_ray.execution.agent_executor.AgentExecutor",
                 "model": {"solver": "openai/scripted", "api_base": srv.url, "max_retries": 0},
-                "sandbox": {"_target_": "milo_ray.execution.sandbox.bwrap.BwrapSandboxFactory"}}
+                "sandbox": {"_target_": "milo_ray.boundary.sandbox.bwrap.BwrapSandboxFactory"}}
     sched = RolloutScheduler(executor, tasks, MemoryRunStore(run_id="keys"), "openai/scripted", "keys",
                              progress=False, worker_env={"OPENAI_API_KEY": key})
     sched.add_harness(LOOK)
@@ -285,10 +285,10 @@ def test_the_driver_hands_over_only_the_aws_credential_variables_it_has(monkeypa
     """For a bedrock/ model the rollout workers are given the AWS credentials the driver
     has (no more: not AWS_PROFILE, not a variable it lacks), and what the gateway is then
     set with becomes litellm's per-call AWS arguments; a non-bedrock model gets none."""
-    from milo_ray.agents.llm import gateway_credentials
+    from milo_ray.llm.client import gateway_credentials
     from milo_ray.config.schemas import model_config
     from milo_ray.config.targets import worker_env
-    from milo_ray.execution.gateway.upstream import request_kwargs
+    from milo_ray.boundary.gateway.upstream import request_kwargs
 
     aws = _aws_canaries()
     for name in ("AWS_SESSION_TOKEN", "AWS_DEFAULT_REGION", "OPENAI_API_KEY"):
@@ -340,9 +340,9 @@ def test_the_gateways_bedrock_call_is_signed_with_the_handed_over_access_key(mon
     while this process's environment holds no AWS credential."""
     import asyncio
 
-    from milo_ray.agents.llm import gateway_credentials
+    from milo_ray.llm.client import gateway_credentials
     from milo_ray.config.schemas import model_config
-    from milo_ray.execution.gateway import upstream
+    from milo_ray.boundary.gateway import upstream
 
     scope: dict = {}
     exec(_FAKE_BEDROCK, scope)
@@ -394,7 +394,7 @@ tasks = {t.task_id: t for t in HarborBenchmark(path=str(tmp / "tasks"), splits={
 with FakeBedrock() as fake:
     model = {"solver": sys.argv[3], "api_base": fake.url, "max_retries": 0}
     executor = {"_target_": "milo_ray.execution.agent_executor.AgentExecutor", "model": model,
-                "sandbox": {"_target_": "milo_ray.execution.sandbox.bwrap.BwrapSandboxFactory"}}
+                "sandbox": {"_target_": "milo_ray.boundary.sandbox.bwrap.BwrapSandboxFactory"}}
     sched = RolloutScheduler(executor, tasks, MemoryRunStore(run_id="aws"), sys.argv[3], "aws", progress=False,
                              worker_env=worker_env(model_config(model)))
     sched.add_harness(CALL)
@@ -449,7 +449,7 @@ def test_a_bedrock_run_signs_with_the_drivers_aws_keys_and_no_ray_process_holds_
 def test_a_search_agents_inprocess_bedrock_model_carries_the_handed_over_aws_credentials(monkeypatch):
     """A role's chat model built where the driver's secrets were handed over (use_secrets,
     not the environment) passes the AWS credentials to litellm on each call."""
-    from milo_ray.agents.llm import build_chat_model, use_secrets
+    from milo_ray.llm.client import build_chat_model, use_secrets
 
     aws = _aws_canaries()
     for name in aws:

@@ -11,8 +11,8 @@ import uuid
 import pytest
 
 from milo_ray.execution.budget import BudgetExceeded, BudgetLedger
-from milo_ray.execution.gateway.run_budget import RolloutBudget, RunSpend, start_run_spend
-from milo_ray.execution.gateway.server import ModelGateway
+from milo_ray.boundary.gateway.run_budget import RolloutBudget, RunSpend, start_run_spend
+from milo_ray.boundary.gateway.server import ModelGateway
 from milo_ray.testing.openai_server import ScriptedOpenAIServer, reply
 
 KEY_ENV = "MILO_RUN_BUDGET_TEST_KEY"
@@ -135,7 +135,7 @@ class _SeesBudget:
     """An executor that reports the run budget its rollout was given."""
 
     async def aexecute(self, harness, task, rollout_idx, seed):
-        from milo_ray.execution.gateway.run_budget import current_rollout_budget
+        from milo_ray.boundary.gateway.run_budget import current_rollout_budget
         from milo_ray.core.rollouts import RolloutResult
 
         budget = current_rollout_budget.get()
@@ -243,7 +243,7 @@ def test_running_rollouts_stop_at_the_run_budget_and_a_resumed_run_starts_from_t
 # --- whole rollouts: harness processes in bwrap -----------------------------------------
 
 
-SANDBOX = {"_target_": "milo_ray.execution.sandbox.bwrap.BwrapSandboxFactory"}
+SANDBOX = {"_target_": "milo_ray.boundary.sandbox.bwrap.BwrapSandboxFactory"}
 
 
 def _scheduler(srv, suite, store, cap):

@@ -19,10 +19,10 @@ from pathlib import Path
 
 import pytest
 
-from milo_ray.execution.sandbox import bwrap as bwrap_module
-from milo_ray.execution.sandbox import identity
-from milo_ray.execution.sandbox.base import SandboxSpec
-from milo_ray.execution.sandbox.bwrap import BwrapSandboxFactory
+from milo_ray.boundary.sandbox import bwrap as bwrap_module
+from milo_ray.boundary.sandbox import identity
+from milo_ray.boundary.sandbox.base import SandboxSpec
+from milo_ray.boundary.sandbox.bwrap import BwrapSandboxFactory
 
 pytestmark = [
     pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap is not installed"),
@@ -108,7 +108,7 @@ def test_concurrently_open_sandboxes_never_share_a_uid(tmp_path):
 @as_root
 def test_a_uid_leased_by_another_process_is_never_leased_here(tmp_path):
     holder = subprocess.Popen(
-        [sys.executable, "-c", "import sys; from milo_ray.execution.sandbox.identity import lease, parse_uid_range\n"
+        [sys.executable, "-c", "import sys; from milo_ray.boundary.sandbox.identity import lease, parse_uid_range\n"
                                f"held = lease(parse_uid_range({FACTORY.uid_range!r}))\nprint(held.uid, flush=True)\n"
                                "sys.stdin.read()"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
@@ -170,7 +170,7 @@ def test_keyrings_a_uid_was_left_with_are_emptied_when_its_lease_ends(tmp_path):
 @as_root
 def test_a_uid_whose_holder_died_is_cleared_before_it_is_leased_again(tmp_path):
     holder = subprocess.Popen(
-        [sys.executable, "-c", "import sys; from milo_ray.execution.sandbox.identity import lease, parse_uid_range\n"
+        [sys.executable, "-c", "import sys; from milo_ray.boundary.sandbox.identity import lease, parse_uid_range\n"
                                f"held = lease(parse_uid_range({FACTORY.uid_range!r}))\nprint(held.uid, flush=True)\n"
                                "sys.stdin.read()"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     uid, desc = int(holder.stdout.readline()), f"milo-{uuid.uuid4().hex[:12]}"
@@ -372,7 +372,7 @@ def test_a_token_planted_in_the_kernel_by_one_rollout_never_reaches_a_concurrent
         with ScriptedOpenAIServer([reply("ok")]) as srv:
             ex = AgentExecutor(model={"solver": "openai/scripted", "api_base": srv.url, "api_key_env": key_env,
                                       "request_timeout_s": 30, "max_retries": 0},
-                               sandbox={"_target_": "milo_ray.execution.sandbox.bwrap.BwrapSandboxFactory"},
+                               sandbox={"_target_": "milo_ray.boundary.sandbox.bwrap.BwrapSandboxFactory"},
                                scratch_dir=str(scratch), keep_scratch=True, startup_timeout_s=90)
 
             async def both():

@@ -1,5 +1,5 @@
 """A task that allows the internet gets a private network namespace with user-mode egress
-to public addresses only (milo_ray/execution/sandbox/egress.py): never the host's
+to public addresses only (milo_ray/boundary/sandbox/egress.py): never the host's
 namespace, its loopback, its ports or its sockets; no link-local (metadata) or private
 range. Probed from real bwrap sandboxes, and from a hostile harness run by the executor."""
 
@@ -19,9 +19,9 @@ import pytest
 
 from hostile import report_in_trace
 
-from milo_ray.execution.sandbox.base import SandboxSpec
-from milo_ray.execution.sandbox.bwrap import BwrapSandboxFactory
-from milo_ray.execution.sandbox.egress import BLOCKED_V4, filter_rules, host_networks, missing_tools
+from milo_ray.boundary.sandbox.base import SandboxSpec
+from milo_ray.boundary.sandbox.bwrap import BwrapSandboxFactory
+from milo_ray.boundary.sandbox.egress import BLOCKED_V4, filter_rules, host_networks, missing_tools
 
 pytestmark = [pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap is not installed"),
               pytest.mark.skipif(missing_tools() is not None, reason=f"no private network here: {missing_tools()}")]
@@ -206,7 +206,7 @@ def test_a_hostile_harness_on_an_internet_task_is_contained_and_scored(tmp_path,
         with ScriptedOpenAIServer(lambda body: reply("hi", prompt_tokens=3, completion_tokens=1)) as srv:
             model = {"solver": "openai/scripted", "api_base": srv.url, "api_key_env": KEY_ENV,
                      "request_timeout_s": 30, "max_retries": 0}
-            ex = AgentExecutor(model=model, sandbox={"_target_": "milo_ray.execution.sandbox.bwrap.BwrapSandboxFactory"},
+            ex = AgentExecutor(model=model, sandbox={"_target_": "milo_ray.boundary.sandbox.bwrap.BwrapSandboxFactory"},
                                scratch_dir=str(tmp_path))
             result = asyncio.run(ex.aexecute(harness, suite.task("secret"), 0, 0))
     finally:

@@ -1,6 +1,6 @@
 """``storage_mb`` bounds the total a sandbox writes across all its writable places (the
 workspace, /tmp, HOME, /logs), not one file: they share one volume of that size
-(milo_ray/execution/sandbox/volume.py). Shown from real bwrap sandboxes, and from a hostile
+(milo_ray/boundary/sandbox/volume.py). Shown from real bwrap sandboxes, and from a hostile
 harness run by the executor, whose rollout is recorded as a score."""
 
 from __future__ import annotations
@@ -18,10 +18,10 @@ import pytest
 
 from hostile import report_in_trace
 
-from milo_ray.execution.sandbox.base import SandboxSpec
-from milo_ray.execution.sandbox.bwrap import BwrapSandboxFactory
-from milo_ray.execution.sandbox.leftovers import SCRATCH_PREFIX, current_owner, reap_scratch
-from milo_ray.execution.sandbox.volume import Volume, unavailable
+from milo_ray.boundary.sandbox.base import SandboxSpec
+from milo_ray.boundary.sandbox.bwrap import BwrapSandboxFactory
+from milo_ray.boundary.sandbox.leftovers import SCRATCH_PREFIX, current_owner, reap_scratch
+from milo_ray.boundary.sandbox.volume import Volume, unavailable
 
 pytestmark = [pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap is not installed"),
               pytest.mark.skipif(unavailable() is not None, reason=f"no volume here: {unavailable()}")]
@@ -186,7 +186,7 @@ def test_a_harness_filling_its_disk_is_stopped_at_the_cap_and_its_rollout_scored
         with ScriptedOpenAIServer(lambda body: reply("hi", prompt_tokens=3, completion_tokens=1)) as srv:
             model = {"solver": "openai/scripted", "api_base": srv.url, "api_key_env": KEY_ENV,
                      "request_timeout_s": 30, "max_retries": 0}
-            ex = AgentExecutor(model=model, sandbox={"_target_": "milo_ray.execution.sandbox.bwrap.BwrapSandboxFactory"},
+            ex = AgentExecutor(model=model, sandbox={"_target_": "milo_ray.boundary.sandbox.bwrap.BwrapSandboxFactory"},
                                scratch_dir=str(scratch), keep_scratch=True)
             result = asyncio.run(ex.aexecute(Harness.from_source(FILL_HARNESS, name="disk-fill"),
                                              suite.task("secret"), 0, 0))

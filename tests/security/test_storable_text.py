@@ -86,7 +86,7 @@ def test_the_harness_processs_messages_and_stderr_enter_the_host_storable(tmp_pa
     storable where it is parsed, before any of the worker's code holds it."""
     import asyncio
 
-    from milo_ray.execution.harness_process_host import HarnessProcess
+    from milo_ray.boundary.harness_process.host import HarnessProcess
 
     lines = [{"t": "steps", "start": 0, "steps": [{"role": "assistant", "content": "r\udce9sum\udce9 \u0000 \ud800"}]},
              {"t": "final", "status": "harness_error", "error": "caf\udce9\u0000"}]
@@ -194,7 +194,7 @@ def test_harnesses_writing_unstorable_text_end_as_recorded_rollouts(tmp_path, ra
         executor = {"_target_": "milo_ray.execution.agent_executor.AgentExecutor",
                     "model": {"solver": "openai/scripted", "api_base": srv.url, "api_key_env": key_env,
                               "max_retries": 0},
-                    "sandbox": {"_target_": "milo_ray.execution.sandbox.bwrap.BwrapSandboxFactory"}}
+                    "sandbox": {"_target_": "milo_ray.boundary.sandbox.bwrap.BwrapSandboxFactory"}}
         sched = RolloutScheduler(executor, tasks, store, "openai/scripted", "storable", progress=False,
                                  worker_env={key_env: key})
         try:

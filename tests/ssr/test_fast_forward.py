@@ -22,7 +22,7 @@ import pytest
 from milo_ray.agents.embedder import HashingEmbedder
 from milo_ray.agents.judges.offline import OfflineJudge
 from milo_ray.agents.protocols import MutationResult
-from milo_ray.agents.usage import AgentReply, AgentUsage, reply_parts
+from milo_ray.llm.usage import AgentReply, AgentUsage, reply_parts
 from milo_ray.context import RunContext
 from milo_ray.execution.budget import BudgetLedger
 from milo_ray.search.agent_calls import AgentCallLog, RoleCap

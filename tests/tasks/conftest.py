@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from milo_ray.execution.sandbox.bwrap import DEFAULT_HOST_READONLY
+from milo_ray.boundary.sandbox.bwrap import DEFAULT_HOST_READONLY
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from task_suite import _CHECK_ANSWER, RewardServer, Suite, make_task  # noqa: E402

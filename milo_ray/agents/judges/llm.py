@@ -23,8 +23,8 @@ from typing import Any, Mapping
 from milo_ray.agents.judges.condense import CondenseInfo, condense, render
 from milo_ray.agents.judges.schema import VERDICT_SCHEMA
 from milo_ray.agents.prompts import render as render_prompt
-from milo_ray.agents.role_llm import RoleLLM, ask, chat_model
-from milo_ray.agents.usage import AgentReply, AgentUsage
+from milo_ray.llm.role_llm import RoleLLM, ask, chat_model
+from milo_ray.llm.usage import AgentReply, AgentUsage
 
 # Share of the model's context the trajectory may take by default. The rest holds the
 # instructions (~1.5k tokens), the outcome block (bounded by the caps below), a re-ask's

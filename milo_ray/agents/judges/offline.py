@@ -36,7 +36,7 @@ from typing import Any, Iterable
 
 import numpy as np
 
-from milo_ray.agents.usage import AgentReply, AgentUsage
+from milo_ray.llm.usage import AgentReply, AgentUsage
 from milo_ray.harness.mechanisms import FAILURE_MODES, MECHANISMS
 
 # Generality prior per failure mode (see the module docstring).

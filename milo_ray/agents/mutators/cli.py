@@ -51,12 +51,12 @@ Usage, as the CLIs report it (checked against their documentation, late 2025):
   releases: ``item_type: assistant_message``). Codex reports no USD.
 
 A sandboxed CLI whose gateway meters its calls (``metered(token)``, as
-:class:`milo_ray.execution.gateway.mutation.MutationGateway` does) is charged what the
+:class:`milo_ray.boundary.gateway.mutation.MutationGateway` does) is charged what the
 gateway recorded -- tokens and USD -- instead of what it printed.
 
 USD: the CLI's own figure when it gives one; else tokens priced by
 ``usd_per_mtok_input/output`` or by ``model`` (litellm's prices, through
-:func:`milo_ray.agents.llm.price`); else None (unknown is never free). A run killed at
+:func:`milo_ray.llm.client.price`); else None (unknown is never free). A run killed at
 the cap has unknown spend (None) whatever it printed so far.
 
 Limits: the cap here is this mutator's own; keep ``time_cap_s`` at or below the
@@ -80,7 +80,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
-from milo_ray.agents.llm import price, secret
+from milo_ray.llm.client import price, secret
 from milo_ray.agents.mutators.cli_sandbox import (
     PRESET_GATEWAY, ModelGateway, UnixRelay, gateway_address, gateway_args, inside_url, readonly_paths,
     run_in_sandbox,
@@ -89,8 +89,8 @@ from milo_ray.agents.mutators.cli_usage import USAGE_FORMATS, CliUsage, parse_ou
 from milo_ray.agents.mutators.workspace import collect, prepare, template_for
 from milo_ray.agents.prompts import render_from
 from milo_ray.agents.protocols import MutationRequest, MutationResult
-from milo_ray.agents.usage import AgentUsage
-from milo_ray.execution.sandbox.process import run_capped
+from milo_ray.llm.usage import AgentUsage
+from milo_ray.boundary.sandbox.process import run_capped
 
 PLACEHOLDERS = ("prompt", "prompt_file", "workspace", "output_path", "model")
 
@@ -411,7 +411,7 @@ class CliMutator:
     def _environment(self) -> dict[str, str]:
         env = {k: os.environ[k] for k in ("PATH", "HOME", "LANG") if k in os.environ}
         env.setdefault("PATH", os.defpath)
-        # Key variables come as the driver handed them to this task (agents/llm.py:use_secrets),
+        # Key variables come as the driver handed them to this task (llm/client.py:use_secrets),
         # else from this process's environment.
         env.update({k: v for k in self.pass_env if (v := secret(k))})
         env.update(self.env)

@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any, Protocol, Sequence, runtime_checkable
 from urllib.parse import unquote, urlsplit, urlunsplit
 
-from milo_ray.execution.sandbox.interpreter import interpreter_env, interpreter_paths
+from milo_ray.boundary.sandbox.interpreter import interpreter_env, interpreter_paths
 
 # The loopback port the relay listens on inside the sandbox (its own network namespace:
 # no other process can hold it).
@@ -281,8 +281,8 @@ def run_in_sandbox(argv: list[str], *, scratch: Path, env: dict[str, str], reado
     workdir ``/workspace`` is ``scratch/workspace`` (prepared by the caller), with ``env``
     as its whole environment (plus the sandbox's PATH/HOME/LANG), the relay to the gateway
     when given, and the CLI's stdout/stderr written to ``stdout``/``stderr`` on the host."""
-    from milo_ray.execution.sandbox.base import SandboxSpec
-    from milo_ray.execution.sandbox.bwrap import DEFAULT_HOST_READONLY, BwrapSandboxFactory
+    from milo_ray.boundary.sandbox.base import SandboxSpec
+    from milo_ray.boundary.sandbox.bwrap import DEFAULT_HOST_READONLY, BwrapSandboxFactory
 
     ro = list(readonly) + ([str(relay.dir)] if relay is not None else [])
     factory = BwrapSandboxFactory(command_timeout_s=time_cap_s, output_cap_bytes=output_cap_bytes,

@@ -14,8 +14,8 @@ One call, step by step:
    with the host's system read-only and the lineage nodes the snapshot names
    (:meth:`Workspace.external_dirs`) read-only at their own paths;
 3. the agent's chat model reaches the role's model only through this process's model
-   gateway (:class:`~milo_ray.execution.gateway.mutation.MutationGateway`, built by
-   :func:`~milo_ray.agents.role_llm.metered_chat_model`): a loopback ``http://`` base URL
+   gateway (:class:`~milo_ray.boundary.gateway.mutation.MutationGateway`, built by
+   :func:`~milo_ray.llm.role_llm.metered_chat_model`): a loopback ``http://`` base URL
    and a token issued for this call, revoked when it ends; the key stays in the gateway;
 4. the agent gets the instructions as its task and a backend whose file tools
    (``write_file``, ``edit_file``, ``delete``, uploads) refuse every path outside
@@ -58,17 +58,17 @@ from deepagents.backends.protocol import (
 )
 from deepagents.backends.sandbox import BaseSandbox
 
-from milo_ray.agents.llm import check_credentials
+from milo_ray.llm.client import check_credentials
 from milo_ray.agents.mutators.workspace import OUT, collect, prepare, template_for
 from milo_ray.agents.prompts import render_from
 from milo_ray.agents.protocols import MutationRequest, MutationResult
-from milo_ray.agents.role_llm import MeteredCall, RoleLLM, metered_chat_model
-from milo_ray.agents.usage import AgentUsage
+from milo_ray.llm.role_llm import MeteredCall, RoleLLM, metered_chat_model
+from milo_ray.llm.usage import AgentUsage
 from milo_ray.core.failures import is_endpoint_error
-from milo_ray.execution.gateway.mutation import MutationGateway
-from milo_ray.execution.sandbox.base import SandboxSpec
-from milo_ray.execution.sandbox.bwrap import DEFAULT_HOST_READONLY, BwrapSandboxFactory
-from milo_ray.execution.trajectory import TrajectoryRecorder
+from milo_ray.boundary.gateway.mutation import MutationGateway
+from milo_ray.boundary.sandbox.base import SandboxSpec
+from milo_ray.boundary.sandbox.bwrap import DEFAULT_HOST_READONLY, BwrapSandboxFactory
+from milo_ray.boundary.trajectory import TrajectoryRecorder
 
 log = logging.getLogger(__name__)
 

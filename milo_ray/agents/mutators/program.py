@@ -14,7 +14,7 @@ offline. What it edits is the layout every seed optimizer follows (einstein note
   Booleans and zeros are not tunables here (a multiplicative step cannot move a zero).
 * ``STAGES = [...]``: a list literal of stage names, each with a ``def stage_<name>``
   in the same file or one of the runner's ready-made stages
-  (:data:`milo_ray.execution.optimizer_blocks.STAGE_SETTINGS`) whose settings CONFIG holds. Edits: ``swap`` two neighbours, ``repeat`` a stage, ``drop`` one
+  (:data:`milo_ray.boundary.inside.optimizer_blocks.STAGE_SETTINGS`) whose settings CONFIG holds. Edits: ``swap`` two neighbours, ``repeat`` a stage, ``drop`` one
   (never the last), ``add`` a defined but unused stage. A name without a function is
   never written.
 
@@ -66,9 +66,9 @@ import numpy as np
 
 from milo_ray.agents.mutators.diagnosis import parse_memory
 from milo_ray.agents.protocols import MutationRequest, MutationResult
-from milo_ray.agents.usage import AgentUsage
+from milo_ray.llm.usage import AgentUsage
 from milo_ray.core.seeds import derive_seed
-from milo_ray.execution.optimizer_blocks import STAGE_SETTINGS
+from milo_ray.boundary.inside.optimizer_blocks import STAGE_SETTINGS
 from milo_ray.harness.mechanisms.analysis import parse_source
 from milo_ray.harness.model import ENTRY_FILE, Harness
 

@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from milo_ray.agents.protocols import MutationRequest
-from milo_ray.core.nofollow import (Tree, UnsafePath, copy_tree_nofollow, read_tree_nofollow,
+from milo_ray.boundary.nofollow import (Tree, UnsafePath, copy_tree_nofollow, read_tree_nofollow,
                                     write_tree_nofollow)
 from milo_ray.harness.model import ENTRY_FILE, MAX_FILE_BYTES, Harness
 

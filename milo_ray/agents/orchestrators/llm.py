@@ -22,8 +22,8 @@ from typing import Any, Mapping
 from milo_ray.agents.orchestrators.schema import DIAGNOSES, LOCI
 from milo_ray.agents.protocols import MutationRequest, MutationResult
 from milo_ray.agents.prompts import render
-from milo_ray.agents.role_llm import RoleLLM, ask, chat_model
-from milo_ray.agents.usage import AgentReply
+from milo_ray.llm.role_llm import RoleLLM, ask, chat_model
+from milo_ray.llm.usage import AgentReply
 
 WHERE = "backend.agents.orchestrator.llm"
 _FENCE = re.compile(r"```(?:json|JSON)?[ \t]*\n(.*?)\n?```", re.S)

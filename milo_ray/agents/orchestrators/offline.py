@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 
 from milo_ray.agents.protocols import MutationRequest, MutationResult
-from milo_ray.agents.usage import AgentReply, AgentUsage
+from milo_ray.llm.usage import AgentReply, AgentUsage
 from milo_ray.harness.mechanisms import add_mechanism, detect_mechanisms
 from milo_ray.harness.model import Harness
 

@@ -45,13 +45,14 @@ from milo_ray.benchmarks.einstein.benchmark import (
     DEFINITIONS, GIVEN_NAMES, SCORING_ALLOWANCE_S, EinsteinBenchmark, _is_int, _is_number, describe_start,
 )
 from milo_ray.benchmarks.einstein.problems import score
-from milo_ray.benchmarks.einstein.programs import grade_program, run_program, runner_files
+from milo_ray.benchmarks.einstein.programs import grade_program, run_program
+from milo_ray.boundary.optimizer_process import runner_files
 from milo_ray.benchmarks.einstein.starts import start_values
 from milo_ray.benchmarks.task_format import SETUP_ALLOWANCE_S
 from milo_ray.core.tasks import Task, Verdict
-from milo_ray.execution.optimizer_runner import BLOCKS_FILE, KIT_FILE
-from milo_ray.execution.sandbox.base import TESTS_DIR, Sandbox, SandboxSpec
-from milo_ray.execution.sandbox.interpreter import interpreter_env, interpreter_paths
+from milo_ray.boundary.inside.optimizer_runner import BLOCKS_FILE, KIT_FILE
+from milo_ray.boundary.sandbox.base import TESTS_DIR, Sandbox, SandboxSpec
+from milo_ray.boundary.sandbox.interpreter import interpreter_env, interpreter_paths
 from milo_ray.harness.model import ENTRY_FILE, Harness
 from milo_ray.harness.seeds import load_seeds
 

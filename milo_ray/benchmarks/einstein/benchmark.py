@@ -69,8 +69,8 @@ DEFINITIONS = {
         "most 1e-12). Its score is 2 * max(correlate(h, 1 - h, mode='full')) / n. Lower is better."),
 }
 
-# What the runner gives a program as module globals (milo_ray.execution.optimizer_runner:
-# kernels/autocorr_kit.py and execution/optimizer_blocks.py).
+# What the runner gives a program as module globals (milo_ray.boundary.inside.optimizer_runner:
+# kernels/autocorr_kit.py and boundary/inside/optimizer_blocks.py).
 GIVEN_NAMES = """\
 The runner gives the program these module globals (no import needed; a name the program defines itself replaces
 the given one): PROBLEM, the problem's name ({problem!r}); publish(values), which records an improved point (if

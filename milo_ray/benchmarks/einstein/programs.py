@@ -3,7 +3,7 @@
 Both ways the instance-level track runs a program use this: the optimizer executor
 (``executor=optimizer``, a program that is the harness) and the einstein-agent format's
 verifier (a program an agent wrote). :func:`run_program` uploads the program, its start,
-the runner (:mod:`milo_ray.execution.optimizer_runner`) and the formulas the runner gives
+the runner (:mod:`milo_ray.boundary.inside.optimizer_runner`) and the formulas the runner gives
 the program (:mod:`milo_ray.kernels.autocorr_kit`), runs the runner and reads back how it
 ended; :func:`grade_program` checks and scores the final point with the project's kernels
 (not the runner's copy of the formulas).
@@ -24,19 +24,17 @@ from typing import Any, Mapping
 import numpy as np
 
 from milo_ray.benchmarks.einstein.problems import check, reward, score
-from milo_ray.execution import optimizer_runner as runner
-from milo_ray.execution.sandbox.process import ProcessEnd, waited
-from milo_ray.harness.model import ENTRY_FILE
+from milo_ray.boundary.inside import optimizer_runner as runner
+from milo_ray.boundary.optimizer_process import RUNNER_FILE, TAIL_BYTES, runner_files
+from milo_ray.boundary.sandbox.process import ProcessEnd, waited
+from milo_ray.core.executor import ENTRY_FILE
 
-RUNNER_FILE = "optimizer_runner.py"
 START_FILE = "start.npy"
 # Where the runner's parent (process.EXIT_WAITER) records how the runner ended.
 EXIT_FILE = "exit.json"
 # After the runner's own deadline + grace: time for its startup (interpreter and numpy
 # import before its clock starts) and its last save, before the hard kill.
 KILL_MARGIN_S = 3.0
-# Bytes of the program's stdout and stderr kept in the trace.
-TAIL_BYTES = 4000
 _TAIL_MARK = "=====milo-optimizer-stderr====="
 
 
@@ -55,14 +53,6 @@ class ProgramRun:
     stdout_tail: str = ""
     stderr_tail: str = ""
     end: ProcessEnd | None = None  # how the runner's process ended, as observed
-
-
-def runner_files(runner_name: str = RUNNER_FILE) -> dict[str, bytes]:
-    """The files a program runs with, uploaded beside it (file name -> content): the
-    runner as ``runner_name``, and the formulas and the building blocks it gives the
-    program under the names it imports them by."""
-    return {runner_name: Path(runner.__file__).read_bytes(), runner.KIT_FILE: Path(runner.kit.__file__).read_bytes(),
-            runner.BLOCKS_FILE: Path(runner.blocks.__file__).read_bytes()}
 
 
 def run_program(sandbox: Any, workdir: str, files: Mapping[str, str | bytes], start: np.ndarray, problem: str,

@@ -17,7 +17,7 @@ A spec is ``{"base": ..., "n": ..., "perturb": ..., "seed": ...}``:
 Workers call :func:`start_values` from a task's metadata, so nothing large travels with
 a task. A ``file`` start's construction travels as content: the benchmark packs it on the
 driver (:func:`ship_construction`, into ``spec["files"]``) and a worker reads the copy its
-node unpacked (:mod:`milo_ray.execution.shipping`), never the driver's path.
+node unpacked (:mod:`milo_ray.boundary.shipping`), never the driver's path.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from milo_ray.benchmarks.einstein.problems import problem_name
-from milo_ray.execution.shipping import ShippedTree
+from milo_ray.boundary.shipping import ShippedTree
 
 BASES = ("alphaevolve", "constant", "random", "file")
 
