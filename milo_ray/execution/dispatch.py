@@ -221,6 +221,7 @@ class Dispatch(Generic[T]):
             raise RuntimeError(f"Dispatch.done({group!r}) without an item of that group in flight")
         before = self._runnable_of(group)
         self._in_flight[group] -= 1
+        self._runnable += self._runnable_of(group) - before
         self._release(group)
 
     def _release(self, group: str) -> None:
