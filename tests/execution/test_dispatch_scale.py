@@ -16,6 +16,8 @@ import pytest
 from milo_ray.execution.dispatch import Dispatch
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+# The script imports the package of the tree these tests belong to (a scratch copy too).
+_ENV = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [_ROOT, os.environ.get("PYTHONPATH")]))}
 
 
 class _PlainRules:
@@ -141,7 +143,7 @@ def test_a_capped_group_keeps_its_turn_while_it_waits_for_its_limit():
 def _bench(tmp_path, *args: str) -> tuple[str, dict]:
     out = tmp_path / "figures.json"
     proc = subprocess.run([sys.executable, os.path.join(_ROOT, "scripts", "bench_dispatch_scale.py"), *args,
-                           "--json", str(out)], capture_output=True, text=True, timeout=300)
+                           "--json", str(out)], capture_output=True, text=True, timeout=300, env=_ENV)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return proc.stdout, json.loads(out.read_text())
 
@@ -167,5 +169,5 @@ def test_the_scale_bench_reports_every_figure_and_round_robin_stays_within_twice
 
 def test_the_scale_bench_refuses_a_size_that_is_not_positive(tmp_path):
     proc = subprocess.run([sys.executable, os.path.join(_ROOT, "scripts", "bench_dispatch_scale.py"), "--nodes", "0"],
-                          capture_output=True, text=True, timeout=120)
+                          capture_output=True, text=True, timeout=120, env=_ENV)
     assert proc.returncode != 0 and "--nodes must be a positive integer" in proc.stderr
