@@ -29,6 +29,10 @@ drives both, as the scheduler calls them, without Ray:
    (one worker's rollouts finished within one 1-s poll), then flushed: rows, blobs and
    the hash list of part files. The baseline writes the same rows (without blobs) with
    pyarrow directly, one zstd part per 2,000 rows (the store's ``flush_rows``).
+4. **The pool's scan.** Each pump first asks the worker pool for the free slots
+   (``WorkerPool.free_slots``), a scan over every worker. It is timed on its own, on
+   ``--nodes`` real ``WorkerHandle`` objects of a busy cluster (one free slot), and
+   added per pump to the driver's capacity.
 
     python scripts/bench_dispatch_scale.py                  # 1,000 x 8 slots, 1,000,000 rollouts, 100 groups
     python scripts/bench_dispatch_scale.py --nodes 10 --rollouts 2000 --groups 8 --store-rows 500
@@ -48,6 +52,7 @@ import shutil
 import sys
 import tempfile
 import time
+import types
 from array import array
 from collections import deque
 from dataclasses import dataclass
@@ -137,6 +142,7 @@ class SimResult:
     pump_ns: array  # time of each pump that placed rollouts
     pump_placed: array  # rollouts it placed
     idle_pump_ns: int  # total time of the pumps that placed nothing
+    pumps: int  # every pump, placing or not
     decisions: int
     arrival_decision: list[int]  # per group: decisions made before it arrived
     last_decision: list[int]  # per group: the decision that placed its last rollout
@@ -154,7 +160,7 @@ def simulate(policy, sc: Scenario, keep: int) -> SimResult:
     arrival_decision = [0] * len(sc.groups)
     last_decision = [-1] * len(sc.groups)
     finished: list[tuple[str, RolloutRequest, float, float]] = []
-    decision = seq = ai = 0
+    decision = seq = ai = idle_pumps = 0
     now = 0.0
     clock = time.perf_counter_ns
     while ai < len(sc.arrivals) or running:
@@ -180,6 +186,7 @@ def simulate(policy, sc: Scenario, keep: int) -> SimResult:
         elapsed = clock() - t0
         if not picks:
             idle_ns += elapsed
+            idle_pumps += 1
             continue
         pump_ns.append(elapsed)
         pump_placed.append(len(picks))
@@ -193,7 +200,8 @@ def simulate(policy, sc: Scenario, keep: int) -> SimResult:
             seq += 1
             last_decision[group_index[request.group]] = decision
             decision += 1
-    return SimResult(pump_ns, pump_placed, idle_ns, decision, arrival_decision, last_decision, finished, now)
+    pumps = len(pump_ns) + idle_pumps
+    return SimResult(pump_ns, pump_placed, idle_ns, pumps, decision, arrival_decision, last_decision, finished, now)
 
 
 def decision_us(sim: SimResult) -> tuple[float, float]:
@@ -304,6 +312,24 @@ def store_rate(sc: Scenario, finished, root: str, profile: cProfile.Profile | No
     return len(rows) / spent, len(rows) / base, len(batches), len(rows) / max(len(batches), 1)
 
 
+def pool_scan_us(nodes: int, slots: int, repeats: int = 300) -> float:
+    """Microseconds of one ``WorkerPool.free_slots`` call over ``nodes`` ready workers of
+    ``slots`` slots, all busy but one slot (the scheduler's steady state)."""
+    from milo_ray.execution.pool import WorkerPool  # imports Ray (not started)
+    from milo_ray.execution.workers import WorkerHandle
+
+    workers = {}
+    for i in range(nodes):
+        w = WorkerHandle(key=f"w{i:04d}", slots=slots, actor=object(), ready=True, label=f"node-{i:04d}")
+        w.inflight = dict.fromkeys(range(slots - 1 if i == 0 else slots))
+        workers[w.key] = w
+    pool = types.SimpleNamespace(workers=workers)  # free_slots reads only .workers
+    t0 = time.perf_counter()
+    for _ in range(repeats):
+        WorkerPool.free_slots(pool)  # type: ignore[arg-type]
+    return (time.perf_counter() - t0) / repeats * 1e6
+
+
 def _rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0  # Linux: kilobytes
 
@@ -362,12 +388,14 @@ def main(argv: list[str] | None = None) -> dict:
         shutil.rmtree(root, ignore_errors=True)
     if store_profile is not None:
         print("--- cProfile: ParquetRunStore.append_rollouts + close ---\n" + _profile_text(store_profile))
+    scan_us = pool_scan_us(args.nodes, args.slots)
     peak = _rss_mb()
 
     slots = args.nodes * args.slots
     mean_dur = float(sc.durations.mean())
     demand = slots / mean_dur  # rollouts finishing per second with every slot busy
-    driver_cap = 1.0 / (mean_us * 1e-6 + 1.0 / rows_s)
+    pumps_per_rollout = sim.pumps / sim.decisions
+    driver_cap = 1.0 / ((mean_us + scan_us * pumps_per_rollout) * 1e-6 + 1.0 / rows_s)
     figures = {
         "scenario": {"nodes": args.nodes, "slots_per_node": args.slots, "rollouts": args.rollouts,
                      "groups": args.groups, "seed": args.seed, "median_s": args.median_s, "sigma": args.sigma,
@@ -380,6 +408,7 @@ def main(argv: list[str] | None = None) -> dict:
         "fifo_worst_fair_share_ratio": fifo_worst, "fifo_worst_group": fifo_worst_group,
         "store_rows_per_s": rows_s, "pyarrow_rows_per_s": base_rows_s, "store_rows": len(sim.finished),
         "store_appends": appends, "rows_per_append": per_append,
+        "pool_scan_us": scan_us, "pumps_per_rollout": pumps_per_rollout,
         "rss_mb_after_dispatch": rss_dispatch, "rss_mb_peak": peak,
         "cluster_demand_rollouts_per_s": demand, "driver_rollouts_per_s": driver_cap,
     }
@@ -402,10 +431,12 @@ def main(argv: list[str] | None = None) -> dict:
          f"FIFO {fifo_worst:,.1f} ({fifo_worst_group})", ""),
         ("store write rate (rows+blobs+hash list)", f"{rows_s:,.0f} rows/s", f">= {TARGET_ROWS_PER_S:,.0f} rows/s",
          f"pyarrow rows only {base_rows_s:,.0f} rows/s", f"{rows_s / base_rows_s:.3f}x its rate"),
+        (f"pool's free-slot scan, per pump ({args.nodes:,} workers)", f"{scan_us:.1f} us", "", "",
+         f"{pumps_per_rollout:.2f} pumps per rollout"),
         ("driver RSS, peak after dispatch", f"{rss_dispatch:,.0f} MB", "", "", ""),
         ("driver RSS, peak at the end", f"{peak:,.0f} MB", "", "", ""),
         ("cluster demand (all slots busy)", f"{demand:,.1f} rollouts/s", "", "", ""),
-        ("driver capacity (dispatch + store)", f"{driver_cap:,.0f} rollouts/s", "", "", ""),
+        ("driver capacity (dispatch + scan + store)", f"{driver_cap:,.0f} rollouts/s", "", "", ""),
     ]
     head = ("figure", "value", "target", "baseline (same run)", "vs baseline")
     widths = [max(len(r[i]) for r in table + [head]) for i in range(5)]
@@ -413,8 +444,10 @@ def main(argv: list[str] | None = None) -> dict:
         print("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip())
     print("\nWaits are counted in dispatch decisions from a group's arrival to its last rollout's dispatch; the fair "
           "share is that wait with every dispatch split equally among the groups then queued. The dispatch time "
-          "covers done() + pick() + runnable() per pump (the scheduler's pool scan for free slots is not included). "
-          "RSS includes the queued RolloutRequest objects, not the scheduler's per-rollout job and future.")
+          "covers done() + pick() + runnable() per pump; the pool's scan is timed apart. The driver's capacity is "
+          "1 / (dispatch + scan per rollout + store time per row). RSS includes the queued RolloutRequest objects, "
+          "not the scheduler's per-rollout job and future."
+          + (" With --profile, the dispatch and store times include cProfile's overhead." if args.profile else ""))
     if args.json:
         with open(args.json, "w") as f:
             json.dump(figures, f, indent=2)
