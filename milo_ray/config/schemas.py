@@ -281,7 +281,9 @@ class Config:
 class EvalConfig:
     """Evaluate harnesses (the benchmark's seeds by default) with k rollouts per task.
 
-    split: which split to evaluate; names: seed names to keep (empty: all)."""
+    k: rollouts per (harness, task).
+    split: which split to evaluate.
+    names: seed names to keep (empty: all)."""
 
     _target_: str = "milo_ray.evaluation.EvalMethod"
     k: int = 5

@@ -43,7 +43,8 @@ class SSRConfig:
         ``uniform`` (same batches, no elimination).
     Each of these three also takes a ``{_target_: ...}`` building another object of its
     protocol; events and the summary record the object's ``name``.
-    stages: K; b_v: validation tasks per stage (one entry per stage, or one for all);
+    stages: K, the racing stages per round.
+    b_v: validation tasks per stage (one entry per stage, or one for all).
     b_s / b_f: parent-success / parent-failure training tasks per stage;
     rollouts: R executions per (harness, task) in racing.
     replace_alpha: the parent-replacement gate (None: off, the paper's rule): a child

@@ -107,6 +107,16 @@ def test_help_lists_every_group_option_and_run_key_and_no_internal_schema():
     for key, text in keys.items():
         assert text, f"{key} has no help text (give its schema field setting(..., help=...))"
         assert key in proc.stdout
+    # Each method's keys and the sweep launcher's, read from their schemas: a field without
+    # help (metadata, a docstring entry or a comment above it) fails here.
+    from milo_ray.config.help import launcher_keys, method_keys
+
+    rows = [r for rs in method_keys().values() for r in rs] + launcher_keys()
+    assert {"method.num_islands", "method.racing", "method.k", "hydra.launcher.entrypoint_resources"} <= {
+        r.key for r in rows}
+    for r in rows:
+        assert r.help, f"{r.key} has no help text (document the field in its schema's docstring)"
+        assert f"  {r.key} " in proc.stdout, f"{r.key} missing from --help"
 
 
 # --- resume: what a resumed run keeps -------------------------------------------------------
