@@ -33,6 +33,9 @@ drives both, as the scheduler calls them, without Ray:
    (``WorkerPool.free_slots``), a scan over every worker. It is timed on its own, on
    ``--nodes`` real ``WorkerHandle`` objects of a busy cluster (one free slot), and
    added per pump to the driver's capacity.
+5. **Memory.** The driver's peak RSS (it holds every queued ``RolloutRequest``), and,
+   measured apart with tracemalloc, what the scheduler adds per queued rollout (its job
+   record, asyncio future and cache key), projected to ``--rollouts``.
 
     python scripts/bench_dispatch_scale.py                  # 1,000 x 8 slots, 1,000,000 rollouts, 100 groups
     python scripts/bench_dispatch_scale.py --nodes 10 --rollouts 2000 --groups 8 --store-rows 500
@@ -330,6 +333,30 @@ def pool_scan_us(nodes: int, slots: int, repeats: int = 300) -> float:
     return (time.perf_counter() - t0) / repeats * 1e6
 
 
+def job_bytes(n: int = 20_000) -> float:
+    """Bytes the scheduler holds per queued rollout: the request, its cache key, its
+    ``_Job`` with an asyncio future, and the ``_jobs`` entry (tracemalloc, ``n`` of them)."""
+    import asyncio
+    import tracemalloc
+
+    from milo_ray.execution.budget import BudgetLedger
+    from milo_ray.execution.scheduler import _Job
+
+    loop, ledger, jobs = asyncio.new_event_loop(), BudgetLedger(), {}
+    try:
+        tracemalloc.start()
+        for i in range(n):
+            request = RolloutRequest("h001", "task-001", i, 0, split="search", method="milo", round=1,
+                                     stage="run01/stage1", group="run01/stage1")
+            key = request.key("model")
+            jobs[key] = _Job(key, request, loop.create_future(), ledger)
+        used = tracemalloc.get_traced_memory()[0]
+    finally:
+        tracemalloc.stop()
+        loop.close()
+    return used / n
+
+
 def _rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0  # Linux: kilobytes
 
@@ -389,6 +416,7 @@ def main(argv: list[str] | None = None) -> dict:
     if store_profile is not None:
         print("--- cProfile: ParquetRunStore.append_rollouts + close ---\n" + _profile_text(store_profile))
     scan_us = pool_scan_us(args.nodes, args.slots)
+    per_job = job_bytes()
     peak = _rss_mb()
 
     slots = args.nodes * args.slots
@@ -409,6 +437,7 @@ def main(argv: list[str] | None = None) -> dict:
         "store_rows_per_s": rows_s, "pyarrow_rows_per_s": base_rows_s, "store_rows": len(sim.finished),
         "store_appends": appends, "rows_per_append": per_append,
         "pool_scan_us": scan_us, "pumps_per_rollout": pumps_per_rollout,
+        "scheduler_bytes_per_queued_rollout": per_job,
         "rss_mb_after_dispatch": rss_dispatch, "rss_mb_peak": peak,
         "cluster_demand_rollouts_per_s": demand, "driver_rollouts_per_s": driver_cap,
     }
@@ -435,6 +464,8 @@ def main(argv: list[str] | None = None) -> dict:
          f"{pumps_per_rollout:.2f} pumps per rollout"),
         ("driver RSS, peak after dispatch", f"{rss_dispatch:,.0f} MB", "", "", ""),
         ("driver RSS, peak at the end", f"{peak:,.0f} MB", "", "", ""),
+        ("scheduler memory per queued rollout", f"{per_job:,.0f} B", "", "",
+         f"{per_job * args.rollouts / 2**20:,.0f} MB for {args.rollouts:,} queued"),
         ("cluster demand (all slots busy)", f"{demand:,.1f} rollouts/s", "", "", ""),
         ("driver capacity (dispatch + scan + store)", f"{driver_cap:,.0f} rollouts/s", "", "", ""),
     ]

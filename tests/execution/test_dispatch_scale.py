@@ -159,7 +159,7 @@ def test_the_scale_bench_reports_every_figure_and_round_robin_stays_within_twice
     assert (s["nodes"], s["slots_per_node"], s["rollouts"], s["groups"]) == (5, 4, 4000, 30)
     assert figures["store_rows"] == 200 and figures["store_appends"] >= 1
     for name in ("decision_us_mean", "decision_us_p99", "fifo_decision_us_mean", "store_rows_per_s",
-                 "pyarrow_rows_per_s", "pool_scan_us", "rss_mb_peak", "driver_rollouts_per_s"):
+                 "pyarrow_rows_per_s", "pool_scan_us", "scheduler_bytes_per_queued_rollout", "rss_mb_peak", "driver_rollouts_per_s"):
         assert figures[name] > 0, name
     # Round-robin: no group waits past twice its fair share. FIFO, on the same arrivals,
     # makes a late group wait for every rollout queued before it: the figure tells them apart.
