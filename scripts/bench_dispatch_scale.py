@@ -390,6 +390,7 @@ def main(argv: list[str] | None = None) -> dict:
     if not (args.median_s > 0 and args.sigma >= 0 and args.cap_s > 0):
         ap.error("--median-s and --cap-s must be > 0 and --sigma >= 0")
 
+    load_before = os.getloadavg()[0]
     t0 = time.perf_counter()
     sc = make_scenario(args.nodes, args.slots, args.rollouts, args.groups, median_s=args.median_s, sigma=args.sigma,
                        cap_s=args.cap_s, seed=args.seed)
@@ -428,7 +429,8 @@ def main(argv: list[str] | None = None) -> dict:
         "scenario": {"nodes": args.nodes, "slots_per_node": args.slots, "rollouts": args.rollouts,
                      "groups": args.groups, "seed": args.seed, "median_s": args.median_s, "sigma": args.sigma,
                      "cap_s": args.cap_s, "mean_duration_s": mean_dur, "largest_group": int(sc.sizes.max()),
-                     "smallest_group": int(sc.sizes.min()), "simulated_s": sim.sim_seconds, "setup_s": setup_s},
+                     "smallest_group": int(sc.sizes.min()), "simulated_s": sim.sim_seconds, "setup_s": setup_s,
+                     "load_average_1min": [load_before, os.getloadavg()[0]], "cores": os.cpu_count()},
         "decision_us_mean": mean_us, "decision_us_p99": p99_us,
         "fifo_decision_us_mean": fifo_mean_us, "fifo_decision_us_p99": fifo_p99_us,
         "decisions_per_s": 1e6 / mean_us, "fifo_decisions_per_s": 1e6 / fifo_mean_us,
@@ -448,7 +450,9 @@ def main(argv: list[str] | None = None) -> dict:
           f"lognormal(median {args.median_s:g} s, sigma {args.sigma:g}) cut at {args.cap_s:g} s, mean {mean_dur:.0f} s; "
           f"seed {args.seed}; {sim.sim_seconds / 3600:.1f} simulated hours.")
     print(f"Store: the first {len(sim.finished):,} results, each with a distinct ~2 KB trace (a blob), in "
-          f"{appends:,} appends (one worker's poll each; {per_append:.2f} rows per append).\n")
+          f"{appends:,} appends (one worker's poll each; {per_append:.2f} rows per append).")
+    print(f"Machine: {os.cpu_count()} cores, 1-minute load average {load_before:.1f} at the start and "
+          f"{os.getloadavg()[0]:.1f} at the end (times are wall-clock: other processes' share is in them).\n")
     table = [
         ("dispatch time per rollout, mean", f"{mean_us:.2f} us", f"<= {TARGET_DECISION_US:g} us",
          f"FIFO deque pop {fifo_mean_us:.2f} us", f"{mean_us / fifo_mean_us:.1f}x its time"),
