@@ -333,7 +333,7 @@ def pool_scan_us(nodes: int, slots: int, repeats: int = 300) -> float:
     return (time.perf_counter() - t0) / repeats * 1e6
 
 
-def job_bytes(n: int = 20_000) -> float:
+def job_bytes(n: int = 5_000) -> float:
     """Bytes the scheduler holds per queued rollout: the request, its cache key, its
     ``_Job`` with an asyncio future, and the ``_jobs`` entry (tracemalloc, ``n`` of them)."""
     import asyncio
