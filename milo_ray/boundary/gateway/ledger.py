@@ -179,7 +179,8 @@ class Grant:
                 self._began.pop(admission.ticket, None)
                 if self._open.pop(admission.ticket, None) is None:
                     return  # charged its reservation when its rollout ended
-            self._record_locked(call, 0 if admission is None else admission.reserved, failure, status, began)
+            self._record_locked(call, 0 if admission is None else admission.reserved, failure, status, began,
+                                None if admission is None else admission.ticket)
 
     def settle_open(self, row_for: Any) -> int:
         """Charge every call still in flight its reservation (``row_for(reserved, started_at)``
@@ -189,11 +190,11 @@ class Grant:
             open_calls, self._open = list(self._open.items()), {}
             for ticket, reserved in open_calls:
                 started_at, began = self._began.pop(ticket, (None, None))
-                self._record_locked(row_for(reserved, started_at), reserved, None, None, began)
+                self._record_locked(row_for(reserved, started_at), reserved, None, None, began, ticket)
             return len(open_calls)
 
     def _record_locked(self, call: dict[str, Any], reserved: int, failure: str | None, status: int | None,
-                       began: int | None) -> None:
+                       began: int | None, ticket: int | None = None) -> None:
         self.in_flight = max(0, self.in_flight - 1)
         self.reserved = max(0, self.reserved - int(reserved))
         self.calls.append(call)
@@ -205,7 +206,9 @@ class Grant:
         if self.journal is not None and began is not None:
             self.journal.finished(began, len(self.calls) - 1, call)
         if self.run_budget is not None:
-            self.run_budget.charge(int(call["input_tokens"]) + int(call["output_tokens"]), call.get("cost_usd"))
+            # Settles what the run's budget reserved for this call (its ticket) at admission.
+            self.run_budget.charge(int(call["input_tokens"]) + int(call["output_tokens"]), call.get("cost_usd"),
+                                   key=ticket)
         if self.token_cap is not None and self._used_locked() >= self.token_cap and self.stop_reason is None:
             self._stop_locked("token_cap")
 
@@ -238,6 +241,15 @@ class Grant:
             if self.stop_reason is None:
                 self._stop_locked("run_budget")
         return Refusal(429, "run_budget", f"{reason}; no further model calls are paid for")
+
+    def release(self, admission: Admission) -> None:
+        """A call admitted by :meth:`admit` was stopped before it was forwarded: the
+        provider never saw it, so its reservation is released and nothing is charged."""
+        with self._lock:
+            self._began.pop(admission.ticket, None)
+            if self._open.pop(admission.ticket, None) is not None:
+                self.in_flight = max(0, self.in_flight - 1)
+                self.reserved = max(0, self.reserved - admission.reserved)
 
     def end(self) -> None:
         """The rollout is over: refuse the token from now on."""

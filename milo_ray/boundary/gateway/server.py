@@ -67,6 +67,8 @@ STREAM_DRAIN_S = 60.0
 # How long a rollout's end waits for its calls in flight to be recorded before it charges
 # each its reservation.
 SETTLE_WAIT_S = 10.0
+# The error of a call the gateway stopped (it was closed) before the provider's answer came.
+CANCELLED = "the gateway closed while the call was in flight"
 
 
 @dataclass(frozen=True)
@@ -101,6 +103,8 @@ class ModelGateway:
         # each one's listener by the socket's path.
         self._bound: dict[str, Grant] = {}
         self._listeners: dict[str, tuple[Any, str, bool]] = {}  # path -> (server, address, the directory is ours)
+        # Each call's work, in a task of the gateway's own (_owned), not the request handler's.
+        self._calls: set[asyncio.Task[Any]] = set()
 
     def set_key(self, key: str | Mapping[str, str] | None) -> None:
         """The provider key, or the litellm credential arguments of a ``bedrock/`` model
@@ -150,8 +154,16 @@ class ModelGateway:
         return "http://127.0.0.1:%d" % sock.getsockname()[1]
 
     async def close(self) -> None:
+        """Stop serving. A call still in flight is cancelled and charged its reservation
+        (its row says so; a call its rollout's :meth:`settle` charged already is not charged
+        again)."""
         for grant in list(self._bound.values()):
             self._unbind(grant)
+        calls = list(self._calls)
+        for task in calls:
+            task.cancel()
+        if calls:
+            await asyncio.gather(*calls, return_exceptions=True)
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
@@ -253,6 +265,14 @@ class ModelGateway:
             self._limiter = rate_limiter_for(self.cfg)
         return self._limiter
 
+    def _bound_usd(self, admission: Admission, size: int) -> float | None:
+        """The USD bound of an admitted call: its reserved tokens at the model's prices, the
+        prompt's part (at most the request's size) at the input price (None: unpriced)."""
+        from milo_ray.llm.client import price
+
+        prompt = min(int(size), admission.reserved)
+        return price(self.cfg, prompt, admission.reserved - prompt)
+
     def _scrub(self, text: str) -> str:
         secrets = [v for k, v in self._key.items() if k != "aws_region_name"] if isinstance(self._key, Mapping) \
             else [self._key] if self._key else []
@@ -297,13 +317,25 @@ class ModelGateway:
         return grant
 
     async def _responses(self, request: Any) -> Any:
-        return await self._serve(request, responses)
+        return await self._owned(self._serve(request, responses))
 
     async def _chat(self, request: Any) -> Any:
-        return await self._serve(request, upstream)
+        return await self._owned(self._serve(request, upstream))
 
     async def _messages(self, request: Any) -> Any:
-        return await self._serve(request, messages)
+        return await self._owned(self._serve(request, messages))
+
+    async def _owned(self, work: Any) -> Any:
+        """Run one call's ``work`` in a task of the gateway's own and wait for it, shielded:
+        if the request handler is cancelled -- its caller hung up and the server cancels
+        handlers of lost connections (aiohttp before 3.9 always did; later ones can be told
+        to) -- the call still completes upstream and is charged what the provider billed.
+        Only :meth:`close` cancels the task itself (and the call is then charged its
+        reservation)."""
+        task = asyncio.ensure_future(work)
+        self._calls.add(task)
+        task.add_done_callback(self._calls.discard)
+        return await asyncio.shield(task)
 
     async def _serve(self, request: Any, api: Any) -> Any:
         """One call of ``api`` (:mod:`.upstream` for chat completions, :mod:`.messages`
@@ -332,7 +364,14 @@ class ModelGateway:
         if grant.run_budget is not None:
             # The run's counter, shared by every worker's gateway: asked before each call,
             # charged after it (Grant.record), so a spent budget stops paying at once.
-            spent = await grant.run_budget.admit()
+            try:
+                # Reserved there at the call's upper bound (its grant's reservation, priced),
+                # settled when it is recorded.
+                spent = await grant.run_budget.admit(admission.ticket, admission.reserved,
+                                                     self._bound_usd(admission, len(raw)))
+            except BaseException:  # nothing went upstream: the reservation is released, not charged
+                grant.release(admission)
+                raise
             if spent is not None:
                 return _error(web, grant.refuse_for_run_budget(spent, admission))
         started = time.time()
@@ -341,6 +380,9 @@ class ModelGateway:
             return await self._stream(request, grant, body, api, call)
         try:
             answer = await api.complete(self.cfg, self._key, body, self._limiter_for())
+        except asyncio.CancelledError:
+            self._record(grant, call, 0, 0, 0, CANCELLED, reported=False)
+            raise
         except Exception as exc:
             return self._failed(web, grant, exc, call)
         self._key_works = True
@@ -366,11 +408,11 @@ class ModelGateway:
         failure, status = upstream.failure_class(exc)
         if status in (401, 403) and not self._key_works:
             failure = "infra"  # nothing has shown the key works: the host's, not the harness's
-        # An answer with an error status was billed nothing; a request that timed out may
-        # have been answered, and billed, after the gateway stopped waiting.
-        timed_out = isinstance(exc, TimeoutError) or "Timeout" in type(exc).__name__
-        self._record(grant, call, 0, 0, int(getattr(exc, "_gateway_retries", 0)), text, reported=not timed_out,
-                     failure=failure, status=status)
+        # A request never sent, or answered with an error status, was billed nothing; one
+        # that timed out, or whose answer was lost on the way, may have been answered, and
+        # billed, all the same: it is charged its reservation (upstream.may_be_billed).
+        self._record(grant, call, 0, 0, int(getattr(exc, "_gateway_retries", 0)), text,
+                     reported=not upstream.may_be_billed(exc), failure=failure, status=status)
         code = status if status is not None and 400 <= status < 600 else 502
         return _error(web, Refusal(code, "upstream", f"model endpoint: {text}"))
 
@@ -386,6 +428,9 @@ class ModelGateway:
             first = await chunks.__anext__()
         except StopAsyncIteration:
             first = None
+        except asyncio.CancelledError:
+            self._record(grant, call, 0, 0, 0, CANCELLED, reported=False)
+            raise
         except Exception as exc:
             return self._failed(web, grant, exc, call)
         self._key_works = True
@@ -418,6 +463,9 @@ class ModelGateway:
                     break
             if framed and not gone and error is None:
                 await response.write(b"data: [DONE]\n\n")
+        except asyncio.CancelledError:
+            error = error or CANCELLED
+            raise
         except Exception:
             pass  # the caller left at the very end: the answer was whole
         finally:

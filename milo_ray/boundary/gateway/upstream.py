@@ -120,6 +120,33 @@ def failure_class(exc: BaseException) -> tuple[str, int | None]:
     return ("infra" if retryable(exc) else "request"), status
 
 
+# Links of a failed call's exception chain (matched by class name, on every class of each
+# link) that show the provider billed nothing: the connection was never made, so the
+# request was never sent ...
+_NEVER_SENT = ("ConnectError", "ConnectTimeout", "ClientConnectorError", "ConnectionRefusedError")
+# ... or the provider answered it with an error status (an error answer is not billed):
+# the HTTP client's own exception for the answer it received, not litellm's or the SDK's
+# status classes, which litellm also raises when no answer came.
+_ANSWERED_WITH_ERROR = ("HTTPStatusError",)
+
+
+def may_be_billed(exc: BaseException) -> bool:
+    """Whether the provider may bill a call that failed with ``exc`` although the gateway
+    never learnt its usage: true unless the exception's chain shows the request was never
+    sent or was answered with an error status. A timeout, a connection dropped after the
+    request went out, a truncated or empty body, an unknown failure: the provider may have
+    generated, and billed, the answer. (litellm wraps every failure in its own exception,
+    whose ``status_code`` is set even when no status came -- 500 for a dropped connection --
+    so the chain is read, not that attribute.)"""
+    seen, link = 0, exc
+    while link is not None and seen < 16:
+        names = {cls.__name__ for cls in type(link).__mro__}
+        if names.intersection(_NEVER_SENT) or names.intersection(_ANSWERED_WITH_ERROR):
+            return False
+        link, seen = link.__cause__ or link.__context__, seen + 1
+    return True
+
+
 @dataclass
 class Answer:
     """A provider's answer: the response as a JSON-ready dict, its tokens and retries."""
