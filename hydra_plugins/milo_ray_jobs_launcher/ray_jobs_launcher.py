@@ -14,9 +14,9 @@ from hydra.plugins.launcher import Launcher
 from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig, open_dict
 
-from milo_ray.sweep.settings import RayJobsLauncherConf
+from milo_ray.sweep.settings import launcher_config_node
 
-ConfigStore.instance().store(group="hydra/launcher", name="ray_jobs", node=RayJobsLauncherConf, provider="milo_ray")
+ConfigStore.instance().store(group="hydra/launcher", name="ray_jobs", node=launcher_config_node(), provider="milo_ray")
 
 EXIT_BAD_INPUT, EXIT_JOB_FAILED, EXIT_INTERRUPTED = 2, 1, 130
 

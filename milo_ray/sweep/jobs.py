@@ -23,6 +23,9 @@ from typing import Any, Callable, Sequence
 log = logging.getLogger(__name__)
 
 SUCCEEDED, FAILED, STOPPED = "SUCCEEDED", "FAILED", "STOPPED"
+# Not Ray's: a job Ray calls SUCCEEDED whose run directory cannot be read where the
+# summary runs (its driver wrote it on another node's disk, or it is incomplete).
+RUN_MISSING = "RUN_MISSING"
 _TERMINAL = {SUCCEEDED, FAILED, STOPPED}
 # What a failed driver's log ends with: the exception, or the entry point's one-line error.
 _EXCEPTION_LINE = re.compile(r"^(error: |[A-Za-z_][\w.]*(Error|Exception|Interrupt|Exit)\b)")
@@ -54,6 +57,9 @@ class JobOutcome:
     submitted_at: float | None = None
     started_at: float | None = None  # the driver's start and end as Ray reports them (epoch s)
     finished_at: float | None = None
+    driver_node_id: str | None = None  # the node the driver ran on (Ray's job info)
+    driver_node: str | None = None  # that node described: id, address, head or worker, alive
+    run_problem: str | None = None  # why the job's run cannot be read (set by the summary)
 
     @property
     def ok(self) -> bool:
@@ -65,6 +71,8 @@ class JobOutcome:
         that succeeded."""
         if self.ok:
             return None
+        if self.status == RUN_MISSING and self.run_problem:
+            return self.run_problem
         for text in (self.log_tail, self.message or ""):  # Ray's message may quote the log's end too
             lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
             raised = next((ln for ln in reversed(lines) if _EXCEPTION_LINE.match(ln)), None)
@@ -80,6 +88,7 @@ class JobRunner:
     max_concurrent: int
     entrypoint_num_cpus: float | None = None
     entrypoint_resources: dict[str, float] | None = None
+    entrypoint_label_selector: dict[str, str] | None = None  # pins the drivers to a node (.placement)
     runtime_env: dict[str, Any] | None = None
     metadata: dict[str, str] = field(default_factory=dict)
     poll_s: float = 2.0
@@ -120,7 +129,8 @@ class JobRunner:
                 sid = self.client.submit_job(
                     entrypoint=spec.entrypoint, runtime_env=self.runtime_env,
                     metadata={**self.metadata, "sweep_job": str(spec.num)},
-                    entrypoint_num_cpus=self.entrypoint_num_cpus, entrypoint_resources=self.entrypoint_resources)
+                    entrypoint_num_cpus=self.entrypoint_num_cpus, entrypoint_resources=self.entrypoint_resources,
+                    entrypoint_label_selector=self.entrypoint_label_selector)
                 break
             except Exception as exc:
                 if _BUSY in str(exc) and time.monotonic() < deadline:
@@ -150,6 +160,7 @@ class JobRunner:
     def _finish(self, sid: str, info: Any, out: JobOutcome) -> None:
         out.exit_code = getattr(info, "driver_exit_code", None)
         out.message = getattr(info, "message", None)
+        out.driver_node_id = getattr(info, "driver_node_id", None) or None
         start, end = getattr(info, "start_time", None), getattr(info, "end_time", None)
         out.started_at = start / 1000.0 if start else None  # Ray reports milliseconds
         out.finished_at = end / 1000.0 if end else None

@@ -12,11 +12,14 @@ On a Ray on this machine the jobs run in the launcher's working directory with i
 interpreter and ``PYTHONPATH``, so they run the code and read the paths the launcher
 checked; on a cluster they run in the job's working directory there (a ``runtime_env``
 ``working_dir`` if given) and the summary is written by a last job on the cluster, where
-the run directories are.
+the run directories are. Every driver, and that last job, is pinned to the node whose disk
+holds the run directories (:mod:`.placement`), and the summary checks each job's run
+(:mod:`.summary`): a job whose run cannot be read counts as failed.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import shlex
 import sys
@@ -26,7 +29,8 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from milo_ray.config.errors import set_jobs_launched
-from milo_ray.sweep.jobs import SUCCEEDED, JobOutcome, JobRunner, JobSpec
+from milo_ray.sweep import placement
+from milo_ray.sweep.jobs import RUN_MISSING, SUCCEEDED, JobOutcome, JobRunner, JobSpec
 from milo_ray.sweep.local_ray import local_ray, use_configured_token
 from milo_ray.sweep.points import SweepPoint, compose_points, expand, job_overrides
 from milo_ray.sweep.settings import LauncherSettings, default_max_concurrent
@@ -135,31 +139,44 @@ class SweepLauncher:
             run_dir = str(sweep_dir / str(p.num))
             command = entrypoint(python, job_overrides(p, run_dir), os.getcwd() if local else None)
             specs.append(JobSpec(num=p.num, overrides=p.overrides, run_dir=run_dir, entrypoint=command))
+        selector, node = placement.driver_selector(
+            placement.cluster_nodes(url) if s.driver_node == "auto" else [], driver_node=s.driver_node,
+            run_dir=str(self.config.hydra.sweep.dir), local=local, entrypoint_resources=s.entrypoint_resources)
         rule = "hydra.launcher.max_concurrent" if s.max_concurrent else "one per CPU of the cluster"
+        where = f"drivers on {node.describe()}, which holds the run directories" if node is not None else \
+            "drivers wherever Ray finds their resources (hydra.launcher.driver_node=any or a URI run.dir)"
         _say(f"sweep: {len(specs)} job(s) on Ray Jobs at {url} (watch them on its dashboard), at most {cap} at once "
-             f"({rule}); sweep dir {sweep_dir}")
+             f"({rule}); {where}; sweep dir {sweep_dir}")
         runner = JobRunner(client, max_concurrent=cap, entrypoint_num_cpus=s.entrypoint_num_cpus,
-                           entrypoint_resources=s.entrypoint_resources, runtime_env=runtime_env or None,
+                           entrypoint_resources=s.entrypoint_resources, entrypoint_label_selector=selector,
+                           runtime_env=runtime_env or None,
                            metadata={"sweep_dir": str(sweep_dir)}, poll_s=s.poll_s, log_tail_lines=s.log_tail_lines,
                            log_dir=sweep_dir / LOGS_DIR if local else None, say=_say)
         set_jobs_launched()
         outcomes = runner.run(specs)
+        nodes = placement.nodes_or_empty(url)
+        for o in outcomes:
+            o.driver_node = placement.describe_node(o.driver_node_id, nodes)
         if local:
             from milo_ray.sweep.summary import write_summary
 
             summary: dict[str, Any] = {k: str(v) for k, v in write_summary(sweep_dir, outcomes).items()}
         else:
-            summary = self._summary_on_cluster(client, sweep_dir, outcomes, python, runtime_env or None)
+            summary = self._summary_on_cluster(client, sweep_dir, outcomes, python, runtime_env or None, selector)
+        for o in outcomes:
+            if o.status == RUN_MISSING:
+                _say(f"sweep: job {o.num} {RUN_MISSING}: Ray says it succeeded, but {o.run_problem}")
         return SweepResult(outcomes=outcomes, summary=summary)
 
     def _summary_on_cluster(self, client: Any, sweep_dir: Path, outcomes: list[JobOutcome], python: str,
-                            runtime_env: dict | None) -> dict[str, Any]:
-        """Write the summary where the run directories are: as one more job on the cluster."""
-        from milo_ray.sweep.summary import pack_outcomes
+                            runtime_env: dict | None, selector: dict[str, str] | None) -> dict[str, Any]:
+        """Write the summary where the run directories are: as one more job on the cluster,
+        on the drivers' node; the jobs whose run it cannot read are marked on ``outcomes``."""
+        from milo_ray.sweep.summary import RUN_PROBLEM_LINE, pack_outcomes
 
         command = shlex.join([python, "-m", "milo_ray.sweep.summary", str(sweep_dir), pack_outcomes(outcomes)])
-        sid = client.submit_job(entrypoint=command, runtime_env=runtime_env, metadata={"sweep_dir": str(sweep_dir),
-                                                                                        "sweep_job": "summary"})
+        sid = client.submit_job(entrypoint=command, runtime_env=runtime_env, entrypoint_label_selector=selector,
+                                metadata={"sweep_dir": str(sweep_dir), "sweep_job": "summary"})
         while str(getattr(client.get_job_status(sid), "value", "")) not in ("SUCCEEDED", "FAILED", "STOPPED"):
             time.sleep(self.settings.poll_s)
         status = str(client.get_job_status(sid).value)
@@ -167,6 +184,11 @@ class SweepLauncher:
         if status != SUCCEEDED:
             _say(f"sweep: the summary job {sid} {status}:\n{text[-2000:]}")
             return {}
+        by_num = {o.num: o for o in outcomes}
+        for line in text.splitlines():  # summary.main's line per job whose run it cannot read
+            if line.startswith(RUN_PROBLEM_LINE):
+                seen = json.loads(line[len(RUN_PROBLEM_LINE):])
+                by_num[seen["job"]].status, by_num[seen["job"]].run_problem = seen["status"], seen["run_problem"]
         # summary.main prints one "<name>: <path>" line per file it wrote.
         names = ("parquet", "markdown", "comparison")
         return dict(line.split(": ", 1) for line in text.splitlines()

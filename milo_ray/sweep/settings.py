@@ -1,5 +1,11 @@
 """The ``ray_jobs`` launcher's settings (``hydra.launcher.*``) and their checks.
 
+The mapping settings (``entrypoint_resources``, ``runtime_env``) default to an empty
+mapping, not null: OmegaConf cannot merge a command-line dict or a dotted key into a
+null node, so only an empty one accepts every command-line form
+(``'hydra.launcher.entrypoint_resources={driver_slot:1}'``,
+``hydra.launcher.entrypoint_resources.driver_slot=1``, ``++...``). Empty means unset.
+
 Keys never travel in a job's ``runtime_env`` (Ray logs it and shows it on the
 dashboard): a job's driver gets provider keys from the environment of the Ray node it
 runs on, so a runtime_env that carries one is refused.
@@ -9,12 +15,13 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Dict, Optional
 
 from milo_ray.config.errors import UserError
 from milo_ray.core.llm_endpoint import KEY_PREFIXES
 
+DRIVER_NODES = ("auto", "any")
 LAUNCHER_TARGET = "hydra_plugins.milo_ray_jobs_launcher.ray_jobs_launcher.RayJobsLauncher"
 
 
@@ -30,8 +37,13 @@ class RayJobsLauncherConf:
     entrypoint_num_cpus: CPUs each job's driver reserves (Ray places the driver where they
         are free). The driver mostly waits on Ray; its rollouts and mutations reserve their
         own resources, so the default leaves most of each core to them.
-    entrypoint_resources: custom resources each driver reserves (e.g. a resource only the
-        head declares, to keep drivers and their run directories on the head).
+    entrypoint_resources: custom resources each driver reserves (e.g. ``{driver_slot: 1}``,
+        a resource the head declares a few of, to cap the drivers it runs at once).
+    driver_node: ``auto`` runs every driver on the node whose disk holds the run directories
+        (this machine's node for a Ray on this machine, the head for an ``address``), so no
+        run is left on a worker's disk that leaves with the worker; ``any`` lets Ray place
+        them wherever their resources are free, for run directories every node reaches (an
+        object-store URI ``run.dir`` is placed so by itself).
     runtime_env: the jobs' Ray runtime environment (e.g. ``working_dir`` on a cluster);
         never keys. On a Ray on this machine the launcher adds ``PYTHONPATH`` so the jobs
         import the code the launcher runs.
@@ -45,11 +57,29 @@ class RayJobsLauncherConf:
     address: Optional[str] = None
     max_concurrent: Optional[int] = None
     entrypoint_num_cpus: Optional[float] = 0.25
-    entrypoint_resources: Optional[Dict[str, float]] = None
-    runtime_env: Optional[Dict[str, Any]] = None
+    entrypoint_resources: Dict[str, float] = field(default_factory=dict)
+    driver_node: str = "auto"
+    runtime_env: Dict[str, Any] = field(default_factory=dict)
     python: Optional[str] = None
     poll_s: float = 2.0
     log_tail_lines: int = 20
+
+
+# Mappings whose keys are the user's (Ray resource names, runtime_env fields): open to new
+# keys from the command line even though Hydra puts the config in struct mode.
+OPEN_MAPPINGS = ("entrypoint_resources", "runtime_env")
+
+
+def launcher_config_node() -> Any:
+    """The config Hydra stores for ``hydra/launcher=ray_jobs``: the schema, with the
+    user-keyed mappings (:data:`OPEN_MAPPINGS`) open, so a dotted key or a dict adds keys
+    without a ``+``."""
+    from omegaconf import OmegaConf
+
+    node = OmegaConf.structured(RayJobsLauncherConf)
+    for name in OPEN_MAPPINGS:
+        OmegaConf.set_struct(node[name], False)
+    return node
 
 
 @dataclass(frozen=True)
@@ -64,6 +94,7 @@ class LauncherSettings:
     python: str | None
     poll_s: float
     log_tail_lines: int
+    driver_node: str = "auto"
 
 
 # Variable names that hold secrets by convention; values that look like provider keys.
@@ -101,6 +132,11 @@ def settings_from(node: Any) -> LauncherSettings:
     for name, amount in (resources or {}).items():
         if not isinstance(amount, (int, float)) or amount < 0:
             raise UserError(f"hydra.launcher.entrypoint_resources.{name}={amount}: must be a number >= 0")
+    driver_node = raw.get("driver_node") or "auto"
+    if driver_node not in DRIVER_NODES:
+        raise UserError(f"hydra.launcher.driver_node={driver_node}: must be one of {', '.join(DRIVER_NODES)} "
+                        "(auto: drivers on the node whose disk holds the run directories; any: wherever Ray "
+                        "finds their resources, for run directories every node reaches)")
     if raw.get("poll_s") is None or raw["poll_s"] <= 0:
         raise UserError(f"hydra.launcher.poll_s={raw.get('poll_s')}: must be > 0 seconds")
     if raw.get("log_tail_lines") is None or raw["log_tail_lines"] < 1:
@@ -113,7 +149,8 @@ def settings_from(node: Any) -> LauncherSettings:
     check_runtime_env(raw.get("runtime_env"))
     return LauncherSettings(address=address, max_concurrent=max_concurrent, entrypoint_num_cpus=cpus,
                             entrypoint_resources={k: float(v) for k, v in resources.items()} if resources else None,
-                            runtime_env=raw.get("runtime_env"), python=raw.get("python"),
+                            runtime_env=raw.get("runtime_env") or None, python=raw.get("python"),
+                            driver_node=driver_node,
                             poll_s=float(raw["poll_s"]), log_tail_lines=int(raw["log_tail_lines"]))
 
 

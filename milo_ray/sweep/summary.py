@@ -5,8 +5,12 @@ final-test metrics with task-clustered 95% intervals), plus the comparison page
 <sweep dir>`` writes).
 
 The metrics are :func:`milo_ray.results.compare`'s rows (each the run's
-:func:`milo_ray.results.final_test`), never recomputed here. A job whose driver died
-before it wrote a manifest has no run: its row has the job's columns only.
+:func:`milo_ray.results.final_test`), never recomputed here. Every job's run directory is
+read: a job whose run cannot be read has the job's columns only, with ``run_problem``
+saying why and ``driver_node`` where its driver ran; one that Ray calls SUCCEEDED is
+reported as ``RUN_MISSING`` (a failure), never as a success with empty metrics (its
+driver wrote it on a disk the summary does not see: another node's), and the comparison
+page names it.
 
 It reads the run directories, so it runs where they are: in the launcher's process for a
 Ray on this machine, as a last Ray job on a cluster
@@ -20,6 +24,7 @@ import dataclasses
 import json
 import logging
 import math
+import socket
 import sys
 import zlib
 from pathlib import Path
@@ -28,13 +33,14 @@ from typing import Any, Sequence
 import pandas as pd
 
 from milo_ray.report import write_comparison
-from milo_ray.sweep.jobs import JobOutcome
+from milo_ray.sweep.jobs import RUN_MISSING, SUCCEEDED, JobOutcome
+from milo_ray.sweep.placement import run_dir_is_durable
 
 log = logging.getLogger(__name__)
 
 SUMMARY_PARQUET, SUMMARY_MD, COMPARISON_DIR = "summary.parquet", "summary.md", "comparison"
 JOB_COLUMNS = ["job", "overrides", "setting", "status", "exit_code", "error", "submission_id", "run_dir", "log_path",
-               "started_at", "finished_at"]
+               "started_at", "finished_at", "driver_node", "run_problem"]
 # From results.compare, in this order (the run's own status is ``run_status``).
 RUN_COLUMNS = ["run_status", "method", "rung", "benchmark", "stop_reason", "label", "harness_id", "n_tasks", "k",
                "pass_at_k", "pass_at_k_lo", "pass_at_k_hi", "pr_at_k", "pr_at_k_lo", "pr_at_k_hi",
@@ -42,39 +48,64 @@ RUN_COLUMNS = ["run_status", "method", "rung", "benchmark", "stop_reason", "labe
                "rollouts", "agent_calls", "agent_cost_usd", "wall_seconds"]
 
 
-def _run_rows(sweep_dir: Path) -> dict[Path, dict[str, Any]]:
-    """compare()'s row of every run below the sweep directory, by resolved run directory."""
+def _read_run(run_dir: str) -> tuple[dict[str, Any] | None, str | None]:
+    """compare()'s row of the run in ``run_dir``, or None and why it cannot be read here."""
     from milo_ray import results
     from milo_ray.report.compare import setting
 
+    path = Path(run_dir)
+    if run_dir_is_durable(run_dir):  # on object storage: results reads it from there
+        path = run_dir
+    elif not path.is_dir():
+        return None, f"its run directory {run_dir} does not exist"
+    elif not (path / "manifest.json").is_file():
+        return None, f"its run directory {run_dir} has no manifest.json"
     try:
-        run_dirs = results.find_runs(sweep_dir)
-    except results.RunDirError:
-        return {}  # no job got as far as writing a manifest
-    frame = results.compare(run_dirs)
-    out = {}
-    for _, row in frame.iterrows():
-        values = row.to_dict()
-        values["run_status"] = values.pop("status")
-        values["setting"] = setting(row)
-        out[Path(values["run_dir"]).resolve()] = values
-    return out
+        row = results.compare([path]).iloc[0].to_dict()
+    except Exception as exc:  # a half-written or foreign directory: this job's problem only
+        return None, f"its run in {run_dir} cannot be read ({type(exc).__name__}: {exc})"
+    row["run_status"] = row.pop("status")
+    row["setting"] = setting(row)
+    return row, None
 
 
-def summary_frame(sweep_dir: str | Path, outcomes: Sequence[JobOutcome]) -> pd.DataFrame:
-    """One row per job, in job order."""
-    runs = _run_rows(Path(sweep_dir))
+def check_runs(outcomes: Sequence[JobOutcome]) -> dict[int, dict[str, Any]]:
+    """Read every job's run; returns compare()'s row by job number for those that can be
+    read, and records on each other outcome why not (``run_problem``). A job Ray calls
+    SUCCEEDED whose run cannot be read becomes ``RUN_MISSING``."""
+    host = socket.gethostname()
+    rows = {}
+    for o in outcomes:
+        row, problem = _read_run(o.run_dir)
+        if row is not None:
+            rows[o.num] = row
+            continue
+        where = f"on {o.driver_node}" if o.driver_node else "on a node Ray did not name"
+        o.run_problem = f"{problem} on {host}, where the summary reads the runs; its driver ran {where}"
+        if o.status == SUCCEEDED:
+            o.status = RUN_MISSING
+    return rows
+
+
+def summary_frame(outcomes: Sequence[JobOutcome], runs: dict[int, dict[str, Any]]) -> pd.DataFrame:
+    """One row per job, in job order (``runs``: :func:`check_runs`)."""
     rows = []
     for o in sorted(outcomes, key=lambda o: o.num):
-        run = runs.get(Path(o.run_dir).resolve(), {})
+        run = runs.get(o.num, {})
         rows.append({"job": o.num, "overrides": " ".join(o.overrides), "setting": run.get("setting"),
                      "status": o.status, "exit_code": o.exit_code, "error": o.error(),
                      "submission_id": o.submission_id, "run_dir": o.run_dir, "log_path": o.log_path,
-                     "started_at": o.started_at, "finished_at": o.finished_at,
-                     **{c: run.get(c) for c in RUN_COLUMNS}})
+                     "started_at": o.started_at, "finished_at": o.finished_at, "driver_node": o.driver_node,
+                     "run_problem": o.run_problem, **{c: run.get(c) for c in RUN_COLUMNS}})
     frame = pd.DataFrame(rows, columns=[*JOB_COLUMNS, *RUN_COLUMNS])
     return frame.astype({"job": "int64", "exit_code": "Int64", "n_tasks": "Int64", "k": "Int64",
                          "rollouts": "Int64", "agent_calls": "Int64"})
+
+
+def missing_notes(outcomes: Sequence[JobOutcome]) -> list[str]:
+    """One line per job whose run cannot be read: the job, its status and why."""
+    return [f"Job {o.num} ({' '.join(o.overrides) or 'no overrides'}) is not on this page: {o.status}, "
+            f"{o.run_problem}." for o in sorted(outcomes, key=lambda o: o.num) if o.run_problem]
 
 
 def _cell(value: Any) -> str:
@@ -93,8 +124,11 @@ def _interval(row: pd.Series, metric: str) -> str:
 def markdown(frame: pd.DataFrame, outcomes: Sequence[JobOutcome], comparison: Path | None,
              comparison_error: str | None = None) -> str:
     failed = frame[frame["status"] != "SUCCEEDED"]
+    missing = int((frame["status"] == RUN_MISSING).sum())
+    lost = f" ({missing} of them {RUN_MISSING}: Ray says the job succeeded, but its run cannot be read)" \
+        if missing else ""
     lines = [f"# Sweep summary", "",
-             f"{len(frame)} job(s): {len(frame) - len(failed)} succeeded, {len(failed)} failed. Metrics: the "
+             f"{len(frame)} job(s): {len(frame) - len(failed)} succeeded, {len(failed)} failed{lost}. Metrics: the "
              "incumbent's final test (milo_ray.results.compare), value [task-clustered 95% interval].", "",
              "| job | overrides | setting | status | pass@k | PR@k | RR@k | k | tasks | true score | error |",
              "|---|---|---|---|---|---|---|---|---|---|---|"]
@@ -111,6 +145,8 @@ def markdown(frame: pd.DataFrame, outcomes: Sequence[JobOutcome], comparison: Pa
             lines += [f"### job {o.num}: {o.status}" + (f" (exit code {o.exit_code})" if o.exit_code is not None
                                                        else ""),
                       "", f"overrides: `{' '.join(o.overrides)}`", ""]
+            if o.run_problem:
+                lines += [f"run: {o.run_problem}", ""]
             if o.message:  # its first line: the rest quotes the log, shown below
                 lines += [f"Ray: {o.message.strip().splitlines()[0]}", ""]
             if o.log_tail:
@@ -130,22 +166,27 @@ def write_summary(sweep_dir: str | Path, outcomes: Sequence[JobOutcome]) -> dict
     comparison page is skipped (and summary.md says why) when no run can be compared."""
     sweep_dir = Path(sweep_dir)
     sweep_dir.mkdir(parents=True, exist_ok=True)
-    frame = summary_frame(sweep_dir, outcomes)
+    runs = check_runs(outcomes)
+    frame = summary_frame(outcomes, runs)
     paths = {"parquet": sweep_dir / SUMMARY_PARQUET, "markdown": sweep_dir / SUMMARY_MD}
     frame.to_parquet(paths["parquet"], index=False)
     comparison, why = None, None
-    if frame["run_status"].notna().any():
+    if runs:
+        readable = [o.run_dir for o in sorted(outcomes, key=lambda o: o.num) if o.num in runs]
         try:
-            comparison = write_comparison([sweep_dir], sweep_dir / COMPARISON_DIR)
+            comparison = write_comparison(readable, sweep_dir / COMPARISON_DIR, notes=missing_notes(outcomes))
             paths["comparison"] = comparison
         except Exception as exc:  # the summary stands without the page; say why
             why = f"{type(exc).__name__}: {exc}"
             log.warning("no comparison page written (%s)", why)
     else:
-        why = "no job wrote a run"
+        why = "no job's run can be read" + (f" ({'; '.join(missing_notes(outcomes))})" if any(
+            o.run_problem for o in outcomes) else "")
     paths["markdown"].write_text(markdown(frame, outcomes, comparison, why), encoding="utf-8")
     return paths
 
+
+RUN_PROBLEM_LINE = "run_problem: "  # main's line for a job whose run cannot be read
 
 # One argument of a command line is at most 128 KiB on Linux (MAX_ARG_STRLEN).
 _MAX_ARG = 100_000
@@ -178,8 +219,12 @@ def main(argv: list[str] | None = None) -> int:
     if len(args) != 2:
         print("usage: python -m milo_ray.sweep.summary SWEEP_DIR OUTCOMES", file=sys.stderr)
         return 2
-    for name, path in write_summary(args[0], unpack_outcomes(args[1])).items():
+    outcomes = unpack_outcomes(args[1])
+    for name, path in write_summary(args[0], outcomes).items():
         print(f"{name}: {path}")
+    for o in outcomes:  # what the launcher reports and counts (it cannot read the runs itself)
+        if o.run_problem:
+            print(f"{RUN_PROBLEM_LINE}{json.dumps({'job': o.num, 'status': o.status, 'run_problem': o.run_problem})}")
     return 0
 
 

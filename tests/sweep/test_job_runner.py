@@ -181,5 +181,17 @@ def test_a_sweep_whose_jobs_wrote_no_run_still_gets_its_summary(tmp_path):
     assert row["status"] == "FAILED" and row["error"] == "ModuleNotFoundError: No module named 'milo_ray'"
     assert pd.isna(row["run_status"]) and pd.isna(row["pr_at_k"])
     md = paths["markdown"].read_text()
-    assert "No module named 'milo_ray'" in md and "No comparison page: no job wrote a run" in md
+    assert "No module named 'milo_ray'" in md and "No comparison page: no job's run can be read" in md
     assert "comparison" not in paths
+
+
+def test_every_job_is_submitted_with_the_drivers_node_selector():
+    class Recording(FakeJobs):
+        def submit_job(self, *, entrypoint, **kw):
+            self.seen = [*getattr(self, "seen", []), kw.get("entrypoint_label_selector")]
+            return super().submit_job(entrypoint=entrypoint, **kw)
+
+    client = Recording()
+    selector = {"ray.io/node-id": "head-id"}
+    _runner(client, 2, entrypoint_label_selector=selector).run(_specs("run", "run", "run"))
+    assert client.seen == [selector] * 3
