@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import gc
 import json
+import os
 import subprocess
 import threading
 import time
@@ -13,9 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from milo_ray.boundary.sandbox import docker as docker_module
+from milo_ray.boundary.sandbox import docker_image, docker_sandbox as docker_sandbox_module
 from milo_ray.boundary.sandbox.base import SandboxSpec
-from milo_ray.boundary.sandbox.docker import DockerSandboxFactory, override_from
+from milo_ray.boundary.sandbox.docker import DockerSandboxFactory
+from milo_ray.boundary.sandbox.docker_image import override_from
 
 
 def _containers(task_id: str) -> list[str]:
@@ -174,14 +176,14 @@ def test_upload_download_round_trip_and_errors(docker_sandbox) -> None:
 
 def test_image_is_built_once_per_task_content(docker_factory, docker_task, tmp_path, monkeypatch) -> None:
     builds = []
-    real = docker_module.run_capped
+    real = docker_image.run_capped
 
     def counting(argv, **kw):
         if "build" in argv:
             builds.append(argv)
         return real(argv, **kw)
 
-    monkeypatch.setattr(docker_module, "run_capped", counting)
+    monkeypatch.setattr(docker_image, "run_capped", counting)
     with ThreadPoolExecutor(2) as pool:
         pair = list(pool.map(lambda i: docker_factory.open(docker_task, tmp_path / f"s{i}"), range(2)))
     pair.append(docker_factory.open(docker_task, tmp_path / "s2"))
@@ -210,7 +212,7 @@ def test_container_is_removed_on_close_and_when_dropped(docker_factory, docker_t
 
 def test_interrupt_restarts_the_container_when_the_sweep_cannot_run(docker_sandbox, monkeypatch) -> None:
     docker_sandbox.execute("nohup sleep 303 >/dev/null 2>&1 &")
-    monkeypatch.setattr(docker_module, "_SWEEP", "exit 1")  # as when no pid is left to fork it
+    monkeypatch.setattr(docker_sandbox_module, "SWEEP", "exit 1")  # as when no pid is left to fork it
     docker_sandbox.interrupt()
     assert not [p for p in _processes(docker_sandbox) if p.startswith("sleep 303")]
     assert docker_sandbox.execute("cat /app/hello.txt").output.startswith("hello ")
@@ -230,16 +232,20 @@ def test_config_group_builds_the_factory() -> None:
 
 
 def test_commands_run_hardened(docker_sandbox) -> None:
-    """Non-root, no capabilities, no privilege gain, a read-only root, a writable workdir
-    and /tmp."""
+    """Every process of the container is one non-root uid (the container's lease) with no
+    capabilities and no privilege gain; the root is read-only, the workdir and /tmp
+    writable."""
     r = docker_sandbox.execute("id -u; grep -E 'Cap(Eff|Prm)|NoNewPrivs' /proc/self/status; "
                                "touch /usr/x 2>&1; touch /opt-x 2>&1; touch ./mine /tmp/t && echo writable")
     lines = r.output.splitlines()
-    assert lines[0] == "65534"
+    uid = docker_sandbox.owner[0] if docker_sandbox.owner else os.getuid()
+    assert lines[0] == str(uid) and uid != 0
     assert {line.split()[1] for line in lines[1:3]} == {"0000000000000000"} and lines[3].split()[1] == "1"
     assert r.output.count("Read-only file system") + r.output.count("Permission denied") >= 2
     assert lines[-1] == "writable"
-
+    # docker-init and the main process too: nothing in the container holds another uid.
+    owners = docker_sandbox.execute("for d in /proc/[0-9]*; do stat -c %u $d; done").output.split()
+    assert set(owners) == {str(uid)}, owners
 
 
 def test_commands_run_under_the_daemons_seccomp_filter(docker_sandbox) -> None:
@@ -251,22 +257,24 @@ def test_commands_run_under_the_daemons_seccomp_filter(docker_sandbox) -> None:
 
 def test_grading_container_carries_over_only_the_workspace(docker_sandbox, docker_task) -> None:
     """What the agent left anywhere but its workspace -- a planted test in /tests, a file
-    in /tmp and /logs, a running process -- is not in the container the verifier gets."""
+    in /tmp and /logs, a running process -- is not in the container the verifier gets,
+    which runs as a uid of its own."""
     agent = docker_sandbox
     agent.execute("echo work > /app/result; echo pwned > /tests/conftest.py; echo x > /tmp/left; "
                   "mkdir -p /logs/verifier && echo 1 > /logs/verifier/reward.txt; rm /app/hello.txt; "
                   "nohup sleep 404 >/dev/null 2>&1 &")
+    agent_dirs = set(agent.dirs.mounts.values())
     fresh = agent.fresh_for_grading()
-    volume = fresh._volumes[0]
     try:
         assert len(_containers(docker_task.task_id)) == 1  # the agent's container is gone
         r = fresh.execute("cat /app/result; ls -A /tests /logs /tmp; ls /app; id -u")
-        assert r.output.split() == ["work", "/logs:", "/tests:", "/tmp:", "result", "65534"], r.output
-        # The emptied-out task file stays deleted: the volume is not refilled from the image.
+        uid = fresh.owner[0] if fresh.owner else os.getuid()
+        assert r.output.split() == ["work", "/logs:", "/tests:", "/tmp:", "result", str(uid)], r.output
+        # The deleted task file stays deleted: the workspace is not refilled from the image.
         assert not [p for p in _processes(fresh) if "sleep 404" in p]
+        assert not any(d.exists() for d in agent_dirs), agent_dirs  # moved (the workspace) or deleted
         with pytest.raises(RuntimeError, match="closed"):
             agent.execute("true")
     finally:
         fresh.close()
-    volumes = subprocess.run(["docker", "volume", "ls", "-q"], capture_output=True, text=True).stdout.split()
-    assert volume not in volumes
+    assert _containers(docker_task.task_id) == []
