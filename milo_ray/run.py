@@ -229,6 +229,14 @@ def _infra_only(store: Any, since: float) -> str | None:
             f"the first: {str(first).splitlines()[0][:300]}")
 
 
+def _sweep_budget(cfg: DictConfig) -> tuple[str, float] | None:
+    """(ledger, USD cap) of the capped sweep this run is a job of (``run.budget.sweep``)."""
+    sweep = OmegaConf.select(cfg, "run.budget.sweep", default=None)
+    if sweep is None or sweep.get("ledger") is None:
+        return None
+    return str(sweep.ledger), float(sweep.cost_usd)
+
+
 def run_job(cfg: DictConfig) -> dict[str, Any]:
     """Run one configured job to completion; returns the method's summary."""
     from milo_ray.agents.embedder import watch_loads
@@ -296,6 +304,7 @@ def run_job(cfg: DictConfig) -> dict[str, Any]:
         usd_per_mtok=None if plan.model.usd_per_mtok_input is None
         else (plan.model.usd_per_mtok_input, plan.model.usd_per_mtok_output),
         worker_env=worker_env(plan.model),
+        sweep_budget=_sweep_budget(cfg),
     )
     elapsed = elapsed_before(manifest["history"], _activity_times(store)) if resumed else 0.0
     if elapsed:

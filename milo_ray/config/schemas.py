@@ -48,6 +48,18 @@ class RoleBudgetsConfig:
 
 
 @dataclass
+class SweepBudgetConfig:
+    """``run.budget.sweep``: the spend cap of the sweep this run is a job of, set by the
+    ``ray_jobs`` launcher from ``hydra.launcher.max_usd`` (not by hand). ``ledger`` names the
+    sweep's shared ledger (a detached actor every job of the sweep charges); ``cost_usd`` is
+    the sweep's cap. Both null: the run is not part of a capped sweep."""
+
+    ledger: Optional[str] = setting(None, help="the sweep's shared spend ledger (set by the launcher)")
+    cost_usd: Optional[float] = setting(None, help="the sweep's USD cap, every job's model calls together "
+                                                   "(hydra.launcher.max_usd)")
+
+
+@dataclass
 class BudgetConfig:
     """Caps on what a run may spend. ``executions`` counts rollouts (cached ones are
     free); None means unlimited. ``tokens`` and ``cost_usd`` count rollouts and every
@@ -63,6 +75,8 @@ class BudgetConfig:
     cost_usd: Optional[float] = setting(None, help="USD cap on rollouts and agent calls; needs model prices "
                                                    "(null: unlimited)")
     roles: RoleBudgetsConfig = setting(factory=RoleBudgetsConfig, help="per-role caps")
+    sweep: SweepBudgetConfig = setting(factory=SweepBudgetConfig, help="the cap of the sweep this run is a job of "
+                                                                       "(set by hydra.launcher.max_usd)")
 
 
 @dataclass

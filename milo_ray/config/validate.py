@@ -373,6 +373,14 @@ def settings_problems(cfg: Any) -> list[Problem]:
         if value is not None and value <= 0:  # a run with nothing to spend would "finish" having done nothing
             problems.append(Problem(f"run.budget.{name}={value}", "must be > 0 (or null for unlimited)"))
     problems += _role_cap_problems(run.budget.get("roles"))
+    sweep = run.budget.get("sweep") or {}
+    ledger, sweep_usd = sweep.get("ledger"), sweep.get("cost_usd")
+    if (ledger is None) != (sweep_usd is None):
+        problems.append(Problem("run.budget.sweep.ledger / run.budget.sweep.cost_usd", "only one given",
+                                "give both or neither (hydra.launcher.max_usd sets both for every job of a sweep)"))
+    elif sweep_usd is not None and (isinstance(sweep_usd, bool) or not isinstance(sweep_usd, (int, float))
+                                    or not sweep_usd > 0):
+        problems.append(Problem(f"run.budget.sweep.cost_usd={sweep_usd}", "must be > 0 USD"))
     model = None
     try:
         model = model_config(cfg.model)

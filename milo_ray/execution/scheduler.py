@@ -110,6 +110,8 @@ class RolloutScheduler:
     whose executor reported no cost of its own (None: such results cost 0).
     ``worker_env``: variables each rollout worker is handed by an actor call as it comes up
     (the model gateway's keys; see :func:`~milo_ray.execution.workers.await_ready`).
+    ``sweep_budget``: (ledger name, USD cap) of the sweep this run is a job of
+    (``run.budget.sweep``): its gateways also reserve on and charge that shared ledger.
     """
 
     def __init__(
@@ -136,6 +138,7 @@ class RolloutScheduler:
         worker_idle_s: float = 60.0,
         usd_per_mtok: tuple[float, float] | None = None,
         worker_env: Mapping[str, str] | None = None,
+        sweep_budget: tuple[str, float] | None = None,
     ) -> None:
         self.executor_config = executor_config
         self.tasks: dict[str, Task] = dict(tasks) if isinstance(tasks, Mapping) else {t.task_id: t for t in tasks}
@@ -144,7 +147,8 @@ class RolloutScheduler:
         self.run_id = run_id
         # The run's budget, the uncounted ledger of count_budget=False batches and the
         # gateways' shared counter.
-        self.spend = SchedulerSpend(budget if budget is not None else BudgetLedger(), executor_config, store)
+        self.spend = SchedulerSpend(budget if budget is not None else BudgetLedger(), executor_config, store,
+                                    sweep=sweep_budget)
         self.budget, self.uncounted = self.spend.budget, self.spend.uncounted
         self._dispatch: Dispatch[_Job] = Dispatch(default_group_limit, group_limits)
         self.retry = RetryPolicy(max_retries, float(retry_backoff_s), max_harness_retries)

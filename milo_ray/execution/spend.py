@@ -8,7 +8,10 @@ calls (a gateway) and a token/USD cap is set, one counter
 (:mod:`~milo_ray.boundary.gateway.run_budget`) is started for the run and handed to
 every worker, so a spent budget stops the running rollouts' calls too; a rollout it
 stopped midway is remembered, so the batch holding it ends in
-:class:`~milo_ray.execution.budget.BudgetExceeded` (with every result).
+:class:`~milo_ray.execution.budget.BudgetExceeded` (with every result). A job of a sweep
+capped with ``hydra.launcher.max_usd`` (``run.budget.sweep``) also hands its workers the
+sweep's ledger (:func:`~milo_ray.boundary.gateway.run_budget.sweep_spend`), shared by every
+job of the sweep: its refusal stops the run the same way, with the sweep's reason.
 """
 
 from __future__ import annotations
@@ -16,20 +19,32 @@ from __future__ import annotations
 from typing import Any, Iterable
 
 from milo_ray.execution.budget import BudgetExceeded, BudgetLedger
-from milo_ray.boundary.gateway.run_budget import meters_model_calls, start_run_spend, stop_run_spend
+import logging
+
+from milo_ray.boundary.gateway.run_budget import meters_model_calls, start_run_spend, stop_run_spend, sweep_spend
+
+log = logging.getLogger(__name__)
 
 
 class SchedulerSpend:
-    """The run's ``budget`` ledger, the ``uncounted`` one, and the gateways' counter."""
+    """The run's ``budget`` ledger, the ``uncounted`` one, and the gateways' counters:
+    the run's, and the sweep's ledger when ``sweep`` = (its name, its USD cap) is given."""
 
-    def __init__(self, budget: BudgetLedger, executor_config: Any, store: Any) -> None:
+    def __init__(self, budget: BudgetLedger, executor_config: Any, store: Any,
+                 sweep: tuple[str, float] | None = None) -> None:
         self.budget = budget
         self.uncounted = BudgetLedger()
         self._store = store
+        meters = meters_model_calls(executor_config)
         # Only a capped run whose executor meters its model calls needs a counter (the
         # offline executors keep the ledger's rule alone).
-        self._wants_counter = budget.caps_spend and meters_model_calls(executor_config)
+        self._wants_counter = budget.caps_spend and meters
+        self._sweep = sweep if sweep is not None and meters else None
+        if sweep is not None and not meters:
+            log.warning("run.budget.sweep: this job's executor makes no metered model calls (no gateway), so it "
+                        "charges nothing to the sweep's ledger %s", sweep[0])
         self.counter: Any = None
+        self.sweep_ledger: Any = None
         self._stopped: set[str] = set()
 
     def ledger(self, count_budget: bool) -> BudgetLedger:
@@ -40,15 +55,21 @@ class SchedulerSpend:
         return ledger is self.budget
 
     def start_counter(self) -> Any:
-        """Start the run's counter (once, after Ray is up; None when the run needs none):
-        it starts from the ledger's spend -- on resume, the stored spend."""
+        """Start the run's counter and find the sweep's ledger (once, after Ray is up): what
+        the workers are handed -- one counter, a list [run's, sweep's], or None when the run
+        needs none. The run's starts from the ledger's spend (on resume, the stored spend)."""
         if self._wants_counter and self.counter is None:
             self.counter = start_run_spend(self.budget.tokens, self.budget.cost_usd)
             self.budget.share(self.counter)
-        return self.counter
+        if self._sweep is not None and self.sweep_ledger is None:
+            self.sweep_ledger = sweep_spend(*self._sweep)
+        counters = [c for c in (self.counter, self.sweep_ledger) if c is not None]
+        return counters[0] if len(counters) == 1 else (counters or None)
 
     def stop_counter(self) -> None:
-        """The counter dies with the run's rollouts; the ledger keeps its own record."""
+        """The run's counter dies with the run's rollouts; the ledger keeps its own record.
+        The sweep's ledger lives on for the sweep's other jobs."""
+        self.sweep_ledger = None
         if self.counter is not None:
             self.budget.share(None)
             stop_run_spend(self.counter)
