@@ -53,9 +53,10 @@ def verdict_suite(tmp_path_factory):
 
 @pytest.fixture
 def fake_docker(tmp_path) -> Path:
-    """A docker CLI whose daemon answers and holds only the image ``present:1``."""
+    """A docker CLI whose daemon answers (2 CPUs, Docker's default seccomp profile) and
+    holds only the image ``present:1``."""
     script = tmp_path / "fake-docker"
-    script.write_text('#!/bin/sh\ncase "$1" in\n  info) echo 2 ;;\n'
+    script.write_text('#!/bin/sh\ncase "$1" in\n  info) echo \'2 ["name=seccomp,profile=default"]\' ;;\n'
                       '  image) for last; do :; done; [ "$last" = present:1 ] ;;\n'
                       '  *) echo "fake docker cannot $1" >&2; exit 1 ;;\nesac\n')
     script.chmod(0o755)
