@@ -43,7 +43,9 @@ from milo_ray.manifest import load_manifest
 from milo_ray.search.plugin import FinalTestSpec, MethodPlugin, rebuilt_split, recorded_tasks
 from milo_ray.search.scores import interval
 from milo_ray.store import blobs, schema
+from milo_ray.store.mirrored import blob_dir
 from milo_ray.store.parquet import MANIFEST, open_run
+from milo_ray.store.remote import is_uri, snapshot
 
 if TYPE_CHECKING:  # duckdb is imported by connect() only
     import duckdb
@@ -70,6 +72,18 @@ def _frame(table: pa.Table) -> pd.DataFrame:
     # turning the column into floats or objects.
     mapping = {pa.int64(): pd.Int64Dtype(), pa.bool_(): pd.BooleanDtype()}
     return table.to_pandas(types_mapper=mapping.get)
+
+
+def _local(path: str | os.PathLike) -> Path:
+    """The directory to read: ``path`` itself, or for an object-store URI
+    (``s3://BUCKET/PREFIX``, a run or a sweep) a local snapshot of its manifests and tables
+    taken now (blobs are read from the bucket when asked for)."""
+    if not is_uri(str(path)):
+        return Path(path)
+    try:
+        return snapshot(str(path), field="path")
+    except Exception as exc:  # a bad URI, a missing bucket or credentials, an unreachable endpoint
+        raise RunDirError(str(exc).splitlines()[0] if str(exc) else f"{path}: {type(exc).__name__}") from None
 
 
 def _read_manifest(path: Path) -> dict[str, Any]:
@@ -195,7 +209,7 @@ def load_run(run_dir: str | os.PathLike) -> RunResults:
     Raises :class:`RunDirError` for a missing directory, a directory without a manifest
     (naming the runs below it if it is a sweep), a corrupt manifest, and a table file
     this version cannot read (newer ``schema_version``, corrupt, foreign)."""
-    path = Path(run_dir)
+    path = _local(run_dir)
     manifest = _read_manifest(path)
     try:
         store = open_run(path)
@@ -209,7 +223,7 @@ def load_run(run_dir: str | os.PathLike) -> RunResults:
     return RunResults(run_dir=path, manifest=manifest, method=methods.plugin_for_manifest(manifest).name,
                       benchmark=_benchmark_name(manifest), rollouts=tables["rollouts"],
                       harnesses=tables["harnesses"], events=events, agent_calls=tables["agent_calls"],
-                      experience=tables["experience"], _blobs=blobs.BlobDir(path))
+                      experience=tables["experience"], _blobs=blob_dir(path))
 
 
 def _natural(path: Path) -> list:
@@ -230,8 +244,9 @@ def _run_dirs_below(path: Path) -> list[Path]:
 
 def find_runs(path: str | os.PathLike) -> list[Path]:
     """``[path]`` when ``path`` is a run directory, else every run directory below it
-    (a sweep), in natural order (job 2 before job 10)."""
-    path = Path(path)
+    (a sweep), in natural order (job 2 before job 10). An object-store URI is read from a
+    snapshot (see :func:`load_run`)."""
+    path = _local(path)
     if not path.is_dir():
         raise RunDirError(f"{path}: no such directory; pass a run directory or a sweep directory")
     if (path / MANIFEST).is_file():
@@ -496,7 +511,7 @@ def connect(path: str | os.PathLike) -> "duckdb.DuckDBPyConnection":
     glob, so queries follow a run that is still being written."""
     import duckdb
 
-    root = Path(path)
+    root = _local(path)
     run_dirs = find_runs(root)
     con = duckdb.connect()
     meta = []

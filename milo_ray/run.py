@@ -68,8 +68,14 @@ def _run_dir(cfg: DictConfig) -> Path:
     from hydra.types import RunMode
 
     hc = HydraConfig.get()
+    location = _object_store_location(cfg)
     if hc.mode == RunMode.MULTIRUN:
+        if location is not None:
+            raise UserError(f"run.dir={location}: a sweep's jobs cannot write to object storage yet; give each run "
+                            "its own run.dir=s3://BUCKET/PREFIX, or sweep into a local directory")
         return Path(hc.runtime.output_dir).resolve()
+    if location is not None:  # the working copy of a run whose truth is the bucket
+        return location.local_copy(Path("runs").resolve())
     if cfg.run.dir:
         return Path(cfg.run.dir).expanduser().resolve()
     base = Path("runs") / time.strftime("%Y-%m-%d_%H-%M-%S")
@@ -77,6 +83,19 @@ def _run_dir(cfg: DictConfig) -> Path:
     while path.exists():  # two runs started within the same second
         path, n = base.with_name(f"{base.name}_{n}"), n + 1
     return path.resolve()
+
+
+def _object_store_location(cfg: DictConfig) -> Any:
+    """run.dir as a checked object-store location (``milo_ray.store.remote.RunURI``), or
+    None for a local directory; a bad URI is bad input naming run.dir (no network used)."""
+    from milo_ray.store.remote import RemoteConfigError, RunURI, is_uri
+
+    if not is_uri(cfg.run.dir):
+        return None
+    try:
+        return RunURI.parse(str(cfg.run.dir), field="run.dir")
+    except RemoteConfigError as exc:
+        raise UserError(str(exc)) from None
 
 
 def _invocation_overrides() -> list[str]:
@@ -93,12 +112,12 @@ def _resume_config(cfg: DictConfig, overrides: list[str]) -> DictConfig:
     silently ignored otherwise)."""
 
     check_resume_overrides(overrides)
-    path = Path(cfg.run.resume).expanduser().resolve()
+    path, location = _resume_location(str(cfg.run.resume))
     manifest = read_manifest(path)
     stored = OmegaConf.create(manifest["config"])
     OmegaConf.set_struct(stored, False)
-    stored.run.dir = str(path)
-    stored.run.resume = str(path)
+    stored.run.dir = str(location or path)
+    stored.run.resume = str(location or path)
     given = {override_key(o) for o in overrides}
     for key in ("run.time_limit_s", "run.progress", "run.report", "run.budget.executions", "run.budget.tokens",
                 "run.budget.cost_usd", "run.budget.roles"):
@@ -113,6 +132,30 @@ def _resume_config(cfg: DictConfig, overrides: list[str]) -> DictConfig:
         if isinstance(stored.get("benchmark"), DictConfig) and "model_id" in stored.benchmark:
             del stored.benchmark["model_id"]
     return stored
+
+
+def _resume_location(resume: str) -> tuple[Path, Any]:
+    """The local directory holding the manifest of the run ``run.resume`` names, and its
+    object-store location (None for a local run). For ``run.resume=s3://...`` the manifest is
+    fetched into the working copy first, so the resume works on a machine that never saw it."""
+    from milo_ray.store.remote import Remote, RemoteConfigError, RunURI, is_uri
+
+    if not is_uri(resume):
+        return Path(resume).expanduser().resolve(), None
+    try:
+        location = RunURI.parse(resume, field="run.resume")
+        remote = Remote(location, field="run.resume")
+        remote.check_bucket()
+        text = remote.get_bytes("manifest.json")
+    except RemoteConfigError as exc:
+        raise UserError(str(exc)) from None
+    if text is None:
+        raise UserError(f"run.resume={resume}: no run there (manifest.json missing); pass the run.dir of a run "
+                        "written to object storage")
+    path = location.local_copy(Path("runs").resolve())
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "manifest.json").write_bytes(text)  # the store's open replaces it with the same bytes
+    return path, location
 
 
 def _build(section: str, node: DictConfig) -> Any:
@@ -255,13 +298,15 @@ def run_job(cfg: DictConfig) -> dict[str, Any]:
     if resumed:
         cfg = _resume_config(cfg, _invocation_overrides())
     run_dir = _run_dir(cfg)
+    location = _object_store_location(cfg)
 
     # Everything that can fail on bad input happens before the store is touched.
     prepared = prepare_run(cfg)
     plan, benchmark, method, tracker, tasks, skipped = (prepared.plan, prepared.benchmark, prepared.method,
                                                         prepared.tracker, prepared.tasks, prepared.skipped)
     agents = plan.agents
-    store = _open_store(run_dir, resumed)  # a run held by another driver, or damaged, is refused before Ray starts
+    # a run held by another driver, or damaged, or a bucket that cannot be used, is refused before Ray starts
+    store = _open_store(run_dir, resumed, location)
     try:
         cluster = connect(cfg.execution)
     except BaseException:
@@ -382,7 +427,10 @@ def run_job(cfg: DictConfig) -> dict[str, Any]:
                             for k, v in summary.items() if k in _HEADLINE_KEYS))
         logging.getLogger().removeHandler(log_file)
         log_file.close()
-        print(f"run directory: {run_dir}  (status: {status}; resume with run.resume={run_dir})")
+        if location is not None:
+            _publish(location, run_dir, report)
+        where = location or run_dir
+        print(f"run directory: {where}  (status: {status}; resume with run.resume={where})")
         if report is not None:
             print(f"report: {report}")
     if infra:
@@ -407,17 +455,32 @@ def disk_full(exc: BaseException) -> Any:
     return None
 
 
-def _open_store(run_dir: Path, resumed: bool) -> Any:
+def _open_store(run_dir: Path, resumed: bool, location: Any = None) -> Any:
     """The run's store, opened for writing: a run another live driver holds, or one whose
-    stored files changed after they were written, is bad input naming the file."""
+    stored files changed after they were written, is bad input naming the file. With an
+    object-store ``location`` the store mirrors ``run_dir`` (its working copy) to the bucket;
+    a missing bucket or credentials are bad input naming run.dir."""
     from milo_ray.store.integrity import RunLocked
     from milo_ray.store.parquet import ParquetRunStore
 
     run_id = read_manifest(run_dir)["run_id"] if resumed else new_run_id()
     try:
-        return ParquetRunStore(run_dir, run_id=run_id)
-    except (RunLocked, ValueError) as exc:  # IntegrityError is a ValueError
+        if location is None:
+            return ParquetRunStore(run_dir, run_id=run_id)
+        from milo_ray.store.mirrored import MirroredRunStore
+
+        # The bucket's keys are the driver's: never persisted, whatever a row or file holds.
+        redaction.register_env(["AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN"])
+        return MirroredRunStore(location, run_dir, run_id=run_id)
+    except (RunLocked, ValueError) as exc:  # IntegrityError and RemoteConfigError are ValueErrors
         raise UserError(str(exc)) from None
+
+
+def _publish(location: Any, run_dir: Path, report: Path | None) -> None:
+    """The session's run.log and report, copied beside the store's files in the bucket."""
+    from milo_ray.store.mirrored import publish
+
+    publish(location, run_dir, [run_dir / RUN_LOG, *(sorted(report.parent.rglob("*")) if report else [])])
 
 
 def _write_report(run_dir: Path) -> Path | None:

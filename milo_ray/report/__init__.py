@@ -24,6 +24,7 @@ from typing import Any
 from milo_ray import redaction
 from milo_ray.report.tables import duration, fmt
 from milo_ray.search.plugin import Figure, ReportSection
+from milo_ray.store.remote import is_uri
 
 __all__ = ["Figure", "write_report", "write_comparison", "BENCHMARK_FIGURES"]
 
@@ -54,7 +55,8 @@ def write_report(run_dir: str | Path, out_dir: str | Path | None = None) -> Path
     from milo_ray.report import tables
 
     res = results.load_run(run_dir)
-    out = Path(out_dir) if out_dir is not None else Path(run_dir) / "report"
+    remote = is_uri(str(run_dir))  # read from a snapshot: the report goes to ./<run name>/report
+    out = Path(out_dir) if out_dir is not None else (Path(res.name) if remote else Path(run_dir)) / "report"
     out.mkdir(parents=True, exist_ok=True)
     spend = results.spend_by_role(res)
     run_row = results.compare([res]).iloc[0]  # wall time as the comparison page shows it
@@ -81,7 +83,7 @@ def write_report(run_dir: str | Path, out_dir: str | Path | None = None) -> Path
         page.Section("config", "Configuration", _config(res)),
     ]
     doc = page.page(title=f"Run {res.manifest.get('run_id') or Path(run_dir).name}",
-                    subtitle=f"{res.method} on {res.benchmark} · {Path(run_dir).resolve()}",
+                    subtitle=f"{res.method} on {res.benchmark} · {run_dir if remote else Path(run_dir).resolve()}",
                     header=_header(res, spend, run_row.get("wall_seconds")), sections=sections, footer=_footer())
     path = out / "report.html"
     # The store's texts are redacted already; the page is redacted again as it is written

@@ -17,11 +17,13 @@ def _parser() -> argparse.ArgumentParser:
         prog="python -m milo_ray.report",
         description="Write a self-contained HTML report of a run, or a comparison page of several runs.")
     p.add_argument("paths", nargs="+", metavar="PATH",
-                   help="a run directory (with --compare: run directories and/or sweep directories)")
+                   help="a run directory or s3://BUCKET/PREFIX (with --compare: run directories and/or sweep "
+                        "directories)")
     p.add_argument("--compare", action="store_true",
                    help="compare the runs under PATH... on one page (table + plot with 95%% CIs)")
     p.add_argument("--out", type=Path, default=None,
-                   help="output directory (default: RUN_DIR/report; with --compare, PATH/comparison for one PATH)")
+                   help="output directory (default: RUN_DIR/report, ./<run name>/report for s3://...; with --compare, "
+                        "PATH/comparison for one PATH)")
     return p
 
 
@@ -31,7 +33,10 @@ def main(argv: list[str] | None = None) -> int:
     from milo_ray import results
     from milo_ray.report import write_comparison, write_report
 
-    missing = [p for p in args.paths if not Path(p).exists()]
+    from milo_ray.store.remote import is_uri
+
+    # s3://BUCKET/PREFIX paths are read from the bucket (milo_ray.results)
+    missing = [p for p in args.paths if not is_uri(p) and not Path(p).exists()]
     if missing:
         parser.exit(2, f"error: no such directory: {missing[0]}\n")
     try:
@@ -40,7 +45,8 @@ def main(argv: list[str] | None = None) -> int:
             if out is None:
                 if len(args.paths) != 1:
                     parser.exit(2, "error: --out DIR is required when comparing more than one PATH\n")
-                out = Path(args.paths[0]) / "comparison"
+                first = args.paths[0]
+                out = (Path(first.rstrip("/").rsplit("/", 1)[-1]) if is_uri(first) else Path(first)) / "comparison"
             path = write_comparison(args.paths, out)
         else:
             if len(args.paths) != 1:

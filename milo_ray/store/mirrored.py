@@ -196,6 +196,20 @@ def _is_store_file(rel: str) -> bool:
         parts[1] == LEDGER or (parts[1].startswith("part-") and parts[1].endswith(".parquet")))
 
 
+def publish(uri: RunURI, root: Path, files: list[Path]) -> None:
+    """Copy ``files`` (below ``root``, the working copy) to the bucket: the files a run writes
+    beside its store (``run.log``, the report). Best effort: the run's results do not depend
+    on them, so a failure is logged, not raised."""
+    try:
+        remote = Remote(uri)
+        for f in files:
+            if f.is_file():
+                remote.put_file(f, f.relative_to(root).as_posix())
+    except Exception as exc:
+        log.warning("%s: run.log and the report were not copied to the bucket (%s); they are in %s", uri.text, exc,
+                    root)
+
+
 def open_remote_run(uri: str) -> ParquetRunStore:
     """Read a run on object storage: a snapshot of its tables taken now, blobs read through."""
     root = snapshot(uri)
