@@ -276,7 +276,7 @@ class AgentExecutor:
         agent's sandbox is dead (the fresh one shares nothing else with it: not its /tmp,
         its home, its /logs). bwrap: the workspace directory moves into a fresh sandbox;
         Docker: the agent's container is removed and a fresh one from the same image
-        mounts its workspace volume. Any other sandbox (local) is graded in place once
+        gets its workspace directory (as under bwrap). Any other sandbox (local) is graded in place once
         its processes are killed. What the format carries from the agent phase besides the
         workspace (``fmt.carried_dirs``: Harbor's /logs/agent and /logs/artifacts) is copied
         out by the host without following a link and shown read-only to the fresh sandbox
