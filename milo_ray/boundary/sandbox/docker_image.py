@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import atexit
 import hashlib
+import logging
 import os
 import re
 import shutil
@@ -33,6 +34,8 @@ from pathlib import Path
 from milo_ray.boundary.nofollow import UnsafePath, open_dir_nofollow
 from milo_ray.boundary.sandbox.docker_control import CONTROL_OUTPUT_CAP, CONTROL_TIMEOUT_S, LABEL, remove_container
 from milo_ray.boundary.sandbox.process import run_capped
+
+log = logging.getLogger(__name__)
 
 IMAGE_REPO = "milo-ray-task"
 # Keeps the build log's useful part (the failing step) without holding a huge log.
@@ -173,7 +176,11 @@ def _copy_out(docker: tuple[str, ...], holder: str, path: str, dest: Path) -> bo
                     continue
                 if member.islnk():
                     member.linkname = member.linkname.split("/", 1)[-1]
-                tar.extract(member, dest, filter="data")
+                try:
+                    tar.extract(member, dest, filter="data")
+                except tarfile.FilterError as e:
+                    # A device, or a hard link out of the tree: not a task file; left out.
+                    log.warning("image %s: %s left out of the sandbox's copy: %s", holder, member.name, e)
     except tarfile.ReadError:
         pass  # nothing was written: the path does not exist in the image
     finally:

@@ -156,3 +156,33 @@ def test_a_command_killed_for_memory_is_counted_as_an_oom_kill(docker_factory, d
         assert sandbox.execute("echo alive").output == "alive\n"  # the container itself lives on
     assert run.exit_code == 137, run.output  # SIGKILL
     assert before == 0 and after is not None and after >= 1, (before, after)
+
+
+@pytest.mark.slow
+def test_the_images_links_reach_the_workspace_as_links_and_the_host_never_follows_them(
+        make_docker_factory, docker_base_image, tmp_path) -> None:
+    # The task's image puts links in its workdir (COPY keeps them): absolute, relative,
+    # and one a later file of the image lies "under". Copying them out of the image and
+    # into the bound workspace writes nothing through any of them on the host.
+    context = tmp_path / "task"
+    (context / "w" / "sub").mkdir(parents=True)
+    (context / "w" / "sub" / "data.txt").write_text("data\n")
+    (context / "w" / "etc").symlink_to("/etc")
+    (context / "w" / "rel").symlink_to("sub/data.txt")
+    (context / "Dockerfile").write_text("FROM registry.example/unpullable:1.0\nWORKDIR /app\nCOPY w/ /app/\n")
+    spec = SandboxSpec(task_id=f"docker-links-{os.getpid()}", build_context=str(context))
+    canary = set(os.listdir("/etc"))
+    try:
+        with make_docker_factory().open(spec, tmp_path / "s") as sandbox:
+            seen = sandbox.execute("readlink /app/etc; cat /app/rel; cat /app/sub/data.txt").output.split()
+            workspace = sandbox.dirs.mounts["/app"]
+            assert os.readlink(workspace / "etc") == "/etc" and (workspace / "etc").is_symlink()
+    finally:
+        import subprocess
+
+        images = subprocess.run(["docker", "images", "-q", "--filter", f"label=milo-ray.task={spec.task_id}"],
+                                capture_output=True, text=True).stdout.split()
+        if images:
+            subprocess.run(["docker", "rmi", "-f", *images], capture_output=True)
+    assert seen == ["/etc", "data", "data"], seen
+    assert set(os.listdir("/etc")) == canary
