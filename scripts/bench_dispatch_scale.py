@@ -142,9 +142,9 @@ class FifoPop:
 
 @dataclass
 class SimResult:
-    pump_ns: array  # time of each pump that placed rollouts
+    pump_ns: dict[str, array]  # "cpu" / "wall": time of each pump that placed rollouts
     pump_placed: array  # rollouts it placed
-    idle_pump_ns: int  # total time of the pumps that placed nothing
+    idle_pump_ns: dict[str, int]  # "cpu" / "wall": total time of the pumps that placed nothing
     pumps: int  # every pump, placing or not
     decisions: int
     arrival_decision: list[int]  # per group: decisions made before it arrived
@@ -159,13 +159,15 @@ def simulate(policy, sc: Scenario, keep: int) -> SimResult:
     group_index = {name: g for g, name in enumerate(sc.groups)}
     durations = sc.durations
     running: list[tuple[float, int, str, RolloutRequest, float]] = []  # (end, seq, worker, request, start)
-    pump_ns, pump_placed, idle_ns = array("q"), array("q"), 0
+    cpu_ns, wall_ns, pump_placed = array("q"), array("q"), array("q")
+    idle_cpu = idle_wall = 0
+    cpu_cost, wall_cost = clock_costs()
     arrival_decision = [0] * len(sc.groups)
     last_decision = [-1] * len(sc.groups)
     finished: list[tuple[str, RolloutRequest, float, float]] = []
     decision = seq = ai = idle_pumps = 0
     now = 0.0
-    clock = time.perf_counter_ns
+    cpu, wall = time.thread_time_ns, time.perf_counter_ns
     while ai < len(sc.arrivals) or running:
         done_group = None
         if ai < len(sc.arrivals) and (not running or sc.arrivals[ai][0] <= running[0][0]):
@@ -181,17 +183,22 @@ def simulate(policy, sc: Scenario, keep: int) -> SimResult:
             done_group = request.group
             if len(finished) < keep:
                 finished.append((worker, request, started, now))
-        t0 = clock()
+        w0 = wall()
+        c0 = cpu()
         if done_group is not None:
             policy.done(done_group)
         picks = policy.pick(free)
         policy.runnable()
-        elapsed = clock() - t0
+        c1 = cpu()
+        w1 = wall()
+        pump_cpu, pump_wall = max(c1 - c0 - cpu_cost, 0), max(w1 - w0 - wall_cost, 0)
         if not picks:
-            idle_ns += elapsed
+            idle_cpu += pump_cpu
+            idle_wall += pump_wall
             idle_pumps += 1
             continue
-        pump_ns.append(elapsed)
+        cpu_ns.append(pump_cpu)
+        wall_ns.append(pump_wall)
         pump_placed.append(len(picks))
         for worker, request in picks:
             left = free[worker] - 1
@@ -203,17 +210,33 @@ def simulate(policy, sc: Scenario, keep: int) -> SimResult:
             seq += 1
             last_decision[group_index[request.group]] = decision
             decision += 1
-    pumps = len(pump_ns) + idle_pumps
-    return SimResult(pump_ns, pump_placed, idle_ns, pumps, decision, arrival_decision, last_decision, finished, now)
+    pumps = len(pump_placed) + idle_pumps
+    return SimResult({"cpu": cpu_ns, "wall": wall_ns}, pump_placed, {"cpu": idle_cpu, "wall": idle_wall}, pumps, decision, arrival_decision, last_decision, finished, now)
 
 
-def decision_us(sim: SimResult) -> tuple[float, float]:
-    """(mean, p99) microseconds per placed rollout; each rollout is charged its pump's
-    time divided by the rollouts that pump placed, the pumps that placed none spread
-    over all (they count in the mean, not in the p99)."""
-    ns = np.frombuffer(sim.pump_ns, dtype=np.int64).astype(float)
+def clock_costs(samples: int = 2000) -> tuple[int, int]:
+    """(CPU, wall) nanoseconds the timing itself adds to a pump's interval: the median of
+    the same clock calls around nothing (subtracted from every pump)."""
+    cpu, wall = time.thread_time_ns, time.perf_counter_ns
+    cpu_d, wall_d = [], []
+    for _ in range(samples):
+        w0 = wall()
+        c0 = cpu()
+        c1 = cpu()
+        w1 = wall()
+        cpu_d.append(c1 - c0)
+        wall_d.append(w1 - w0)
+    return int(np.median(cpu_d)), int(np.median(wall_d))
+
+
+def decision_us(sim: SimResult, clock: str) -> tuple[float, float]:
+    """(mean, p99) microseconds per placed rollout on ``clock`` ("cpu": this thread's CPU
+    time, which leaves out the time other processes held the core; "wall"); each rollout
+    is charged its pump's time divided by the rollouts that pump placed, the pumps that
+    placed none spread over all (they count in the mean, not in the p99)."""
+    ns = np.frombuffer(sim.pump_ns[clock], dtype=np.int64).astype(float)
     placed = np.frombuffer(sim.pump_placed, dtype=np.int64)
-    mean = (ns.sum() + sim.idle_pump_ns) / max(sim.decisions, 1) / 1e3
+    mean = (ns.sum() + sim.idle_pump_ns[clock]) / max(sim.decisions, 1) / 1e3
     per = np.repeat(ns / placed, placed) / 1e3
     return mean, float(np.percentile(per, 99)) if len(per) else 0.0
 
@@ -275,12 +298,13 @@ def poll_batches(finished: list[tuple[str, RolloutRequest, float, float]]) -> li
     return list(batches.values())
 
 
-def store_rate(sc: Scenario, finished, root: str, profile: cProfile.Profile | None) -> tuple[float, float, int, float]:
-    """(store rows/s, pyarrow rows/s, appends, mean rows per append) for the finished rollouts."""
+def store_rate(sc: Scenario, finished, root: str, profile: cProfile.Profile | None) -> dict[str, float]:
+    """Rows per second of the store (wall-clock, and per CPU second of this process) and
+    of the pyarrow baseline (wall-clock), the appends and the mean rows per append."""
     rng = np.random.default_rng([sc.seed, 1])
     store = ParquetRunStore(os.path.join(root, "run"), run_id="scale-bench")
     batches = poll_batches(finished)
-    rows, spent = [], 0.0
+    rows, spent, spent_cpu = [], 0.0, 0.0
     for batch in batches:
         results = []
         for i in batch:
@@ -295,15 +319,17 @@ def store_rate(sc: Scenario, finished, root: str, profile: cProfile.Profile | No
                                             attempts=1, budgeted=True, usd_per_mtok=(3.0, 15.0)))
         if profile is not None:
             profile.enable()
-        t0 = time.perf_counter()
+        c0, t0 = time.process_time(), time.perf_counter()
         store.append_rollouts(results)
         spent += time.perf_counter() - t0
+        spent_cpu += time.process_time() - c0
         if profile is not None:
             profile.disable()
         rows.extend(r.row() for r in results)
-    t0 = time.perf_counter()
+    c0, t0 = time.process_time(), time.perf_counter()
     store.close()  # the last flush: its rows, its part's hash line
     spent += time.perf_counter() - t0
+    spent_cpu += time.process_time() - c0
     base_dir = os.path.join(root, "pyarrow")
     os.makedirs(base_dir)
     sch = schema.SCHEMAS["rollouts"]
@@ -312,12 +338,13 @@ def store_rate(sc: Scenario, finished, root: str, profile: cProfile.Profile | No
         table = pa.Table.from_pylist(rows[start:start + FLUSH_ROWS], schema=sch)
         pq.write_table(table, os.path.join(base_dir, f"part-{part:08d}.parquet"), compression="zstd")
     base = time.perf_counter() - t0
-    return len(rows) / spent, len(rows) / base, len(batches), len(rows) / max(len(batches), 1)
+    return {"wall": len(rows) / spent, "cpu": len(rows) / max(spent_cpu, 1e-9), "pyarrow": len(rows) / base,
+            "appends": len(batches), "per_append": len(rows) / max(len(batches), 1)}
 
 
-def pool_scan_us(nodes: int, slots: int, repeats: int = 300) -> float:
-    """Microseconds of one ``WorkerPool.free_slots`` call over ``nodes`` ready workers of
-    ``slots`` slots, all busy but one slot (the scheduler's steady state)."""
+def pool_scan_us(nodes: int, slots: int, repeats: int = 300) -> dict[str, float]:
+    """Microseconds (thread CPU, wall) of one ``WorkerPool.free_slots`` call over ``nodes``
+    ready workers of ``slots`` slots, all busy but one slot (the scheduler's steady state)."""
     from milo_ray.execution.pool import WorkerPool  # imports Ray (not started)
     from milo_ray.execution.workers import WorkerHandle
 
@@ -327,10 +354,10 @@ def pool_scan_us(nodes: int, slots: int, repeats: int = 300) -> float:
         w.inflight = dict.fromkeys(range(slots - 1 if i == 0 else slots))
         workers[w.key] = w
     pool = types.SimpleNamespace(workers=workers)  # free_slots reads only .workers
-    t0 = time.perf_counter()
+    c0, t0 = time.thread_time(), time.perf_counter()
     for _ in range(repeats):
         WorkerPool.free_slots(pool)  # type: ignore[arg-type]
-    return (time.perf_counter() - t0) / repeats * 1e6
+    return {"cpu": (time.thread_time() - c0) / repeats * 1e6, "wall": (time.perf_counter() - t0) / repeats * 1e6}
 
 
 def job_bytes(n: int = 5_000) -> float:
@@ -404,19 +431,21 @@ def main(argv: list[str] | None = None) -> dict:
         print("--- cProfile: the Dispatch simulation (simulator included) ---\n" + _profile_text(profile))
     rss_dispatch = _rss_mb()
     fifo = simulate(FifoPop(), sc, keep=0)
-    mean_us, p99_us = decision_us(sim)
-    fifo_mean_us, fifo_p99_us = decision_us(fifo)
+    us = {clock: decision_us(sim, clock) for clock in ("cpu", "wall")}
+    fifo_us = {clock: decision_us(fifo, clock) for clock in ("cpu", "wall")}
+    mean_us, p99_us = us["cpu"]
+    fifo_mean_us, fifo_p99_us = fifo_us["cpu"]
     worst, worst_group = fairness(sim, sc)
     fifo_worst, fifo_worst_group = fairness(fifo, sc)
     root = tempfile.mkdtemp(prefix="bench-dispatch-scale-")
     store_profile = cProfile.Profile() if args.profile else None
     try:
-        rows_s, base_rows_s, appends, per_append = store_rate(sc, sim.finished, root, store_profile)
+        store = store_rate(sc, sim.finished, root, store_profile)
     finally:
         shutil.rmtree(root, ignore_errors=True)
     if store_profile is not None:
         print("--- cProfile: ParquetRunStore.append_rollouts + close ---\n" + _profile_text(store_profile))
-    scan_us = pool_scan_us(args.nodes, args.slots)
+    scan = pool_scan_us(args.nodes, args.slots)
     per_job = job_bytes()
     peak = _rss_mb()
 
@@ -424,7 +453,9 @@ def main(argv: list[str] | None = None) -> dict:
     mean_dur = float(sc.durations.mean())
     demand = slots / mean_dur  # rollouts finishing per second with every slot busy
     pumps_per_rollout = sim.pumps / sim.decisions
-    driver_cap = 1.0 / ((mean_us + scan_us * pumps_per_rollout) * 1e-6 + 1.0 / rows_s)
+    # What the driver's thread spends per rollout, on CPU (a core to itself) and on the wall clock.
+    driver_cap = {clock: 1.0 / ((us[clock][0] + scan[clock] * pumps_per_rollout) * 1e-6 + 1.0 / store[clock])
+                  for clock in ("cpu", "wall")}
     figures = {
         "scenario": {"nodes": args.nodes, "slots_per_node": args.slots, "rollouts": args.rollouts,
                      "groups": args.groups, "seed": args.seed, "median_s": args.median_s, "sigma": args.sigma,
@@ -433,15 +464,18 @@ def main(argv: list[str] | None = None) -> dict:
                      "load_average_1min": [load_before, os.getloadavg()[0]], "cores": os.cpu_count()},
         "decision_us_mean": mean_us, "decision_us_p99": p99_us,
         "fifo_decision_us_mean": fifo_mean_us, "fifo_decision_us_p99": fifo_p99_us,
+        "wall_decision_us_mean": us["wall"][0], "wall_decision_us_p99": us["wall"][1],
+        "wall_fifo_decision_us_mean": fifo_us["wall"][0], "wall_fifo_decision_us_p99": fifo_us["wall"][1],
         "decisions_per_s": 1e6 / mean_us, "fifo_decisions_per_s": 1e6 / fifo_mean_us,
         "worst_fair_share_ratio": worst, "worst_group": worst_group,
         "fifo_worst_fair_share_ratio": fifo_worst, "fifo_worst_group": fifo_worst_group,
-        "store_rows_per_s": rows_s, "pyarrow_rows_per_s": base_rows_s, "store_rows": len(sim.finished),
-        "store_appends": appends, "rows_per_append": per_append,
-        "pool_scan_us": scan_us, "pumps_per_rollout": pumps_per_rollout,
+        "store_rows_per_s": store["wall"], "store_rows_per_cpu_s": store["cpu"], "pyarrow_rows_per_s": store["pyarrow"],
+        "store_rows": len(sim.finished), "store_appends": store["appends"], "rows_per_append": store["per_append"],
+        "pool_scan_us": scan["cpu"], "wall_pool_scan_us": scan["wall"], "pumps_per_rollout": pumps_per_rollout,
         "scheduler_bytes_per_queued_rollout": per_job,
         "rss_mb_after_dispatch": rss_dispatch, "rss_mb_peak": peak,
-        "cluster_demand_rollouts_per_s": demand, "driver_rollouts_per_s": driver_cap,
+        "cluster_demand_rollouts_per_s": demand, "driver_rollouts_per_s": driver_cap["cpu"],
+        "wall_driver_rollouts_per_s": driver_cap["wall"],
     }
 
     s = figures["scenario"]
@@ -450,28 +484,38 @@ def main(argv: list[str] | None = None) -> dict:
           f"lognormal(median {args.median_s:g} s, sigma {args.sigma:g}) cut at {args.cap_s:g} s, mean {mean_dur:.0f} s; "
           f"seed {args.seed}; {sim.sim_seconds / 3600:.1f} simulated hours.")
     print(f"Store: the first {len(sim.finished):,} results, each with a distinct ~2 KB trace (a blob), in "
-          f"{appends:,} appends (one worker's poll each; {per_append:.2f} rows per append).")
+          f"{store['appends']:,} appends (one worker's poll each; {store['per_append']:.2f} rows per append).")
     print(f"Machine: {os.cpu_count()} cores, 1-minute load average {load_before:.1f} at the start and "
-          f"{os.getloadavg()[0]:.1f} at the end (times are wall-clock: other processes' share is in them).\n")
-    table = [
-        ("dispatch time per rollout, mean", f"{mean_us:.2f} us", f"<= {TARGET_DECISION_US:g} us",
-         f"FIFO deque pop {fifo_mean_us:.2f} us", f"{mean_us / fifo_mean_us:.1f}x its time"),
-        ("dispatch time per rollout, p99", f"{p99_us:.2f} us", f"<= {TARGET_DECISION_US:g} us",
-         f"FIFO deque pop {fifo_p99_us:.2f} us", f"{p99_us / fifo_p99_us:.1f}x its time"),
-        ("dispatch decisions per second", f"{1e6 / mean_us:,.0f} /s", "", f"FIFO {1e6 / fifo_mean_us:,.0f} /s",
+          f"{os.getloadavg()[0]:.1f} at the end. 'CPU' times are the driver thread's own (what it costs with a core "
+          f"to itself); 'wall' times include the other processes' share of the cores.\n")
+    table = []
+    for clock in ("cpu", "wall"):
+        (mean, p99), (fmean, fp99) = us[clock], fifo_us[clock]
+        table += [
+            (f"dispatch time per rollout, mean ({clock.upper() if clock == 'cpu' else clock})", f"{mean:.2f} us",
+             f"<= {TARGET_DECISION_US:g} us", f"FIFO deque pop {fmean:.2f} us", f"{mean / fmean:.1f}x its time"),
+            (f"dispatch time per rollout, p99 ({clock.upper() if clock == 'cpu' else clock})", f"{p99:.2f} us",
+             f"<= {TARGET_DECISION_US:g} us", f"FIFO deque pop {fp99:.2f} us", f"{p99 / fp99:.1f}x its time"),
+        ]
+    table += [
+        ("dispatch decisions per CPU second", f"{1e6 / mean_us:,.0f} /s", "", f"FIFO {1e6 / fifo_mean_us:,.0f} /s",
          f"{fifo_mean_us / mean_us:.2f}x its rate"),
         ("worst group's wait / fair share", f"{worst:.3f} ({worst_group})", f"<= {TARGET_FAIR_RATIO:g}",
          f"FIFO {fifo_worst:,.1f} ({fifo_worst_group})", ""),
-        ("store write rate (rows+blobs+hash list)", f"{rows_s:,.0f} rows/s", f">= {TARGET_ROWS_PER_S:,.0f} rows/s",
-         f"pyarrow rows only {base_rows_s:,.0f} rows/s", f"{rows_s / base_rows_s:.3f}x its rate"),
-        (f"pool's free-slot scan, per pump ({args.nodes:,} workers)", f"{scan_us:.1f} us", "", "",
-         f"{pumps_per_rollout:.2f} pumps per rollout"),
+        ("store write rate, rows+blobs+hash list (wall)", f"{store['wall']:,.0f} rows/s",
+         f">= {TARGET_ROWS_PER_S:,.0f} rows/s", f"pyarrow rows only {store['pyarrow']:,.0f} rows/s",
+         f"{store['wall'] / store['pyarrow']:.3f}x its rate"),
+        ("store write rate, per CPU second", f"{store['cpu']:,.0f} rows/s", f">= {TARGET_ROWS_PER_S:,.0f} rows/s", "", ""),
+        (f"pool's free-slot scan, per pump ({args.nodes:,} workers)", f"{scan['cpu']:.1f} us CPU, {scan['wall']:.1f} wall",
+         "", "", f"{pumps_per_rollout:.2f} pumps per rollout"),
         ("driver RSS, peak after dispatch", f"{rss_dispatch:,.0f} MB", "", "", ""),
         ("driver RSS, peak at the end", f"{peak:,.0f} MB", "", "", ""),
         ("scheduler memory per queued rollout", f"{per_job:,.0f} B", "", "",
          f"{per_job * args.rollouts / 2**20:,.0f} MB for {args.rollouts:,} queued"),
         ("cluster demand (all slots busy)", f"{demand:,.1f} rollouts/s", "", "", ""),
-        ("driver capacity (dispatch + scan + store)", f"{driver_cap:,.0f} rollouts/s", "", "", ""),
+        ("driver capacity, dispatch + scan + store (CPU)", f"{driver_cap['cpu']:,.0f} rollouts/s", "", "",
+         f"{slots / driver_cap['cpu']:,.1f} s: shortest mean rollout keeping all slots busy"),
+        ("driver capacity, dispatch + scan + store (wall)", f"{driver_cap['wall']:,.0f} rollouts/s", "", "", ""),
     ]
     head = ("figure", "value", "target", "baseline (same run)", "vs baseline")
     widths = [max(len(r[i]) for r in table + [head]) for i in range(5)]

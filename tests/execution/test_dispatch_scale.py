@@ -156,14 +156,17 @@ def test_the_scale_bench_reports_every_figure_and_round_robin_stays_within_twice
                                      "--store-rows", "200", "--seed", "3", "--json", str(out)])
     stdout, figures = capsys.readouterr().out, json.loads(out.read_text())
     assert figures == json.loads(json.dumps(returned))
-    for label in ("dispatch time per rollout, mean", "dispatch time per rollout, p99", "dispatch decisions per second",
-                  "worst group's wait / fair share", "store write rate (rows+blobs+hash list)",
-                  "driver RSS, peak at the end", "driver capacity (dispatch + scan + store)"):
+    for label in ("dispatch time per rollout, mean (CPU)", "dispatch time per rollout, p99 (CPU)",
+                  "dispatch time per rollout, mean (wall)", "dispatch decisions per CPU second",
+                  "worst group's wait / fair share", "store write rate, rows+blobs+hash list (wall)",
+                  "pool's free-slot scan, per pump (5 workers)", "driver RSS, peak at the end",
+                  "driver capacity, dispatch + scan + store (CPU)"):
         assert label in stdout
     s = figures["scenario"]
     assert (s["nodes"], s["slots_per_node"], s["rollouts"], s["groups"]) == (5, 4, 4000, 30)
     assert figures["store_rows"] == 200 and figures["store_appends"] >= 1
-    for name in ("decision_us_mean", "decision_us_p99", "fifo_decision_us_mean", "store_rows_per_s",
+    for name in ("decision_us_mean", "decision_us_p99", "fifo_decision_us_mean", "wall_decision_us_mean",
+                 "store_rows_per_s", "store_rows_per_cpu_s",
                  "pyarrow_rows_per_s", "pool_scan_us", "scheduler_bytes_per_queued_rollout", "rss_mb_peak", "driver_rollouts_per_s"):
         assert figures[name] > 0, name
     # Round-robin: no group waits past twice its fair share. FIFO, on the same arrivals,
