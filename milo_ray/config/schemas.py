@@ -232,6 +232,10 @@ class AgentsConfig:
 
     mutators: MILO's mutator pool G (``method.pool_size`` takes the first N), each spec
         named by its ``name`` key (else its personality/model/class; names are unique);
+        a spec's ``seats`` key (an integer >= 1) is how many mutations its account allows
+        at once, shared by every spec of every run on the cluster with the same account
+        (CLI binary, or provider key variable + api base); without it a spec gets
+        ``method.mutator_concurrency`` concurrent mutations in each run;
     orchestrator: MILO's orchestrator; judge, optimizer, embedder: SSR's evidence
     judge, candidate optimizer and record embedder.
 

@@ -185,7 +185,14 @@ def check_agents(agents: Mapping[str, Any], roles: Sequence[str], method: str) -
         raise CompositionError(f"backend.agents.mutators: expected a list of mutator specs, got {type(mutators).__name__}")
     names: dict[str, int] = {}
     for i, spec in enumerate(mutators):
-        check_spec(f"backend.agents.mutators[{i}]", spec)
+        # ``seats`` is the pool's (concurrent mutations the mutator's account allows), not a constructor keyword.
+        seats = spec.get("seats") if isinstance(spec, Mapping) else None
+        if seats is not None and (isinstance(seats, bool) or not isinstance(seats, int) or seats < 1):
+            raise CompositionError(f"backend.agents.mutators[{i}].seats={seats!r}: expected an integer >= 1 (concurrent "
+                                   "mutations the mutator's account allows, shared by every run on the cluster), or "
+                                   "null (method.mutator_concurrency per run)")
+        check_spec(f"backend.agents.mutators[{i}]",
+                   {k: v for k, v in spec.items() if k != "seats"} if isinstance(spec, Mapping) else spec)
         name = None if spec.get("name") is None else str(spec["name"])
         if name is not None and name in names:
             raise CompositionError(f"backend.agents.mutators[{i}].name={name}: already the name of mutators[{names[name]}]; "

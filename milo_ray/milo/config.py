@@ -48,7 +48,9 @@ class MiloConfig:
         (App. A.1: every island starts with the pool's first agent); a spec name = that
         spec on every island; None = a uniform random spec per island (§4.1.2's rule).
     mutation_time_cap_s: cap of one mutation or graft (timeout -> rejected child).
-    mutator_concurrency: concurrent mutations per mutator spec.
+    mutator_concurrency: concurrent mutations per mutator spec in this run, for a spec
+        that declares no ``seats`` (a spec's ``seats`` is its account's limit, shared by
+        every run on the cluster: see :mod:`milo_ray.milo.mutator_pool`).
     mutation_num_cpus: CPUs reserved by each mutation's Ray task.
     max_rounds: stop an island after this many rounds (None: until time or budget).
     max_idle_rounds: stop an island once this many rounds in a row evaluated no new child
@@ -180,9 +182,11 @@ class MiloConfig:
         if self.orchestrator and self.max_moves > 0 and not agents.get("orchestrator"):
             raise ValueError("method.orchestrator=true but backend.agents.orchestrator is not set; "
                              "set one or pass method.orchestrator=false")
-        from milo_ray.milo.mutator_pool import spec_names  # imports Ray: keep it off config loading
+        from milo_ray.milo.mutator_pool import seats_of, spec_names
 
         names = spec_names(pool[: self.pool_size])
+        for i, spec in enumerate(pool[: self.pool_size]):
+            seats_of(spec, i)
         if self.default_mutator == FIRST_SPEC:
             if FIRST_SPEC in names[1:]:
                 raise ValueError(f"method.default_mutator={FIRST_SPEC!r} is ambiguous: the pool {names} has a spec "

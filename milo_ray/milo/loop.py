@@ -18,6 +18,7 @@ order, through the same ``apply``. Children are handled in
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 import time
 from pathlib import Path
@@ -37,13 +38,14 @@ from milo_ray.milo.events import MILO_EVENTS, Init, Progress, RoleBudget, SeedSc
 from milo_ray.milo.island import Island, RoundPlan
 from milo_ray.milo.island_actor import ask, island_actors, node_of
 from milo_ray.milo.lineage import LineageNode
-from milo_ray.milo.mutator_pool import MutatorPool, MutatorPoolActor
+from milo_ray.milo.mutator_pool import MutatorPool
+from milo_ray.milo.mutator_pool_actor import MutatorPoolActor, PoolRef
 from milo_ray.milo.plugin import PLUGIN
 from milo_ray.milo.records import build_node, node_row_key, record_node, write_missing_rows
 from milo_ray.milo.state import MiloState
 from milo_ray.search.agent_calls import spec_model
 from milo_ray.search.events import Event, EventLog
-from milo_ray.search.mutation import MutationOutcome, ValidationOptions, keep_artifacts, ship_files
+from milo_ray.search.mutation import MutationOutcome, ValidationOptions, run_mutation_async, ship_files
 from milo_ray.search.recording import HarnessRecorder
 
 log = logging.getLogger(__name__)
@@ -97,11 +99,12 @@ class MiloRun:
         self.validation = ValidationOptions(self.forbidden, float(cfg.validate_timeout_s),
                                             entry=getattr(self.bench, "artifact_entry", "build_agent"),
                                             sandbox=ctx.sandbox)
-        # On the driver's node: the actor packs each request's files (read from the
-        # driver's disk) for mutation tasks that may run elsewhere.
-        self.pool = MutatorPoolActor.options(scheduling_strategy=driver_node()).remote(
-            specs, cfg.mutation_time_cap_s, cfg.mutator_concurrency, cfg.mutation_num_cpus, self.validation,
-            ctx.session, ctx.agent_env)
+        # The pool actor holds the assignment, the seats and their fair queue; the driver
+        # runs each mutation under a seat it grants (see milo/mutator_pool_actor.py). The
+        # holder names the run at the shared accounts, the same in every session of it.
+        holder = f"{ctx.run_id}@{hashlib.sha256(str(self.run_dir.resolve()).encode()).hexdigest()[:12]}"
+        self.pool = PoolRef(lambda: MutatorPoolActor.options(scheduling_strategy=driver_node()).remote(
+            specs, cfg.mutation_time_cap_s, cfg.mutator_concurrency, holder))
         self.orch_spec = agents.get("orchestrator")
         self._orchestrator: Any = None
         # Each island is a Ray actor, the only in-memory owner of its state; this state
@@ -132,6 +135,7 @@ class MiloRun:
 
     def _apply(self, event: Event) -> None:
         self.state.apply(event)
+        self.pool.apply(event)  # the assignment's events: the pool actor follows them
         for j in self.state.islands:
             if j not in self._grouped:
                 self.sched.set_group_limit(f"island-{j}", int(self.cfg.island_concurrency))
@@ -273,15 +277,23 @@ class MiloRun:
             raise ValueError(plan.problem)
         parent = plan.parent
         req = mutation_request(self, j, r, parent, mutator, plan.memory)
-        t0 = time.monotonic()
         # Packed here, on the driver, whose disk holds the files (see search/mutation.py).
         shipped = await asyncio.to_thread(ship_files, req)
-        call_id, model = f"mutate:i{j}:r{r}", self.mutator_models.get(mutator)
-        ticket = self.ctx.agent_calls.ticket(call_id, "mutator", model)
-        res: MutationOutcome = keep_artifacts(req, await self.pool.mutate.remote(mutator, req, shipped, ticket))
-        self.ctx.agent_calls.record("mutator", res.usage.with_seconds(time.monotonic() - t0), call_id=call_id,
-                                    agent=mutator, model=model, island=j, round=r,
-                                    covers=ticket if res.metered else None)
+        call_id = f"mutate:i{j}:r{r}"
+        # The seat is held until the call is recorded: the row's [time - latency_s, time]
+        # lies inside it, so the stored calls show what the seats allowed.
+        async with self.pool.seat(j, call_id) as lease:
+            t0 = time.monotonic()
+            # The pool's mutator for island j: the same events gave the plan's (mutator).
+            mutator, model = lease.mutator, self.mutator_models.get(lease.mutator)
+            ticket = self.ctx.agent_calls.ticket(call_id, "mutator", model)
+            res: MutationOutcome = await run_mutation_async(
+                lease.spec, req, time_cap_s=lease.time_cap_s, validation=self.validation,
+                num_cpus=self.cfg.mutation_num_cpus, scope=self.ctx.session, env=self.ctx.agent_env,
+                shipped=shipped, ticket=ticket)
+            self.ctx.agent_calls.record("mutator", res.usage.with_seconds(time.monotonic() - t0), call_id=call_id,
+                                        agent=mutator, model=model, island=j, round=r,
+                                        covers=ticket if res.metered else None)
         return await admit_child(self, j, r, node_id=node_id, parent=parent, res=res, origin="mutation",
                                  mutator=mutator)
 

@@ -53,19 +53,27 @@ def test_hung_optimizer_is_stopped_at_the_cap_in_ray_tasks(tmp_path, ray_local):
     assert [o.error for o in outs] == ["timed out after 1s"] * 2
 
 
-def test_hung_mutator_is_stopped_at_the_cap_through_the_pool_actor(tmp_path, ray_local):
-    """MILO's path: the mutator pool actor runs mutations through the same runner."""
-    import ray
-
-    from milo_ray.milo.mutator_pool import MutatorPoolActor
+def test_hung_mutator_is_stopped_at_the_pool_s_cap_under_its_seat(tmp_path, ray_local):
+    """MILO's path: the pool actor grants a seat with the spec and its cap; the mutation
+    runs through the same runner under that cap."""
+    from milo_ray.milo.events import Init
+    from milo_ray.milo.mutator_pool_actor import MutatorPoolActor, PoolRef
 
     specs = [{"_target_": COUNTING, "log": str(tmp_path / "log"), "sleep_s": 60, "name": "slow"}]
-    pool = MutatorPoolActor.remote(specs, 1.0, 1, 0.5, ValidationOptions(enabled=False))
-    t0 = time.monotonic()
-    out = ray.get(pool.mutate.remote("slow", request(tmp_path)))
-    assert time.monotonic() - t0 < 45
+
+    async def go():
+        pool = PoolRef(lambda: MutatorPoolActor.remote(specs, 1.0, 1, "cap-test"))
+        pool.apply(Init([], [], [], [0], {0: "slow"}))
+        t0 = time.monotonic()
+        async with pool.seat(0, "m0") as lease:
+            out = await run_mutation_async(lease.spec, request(tmp_path), time_cap_s=lease.time_cap_s,
+                                           validation=ValidationOptions(enabled=False), num_cpus=0.5)
+        pool.kill()
+        return time.monotonic() - t0, out
+
+    took, out = asyncio.run(go())
+    assert took < 45
     assert out.child is None and out.error == "timed out after 1s"
-    ray.kill(pool)
 
 
 def test_agent_is_built_once_per_process_however_many_mutations_it_serves(tmp_path, ray_local):
