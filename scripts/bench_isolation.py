@@ -33,6 +33,10 @@ ROOT = Path(__file__).resolve().parent.parent
 # executor. Module paths that moved between releases are tried in turn.
 _CHILD = r'''
 import asyncio, json, os, sys, time
+# An editable install's import hook would serve a module this tree lacks from the installed
+# checkout (a module path that moved between releases); only this tree's code may run here.
+sys.meta_path[:] = [f for f in sys.meta_path if "editable" not in getattr(f, "__module__", "")]
+sys.path.insert(0, os.getcwd())
 from milo_ray.testing.openai_server import ScriptedOpenAIServer, reply, tool_call
 from milo_ray.benchmarks.harbor import HarborBenchmark
 from milo_ray.harness.seeds import load_seeds
@@ -71,7 +75,8 @@ with ScriptedOpenAIServer(scripted) as srv:
                 out.append({"s": took, "score": res.score, "error_kind": res.error_kind, "error": res.error})
         return out
 
-    print("RESULT " + json.dumps(asyncio.run(run())))
+    import milo_ray
+    print("RESULT " + json.dumps({"code": os.path.dirname(milo_ray.__file__), "rollouts": asyncio.run(run())}))
 '''
 
 
@@ -89,7 +94,10 @@ def _round(tree: Path, n: int) -> list[dict]:
     line = next((ln for ln in done.stdout.splitlines() if ln.startswith("RESULT ")), None)
     if done.returncode or line is None:
         raise SystemExit(f"rollouts in {tree} failed (exit {done.returncode}):\n{done.stderr[-3000:]}")
-    return json.loads(line[len("RESULT "):])
+    got = json.loads(line[len("RESULT "):])
+    if Path(got["code"]).resolve() != (tree / "milo_ray").resolve():
+        raise SystemExit(f"the rollouts meant for {tree} ran the code in {got['code']}")
+    return got["rollouts"]
 
 
 def main(argv: list[str] | None = None) -> int:
