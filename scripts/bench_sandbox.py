@@ -317,21 +317,17 @@ def boundary_overhead(args: argparse.Namespace) -> None:
     run with the same scripted model: wall time per rollout (the harness process's start
     and imports, the gateway hop, the fresh grading sandbox) -- cold (no spare), warm (a
     spare ready), and in the steady state of ``--concurrency`` rollouts in flight on one
-    worker (``warm_processes: auto``) at each ``--call-latency`` -- and latency per model
-    call (gateway + relay)."""
+    worker (``warm_processes: auto``) at each ``--call-latency`` (the latency per model
+    call is :func:`boundary_call_overhead`'s)."""
     import asyncio
     import os
     import shutil
 
-    from milo_ray.llm.client import build_chat_model
     from milo_ray.benchmarks.harbor import HarborBenchmark
     from milo_ray.execution.agent_executor import AgentExecutor
-    from milo_ray.boundary.gateway.server import ModelGateway
-    from milo_ray.boundary.inside.backend import GatewayRelay
-    from milo_ray.boundary.inside.model import GatewayChatModel
     from milo_ray.boundary.sandbox.interpreter import with_interpreter
     from milo_ray.harness.seeds import load_seeds
-    from milo_ray.testing.openai_server import ScriptedOpenAIServer, reply
+    from milo_ray.testing.openai_server import ScriptedOpenAIServer
 
     os.environ.setdefault("BENCH_SOLVER_KEY", "local")
     splits = HarborBenchmark().splits()
@@ -409,6 +405,30 @@ def boundary_overhead(args: argparse.Namespace) -> None:
                   f"{mb:6.2f} s, harness process {ms:6.2f} s (p90 {p90:6.2f} s)   added {ms - mb:+7.2f} s per rollout  "
                   f"(median of {len(rest)} after the first {n}; {found} of {count} found a spare)")
 
+
+def boundary_call_overhead(args: argparse.Namespace) -> None:
+    """What the gateway adds to one model call: the chat model a harness gets in its
+    sandbox (``GatewayChatModel``, through the relay it uses there, to its rollout's own
+    socket and, for comparison, to the socket shared by every grant) against the solver's
+    own chat model calling the same local scripted server directly, interleaved, in the
+    same run; and what a rollout pays once for its own socket."""
+    import asyncio
+    import os
+
+    from milo_ray.boundary.gateway.server import ModelGateway
+    from milo_ray.boundary.inside.backend import GatewayRelay
+    from milo_ray.boundary.inside.model import GatewayChatModel
+    from milo_ray.config.schemas import ModelConfig
+    from milo_ray.llm.client import build_chat_model
+    from milo_ray.testing.openai_server import ScriptedOpenAIServer, reply
+
+    os.environ.setdefault("BENCH_SOLVER_KEY", "local")
+    med = lambda xs: statistics.median(list(xs))  # noqa: E731
+    print(f"load average {' '.join(f'{x:.1f}' for x in os.getloadavg())} on {os.cpu_count()} CPUs")
+    with ScriptedOpenAIServer(lambda body: reply("ok", prompt_tokens=1, completion_tokens=1)) as srv:
+        model = ModelConfig(solver="openai/scripted", api_base=srv.url, api_key_env="BENCH_SOLVER_KEY",
+                            max_retries=0).check()
+
         async def per_call() -> tuple[float, float, float, float]:
             gw = ModelGateway(model, Path(tempfile.mkdtemp(prefix="milo-bench-gw-")) / "gw.sock")
             gw.set_key("local")
@@ -422,12 +442,14 @@ def boundary_overhead(args: argparse.Namespace) -> None:
                                                  ("own", bound.socket_path, bound))}
             direct = build_chat_model(model, rate_limiter=None)
             times: dict[str, list[float]] = {"direct": [], "shared": [], "own": []}
+            cpu: dict[str, list[float]] = {"direct": [], "shared": [], "own": []}
             for round_no in range(args.n + 1):
                 for name, m in (("direct", direct), ("shared", through["shared"]), ("own", through["own"])):
-                    t = time.perf_counter()
+                    t, c = time.perf_counter(), time.process_time()
                     await m.ainvoke("hi")
                     if round_no:
                         times[name].append(time.perf_counter() - t)
+                        cpu[name].append(time.process_time() - c)
             # What a rollout pays for its own socket: made at its start, closed at its end.
             sockets = []
             for _ in range(args.n):
@@ -435,13 +457,18 @@ def boundary_overhead(args: argparse.Namespace) -> None:
                 gw.end(await gw.issue_bound("bench"))
                 sockets.append(time.perf_counter() - t)
             await gw.close()
-            return tuple(med(times[k]) * 1000 for k in ("direct", "shared", "own")) + (med(sockets) * 1000,)
+            return (tuple(med(times[k]) * 1000 for k in ("direct", "shared", "own")) + (med(sockets) * 1000,)
+                    + tuple(statistics.mean(cpu[k]) * 1000 for k in ("direct", "own")))
 
-        srv.responder = lambda body: reply("ok", prompt_tokens=1, completion_tokens=1)
-        d, g, o, sock_ms = asyncio.run(per_call())
+        d, g, o, sock_ms, cd, co = asyncio.run(per_call())
         print(f"model call latency  direct {d:7.2f} ms   through the gateway {o:7.2f} ms   added {o - d:+7.2f} ms "
-              f"per call  (median of {args.n}; on the rollout's own socket; {g:7.2f} ms on a socket shared by "
-              "every grant)")
+              f"per call, {o / d:.3f}x the direct call  (medians of {args.n} calls of each, interleaved, in this run; "
+              f"on the rollout's own socket; {g:7.2f} ms on a socket shared by every grant)")
+        # CPU time does not grow with the machine's load as wall time does: on an idle
+        # machine the added wall time is about the added CPU time (the hop is sequential).
+        print(f"model call CPU time  direct {cd:7.2f} ms   through the gateway {co:7.2f} ms   added {co - cd:+7.2f} ms "
+              f"per call, {co / cd:.3f}x the direct call  (means of {args.n} calls of each, this process's CPU "
+              "seconds: the client, relay, gateway and scripted server all run in it)")
         print(f"a rollout's own gateway socket: {sock_ms:.3f} ms to open and close (median of {args.n}; once "
               "per rollout)")
 
@@ -453,7 +480,8 @@ def task_spec(task):
 
 
 # The measurements main() runs, in order; each takes the parsed arguments.
-SECTIONS: tuple[Callable[[argparse.Namespace], None], ...] = (command_overhead, boundary_overhead, suite_throughput)
+SECTIONS: tuple[Callable[[argparse.Namespace], None], ...] = (command_overhead, boundary_overhead,
+                                                              boundary_call_overhead, suite_throughput)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -21,6 +21,7 @@ admission reserves (:func:`call_bound`), and how a failed call is classed
 from __future__ import annotations
 
 import json
+import math
 import time
 from dataclasses import dataclass
 from typing import Any, AsyncIterator, Mapping
@@ -292,10 +293,57 @@ def _report(limiter: Any, tokens: int) -> None:
         report(tokens)
 
 
+# Per model litellm prices: (the cost map's identity and size when learnt, None (unpriced)
+# or (USD per input token, USD per output token), or "litellm" when its price is not linear).
+_RATES: dict[str, tuple[int, int, Any]] = {}
+# Token counts the linear rates are checked at against litellm's own price (the last one
+# past the context tiers litellm prices, 128k to 272k tokens).
+_RATE_CHECKS = ((1, 0), (0, 1), (1234, 567), (300_000, 70_000))
+
+
+def call_price(cfg: Any, input_tokens: int, output_tokens: int) -> float | None:
+    """:func:`~milo_ray.llm.client.price`, without litellm's half a millisecond per call:
+    a model whose litellm price is linear in its tokens (no context tiers, and equal to
+    litellm's own at :data:`_RATE_CHECKS`) is priced from its two rates, learnt once per
+    model and cost map; any other model, or the config's own prices, as ``price`` does."""
+    solver = _field(cfg, "solver")
+    if not solver or (_field(cfg, "usd_per_mtok_input") is not None
+                      and _field(cfg, "usd_per_mtok_output") is not None):
+        return price(cfg, input_tokens, output_tokens)
+    import litellm
+
+    costs = litellm.model_cost
+    known = _RATES.get(str(solver))
+    if known is None or known[:2] != (id(costs), len(costs)):
+        known = _RATES[str(solver)] = (id(costs), len(costs), _linear_rates(cfg))
+    rates = known[2]
+    if rates == "litellm":
+        return price(cfg, input_tokens, output_tokens)
+    return None if rates is None else input_tokens * rates[0] + output_tokens * rates[1]
+
+
+def _linear_rates(cfg: Any) -> Any:
+    import litellm
+
+    if price(cfg, 1, 1) is None:
+        return None  # litellm does not know the model
+    try:
+        info = litellm.get_model_info(str(_field(cfg, "solver")))
+    except Exception:
+        return "litellm"
+    tiered = any(v is not None and (k == "tiered_pricing" or ("_above_" in k and k.endswith("_tokens")))
+                 for k, v in info.items())
+    rates = (float(info.get("input_cost_per_token") or 0.0), float(info.get("output_cost_per_token") or 0.0))
+    if tiered or not all(math.isclose(tin * rates[0] + tout * rates[1], price(cfg, tin, tout) or 0.0,
+                                      rel_tol=1e-9, abs_tol=1e-15) for tin, tout in _RATE_CHECKS):
+        return "litellm"
+    return rates
+
+
 def call_row(cfg: Any, *, started_at: float, started_mono: float, input_tokens: int, output_tokens: int,
              retries: int, error: str | None) -> dict[str, Any]:
     """The call as a ``SolverCall.as_dict()`` row (the trajectory's ``calls`` entry)."""
     return {"model": _field(cfg, "solver") or _field(cfg, "id"), "started_at": started_at,
             "finished_at": time.time(), "input_tokens": int(input_tokens), "output_tokens": int(output_tokens),
-            "cost_usd": price(cfg, int(input_tokens), int(output_tokens)),
+            "cost_usd": call_price(cfg, int(input_tokens), int(output_tokens)),
             "seconds": time.monotonic() - started_mono, "retries": int(retries), "error": error}
