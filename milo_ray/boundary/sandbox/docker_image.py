@@ -10,10 +10,14 @@ A container's writable directories are host directories bound in (:mod:`docker`)
 hide what the image holds there -- the task's files its Dockerfile put in the workdir.
 :func:`image_dirs` copies those out of the image once per image id and process, through a
 created (never started) container and ``docker cp``'s tar stream, extracted with tarfile's
-``data`` filter (no absolute names, no ``..``, no link leaving the tree, no device, no
-set-id bit) into a directory private to this process; each sandbox gets them as its
-``copy_in`` (:class:`~milo_ray.boundary.sandbox.hostdirs.HostDirs`), as a bwrap sandbox
-gets the Dockerfile's COPY sources.
+``data`` filter (no absolute names, no ``..``, no hard link leaving the tree, no device, no
+set-id bit; a member it refuses is left out) into an owner-tagged scratch directory of this
+process (:func:`~milo_ray.boundary.sandbox.leftovers.make_scratch`: removed at exit, or by a
+later process if this one is killed). Symbolic links are kept as the image has them (they
+point inside the sandbox) and made last, fd-relative, so nothing is written through one.
+Each sandbox gets the copies as its ``copy_in``
+(:class:`~milo_ray.boundary.sandbox.hostdirs.HostDirs`), as a bwrap sandbox gets the
+Dockerfile's COPY sources.
 """
 
 from __future__ import annotations
@@ -26,13 +30,13 @@ import re
 import shutil
 import subprocess
 import tarfile
-import tempfile
 import threading
 import uuid
 from pathlib import Path
 
 from milo_ray.boundary.nofollow import UnsafePath, open_dir_nofollow
 from milo_ray.boundary.sandbox.docker_control import CONTROL_OUTPUT_CAP, CONTROL_TIMEOUT_S, LABEL, remove_container
+from milo_ray.boundary.sandbox.leftovers import make_scratch
 from milo_ray.boundary.sandbox.process import run_capped
 
 log = logging.getLogger(__name__)
@@ -136,7 +140,9 @@ def image_dirs(docker: tuple[str, ...], image: str, paths: tuple[str, ...]) -> d
 
 def _export(docker: tuple[str, ...], image: str, image_id: str, paths: list[str]) -> None:
     if not _EXPORT_ROOT:
-        _EXPORT_ROOT.append(tempfile.mkdtemp(prefix="milo-docker-image-dirs-"))  # 0700: this process's own
+        # 0700, this process's own; removed at exit, or, should this process be killed,
+        # by a later one on the machine (its name carries the owner: leftovers.reap_scratch).
+        _EXPORT_ROOT.append(str(make_scratch("docker-image-dirs")))
         atexit.register(shutil.rmtree, _EXPORT_ROOT[0], True)
     holder = f"milo-ray-export-{uuid.uuid4().hex[:12]}"
     # Created, never started: its filesystem is the image's, nothing runs in it.
