@@ -11,10 +11,13 @@ tool the provider would run: 400, before anything goes upstream), the grant's ca
 the call's reserved upper bound and the run's budget (:mod:`.run_budget`; 429), forwards
 the request through :mod:`.upstream` (streamed or not), and records on the grant what the
 call cost and, when it failed, its class as the gateway sees it. Metering does not depend
-on the caller: a streamed call whose caller leaves is read on to the provider's usage (for
-at most :data:`STREAM_DRAIN_S`), and a call whose usage never arrives -- the stream cut
-before it, the request timed out, the rollout ended first (:meth:`ModelGateway.settle`) --
-is charged its reservation, never nothing. The key never leaves this process: it is handed to the gateway as an argument
+on the caller: each call runs in a task of the gateway's own (:meth:`ModelGateway._owned`),
+so a call whose caller hangs up completes upstream and is charged the provider's usage (a
+stream is read on to it, for at most :data:`STREAM_DRAIN_S`), and a call whose usage never
+arrives -- the stream cut before it, the request timed out, the answer was lost on the way,
+the gateway closed or the rollout ended first (:meth:`ModelGateway.settle`) -- is charged
+its reservation, never nothing; a failed call is charged nothing only when the provider
+cannot have billed it (:func:`.upstream.may_be_billed`). The key never leaves this process: it is handed to the gateway as an argument
 (:meth:`ModelGateway.set_key`), never read from or written to an environment variable,
 and an upstream error text is scrubbed of it before it reaches the caller.
 
