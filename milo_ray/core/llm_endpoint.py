@@ -45,8 +45,10 @@ class LLMEndpoint:
         are switched off, so a call sends at most ``max_retries + 1`` requests.
     retry_base_s / retry_max_s: exponential backoff with full jitter between retries: retry
         i (from 1) sleeps uniformly in [0, min(retry_max_s, retry_base_s * 2**(i-1))].
-    rpm / tpm: requests and tokens (input + output) per minute allowed for this model,
-        shared by every process of the run (a Ray actor per model); None: unlimited.
+    rpm / tpm: requests and tokens (input + output) per minute allowed on this model's
+        provider account (provider, key variable, api base), shared by every run on the
+        cluster (one detached Ray actor per account); configs on one account that give
+        different limits hold the lower, with a warning; None: this config is not limited.
     usd_per_mtok_input / usd_per_mtok_output: prices in USD per million tokens; None: the
         model is unpriced (a USD cap on it is refused rather than silently never reached).
     """

@@ -23,32 +23,15 @@ import threading
 import time
 from typing import Any, Iterator, Mapping
 
+from milo_ray.llm.accounts import key_env  # noqa: F401 (part of this module's API)
 from milo_ray.llm.usage import AgentUsage
 
 # litellm must read its bundled price map, never fetch one: the value must be the word True.
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
-# Providers litellm refuses to call without some key, even for a local server, and the
-# environment variable litellm itself reads for each when none is named.
-_PROVIDER_KEY_ENV = {"openai": "OPENAI_API_KEY", "hosted_vllm": "HOSTED_VLLM_API_KEY",
-                     "anthropic": "ANTHROPIC_API_KEY", "azure": "AZURE_API_KEY", "groq": "GROQ_API_KEY",
-                     "mistral": "MISTRAL_API_KEY", "together_ai": "TOGETHERAI_API_KEY",
-                     "openrouter": "OPENROUTER_API_KEY", "deepseek": "DEEPSEEK_API_KEY", "gemini": "GEMINI_API_KEY"}
-
 
 def _field(cfg: Any, name: str, default: Any = None) -> Any:
     return cfg.get(name, default) if isinstance(cfg, Mapping) else getattr(cfg, name, default)
-
-
-def key_env(cfg: Any) -> str | None:
-    """The environment variable holding ``cfg``'s key: ``api_key_env`` when given, else the
-    variable litellm reads for the solver's provider (``OPENAI_API_KEY`` for ``openai/``...),
-    else None (a provider that authenticates otherwise, e.g. ``bedrock/`` through AWS
-    credentials)."""
-    name = _field(cfg, "api_key_env")
-    if name:
-        return str(name)
-    return _PROVIDER_KEY_ENV.get(str(_field(cfg, "solver") or "").split("/", 1)[0])
 
 
 # The AWS credential variables a ``bedrock/`` model authenticates with, each with the

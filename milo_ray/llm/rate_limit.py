@@ -1,8 +1,11 @@
-"""Per-model request and token rate limits shared by every process of a run.
+"""Request and token rate limits per provider account, shared by every run on the cluster.
 
-A provider limits an account, not a process: the rollouts of a run call the same model
-from many Ray workers at once, so the limit (``model.rpm``, ``model.tpm``) is kept in
-one place per model id.
+A provider limits an account, not a process nor a run: the rollouts of a run call the
+model from many Ray workers at once, and the jobs of a sweep (each its own run, in its
+own Ray namespace) call it at the same time. So the limit (``model.rpm``, ``model.tpm``:
+the account's limit) is kept in one place per *account* -- the provider, the NAME of the
+key's environment variable and the api base (:func:`account_of`; never the key itself) --
+for the whole cluster.
 
 * :class:`RateBudget`: the plain decision object. Request slots are spaced
   ``window_s / rpm`` apart (a token bucket of size one: no bursts, so no 60-s window,
@@ -11,12 +14,15 @@ one place per model id.
   call, and a new request waits while the window's tokens have reached ``tpm``. A
   request's own tokens are unknown until it returns, so concurrent requests admitted
   under the cap can overshoot it by their own size; the next ones then wait longer.
-* :class:`RateLimitActor`: a thin Ray actor around one budget, named per model id in
-  the run's namespace and owned by the process that first asks for it (the driver, when
-  it builds a limiter before starting work), so it lives and dies with the run.
+* :class:`RateLimitActor`: a thin Ray actor around one budget, *detached* and named per
+  account in the cluster-wide namespace :data:`CLUSTER_NAMESPACE`, found or created with
+  ``get_if_exists`` by whoever asks first (any run's driver, any sweep job's): it outlives
+  the run that made it, so a run that ends never takes the limit away from the runs still
+  calling. Two model configs on one account share it; when they give different limits the
+  lower holds (:meth:`RateBudget.lower_to`) and a warning says so.
 * :class:`SharedRateLimiter`: a LangChain ``BaseRateLimiter`` (``acquire`` /
   ``aacquire``) plus :meth:`~SharedRateLimiter.report_tokens`; it talks to the actor
-  when Ray is initialized and to a process-wide budget otherwise.
+  when Ray is initialized and to a process-wide budget per account otherwise.
 
 Waits are decided by the budget and slept by the caller: the actor never blocks, so one
 actor serves any number of waiting callers.
@@ -25,6 +31,7 @@ actor serves any number of waiting callers.
 from __future__ import annotations
 
 import asyncio
+import logging
 import sys
 import threading
 import time
@@ -33,8 +40,15 @@ from typing import Any, Callable
 
 from langchain_core.rate_limiters import BaseRateLimiter
 
+from milo_ray.llm.accounts import account_of
+
 MINUTE_S = 60.0
 _ACTOR_PREFIX = "milo_ray.rate_limit:"
+# The Ray namespace of everything shared by every run on a cluster (each run's driver has a
+# namespace of its own): a named actor is found only within its namespace.
+CLUSTER_NAMESPACE = "milo_ray_cluster"
+
+log = logging.getLogger(__name__)
 
 
 class RateBudget:
@@ -52,6 +66,15 @@ class RateBudget:
         self._next_slot = float("-inf")
         self._spent: deque[tuple[float, int]] = deque()  # (reported at, tokens), oldest first
         self._spent_total = 0
+
+    def lower_to(self, rpm: int | None, tpm: int | None) -> bool:
+        """Hold the lower of the current limits and these (None: unlimited); whether one fell."""
+        lowered = False
+        if rpm is not None and (self.rpm is None or int(rpm) < self.rpm):
+            self.rpm, lowered = int(rpm), True
+        if tpm is not None and (self.tpm is None or int(tpm) < self.tpm):
+            self.tpm, lowered = int(tpm), True
+        return lowered
 
     def _expire(self, now: float) -> None:
         while self._spent and self._spent[0][0] <= now - self.window_s:
@@ -96,7 +119,7 @@ class RateBudget:
 
 
 class RateLimitActor:
-    """One model's :class:`RateBudget` in a Ray actor (decorated when first used, so this
+    """One account's :class:`RateBudget` in a Ray actor (decorated when first used, so this
     module imports without Ray). Methods never block: waits are slept by the callers."""
 
     def __init__(self, rpm: int | None, tpm: int | None, window_s: float = MINUTE_S) -> None:
@@ -108,14 +131,22 @@ class RateLimitActor:
     def report(self, tokens: int) -> None:
         self.budget.report(tokens)
 
+    def declare(self, rpm: int | None, tpm: int | None) -> tuple[Any, ...]:
+        """A config of this account gives these limits: the lower ones hold. Returns the
+        limits held before and now: (rpm, tpm) before, then :meth:`limits`."""
+        before = (self.budget.rpm, self.budget.tpm)
+        self.budget.lower_to(rpm, tpm)
+        return (*before, *self.limits())
+
     def limits(self) -> tuple[int | None, int | None, float]:
         return self.budget.rpm, self.budget.tpm, self.budget.window_s
 
 
-# Process-wide state: the local budgets (no Ray) and the actor handles. Holding a handle
-# here keeps a named, non-detached actor alive for as long as this process lives.
-_local: dict[tuple[str, int | None, int | None, float], tuple[RateBudget, threading.Lock]] = {}
-_actors: dict[tuple[str, str], tuple[Any, tuple[Any, ...]]] = {}
+# Process-wide state: the local budgets (no Ray) and the actor handles, each by account.
+_local: dict[str, tuple[RateBudget, threading.Lock]] = {}
+_actors: dict[str, Any] = {}
+_declared: set[tuple[str, int | None, int | None]] = set()
+_warned: set[tuple[str, Any, Any, Any]] = set()
 _registry_lock = threading.Lock()
 
 
@@ -124,60 +155,101 @@ def _ray_ready() -> bool:
     return ray is not None and ray.is_initialized()
 
 
-def actor_name(model_id: str) -> str:
-    return _ACTOR_PREFIX + str(model_id)
+def actor_name(account: str) -> str:
+    return _ACTOR_PREFIX + str(account)
 
 
-def _actor(model_id: str, rpm: int | None, tpm: int | None, window_s: float) -> Any:
+def _note_limits(account: str, want: tuple[Any, Any], before: tuple[Any, Any], have: tuple[Any, Any]) -> None:
+    """Warn (once per process and case) when a config's limits differ from those its
+    account held (``before`` it declared them) or holds now (``have``): the lower hold."""
+    want, before, have = tuple(want), tuple(before), tuple(have)
+    said = []
+    if want != have:
+        said.append(f"model.rpm={want[0]}, model.tpm={want[1]}: the provider account {account} is limited to "
+                    f"rpm={have[0]}, tpm={have[1]} across the cluster (another config on the same account gives a "
+                    "lower limit; the lower holds)")
+    if before != have:
+        said.append(f"model.rpm={want[0]}, model.tpm={want[1]}: lowers the limit of the provider account {account} "
+                    f"from rpm={before[0]}, tpm={before[1]} (another config's) for every run on the cluster (the lower "
+                    "holds)")
+    for what in said:
+        with _registry_lock:
+            if what in _warned:
+                continue
+            _warned.add(what)
+        log.warning("%s", what)
+
+
+def _actor(account: str, rpm: int | None, tpm: int | None, window_s: float) -> Any:
+    """The account's actor, these limits declared to it (once per process and limits)."""
     import ray
 
-    key = (ray.get_runtime_context().namespace, model_id)
-    want = (rpm, tpm, float(window_s))
     with _registry_lock:
-        if key not in _actors:
-            remote = ray.remote(num_cpus=0, max_restarts=-1)(RateLimitActor)
-            handle = remote.options(name=actor_name(model_id), get_if_exists=True).remote(rpm, tpm, window_s)
-            _actors[key] = (handle, tuple(ray.get(handle.limits.remote())))
-        handle, have = _actors[key]
-    if have != want:
-        raise ValueError(f"model.rpm/model.tpm of {model_id}: this run already limits it to rpm={have[0]}, "
-                         f"tpm={have[1]}; one model id has one limit per run")
+        handle = _actors.get(account)
+        declared = (account, rpm, tpm) in _declared
+    if handle is None:
+        remote = ray.remote(num_cpus=0, max_restarts=-1)(RateLimitActor)
+        # Detached, in the cluster's namespace: every run's driver and worker, every sweep
+        # job, finds the same one, and it outlives the run that created it. On the head
+        # node, which an autoscaler never removes.
+        handle = remote.options(name=actor_name(account), namespace=CLUSTER_NAMESPACE, lifetime="detached",
+                                get_if_exists=True, resources={"node:__internal_head__": 0.001}).remote(
+            rpm, tpm, window_s)
+        with _registry_lock:
+            handle = _actors.setdefault(account, handle)
+    if not declared:
+        before_rpm, before_tpm, *have = ray.get(handle.declare.remote(rpm, tpm))
+        if float(have[2]) != float(window_s):
+            raise ValueError(f"rate limit of {account}: its window is {have[2]} s on this cluster, not {window_s} s")
+        _note_limits(account, (rpm, tpm), (before_rpm, before_tpm), tuple(have[:2]))
+        with _registry_lock:
+            _declared.add((account, rpm, tpm))
     return handle
 
 
 class SharedRateLimiter(BaseRateLimiter):
-    """The rate limit of one model id for every caller of the run.
+    """The rate limit of one provider account for every caller on the cluster.
 
-    ``acquire`` / ``aacquire`` take a request slot (waiting for it when ``blocking``);
-    :meth:`report_tokens` counts a finished request's tokens against ``tpm``. Picklable:
-    it carries only the limits and finds the budget (Ray actor or process-local) where
-    it is used."""
+    ``account``: the :func:`account_of` label; ``rpm`` / ``tpm``: the limits this config
+    gives (the account holds the lowest any config gave). ``acquire`` / ``aacquire`` take a
+    request slot (waiting for it when ``blocking``); :meth:`report_tokens` counts a
+    finished request's tokens against ``tpm``. Picklable: it carries only the account and
+    the limits and finds the budget (Ray actor or process-local) where it is used."""
 
-    def __init__(self, model_id: str, rpm: int | None, tpm: int | None, *, window_s: float = MINUTE_S) -> None:
+    def __init__(self, account: str, rpm: int | None, tpm: int | None, *, window_s: float = MINUTE_S) -> None:
         RateBudget(rpm, tpm, window_s=window_s)  # validate here, where the config is known
-        self.model_id, self.rpm, self.tpm, self.window_s = str(model_id), rpm, tpm, float(window_s)
+        self.account, self.rpm, self.tpm, self.window_s = str(account), rpm, tpm, float(window_s)
         if _ray_ready():
-            # The driver's handle owns the actor: it lives as long as the run's driver.
-            _actor(self.model_id, rpm, tpm, self.window_s)
+            _actor(self.account, rpm, tpm, self.window_s)  # declared (and the limits compared) where the config is
+        else:
+            self._local()
 
     def __getstate__(self) -> dict[str, Any]:
-        return {"model_id": self.model_id, "rpm": self.rpm, "tpm": self.tpm, "window_s": self.window_s}
+        return {"account": self.account, "rpm": self.rpm, "tpm": self.tpm, "window_s": self.window_s}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
 
     def _local(self) -> tuple[RateBudget, threading.Lock]:
-        key = (self.model_id, self.rpm, self.tpm, self.window_s)
         with _registry_lock:
-            if key not in _local:
-                _local[key] = (RateBudget(self.rpm, self.tpm, window_s=self.window_s), threading.Lock())
-            return _local[key]
+            if self.account not in _local:
+                _local[self.account] = (RateBudget(self.rpm, self.tpm, window_s=self.window_s), threading.Lock())
+            budget, lock = _local[self.account]
+        with lock:
+            before = (budget.rpm, budget.tpm)
+            budget.lower_to(self.rpm, self.tpm)
+            have = (budget.rpm, budget.tpm)
+        _note_limits(self.account, (self.rpm, self.tpm), before, have)
+        return budget, lock
+
+    def _handle(self) -> Any:
+        return _actor(self.account, self.rpm, self.tpm, self.window_s)
 
     def _reserve(self, blocking: bool) -> float | None:
         if _ray_ready():
             import ray
 
-            return ray.get(_actor(self.model_id, self.rpm, self.tpm, self.window_s).reserve.remote(blocking))
+            return ray.get(self._handle().reserve.remote(blocking))
         budget, lock = self._local()
         with lock:
             return budget.reserve(blocking=blocking)
@@ -192,8 +264,7 @@ class SharedRateLimiter(BaseRateLimiter):
 
     async def aacquire(self, *, blocking: bool = True) -> bool:
         if _ray_ready():
-            handle = _actor(self.model_id, self.rpm, self.tpm, self.window_s)
-            wait = await handle.reserve.remote(blocking)
+            wait = await self._handle().reserve.remote(blocking)
         else:
             wait = self._reserve(blocking)  # a dict update under a lock: never blocks the loop for long
         if wait is None:
@@ -203,11 +274,12 @@ class SharedRateLimiter(BaseRateLimiter):
         return True
 
     def report_tokens(self, tokens: int) -> None:
-        if self.tpm is None or tokens <= 0:
+        # Reported even when this config gives no tpm: another config may limit the account's.
+        if tokens <= 0:
             return
         if _ray_ready():
             # Fire and forget: the actor processes calls in order, so the next reserve sees it.
-            _actor(self.model_id, self.rpm, self.tpm, self.window_s).report.remote(int(tokens))
+            self._handle().report.remote(int(tokens))
             return
         budget, lock = self._local()
         with lock:
@@ -215,14 +287,11 @@ class SharedRateLimiter(BaseRateLimiter):
 
 
 def rate_limiter_for(cfg: Any, *, window_s: float = MINUTE_S) -> SharedRateLimiter | None:
-    """The shared limiter of ``cfg`` (a ModelConfig or its mapping) from ``rpm`` / ``tpm``
-    keyed by its ``id`` (else ``solver``); None when both are unlimited."""
+    """The shared limiter of ``cfg`` (a ModelConfig or its mapping) from ``rpm`` / ``tpm``,
+    the limits of its provider account (:func:`account_of`); None when both are unlimited."""
     get = cfg.get if hasattr(cfg, "get") else (lambda k, d=None: getattr(cfg, k, d))
     rpm, tpm = get("rpm"), get("tpm")
     if rpm is None and tpm is None:
         return None
-    ident = get("id") or get("solver")
-    if not ident:
-        raise ValueError("model.rpm/model.tpm: the model has neither id nor solver to key its rate limit by")
-    return SharedRateLimiter(str(ident), None if rpm is None else int(rpm), None if tpm is None else int(tpm),
+    return SharedRateLimiter(account_of(cfg), None if rpm is None else int(rpm), None if tpm is None else int(tpm),
                              window_s=window_s)

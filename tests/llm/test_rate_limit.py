@@ -1,5 +1,5 @@
-"""The per-model rate limit: request spacing for rpm, a token window for tpm, shared by
-every process of a run through one Ray actor. End-to-end tests send real HTTP through
+"""The rate limit per provider account: request spacing for rpm, a token window for tpm,
+shared by every process of every run on the cluster through one detached Ray actor. End-to-end tests send real HTTP through
 litellm to the scripted server and measure when requests arrive there."""
 
 from __future__ import annotations
@@ -14,7 +14,8 @@ import uuid
 import pytest
 
 from milo_ray.llm.client import build_chat_model
-from milo_ray.llm.rate_limit import RateBudget, SharedRateLimiter, rate_limiter_for
+from milo_ray.llm.rate_limit import (CLUSTER_NAMESPACE, RateBudget, SharedRateLimiter, account_of, actor_name,
+                                     rate_limiter_for)
 from milo_ray.config.schemas import ModelConfig
 from milo_ray.testing.openai_server import SCRIPTED_KEY_ENV, ScriptedOpenAIServer, reply, scripted_model
 
@@ -30,7 +31,7 @@ class Clock:
 
 
 def cfg(url: str, **kw) -> ModelConfig:
-    # A fresh id per test: limits are per model id and process-wide.
+    # Each scripted server is its own account (its URL is the api base).
     return scripted_model(url, id=f"scripted-{uuid.uuid4().hex[:8]}", **kw)
 
 
@@ -182,9 +183,7 @@ def test_two_ray_workers_share_one_limit(key_env, ray_local):
 
     with ScriptedOpenAIServer([reply("ok")]) as srv, ScriptedOpenAIServer([reply("warm")]) as warm_srv:
         m, warm = cfg(srv.url, rpm=120), cfg(warm_srv.url)  # rpm=120: one request per 0.5 s for the run
-        limiter = rate_limiter_for(m)  # the driver creates (and owns) the model's actor
-        with pytest.raises(ValueError, match="model.rpm/model.tpm"):
-            rate_limiter_for(ModelConfig(**{**m.__dict__, "rpm": 5}))  # one model id, one limit
+        limiter = rate_limiter_for(m)  # the driver finds (or creates) the account's actor
         task = ray.remote(num_cpus=1)(calls_from_a_worker)
         gate = Gate.remote()
         pids = ray.get([task.remote(m, warm, gate, 3), task.remote(m, warm, gate, 3)], timeout=120)
@@ -194,3 +193,61 @@ def test_two_ray_workers_share_one_limit(key_env, ray_local):
     # Slots are 0.5 s apart; arrivals jitter by the client's own overhead, so allow some.
     assert min(gaps(srv.request_times)) > 0.3, gaps(srv.request_times)
     assert sorted(srv.request_times)[-1] - sorted(srv.request_times)[0] > 5 * 0.5 - 0.3
+
+
+def test_configs_on_one_account_share_one_limiter_whatever_their_model():
+    """The account is (provider, key variable, api base): two models, two ids, one endpoint
+    and key draw from one budget; another endpoint or key variable is another account."""
+    base = f"http://accounts-{uuid.uuid4().hex[:8]}:8000/v1"
+    a = rate_limiter_for(ModelConfig(solver="openai/small", api_base=base, rpm=1).check())
+    b = rate_limiter_for(ModelConfig(solver="openai/large", id="large-run", api_base=base + "/", rpm=1).check())
+    assert a.account == b.account == f"openai|OPENAI_API_KEY|{base}"
+    assert a.acquire(blocking=False) is True
+    assert b.acquire(blocking=False) is False  # the account's one slot of the minute is taken
+    other_key = rate_limiter_for(ModelConfig(solver="openai/small", api_base=base, api_key_env="TEAM_B_KEY",
+                                             rpm=1).check())
+    other_base = rate_limiter_for(ModelConfig(solver="openai/small", api_base=base + "x", rpm=1).check())
+    assert other_key.acquire(blocking=False) is True and other_base.acquire(blocking=False) is True
+
+
+def test_the_account_is_named_by_the_key_variable_never_the_key(monkeypatch):
+    monkeypatch.setenv("TEAM_KEY", "sk-account-secret-value")
+    label = account_of(ModelConfig(solver="anthropic/claude", api_key_env="TEAM_KEY").check())
+    assert label == "anthropic|TEAM_KEY|-" and "sk-account" not in label and "sk-account" not in actor_name(label)
+
+
+def test_different_limits_on_one_account_hold_the_lower_with_a_warning(caplog):
+    base = f"http://lower-{uuid.uuid4().hex[:8]}:8000/v1"
+    clock_free = rate_limiter_for(ModelConfig(solver="openai/a", api_base=base, rpm=600).check())
+    with caplog.at_level("WARNING", logger="milo_ray.llm.rate_limit"):
+        strict = rate_limiter_for(ModelConfig(solver="openai/b", api_base=base, rpm=60).check())
+        assert strict.acquire(blocking=False) is True
+        # rpm=600 would free the next slot after 0.1 s; the account's rpm=60 holds it for 1 s.
+        time.sleep(0.2)
+        assert clock_free.acquire(blocking=False) is False
+    said = [r.getMessage() for r in caplog.records]
+    assert any("model.rpm=60," in m and "lowers the limit" in m and "from rpm=600" in m for m in said), said
+
+
+def test_the_account_limiter_is_one_detached_actor_in_the_cluster_namespace(ray_local, caplog):
+    """Found by name from any namespace's driver (each run has its own), outliving the run
+    that made it; a second config's lower limit holds for everyone, with a warning."""
+    ray = ray_local
+    base = f"http://cluster-{uuid.uuid4().hex[:8]}:8000/v1"
+    m = ModelConfig(solver="openai/a", api_base=base, rpm=120, tpm=50_000).check()
+    limiter = rate_limiter_for(m)
+    handle = ray.get_actor(actor_name(limiter.account), namespace=CLUSTER_NAMESPACE)
+    with pytest.raises(ValueError):  # not in this driver's (the run's) own namespace
+        ray.get_actor(actor_name(limiter.account))
+    from ray._private.state import actors
+
+    (info,) = [a for a in actors().values() if a["Name"] == actor_name(limiter.account)]
+    assert info["IsDetached"], info
+    assert ray.get(handle.limits.remote()) == (120, 50_000, 60.0)
+    with caplog.at_level("WARNING", logger="milo_ray.llm.rate_limit"):
+        rate_limiter_for(ModelConfig(solver="openai/b", api_base=base, rpm=30).check())
+    assert ray.get(handle.limits.remote()) == (30, 50_000, 60.0)
+    said = [r.getMessage() for r in caplog.records]
+    assert any("model.rpm=30, model.tpm=None" in m and "rpm=30, tpm=50000" in m for m in said), said
+    assert any("lowers the limit" in m and "from rpm=120" in m for m in said), said
+    ray.kill(handle)  # detached: it would outlive this test's driver
