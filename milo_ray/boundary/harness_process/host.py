@@ -1,7 +1,7 @@
 """Starting a rollout's harness process inside its sandbox and reading what it says.
 
 The rollout worker never imports a harness. For each rollout it writes the harness files
-to the rollout's scratch, starts :mod:`milo_ray.boundary.inside.harness_process` inside the
+(:func:`harness_dir_of`), starts :mod:`milo_ray.boundary.inside.harness_process` inside the
 rollout's sandbox (:meth:`~milo_ray.boundary.sandbox.bwrap.BwrapSandbox.process_command`)
 with three read-only binds -- a private copy of this package's Python code
 (:func:`runtime_code_dir`, so no path of the checkout is visible), the harness files and
@@ -9,8 +9,8 @@ the process's gateway directory -- writes the job to its stdin, and reads its st
 bounded, schema-checked JSON lines (:mod:`milo_ray.boundary.trajectory`).
 
 The gateway directory (:func:`gateway_dir_of`): each process has one of its own, made by
-the host in the rollout's scratch (beside the harness files, outside anything a sandbox
-can write) and shown to the sandbox, read-only, at :data:`INSIDE_GATEWAY_DIR`. The
+the host beside the harness files (on the worker's neutral root, else in the rollout's
+scratch: outside anything a sandbox can write) and shown to the sandbox, read-only, at :data:`INSIDE_GATEWAY_DIR`. The
 rollout's grant gets its own listening socket made *in* that directory
 (:meth:`~milo_ray.boundary.gateway.server.ModelGateway.issue_bound`) before the job is
 sent, and the job names it at the fixed path :data:`INSIDE_GATEWAY`. Binding the directory
@@ -39,6 +39,7 @@ import asyncio
 import os
 import signal
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -46,6 +47,7 @@ from typing import Any
 
 from milo_ray.core.storable import storable, storable_text
 from milo_ray.boundary.gateway.ledger import GRANT_SOCKET
+from milo_ray.boundary.sandbox import neutral
 from milo_ray.boundary.sandbox.runtime_code import runtime_code_dir, write_harness
 from milo_ray.boundary.trajectory import ProtocolError, StepLog, parse_message
 
@@ -291,13 +293,39 @@ class HarnessProcess:
 
 
 def harness_dir_of(scratch: Path) -> Path:
-    """Where a rollout's harness files go in its scratch directory."""
-    return scratch / "harness"
+    """Where the harness files of the rollout with scratch directory ``scratch`` go."""
+    return _place_of(scratch) / "harness"
 
 
 def gateway_dir_of(scratch: Path) -> Path:
     """Where a rollout's grant socket is made (the directory its sandbox is shown)."""
-    return scratch / "gateway"
+    return _place_of(scratch) / "gateway"
+
+
+_places: dict[str, Path] = {}  # a rollout's scratch -> its directory on the neutral root
+_places_lock = threading.Lock()
+
+
+def _place_of(scratch: Path) -> Path:
+    """The directory holding a rollout's harness files and gateway directory: a fresh one
+    on the worker's neutral root (so the sandbox's mountinfo names no host path, see
+    :mod:`milo_ray.boundary.sandbox.neutral`), the same for every call with this scratch;
+    without a neutral root, the scratch itself. The directory lives as long as the
+    scratch: the owner of a rollout removes its scratch when the rollout ends, and the
+    next call here removes the directories of scratches that are gone."""
+    key = os.path.abspath(scratch)
+    with _places_lock:
+        for other, where in list(_places.items()):
+            if other != key and not os.path.lexists(other):
+                neutral.remove(where)
+                del _places[other]
+        where = _places.get(key)
+        if where is None:
+            where = neutral.fresh_dir("r")
+            if where is None:
+                return Path(scratch)
+            _places[key] = where
+        return where
 
 
 def harness_binds(harness_dir: Path, gateway_dir: Path) -> dict[str, str]:

@@ -62,6 +62,7 @@ from deepagents.backends.protocol import ExecuteResponse, FileDownloadResponse, 
 
 from milo_ray.boundary.sandbox.base import Sandbox, SandboxSpec, resolve_timeout
 from milo_ray.boundary.sandbox.cgroups import CgroupSupport, SandboxCgroup, probe_cgroups
+from milo_ray.boundary.sandbox import neutral
 from milo_ray.boundary.sandbox.egress import PrivateNetwork
 from milo_ray.boundary.sandbox.egress import missing_tools as missing_network_tools
 from milo_ray.boundary.sandbox.volume import Volume, move_for_grading, open_volume
@@ -124,7 +125,12 @@ class BwrapSandboxFactory:
     the limits when the machine allows; ``bwrap_path``: the bwrap executable;
     ``uid_range``: ``FIRST-LAST``, host uids no account uses, from which each sandbox
     leases one of its own for as long as it is open when the worker runs as root
-    (:mod:`identity`; a worker that is not root runs them as itself, in a user namespace)."""
+    (:mod:`identity`; a worker that is not root runs them as itself, in a user namespace);
+    ``own_volume``: a root worker puts the writable directories of a task without
+    ``storage_mb`` on a volume of the sandbox's own too (no cap: :func:`volume.open_volume`),
+    so that no bind shows a host path; the workspace is then read through
+    ``fresh_for_grading``, not at ``scratch/workspace`` (False: callers that prepare or read
+    ``scratch/workspace`` themselves)."""
 
     name = "bwrap"
     # Can run a long-lived harness process inside (process_command).
@@ -139,6 +145,7 @@ class BwrapSandboxFactory:
         cgroups: bool = True,
         bwrap_path: str = "bwrap",
         uid_range: str = DEFAULT_UID_RANGE,
+        own_volume: bool = False,
     ) -> None:
         if command_timeout_s is not None and command_timeout_s <= 0:
             raise ValueError(f"sandbox.command_timeout_s must be > 0 or null, got {command_timeout_s}")
@@ -157,6 +164,7 @@ class BwrapSandboxFactory:
         self.pids_limit = pids_limit
         self.cgroups = cgroups
         self.bwrap_path = bwrap_path
+        self.own_volume = bool(own_volume)
         self._lock = threading.Lock()
         self._probed: tuple[str | None, CgroupSupport] | None = None
 
@@ -246,16 +254,20 @@ class BwrapSandbox(Sandbox):
         self.owner = self._lease.owner if self._lease is not None else None
         # Every writable directory on one volume of spec.storage_mb (:mod:`volume`); None
         # without a cap or where none can be mounted (then RLIMIT_FSIZE only: see limits).
-        self._volume = volume if volume is not None else open_volume(spec, scratch)
+        self._volume = volume if volume is not None else open_volume(spec, scratch, own=factory.own_volume)
+        # The worker's own directory (never mounted writable) for the skeletons of
+        # _late_binds: on the neutral root where there is one (made when first needed).
+        self._mountpoints: Path | None = None
+        # Copies on the neutral root of the read-only binds given at open (host path -> copy).
+        self._staged: dict[str, Path] = {}
         try:
             self.dirs = HostDirs(spec, dirs_root or (self._volume.path / "sandbox" if self._volume else scratch),
                                  owner=self.owner)
+            self._binds = {self._neutral_source(host): inside for host, inside in self._binds.items()}
         except BaseException:
             self._release_volume()
+            self._release_neutral()
             raise
-        # The worker's own directory (never mounted writable) for the skeletons of
-        # _late_binds.
-        self._mountpoints = scratch / "ro-mountpoints"
         self._lock = threading.Lock()
         self._running: set[CappedProcess] = set()
         self._closed = False
@@ -443,7 +455,7 @@ class BwrapSandbox(Sandbox):
             if top in paths:  # the others lie inside a read-only bind of the host's own
                 args += _readonly_args(paths)
                 continue
-            skeleton = self._mountpoints / str(i)
+            skeleton = self._skeletons() / str(i)
             for p in paths:
                 target = skeleton / posixpath.relpath(p, top)
                 target.parent.mkdir(parents=True, exist_ok=True)
@@ -459,6 +471,33 @@ class BwrapSandbox(Sandbox):
             args += ["--ro-bind", str(skeleton), top]
             args += _readonly_args([p for p in paths if not os.path.islink(p)])
         return args
+
+    def _release_neutral(self) -> None:
+        """Remove what this sandbox made on the neutral root (its processes are dead)."""
+        for made in [self._mountpoints, *self._staged.values()]:
+            neutral.remove(made)
+
+    def _skeletons(self) -> Path:
+        """The directory holding this sandbox's skeletons (see :meth:`_late_binds`)."""
+        if self._mountpoints is None:
+            self._mountpoints = neutral.fresh_dir("m") or self._scratch / "ro-mountpoints"
+        return self._mountpoints
+
+    def _neutral_source(self, host: str) -> str:
+        """What to bind for the read-only ``host`` path given at open: itself when it lies
+        on the neutral root (or there is none), else a copy there, made once (the grading
+        sandbox's carried directories: small, bounded, the host's own), so that the
+        sandbox's mountinfo does not name the rollout's scratch. A process's binds
+        (:meth:`process_command`) are bound as they are: a gateway directory must stay the
+        directory its socket is made in later."""
+        if neutral.worker_root() is None or neutral.is_neutral(host):
+            return host
+        if host not in self._staged:
+            copy = neutral.stage_copy(host)
+            if copy is None:
+                return host
+            self._staged[host] = copy
+        return str(self._staged[host])
 
     def _launch(self) -> list[str]:
         """What runs ahead of bwrap: the launchers (rlimits, network) and, last, the one
@@ -564,6 +603,7 @@ class BwrapSandbox(Sandbox):
         if self._network is not None:
             self._network.close()
         self._release_volume()
+        self._release_neutral()
 
 
 LAUNCH_ENV = {"PATH": SANDBOX_PATH}

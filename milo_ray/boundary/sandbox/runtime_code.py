@@ -1,8 +1,9 @@
 """What a sandbox sees of the framework's code and of a harness.
 
 A process inside a sandbox that needs this package (the harness process, a child's import
-check) gets a private, world-readable copy of its Python files rather than the checkout: no
-path of the checkout is visible, and the package's data (the bundled tasks' tests and
+check) gets a private, world-readable copy of its Python files rather than the checkout
+(on the worker's neutral root where there is one, :mod:`neutral`): no path of the
+checkout is visible, and the package's data (the bundled tasks' tests and
 solutions) stays out. Harness files are written world-readable because the sandbox's
 commands run as an unprivileged user.
 
@@ -26,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import milo_ray
+from milo_ray.boundary.sandbox.neutral import worker_root
 
 _code_lock = threading.Lock()
 _code_dir: Path | None = None
@@ -39,8 +41,7 @@ def runtime_code_dir() -> Path:
         if _code_dir is not None and _code_dir.is_dir():
             return _code_dir
         src = Path(milo_ray.__file__).resolve().parent
-        root = Path(tempfile.mkdtemp(prefix="milo-runtime-"))
-        os.chmod(root, 0o755)
+        root = _fresh_root()
         digest = hashlib.sha256()
         for path in sorted(src.rglob("*.py")):
             rel = path.relative_to(src)
@@ -58,6 +59,20 @@ def runtime_code_dir() -> Path:
                 os.chmod(os.path.join(d, f), 0o644)
         _code_dir = root
         return root
+
+
+def _fresh_root() -> Path:
+    """Where the copy goes: ``lib`` on the worker's neutral root (so a sandbox's mountinfo
+    shows the bind's root as ``/lib``, :mod:`neutral`), else a temporary directory."""
+    neutral_root = worker_root()
+    if neutral_root is None:
+        root = Path(tempfile.mkdtemp(prefix="milo-runtime-"))
+    else:
+        root = neutral_root / "lib"
+        shutil.rmtree(root, ignore_errors=True)  # a copy cleanup_runtime_code dropped
+        root.mkdir()
+    os.chmod(root, 0o755)
+    return root
 
 
 def _copy_bytecode(src: Path, dst: Path, data: bytes) -> None:

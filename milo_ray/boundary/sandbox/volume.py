@@ -48,10 +48,12 @@ def unavailable() -> str | None:
 
 class Volume:
     """A filesystem of ``size_mb`` MiB mounted at ``mountpoint`` (created here, must not
-    exist), backed by the file ``image`` (created here). ``mechanism`` says which kind.
-    :meth:`close` unmounts it; the image file stays for whoever removes the scratch."""
+    exist), backed by the file ``image`` (created here). ``mechanism`` says which cap it
+    is (None for a volume that is no cap: ``capped=False``, which takes ext4 or nothing,
+    never a tmpfs of that size in memory). :meth:`close` unmounts it; the image file stays
+    for whoever removes the scratch."""
 
-    def __init__(self, image: Path, mountpoint: Path, size_mb: int) -> None:
+    def __init__(self, image: Path, mountpoint: Path, size_mb: int, *, capped: bool = True) -> None:
         if int(size_mb) < 1:
             raise ValueError(f"SandboxSpec.storage_mb must be >= 1 MiB or null, got {size_mb}")
         why = unavailable()
@@ -65,6 +67,10 @@ class Volume:
         # Unmounted by close(), or else when the sandbox is collected unclosed or the
         # interpreter exits; only a worker killed outright leaves it (reap_scratch then).
         self._finalizer = weakref.finalize(self, _unmount, str(self.path))
+        if failure is not None and not capped:
+            self._finalizer.detach()
+            self.path.rmdir()
+            raise RuntimeError(f"no ext4 loop volume: {failure}")
         if failure is not None:
             logger.warning("sandbox volume: no ext4 loop volume (%s); using a tmpfs of %d MiB instead",
                            failure, self.size_mb)
@@ -72,6 +78,8 @@ class Volume:
                        str(self.path)], "mount a tmpfs")
             self.mechanism = f"tmpfs of {self.size_mb} MiB (in memory) for all writable directories"
         self._mounted = True
+        if not capped:
+            self.mechanism = None
 
     def _mount_ext4(self, image: Path) -> str | None:
         """Make and mount the ext4 image; why not, or None."""
@@ -130,18 +138,33 @@ def unmount_below(root: str | os.PathLike) -> int:
     return len(below)
 
 
-def open_volume(spec: SandboxSpec, scratch: Path) -> Volume | None:
+def open_volume(spec: SandboxSpec, scratch: Path, *, own: bool = False) -> Volume | None:
     """The volume for a sandbox of ``spec`` in ``scratch`` (``volume.img``, mounted at
     ``volume/``), or None when the task sets no ``storage_mb`` or no volume can be made
-    here (logged: then only a per-file RLIMIT_FSIZE holds)."""
-    if spec.storage_mb is None:
+    here (logged: then only a per-file RLIMIT_FSIZE holds). ``own``: a task without
+    ``storage_mb`` gets one too, the size of the scratch's filesystem (no cap: that disk
+    holds no more), so that its sandbox's binds come from a filesystem of its own whose
+    paths name nothing of the host (``BwrapSandboxFactory(own_volume=True)``); None where
+    none can be made (not root, no loop device: logged)."""
+    if spec.storage_mb is None and not own:
         return None
     why = unavailable()
     if why:
-        logger.warning("sandbox: storage_mb=%s bounds each file only, not the total: %s", spec.storage_mb, why)
+        if spec.storage_mb is not None:
+            logger.warning("sandbox: storage_mb=%s bounds each file only, not the total: %s", spec.storage_mb, why)
         return None
     scratch.mkdir(parents=True, exist_ok=True)
-    volume = Volume(scratch / "volume.img", scratch / "volume", spec.storage_mb)
+    if spec.storage_mb is None:
+        st = os.statvfs(scratch)
+        try:
+            volume = Volume(scratch / "volume.img", scratch / "volume", max(16, st.f_blocks * st.f_frsize >> 20),
+                            capped=False)
+        except (RuntimeError, OSError, subprocess.SubprocessError) as exc:
+            logger.warning("sandbox: its writable directories stay on the host's disk (binds show their host "
+                           "paths): %s", exc)
+            return None
+    else:
+        volume = Volume(scratch / "volume.img", scratch / "volume", spec.storage_mb)
     try:
         # The grading sandbox's directories, made now: once the agent has filled the
         # volume not even an empty directory could be made. They are the host's, in a
