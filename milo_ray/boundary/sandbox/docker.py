@@ -19,9 +19,10 @@ refused before the run (:func:`docker_control.probe_daemon`) unless
 Hardening: no capabilities at all (``--cap-drop ALL``: every process of the container is
 the one uid, so nothing needs any), ``no-new-privileges``, a read-only root. The writable
 directories -- workspace, ``/logs``, ``/tests``, ``/solution``, ``/tmp`` (and HOME, which is
-``/tmp``) -- are host directories bound in, on one volume of ``spec.storage_mb`` when the
-task sets it (:mod:`docker_storage`), so that cap bounds the total written wherever it
-lands (RLIMIT_FSIZE, one file, as well; that alone without a root worker).
+``/tmp``) -- are host directories bound in (so the daemon must run on the worker's host),
+on one volume of ``spec.storage_mb`` when the task sets it (:mod:`docker_storage`), so that
+cap bounds the total written wherever it lands (RLIMIT_FSIZE, one file, as well; that alone
+without a root worker).
 
 What is enforced besides: every container runs with ``--network none``; one whose task
 allows the internet then gets the bwrap sandbox's private egress attached to its own

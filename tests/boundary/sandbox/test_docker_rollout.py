@@ -164,3 +164,54 @@ def test_an_image_that_cannot_run_the_interpreter_is_refused_naming_bwrap(docker
     left = subprocess.run(["docker", "ps", "-aq", "--filter", f"label=milo-ray.task={docker_task.task_id}"],
                           capture_output=True, text=True).stdout.split()
     assert left == []
+
+
+# Appended to a harness: at import, writes 20 MiB into each writable place of its container
+# and prints what it managed (bytes, errno) to its stderr.
+_FILL = '''
+import json as _fj, os as _fo, sys as _fs
+
+def _fill(path):
+    written = 0
+    try:
+        with open(path, "wb") as f:
+            for _ in range(20):
+                f.write(b"x" * (1 << 20))
+                f.flush()
+                written += 1 << 20
+    except OSError as e:
+        return [written, e.errno]
+    return [written, None]
+
+print("FILLED " + _fj.dumps({d: _fill(_fo.path.join(d, "fill")) for d in (_fo.getcwd(), "/tmp", "/logs", "/tests",
+                                                                          "/solution")}), file=_fs.stderr)
+'''
+
+
+def test_a_harness_filling_its_containers_disk_is_stopped_at_the_cap_and_its_rollout_scored(make_docker_factory,
+                                                                                           monkeypatch, tmp_path):
+    import errno
+    import os
+
+    monkeypatch.setenv(KEY_ENV, KEY)
+    cap_mb = 16
+    task = _bundled_task()
+    task = dataclasses.replace(task, metadata={**task.metadata, "storage_mb": cap_mb})
+    minimal = load_seeds(["minimal"])[0]
+    harness = minimal.with_source(minimal.files["harness.py"] + _FILL)
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    with ScriptedOpenAIServer([reply("done", prompt_tokens=3, completion_tokens=1)]) as srv:
+        executor = AgentExecutor(model=_model(srv.url), sandbox=make_docker_factory(command_timeout_s=60),
+                                 scratch_dir=str(scratch), keep_scratch=True)
+        res = asyncio.run(executor.aexecute(harness, task, 0, 0))
+    # A score (the workspace graded as it stands: the task is not solved), not a crash.
+    assert res.error_kind is None and res.score < 1.0, (res.error, res.trace["trajectory"].get("harness_stderr"))
+    lines = [ln for ln in res.trace["trajectory"].get("harness_stderr", "").splitlines() if ln.startswith("FILLED ")]
+    assert lines, res.trace["trajectory"].get("harness_stderr")
+    filled = json.loads(lines[-1][len("FILLED "):])
+    assert set(filled) == {"/app", "/tmp", "/logs", "/tests", "/solution"}
+    assert all(err == errno.ENOSPC for _, err in filled.values()), filled
+    assert sum(n for n, _ in filled.values()) <= cap_mb << 20, filled
+    images = list(scratch.rglob("volume.img"))
+    assert images and all(os.stat(p).st_blocks * 512 <= cap_mb << 20 for p in images)
