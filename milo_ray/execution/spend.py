@@ -21,7 +21,8 @@ from typing import Any, Iterable
 from milo_ray.execution.budget import BudgetExceeded, BudgetLedger
 import logging
 
-from milo_ray.boundary.gateway.run_budget import meters_model_calls, start_run_spend, stop_run_spend, sweep_spend
+from milo_ray.boundary.gateway.run_budget import (is_sweep_reason, meters_model_calls, start_run_spend,
+                                                 stop_run_spend, sweep_spend)
 
 log = logging.getLogger(__name__)
 
@@ -81,7 +82,10 @@ class SchedulerSpend:
         rollout still produced a result, its batch is cut short by the budget."""
         if self.budget.exhausted_by is None:
             self.budget.mark_exhausted(reason)
-            self._store.event("run_budget_exhausted", {"reason": reason, "ledger": self.budget.snapshot()})
+            # scope: which counter refused -- the run's own, or the sweep's (the sweep summary
+            # names the jobs the sweep's cap stopped by it).
+            self._store.event("run_budget_exhausted", {"reason": reason, "ledger": self.budget.snapshot(),
+                                                       "scope": "sweep" if is_sweep_reason(reason) else "run"})
         if has_result:
             self._stopped.add(key)
 

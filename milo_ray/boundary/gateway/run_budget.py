@@ -278,6 +278,11 @@ def start_run_spend(tokens: int | None, cost_usd: float | None) -> Any:
 SWEEP_LEDGER_PREFIX = "milo_ray.sweep_spend:"
 
 
+def is_sweep_reason(reason: str | None) -> bool:
+    """Whether a refusal's reason is the sweep's ledger's (its cap), not the run's own."""
+    return bool(reason) and str(reason).startswith(RunSpend._CAP_FIELDS["sweep"][0])
+
+
 def sweep_spend(ledger: str, cost_usd: float) -> Any:
     """The sweep's shared ledger (``run.budget.sweep.ledger``, capped at ``cost_usd``): a
     detached actor in the cluster-wide namespace, created by the first job that asks and
