@@ -156,7 +156,8 @@ def check_overrides(conf_dir: str, argv: list[str]) -> Any:
         raise_all(problems)
     if cfg.run.resume:
         manifest = Path(cfg.run.resume).expanduser() / "manifest.json"
-        if not manifest.is_file():
+        # A run on object storage (s3://...) is checked by the job, which fetches its manifest.
+        if "://" not in str(cfg.run.resume) and not manifest.is_file():
             raise ConfigError([*problems, Problem(f"run.resume={cfg.run.resume}", "no run there (manifest.json missing)",
                                                   "pass the run directory printed at the end of a run")])
         raise_all(problems)

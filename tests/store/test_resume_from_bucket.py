@@ -1,0 +1,84 @@
+"""A run on object storage outlives its driver's machine: written through the CLI to a
+local S3 server, its driver killed mid-run and its local files deleted, it resumes from the
+bucket in a fresh working directory and finishes with every rollout exactly once; the
+report, ``results.compare`` and DuckDB (``results.connect``) read it from the bucket."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import uuid
+
+import pytest
+import zstandard
+
+from milo_ray import results
+from milo_ray.testing.s3 import SECRET_KEY, LocalS3
+
+pytestmark = pytest.mark.slow
+
+EVAL_ARGS = ["method=eval", "method.k=8", "method.split=test", "benchmark=surrogate_swepro",
+             "run.progress=false", "run.report=false", "execution.num_cpus=2"]
+TOTAL = 5 * 100 * 8  # harnesses x test tasks x k
+
+
+def _env(s3: LocalS3) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in ("AWS_PROFILE", "AWS_SESSION_TOKEN")}
+    return {**env, **s3.env, "LITELLM_LOCAL_MODEL_COST_MAP": "True", "HF_HUB_OFFLINE": "1"}
+
+
+def test_a_killed_run_resumes_from_the_bucket_on_a_fresh_machine_with_every_rollout_once(tmp_path, monkeypatch):
+    with LocalS3() as s3:
+        s3.apply(monkeypatch)
+        bucket = s3.bucket(f"runs-{uuid.uuid4().hex[:8]}")
+        uri = f"s3://{bucket}/team/exp-1"
+        env = _env(s3)
+        machine_a, machine_b = tmp_path / "a", tmp_path / "b"
+        machine_a.mkdir()
+        machine_b.mkdir()
+
+        proc = subprocess.Popen([sys.executable, "-m", "milo_ray.run", *EVAL_ARGS, f"run.dir={uri}"], cwd=machine_a,
+                                env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+        deadline = time.monotonic() + 600
+        while time.monotonic() < deadline and proc.poll() is None:
+            if any(k.startswith("team/exp-1/rollouts/part-") for k in s3.keys(bucket)):
+                break
+            time.sleep(0.2)
+        assert proc.poll() is None, "run finished before it could be interrupted; make it longer"
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        before = results.load_run(uri)
+        assert before.status == "running" and 0 < len(before.rollouts) < TOTAL
+        shutil.rmtree(machine_a)  # the driver's node is gone, with its working copy
+
+        resumed = subprocess.run([sys.executable, "-m", "milo_ray.run", f"run.resume={uri}", "run.progress=false"],
+                                 cwd=machine_b, env=env, capture_output=True, text=True, timeout=900)
+        assert resumed.returncode == 0, resumed.stderr[-3000:]
+
+        after = results.load_run(uri)
+        assert after.status == "finished"
+        counts = after.rollouts.groupby(["harness_id", "task_id", "rollout_idx"]).size()
+        assert len(counts) == TOTAL and (counts == 1).all(), "every rollout exactly once"
+        kept = set(before.rollouts["cache_key"])
+        assert kept <= set(after.rollouts["cache_key"]), "nothing stored before the kill was lost"
+        assert len(after.manifest["history"]) == 2
+
+        table = results.compare([after])
+        assert list(table["status"]) == ["finished"] and table["run"].iloc[0] == "exp-1"
+        ((n,),) = results.connect(uri).execute("select count(*) from rollouts").fetchall()
+        assert n == TOTAL
+        report = subprocess.run([sys.executable, "-m", "milo_ray.report", uri, "--out", str(tmp_path / "report")],
+                                cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+        assert report.returncode == 0, report.stderr[-2000:]
+        assert (tmp_path / "report" / "report.html").is_file()
+
+        # The bucket's key is a secret: no object of the run holds it.
+        for key in s3.keys(bucket):
+            data = s3.get(bucket, key)
+            if key.endswith(".zst"):
+                data = zstandard.ZstdDecompressor().decompress(data)
+            assert SECRET_KEY.encode() not in data, key
