@@ -200,3 +200,17 @@ def test_missing_credentials_are_refused_naming_run_dir(s3, bucket, monkeypatch,
     monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
     with pytest.raises(RemoteConfigError, match="run.dir=.*no AWS credentials"):
         Remote(RunURI.parse(f"s3://{bucket}/r"))
+
+
+@pytest.mark.slow  # a whole command line (composition, the benchmark built) in this process
+@pytest.mark.parametrize("run_dir, says", [
+    ("ftp://bucket/run", "run.dir=ftp://bucket/run: unknown scheme"),
+    ("s3://no-such-bucket-y/run", "run.dir=s3://no-such-bucket-y/run: no bucket 'no-such-bucket-y'"),
+])
+def test_the_cli_refuses_an_unusable_run_dir_before_writing_anything(s3, tmp_path, monkeypatch, capsys, run_dir, says):
+    from milo_ray.run import main
+
+    monkeypatch.chdir(tmp_path)
+    assert main([f"run.dir={run_dir}", "run.progress=false"]) == 2
+    assert says in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []
