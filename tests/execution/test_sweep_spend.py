@@ -212,3 +212,66 @@ def test_the_sweep_ledger_is_one_detached_actor_every_job_finds_and_the_lower_ca
     assert snap["calls"] == billed and snap["cost_usd"] == pytest.approx(billed * CALL_USD)
     assert cap <= billed * CALL_USD <= cap + CALL_USD + 1e-12
     ray.kill(found)  # detached: it would outlive this test's driver
+
+
+@pytest.mark.slow  # two jobs' schedulers and rollout workers on a local Ray cluster
+def test_two_jobs_stop_at_the_sweep_cap_with_the_sweeps_reason(ray_local):
+    """Two jobs (two schedulers, two stores, no run cap of their own) of one capped sweep,
+    each running two looping rollouts at once: both are stopped by the sweep's ledger, each
+    batch ends in BudgetExceeded naming the sweep's cap (the run then stops as at its own
+    budget, resumable), and together they pay the cap plus at most one call."""
+    import threading
+
+    from milo_ray.core.rollouts import RolloutRequest
+    from milo_ray.core.tasks import Task
+    from milo_ray.execution.budget import BudgetExceeded, BudgetLedger
+    from milo_ray.execution.scheduler import RolloutScheduler
+    from milo_ray.harness.model import Harness
+    from milo_ray.store import MemoryRunStore
+
+    ray = ray_local
+    h = Harness.from_source("def build_agent(model, backend):\n    return None\n")
+    tasks = {t: Task(t, "search", "loop", 60.0, 10**9, {}) for t in ("a", "b")}
+    name = f"sweep-{uuid.uuid4().hex[:8]}"
+    cap = 12 * CALL_USD + CALL_USD / 2
+    stores = [MemoryRunStore(run_id=f"job{i}") for i in range(2)]
+    errors: list[BaseException | None] = [None, None]
+    with ScriptedOpenAIServer(_policy) as srv:
+        executor = {"_target_": "milo_ray.testing.gateway_loop.GatewayLoopExecutor", "model": model_cfg(srv.url),
+                    "most_calls": 200}
+        scheds = [RolloutScheduler(executor, tasks, store, "openai/scripted", store.run_id, budget=BudgetLedger(),
+                                   progress=False, slots_per_worker=1, max_retries=0, worker_env={KEY_ENV: KEY},
+                                   sweep_budget=(name, cap)) for store in stores]
+
+        def job(i: int) -> None:
+            try:
+                scheds[i].add_harness(h)
+                scheds[i].run([RolloutRequest(h.harness_id, t, 0, seed=i) for t in tasks])
+            except BaseException as exc:  # what the job's method sees
+                errors[i] = exc
+
+        try:
+            threads = [threading.Thread(target=job, args=(i,)) for i in range(2)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join(timeout=300)
+        finally:
+            for s in scheds:
+                s.close()
+        billed = len(srv.answered)
+    from milo_ray.llm.rate_limit import CLUSTER_NAMESPACE
+
+    ledger = ray.get_actor(run_budget.SWEEP_LEDGER_PREFIX + name, namespace=CLUSTER_NAMESPACE)
+    snap = ray.get(ledger.snapshot.remote())
+    ray.kill(ledger)
+    for err, store in zip(errors, stores):
+        assert isinstance(err, BudgetExceeded) and "hydra.launcher.max_usd" in str(err), err
+        exhausted = [e for e in store.read("events").to_pylist() if e["kind"] == "run_budget_exhausted"]
+        import json
+
+        assert exhausted and json.loads(exhausted[0]["payload"])["scope"] == "sweep"
+    print(f"\ntwo jobs, sweep cap ${cap:.6f}: billed ${billed * CALL_USD:.6f} ({billed} calls); overshoot "
+          f"${billed * CALL_USD - cap:.6f} (one call ${CALL_USD:.6f})")
+    assert cap <= billed * CALL_USD <= cap + CALL_USD + 1e-12
+    assert snap["calls"] == billed
