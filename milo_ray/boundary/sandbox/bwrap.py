@@ -1,12 +1,10 @@
 """The bubblewrap sandbox: each command runs in fresh Linux namespaces with the host's
 system directories read-only and only the task's directories writable.
 
-Inside a :class:`BwrapSandbox` a command sees ``host_readonly`` (``/usr``, ``/etc``, ...,
-so the host's ``python3`` and shell work), the workspace at ``spec.workdir``, ``/logs``,
-``/tests``, ``/solution``, a private ``/tmp`` and ``HOME`` (all host directories under the
-rollout's scratch, see :mod:`hostdirs`), its own ``/proc`` and a minimal ``/dev``. The
-rest of the root is an empty read-only tmpfs, so the host's home directories, ``/sys``
-and every other path do not exist. It gets a clean environment (never the host's, which
+What a :class:`BwrapSandbox` mounts is :mod:`bwrap_mounts`' (the host's system
+directories read-only, the task's writable directories, nothing else: the host's home
+directories, ``/sys`` and every other path do not exist); this module is the process
+side. A command gets a clean environment (never the host's, which
 holds API keys), no network unless ``spec.allow_internet`` -- and then its own network
 namespace with egress to public addresses only (:mod:`egress`: never the host's loopback,
 ports or sockets, nor link-local or private ranges) --, no capabilities (as root,
@@ -54,7 +52,6 @@ import posixpath
 import shutil
 import threading
 import uuid
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
@@ -62,59 +59,24 @@ from deepagents.backends.protocol import ExecuteResponse, FileDownloadResponse, 
 
 from milo_ray.boundary.sandbox.base import Sandbox, SandboxSpec, resolve_timeout
 from milo_ray.boundary.sandbox.cgroups import CgroupSupport, SandboxCgroup, probe_cgroups
-from milo_ray.boundary.sandbox import neutral
+from milo_ray.boundary.sandbox.bwrap_limits import enforced_limits, to_response
+from milo_ray.boundary.sandbox.bwrap_mounts import (_CGROUP_DIR, _EXTRA_BIN, DEFAULT_HOST_READONLY, SANDBOX_PATH,
+                                                    BwrapMountPlan, _python_alias, _readonly_args)
 from milo_ray.boundary.sandbox.egress import PrivateNetwork
 from milo_ray.boundary.sandbox.egress import missing_tools as missing_network_tools
 from milo_ray.boundary.sandbox.volume import Volume, move_for_grading, open_volume
-from milo_ray.boundary.sandbox.hostdirs import HostDirs, _under
+from milo_ray.boundary.sandbox.hostdirs import HostDirs
 from milo_ray.boundary.sandbox.identity import DEFAULT_UID_RANGE, UidLease, accounts_in, parse_uid_range
 from milo_ray.boundary.sandbox.identity import lease as lease_uid
 from milo_ray.boundary.sandbox.seccomp import SeccompUnavailable
 from milo_ray.boundary.sandbox.seccomp import launcher as seccomp_launcher
-from milo_ray.boundary.sandbox.process import CappedProcess, CappedRun, run_capped, start_capped
+from milo_ray.boundary.sandbox.process import CappedProcess, run_capped, start_capped
 
 logger = logging.getLogger(__name__)
 
-DEFAULT_HOST_READONLY = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc", "/opt")
-# Host files and directories under a read-only directory that a task never needs and the
-# sandbox must not read (they are unreadable to the sandbox's user anyway; masked as well,
-# in case the sandbox runs as the host's user).
-_MASKED = ("/etc/shadow", "/etc/shadow-", "/etc/gshadow", "/etc/gshadow-", "/etc/sudoers", "/etc/security/opasswd",
-           "/etc/machine-id")
-_MASKED_DIRS = ("/etc/sudoers.d", "/etc/ssh", "/etc/ssl/private", "/etc/credstore", "/etc/credstore.encrypted")
-# Where the sandbox finds ``python`` when the host has only ``python3`` (task verifiers
-# call ``python``, which every task image has): on the root tmpfs, last on PATH.
-_EXTRA_BIN = "/run/sandbox/bin"
-# Namespaces of a sandbox started by root: all but the user namespace, in which root
-# could not set up mounts over directories owned by the sandbox's user.
-_ROOT_UNSHARE = ("--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts", "--unshare-cgroup-try")
-_CGROUP_DIR = "/.sandbox_cgroup"  # where the command's shell finds its cgroup.procs files
-SANDBOX_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 # How long the one-time probe of bwrap may take; starting a sandbox takes milliseconds, so
 # 30 s only trips on a machine that is hung, and then failing early is right.
 _PROBE_TIMEOUT_S = 30.0
-
-
-@dataclass(frozen=True)
-class Limits:
-    """Which resource limits a sandbox enforces, and by which mechanism (None: not
-    enforced on this machine or not asked for)."""
-
-    pids: str | None
-    memory: str | None
-    cpu: str | None
-    file_size: str | None
-    # The total every writable directory may hold (spec.storage_mb): a volume (:mod:`volume`).
-    storage: str | None = None
-
-
-def to_response(run: CappedRun, timeout_s: float | None) -> ExecuteResponse:
-    """The agent-facing result: a timeout reads exit code 124 (as ``timeout(1)`` and
-    deepagents' local shell report it) with a line saying what happened."""
-    if run.timed_out:
-        note = f"\nError: command timed out after {timeout_s:g} seconds and was killed.\n"
-        return ExecuteResponse(output=run.output + note, exit_code=124, truncated=run.truncated)
-    return ExecuteResponse(output=run.output, exit_code=run.exit_code, truncated=run.truncated)
 
 
 class BwrapSandboxFactory:
@@ -238,7 +200,7 @@ class BwrapSandboxFactory:
         return BwrapSandbox(self, spec, Path(scratch), self._probe()[1], readonly_binds)
 
 
-class BwrapSandbox(Sandbox):
+class BwrapSandbox(BwrapMountPlan, Sandbox):
     """One task's bwrap sandbox (see the module docstring for what it isolates)."""
 
     def __init__(self, factory: BwrapSandboxFactory, spec: SandboxSpec, scratch: Path, support: CgroupSupport,
@@ -274,7 +236,7 @@ class BwrapSandbox(Sandbox):
         self._cgroup = SandboxCgroup(
             support, f"milo_ray_{self._id}", pids_limit=factory.pids_limit, memory_mb=spec.memory_mb, cpus=spec.cpus
         )
-        self.limits, self._launcher = self._limits()
+        self.limits, self._launcher = enforced_limits(self._cgroup, spec, factory.pids_limit, self._volume)
         self._python = _python_alias()
         self._env = {
             "PATH": SANDBOX_PATH + (f":{_EXTRA_BIN}" if self._python else ""),
@@ -309,40 +271,6 @@ class BwrapSandbox(Sandbox):
         """The environment every process inside gets."""
         return dict(self._env)
 
-    def _limits(self) -> tuple[Limits, list[str]]:
-        """What is enforced, and the launcher prefix setting the rlimits before it execs
-        bwrap (the rlimits are inherited by everything inside)."""
-        cg = self._cgroup.enforced
-        rlimits: list[str] = []
-        pids = memory = cpu = file_size = None
-        if self._factory.pids_limit is not None:
-            if "pids" in cg:
-                pids = f"cgroup pids.max={self._factory.pids_limit}"
-            elif os.geteuid() != 0:
-                # Counted per user namespace (bwrap makes one), so host processes of the
-                # same uid do not use up the sandbox's allowance.
-                rlimits.append(f"--nproc={self._factory.pids_limit}")
-                pids = f"RLIMIT_NPROC={self._factory.pids_limit}"
-        if self.spec.memory_mb is not None:
-            if "memory" in cg:
-                memory = f"cgroup memory limit {self.spec.memory_mb} MB"
-            else:
-                rlimits.append(f"--as={self.spec.memory_mb * 1024 * 1024}")
-                memory = f"RLIMIT_AS={self.spec.memory_mb} MB per process"
-        if self.spec.cpus is not None and "cpu" in cg:
-            cpu = f"cgroup CPU quota {self.spec.cpus:g} CPUs"
-        if self.spec.storage_mb is not None:
-            rlimits.append(f"--fsize={self.spec.storage_mb * 1024 * 1024}")
-            file_size = f"RLIMIT_FSIZE={self.spec.storage_mb} MB per file"
-        storage = self._volume.mechanism if self._volume is not None else None
-        launcher: list[str] = []
-        if rlimits:
-            prlimit = shutil.which("prlimit")
-            if prlimit is None:
-                raise RuntimeError("the sandbox's rlimits need prlimit (util-linux), which is not installed")
-            launcher += [prlimit, *rlimits, "--"]
-        return Limits(pids, memory, cpu, file_size, storage), launcher
-
     def _release_volume(self) -> None:
         if self._volume is not None:
             self._volume.close()
@@ -375,129 +303,6 @@ class BwrapSandbox(Sandbox):
         network = PrivateNetwork()
         self._launcher = [*self._launcher, *network.join_prefix]
         return network
-
-    def _build_bwrap_argv(self, extra_readonly: dict[str, str] | None = None) -> list[str]:
-        if self.owner is not None:
-            argv = [self._factory.bwrap_path, *_ROOT_UNSHARE]
-            if self.spec.allow_internet:
-                argv.remove("--unshare-net")
-            # Only what setpriv needs to become the sandbox user (and then drop everything).
-            caps = ["--cap-drop", "ALL", "--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID",
-                    "--cap-add", "CAP_SETPCAP"]
-        else:
-            argv = [self._factory.bwrap_path, "--unshare-all"]
-            if self.spec.allow_internet:
-                argv.append("--share-net")
-            caps = ["--cap-drop", "ALL"]
-        argv += ["--die-with-parent", "--new-session", *caps, "--hostname", "sandbox"]
-        # A read-only host path under one of the sandbox's own writable directories (an
-        # interpreter in a venv under /tmp, a directory under the home) is bound after
-        # that directory, or the private mount would hide it.
-        readonly = [*self._factory.host_readonly,
-                    *(p for p in self.spec.host_readonly if p not in self._factory.host_readonly)]
-        late = [p for p in readonly if any(_under(p, inside) for inside in self.dirs.mounts)]
-        # Directories leading to a mount that nothing else provides (/root for a workdir
-        # /root/x, or an interpreter under /root) are made on the root tmpfs, readable by
-        # the sandbox user (bwrap would make them 0700 root).
-        made: set[str] = set()
-        covered = [*readonly, *self.dirs.mounts]
-        for target in [*(p for p in readonly if p not in late), *self.dirs.mounts]:
-            argv += _dirs_for(_top_parent(target, covered), made)
-        argv += _readonly_args([p for p in readonly if p not in late])
-        argv += ["--proc", "/proc", "--dev", "/dev"]
-        # Parents before children, so a nested mount is not hidden by its parent's.
-        for inside, host in sorted(self.dirs.mounts.items(), key=lambda kv: len(kv[0])):
-            argv += ["--bind", str(host), inside]
-        argv += self._late_binds(late)
-        for host, inside in (extra_readonly or {}).items():
-            argv += _dirs_for(posixpath.dirname(inside), made) + ["--ro-bind", host, inside]
-        if self._python:
-            argv += _dirs_for(_EXTRA_BIN, made) + ["--symlink", self._python, f"{_EXTRA_BIN}/python"]
-        for d in _MASKED_DIRS:
-            if os.path.isdir(d) and any(_under(d, ro) for ro in readonly):
-                argv += ["--tmpfs", d, "--remount-ro", d]
-        # The command's shell joins the sandbox's cgroups before it runs anything (see
-        # _command), through these files alone: writing a pid there can only move a process
-        # of this sandbox (the only ones it can name) into this sandbox's cgroup. Joining
-        # from inside rather than from a launcher before bwrap saves an exec per command;
-        # bwrap and its PID-1 stay outside, and they never fork more than the command.
-        for i, procs in enumerate(self._cgroup.procs_files):
-            argv += ["--bind", procs, f"{_CGROUP_DIR}/{i}.procs"]
-        # bwrap's root is a writable tmpfs: make it read-only so nothing can be created
-        # outside the binds (remounting / does not touch the binds, they are own mounts).
-        argv += ["--remount-ro", "/", "--chdir", self.dirs.workdir, "--clearenv"]
-        for key, value in self._env.items():
-            argv += ["--setenv", key, value]
-        return argv
-
-    def _late_binds(self, late: list[str]) -> list[str]:
-        """bwrap arguments binding read-only host paths that lie inside one of the
-        sandbox's writable mounts (an interpreter under /root when the workdir is /root, a
-        venv under /tmp). Their mount points are made neither by the worker nor by bwrap
-        inside the sandbox's tree: bwrap (root, its old root still reachable) follows links
-        when it makes missing directories, so a directory the agent swapped for a link
-        would be made -- and a host directory changed -- outside. Each path is reached
-        through the one entry right below its mount (``top``): bwrap makes that one with
-        ``mkdir``, which never follows its last component, and binds over it a skeleton
-        of the worker's own (``ro-mountpoints/`` in the scratch, read-only) holding every
-        further mount point. A ``top`` the agent swapped for a link is mounted over in the
-        sandbox's own mount namespace only; no host directory is created or changed."""
-        args: list[str] = []
-        tops: dict[str, list[str]] = {}
-        for p in late:
-            inside = max((m for m in self.dirs.mounts if _under(p, m)), key=len)
-            if p == inside:
-                args += _readonly_args([p])
-                continue
-            tops.setdefault(posixpath.join(inside, posixpath.relpath(p, inside).split("/")[0]), []).append(p)
-        for i, (top, paths) in enumerate(sorted(tops.items())):
-            paths = sorted(paths, key=len)
-            if top in paths:  # the others lie inside a read-only bind of the host's own
-                args += _readonly_args(paths)
-                continue
-            skeleton = self._skeletons() / str(i)
-            for p in paths:
-                target = skeleton / posixpath.relpath(p, top)
-                target.parent.mkdir(parents=True, exist_ok=True)
-                if os.path.islink(p):
-                    if not os.path.lexists(target):
-                        os.symlink(os.readlink(p), target)
-                elif os.path.isdir(p):
-                    target.mkdir(exist_ok=True)
-                elif os.path.exists(p):
-                    target.touch(exist_ok=True)
-            for d, _, _ in os.walk(skeleton):  # reachable by the sandbox user (a umask may say otherwise)
-                os.chmod(d, 0o755)
-            args += ["--ro-bind", str(skeleton), top]
-            args += _readonly_args([p for p in paths if not os.path.islink(p)])
-        return args
-
-    def _release_neutral(self) -> None:
-        """Remove what this sandbox made on the neutral root (its processes are dead)."""
-        for made in [self._mountpoints, *self._staged.values()]:
-            neutral.remove(made)
-
-    def _skeletons(self) -> Path:
-        """The directory holding this sandbox's skeletons (see :meth:`_late_binds`)."""
-        if self._mountpoints is None:
-            self._mountpoints = neutral.fresh_dir("m") or self._scratch / "ro-mountpoints"
-        return self._mountpoints
-
-    def _neutral_source(self, host: str) -> str:
-        """What to bind for the read-only ``host`` path given at open: itself when it lies
-        on the neutral root (or there is none), else a copy there, made once (the grading
-        sandbox's carried directories: small, bounded, the host's own), so that the
-        sandbox's mountinfo does not name the rollout's scratch. A process's binds
-        (:meth:`process_command`) are bound as they are: a gateway directory must stay the
-        directory its socket is made in later."""
-        if neutral.worker_root() is None or neutral.is_neutral(host):
-            return host
-        if host not in self._staged:
-            copy = neutral.stage_copy(host)
-            if copy is None:
-                return host
-            self._staged[host] = copy
-        return str(self._staged[host])
 
     def _launch(self) -> list[str]:
         """What runs ahead of bwrap: the launchers (rlimits, network) and, last, the one
@@ -610,36 +415,6 @@ LAUNCH_ENV = {"PATH": SANDBOX_PATH}
 _SETPRIV = shutil.which("setpriv") or "/usr/bin/setpriv"
 
 
-def _dirs_for(path: str, made: set[str]) -> list[str]:
-    """bwrap arguments creating ``path`` and its parents on the sandbox's root tmpfs,
-    readable by the sandbox user (bwrap would create them 0700)."""
-    args: list[str] = []
-    if not path:
-        return args
-    parts = [p for p in path.split("/") if p]
-    for i in range(1, len(parts) + 1):
-        d = "/" + "/".join(parts[:i])
-        if d not in made:
-            made.add(d)
-            args += ["--perms", "0755", "--dir", d]
-    return args
-
-
-def _top_parent(path: str, covered: Sequence[str]) -> str:
-    """The deepest directory above ``path`` that no other entry of ``covered`` provides
-    ("" when every parent is provided or is the root)."""
-    parent, keep = posixpath.dirname(path), ""
-    chain = []
-    while parent not in ("/", ""):
-        chain.append(parent)
-        parent = posixpath.dirname(parent)
-    for d in reversed(chain):  # outermost first
-        if any(_under(d, c) for c in covered if c != path):
-            break
-        keep = d
-    return keep
-
-
 def _probe_identity(uids: range) -> str | None:
     """Why sandboxes cannot get their own identity and seccomp filter here, or None."""
     try:
@@ -654,23 +429,3 @@ def _probe_identity(uids: range) -> str | None:
     return None
 
 
-def _python_alias() -> str | None:
-    """The sandbox's ``python3`` when its PATH has no ``python`` (else None)."""
-    base = SANDBOX_PATH
-    if shutil.which("python", path=base):
-        return None
-    return shutil.which("python3", path=base)
-
-
-def _readonly_args(paths: Sequence[str]) -> list[str]:
-    args: list[str] = []
-    for p in paths:
-        if os.path.islink(p):
-            args += ["--symlink", os.readlink(p), p]
-        elif os.path.exists(p):
-            args += ["--ro-bind", p, p]
-    if "/etc" in paths:
-        for f in _MASKED:
-            if os.path.exists(f):
-                args += ["--ro-bind", "/dev/null", f]
-    return args
