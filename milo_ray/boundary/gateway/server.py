@@ -390,6 +390,8 @@ class ModelGateway:
             return self._failed(web, grant, exc, call)
         self._key_works = True
         self._record(grant, call, answer.input_tokens, answer.output_tokens, answer.retries, None)
+        if answer.raw is not None:
+            return web.Response(body=answer.raw, content_type="application/json")
         return web.json_response(answer.body)
 
     def _record(self, grant: Grant, call: _Forwarded, tin: int, tout: int, retries: int, error: str | None, *,

@@ -150,12 +150,15 @@ def may_be_billed(exc: BaseException) -> bool:
 
 @dataclass
 class Answer:
-    """A provider's answer: the response as a JSON-ready dict, its tokens and retries."""
+    """A provider's answer: the response as a dict (JSON-ready unless ``raw`` is set), its
+    tokens and retries; ``raw``: the response as the JSON bytes to send the caller, when the
+    route serialized it already."""
 
     body: dict[str, Any]
     input_tokens: int
     output_tokens: int
     retries: int
+    raw: bytes | None = None
 
 
 def request_kwargs(cfg: Any, key: str | None, body: Mapping[str, Any]) -> dict[str, Any]:
@@ -240,7 +243,9 @@ async def complete(cfg: Any, key: str | None, body: Mapping[str, Any], limiter: 
     response, retries = await call_retried(cfg, request_kwargs(cfg, key, body), limiter, litellm.acompletion)
     tin, tout = _usage(response)
     _report(limiter, tin + tout)
-    return Answer(_as_dict(response), tin, tout, retries)
+    # Serialized once, as sent to the caller (not to a JSON-ready dict first, then again).
+    dump = response.model_dump() if hasattr(response, "model_dump") else dict(response)
+    return Answer(dump, tin, tout, retries, json.dumps(dump, default=str).encode())
 
 
 async def call_retried(cfg: Any, kwargs: dict[str, Any], limiter: Any, fn: Any) -> tuple[Any, int]:
