@@ -111,9 +111,10 @@ class BwrapMountPlan:
         would be made -- and a host directory changed -- outside. Each path is reached
         through the one entry right below its mount (``top``): bwrap makes that one with
         ``mkdir``, which never follows its last component, and binds over it a skeleton
-        of the worker's own (``ro-mountpoints/`` in the scratch, read-only) holding every
-        further mount point. A ``top`` the agent swapped for a link is mounted over in the
-        sandbox's own mount namespace only; no host directory is created or changed."""
+        of the worker's own (on its neutral root, else ``ro-mountpoints/`` in the scratch;
+        read-only) holding every further mount point. A ``top`` the agent swapped for a
+        link is mounted over in the sandbox's own mount namespace only; no host directory
+        is created or changed."""
         args: list[str] = []
         tops: dict[str, list[str]] = {}
         for p in late:
