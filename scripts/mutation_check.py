@@ -849,6 +849,54 @@ MUTATIONS: tuple[Mutation, ...] = (
         ("tests/tasks/test_verdicts.py",),
         "a task that doing nothing already solves is reported ok",
     ),
+    Mutation(
+        "sweep-drivers-unpinned", "milo_ray/sweep/placement.py",
+        "    if driver_node == \"any\" or run_dir_is_durable(run_dir):", "    if True:",
+        ("tests/sweep/test_placement.py::test_drivers_of_a_cluster_sweep_are_pinned_to_the_head",),
+        "a sweep's drivers land on any node and write their runs to a worker's disk",
+    ),
+    Mutation(
+        "run-missing-reported-as-success", "milo_ray/sweep/summary.py",
+        "        if o.status == SUCCEEDED:\n            o.status = RUN_MISSING", "        if False:\n            o.status = RUN_MISSING",
+        ("tests/sweep/test_summary.py::test_a_succeeded_job_whose_run_cannot_be_read_is_run_missing",),
+        "a job whose run is lost shows as SUCCEEDED with empty metrics",
+    ),
+    Mutation(
+        "launcher-mappings-closed", "milo_ray/sweep/settings.py",
+        "        OmegaConf.set_struct(node[name], False)", "        pass",
+        ("tests/sweep/test_settings.py::test_the_driver_pin_is_accepted_in_every_command_line_form",),
+        "the documented entrypoint_resources override fails from the command line",
+    ),
+    Mutation(
+        "docs-command-key-unknown", "docs/tutorials/your-harness.md",
+        "benchmark.seeds='[minimal,./my_harness]' method.k=1", "benchmark.seeds='[minimal,./my_harness]' method.kk=1",
+        ("tests/docs/test_doc_commands.py::test_every_run_command_on_the_pages_composes_and_passes_the_config_checks",),
+        "a command on a docs page names a key the config does not have, and no test notices",
+    ),
+    Mutation(
+        "help-omits-method-keys", "milo_ray/config/help.py",
+        "    for name, rows in method_keys().items():\n        lines +=", "    for name, rows in {}.items():\n        lines +=",
+        ("tests/entry/test_cli_runs.py::test_help_lists_every_group_option_and_run_key_and_no_internal_schema",),
+        "--help lists no method.* key",
+    ),
+    Mutation(
+        "docker-storage-uncapped", "milo_ray/boundary/sandbox/docker.py",
+        "        volume = open_volume(spec, scratch)", "        volume = None",
+        ("tests/boundary/sandbox/test_docker_boundary.py::test_writing_past_storage_mb_in_every_writable_place_gets_enospc_and_the_host_holds_at_most_the_cap",),
+        "storage_mb caps nothing but one file's size under Docker",
+    ),
+    Mutation(
+        "docker-one-uid-for-all", "milo_ray/boundary/sandbox/docker.py",
+        '            user = f"{owner[0]}:{owner[1]}"', '            user = "65534:65534"',
+        ("tests/boundary/sandbox/test_docker_boundary.py::test_concurrent_containers_run_as_different_uids_which_are_cleared_when_they_end",),
+        "concurrent containers share one uid's kernel state",
+    ),
+    Mutation(
+        "docker-daemon-seccomp-unchecked", "milo_ray/boundary/sandbox/docker.py",
+        "            if self.require_daemon_seccomp:", "            if False:",
+        ("tests/boundary/sandbox/test_docker_boundary.py::test_a_daemon_without_seccomp_is_refused_before_the_run_naming_the_opt_out",),
+        "a Docker daemon without seccomp runs sandboxes",
+    ),
 )
 
 
