@@ -237,3 +237,31 @@ def test_a_harness_process_finds_no_host_path_in_its_mount_table(warm, tmp_path)
         assert text.count("/proc/self/mountinfo\n") == 2 and text.count("/proc/self/mounts\n") == 2, text[:2000]
         assert all(f" /run/milo/{d} " in text for d in ("lib", "harness", "gateway"))
         _assert_names_none(text, forbidden)
+
+
+def test_a_volume_that_is_no_cap_reports_none(tmp_path):
+    """``own_volume`` moves the writable directories onto a volume without making a cap
+    out of it: ``limits.storage`` still says nothing holds the total."""
+    with FACTORY.open(SandboxSpec(task_id="uncapped"), tmp_path) as sb:
+        assert sb.limits.storage is None and sb.limits.file_size is None
+        assert " /app " in sb.execute("grep ' /app ' /proc/self/mountinfo").output
+        assert "/sandbox/workspace /app " in sb.execute("cat /proc/self/mountinfo").output
+        assert sb.execute("echo kept > /app/f").exit_code == 0
+        assert (sb.workspace_dir / "f").read_text() == "kept\n" and str(tmp_path) in str(sb.workspace_dir)
+
+
+def test_a_dead_workers_neutral_root_is_unmounted_by_the_next(tmp_path):
+    child = subprocess.Popen([os.sys.executable, "-c",
+                              "import sys, time\nfrom milo_ray.boundary.sandbox.neutral import worker_root\n"
+                              "print(worker_root(), flush=True)\ntime.sleep(600)\n"],
+                             stdout=subprocess.PIPE, text=True)
+    try:
+        where = child.stdout.readline().strip()
+        assert where.startswith(neutral.BASE + "/") and os.path.ismount(where)
+        assert neutral.reap_worker_roots() == 0 and os.path.ismount(where)  # its owner lives
+    finally:
+        child.kill()  # no exit handler runs: the mount stays behind
+        child.wait()
+    assert os.path.ismount(where)
+    assert neutral.reap_worker_roots() >= 1
+    assert not os.path.lexists(where)
