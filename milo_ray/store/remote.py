@@ -235,9 +235,12 @@ def s3_client(uri: RunURI, *, field: str = "run.dir") -> Any:
     """A boto3 S3 client for ``uri``: endpoint and region from the URI's options when given
     (``endpoint_override``, ``scheme``, ``region``, as pyarrow names them), else boto3's usual
     sources (``AWS_ENDPOINT_URL``, ``AWS_REGION``, the config file)."""
-    import boto3
-    from botocore.config import Config
-
+    try:
+        import boto3
+        from botocore.config import Config
+    except ImportError:
+        raise RemoteConfigError(f"{field}={uri.text}: s3:// locations need boto3 (its conditional writes hold the "
+                                "run's lease); pip install 'boto3>=1.35'") from None
     session = boto3.session.Session()
     if session.get_credentials() is None:
         raise RemoteConfigError(f"{field}={uri.text}: no AWS credentials found; set AWS_ACCESS_KEY_ID and "
