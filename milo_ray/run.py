@@ -120,7 +120,7 @@ def _resume_config(cfg: DictConfig, overrides: list[str]) -> DictConfig:
     stored.run.resume = str(location or path)
     given = {override_key(o) for o in overrides}
     for key in ("run.time_limit_s", "run.progress", "run.report", "run.budget.executions", "run.budget.tokens",
-                "run.budget.cost_usd", "run.budget.roles"):
+                "run.budget.cost_usd", "run.budget.roles", "run.budget.sweep.ledger", "run.budget.sweep.cost_usd"):
         if key in given or (key.startswith("run.budget.") and "run.budget" in given):
             OmegaConf.update(stored, key, OmegaConf.select(cfg, key), force_add=True)
     stored.execution = cfg.execution

@@ -191,26 +191,31 @@ def test_a_sweep_cap_stops_both_jobs_within_one_call_of_it(tmp_path):
 
 
 @pytest.mark.slow  # a detached actor in a local Ray cluster
-def test_the_sweep_ledger_is_one_detached_actor_every_job_finds_and_the_lower_cap_holds(tmp_path, ray_local,
-                                                                                          caplog):
+def test_the_sweep_ledger_is_one_detached_actor_every_job_finds_and_a_raised_cap_pays_again(tmp_path, ray_local,
+                                                                                              caplog):
     ray = ray_local
     from milo_ray.llm.rate_limit import CLUSTER_NAMESPACE
 
     name = f"sweep-{uuid.uuid4().hex[:8]}"
     cap = 12 * CALL_USD + CALL_USD / 2
     first = run_budget.sweep_spend(name, cap)
-    with caplog.at_level("WARNING", logger="milo_ray.boundary.gateway.run_budget"):
-        second = run_budget.sweep_spend(name, 10 * cap)  # another job, another cap: the lower holds
-    assert any("holds the lower cap" in r.getMessage() for r in caplog.records)
-    assert ray.get(second.snapshot.remote())["cost_usd_cap"] == pytest.approx(cap)
     found = ray.get_actor(run_budget.SWEEP_LEDGER_PREFIX + name, namespace=CLUSTER_NAMESPACE)
     with ScriptedOpenAIServer(_policy) as srv:
         grants, _ = _two_jobs(tmp_path, srv.url, first, callers=3)
         billed = len(srv.answered)
-    snap = ray.get(found.snapshot.remote())
-    assert [g.stop_reason for g in grants] == ["run_budget", "run_budget"]
-    assert snap["calls"] == billed and snap["cost_usd"] == pytest.approx(billed * CALL_USD)
-    assert cap <= billed * CALL_USD <= cap + CALL_USD + 1e-12
+        snap = ray.get(found.snapshot.remote())
+        assert [g.stop_reason for g in grants] == ["run_budget", "run_budget"]
+        assert snap["calls"] == billed and snap["cost_usd"] == pytest.approx(billed * CALL_USD)
+        assert cap <= billed * CALL_USD <= cap + CALL_USD + 1e-12
+        # The sweep launched again (or a job resumed) with a higher cap: the same ledger,
+        # found by name, pays up to the new cap -- and no further.
+        raised = cap + 5 * CALL_USD
+        with caplog.at_level("WARNING", logger="milo_ray.boundary.gateway.run_budget"):
+            again = run_budget.sweep_spend(name, raised)
+        assert any("capped at" in r.getMessage() for r in caplog.records)
+        grants, _ = _two_jobs(tmp_path, srv.url, again, callers=3)
+        total = len(srv.answered)
+    assert total > billed and raised <= total * CALL_USD <= raised + CALL_USD + 1e-12
     ray.kill(found)  # detached: it would outlive this test's driver
 
 

@@ -251,14 +251,20 @@ class RunSpendActor:
     def exhaust(self, reason: str) -> None:
         self.spend.exhaust(reason)
 
-    def lower_cap(self, cost_usd: float) -> float | None:
-        """Another job gave the sweep a lower cap: the lower holds. Returns the cap held."""
+    def set_cap(self, cost_usd: float) -> float | None:
+        """The sweep's cap as its launcher gave it to the job asking (the jobs of one launch
+        all give the same; a sweep launched again into its directory with another
+        ``hydra.launcher.max_usd`` -- or a job resumed with another
+        ``run.budget.sweep.cost_usd`` -- moves it, so a sweep stopped by its cap goes on
+        once it is raised). Returns the cap held before."""
         spend = self.spend
         with spend._lock:
-            if spend.cost_cap is None or cost_usd < spend.cost_cap:
-                spend.cost_cap = float(cost_usd)
+            before = spend.cost_cap
+            spend.cost_cap = float(cost_usd)
+            if spend.exhausted is not None and spend.cost_usd < spend.cost_cap:
+                spend.exhausted = None  # raised above what was spent: calls are paid again
             spend._check_locked()
-            return spend.cost_cap
+            return before
 
     def snapshot(self) -> dict[str, Any]:
         return self.spend.snapshot()
@@ -287,8 +293,9 @@ def sweep_spend(ledger: str, cost_usd: float) -> Any:
     """The sweep's shared ledger (``run.budget.sweep.ledger``, capped at ``cost_usd``): a
     detached actor in the cluster-wide namespace, created by the first job that asks and
     found by name by every other (``get_if_exists``), so it outlives any one job and keeps
-    counting across them. A job giving a lower cap lowers it (with a warning); it is never
-    restarted (a restarted ledger would start from zero). Ray must be initialized."""
+    counting across them. A job giving another cap moves it (with a warning: see
+    :meth:`RunSpendActor.set_cap`); it is never restarted (a restarted ledger would start
+    from zero). Ray must be initialized."""
     import ray
 
     from milo_ray.llm.rate_limit import CLUSTER_NAMESPACE
@@ -302,10 +309,10 @@ def sweep_spend(ledger: str, cost_usd: float) -> Any:
     remote = ray.remote(num_cpus=0, max_restarts=0)(RunSpendActor)
     handle = remote.options(name=SWEEP_LEDGER_PREFIX + ledger, namespace=CLUSTER_NAMESPACE, lifetime="detached",
                             get_if_exists=True, resources={"node:__internal_head__": 0.001}).remote(None, cap, "sweep")
-    held = ray.get(handle.lower_cap.remote(cap))
-    if held is not None and held < cap:
-        log.warning("run.budget.sweep.cost_usd=%g: the sweep's ledger %s holds the lower cap $%g another job gave",
-                    cap, ledger, held)
+    before = ray.get(handle.set_cap.remote(cap))
+    if before is not None and before != cap:
+        log.warning("run.budget.sweep.cost_usd=%g: the sweep's ledger %s was capped at $%g; it is capped at $%g "
+                    "for every job of the sweep from now on", cap, ledger, before, cap)
     return handle
 
 
