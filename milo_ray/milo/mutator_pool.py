@@ -26,6 +26,7 @@ from typing import Any, Hashable, Mapping, Sequence
 
 import numpy as np
 
+from milo_ray.llm.accounts import key_env
 from milo_ray.milo.events import Init, IslandFounded, Reassign
 
 SEATS_KEY = "seats"  # a pool-level key of a mutator spec: never handed to the mutator's constructor
@@ -69,8 +70,9 @@ def account_of(spec: Mapping[str, Any]) -> tuple[str, str]:
         if not isinstance(llm, Mapping) and isinstance(gateway, Mapping) and isinstance(gateway.get("llm"), Mapping):
             llm = gateway["llm"]
         if isinstance(llm, Mapping) and llm.get("model"):
-            # No key variable named: the provider's own (litellm reads it by provider prefix).
-            var = llm.get("api_key_env") or "provider:" + str(llm["model"]).split("/", 1)[0]
+            # No key variable named: the one litellm reads for the provider (as the rate limits' accounts).
+            var = key_env({"api_key_env": llm.get("api_key_env"), "solver": str(llm["model"])}) \
+                or "provider:" + str(llm["model"]).split("/", 1)[0]
             label = f"api:{var}"
             return label, _digest(label, str(llm.get("api_base") or ""))
         label = f"agent:{spec.get('_target_')}:{spec.get('name') or spec.get('personality') or ''}"

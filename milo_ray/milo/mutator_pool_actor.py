@@ -3,7 +3,7 @@
 Owns :class:`MutatorPoolActor` (a run's pool G: the assignment, each mutator's seats
 and the fair queue across the run's islands, the time cap), :class:`AccountSeatsActor`
 (the seats of one account, shared by every run on the cluster: a detached actor named
-by the account's key in :data:`NAMESPACE`), :func:`account_seats` (the handle on it)
+by the account's key in the cluster's namespace), :func:`account_seats` (the handle on it)
 and :class:`PoolRef` (the driver's handle on its run's pool actor).
 
 A mutation holds a seat from its grant until the driver has recorded its outcome:
@@ -39,13 +39,11 @@ from milo_ray.milo.mutator_pool import FairSeats, Lease, MutatorPool
 
 log = logging.getLogger(__name__)
 
-# Cluster-wide: drivers of different jobs see one actor per account in it (a job's
-# default namespace is its own).
-NAMESPACE = "milo_ray.mutator_seats"
 POOL_EVENTS = (Init, Reassign, IslandFounded)
 # How long a shared seat outlives its grant when its holder never returns it (a run
 # killed mid-mutation): the cap, plus the validation and the hand-back around it.
 LEASE_MARGIN_S = 600.0
+SEATS_PREFIX = "milo_ray.mutator_seats:"
 
 
 @ray.remote(num_cpus=0)
@@ -108,9 +106,13 @@ class AccountSeatsActor:
 
 def account_seats(key: str, label: str) -> Any:
     """The account's seat actor: created by the first run that needs it, found by every
-    later one (``get_if_exists``), kept after the runs end (``detached``)."""
-    return AccountSeatsActor.options(name=f"account-{key}", namespace=NAMESPACE, lifetime="detached",
-                                     get_if_exists=True).remote(label)
+    later one (``get_if_exists``), kept after the runs end (``detached``). In the cluster's
+    namespace (a job's default namespace is its own: another run would not find it), on
+    the head node, which an autoscaler never removes."""
+    from milo_ray.llm.rate_limit import CLUSTER_NAMESPACE  # its LangChain import only where seats are shared
+
+    return AccountSeatsActor.options(name=SEATS_PREFIX + key, namespace=CLUSTER_NAMESPACE, lifetime="detached",
+                                     get_if_exists=True, resources={"node:__internal_head__": 0.001}).remote(label)
 
 
 @ray.remote(num_cpus=0, max_restarts=0)

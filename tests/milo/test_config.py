@@ -144,3 +144,19 @@ def test_paper_experiment_budgets_fit_thirty_rounds_per_island(exp):
     need = seeds * child + K * admitted + K * 30 * (child + admitted)
     budget = c.run.budget.executions
     assert budget is not None and budget >= need, (exp, budget, need)
+
+
+def test_a_mutator_spec_may_declare_seats_and_bad_seats_are_refused_naming_the_key():
+    """``seats`` is the pool's key: accepted beside the constructor's keywords, checked
+    before the run writes anything, by the composition check and by MILO's preflight."""
+    from milo_ray.config.targets import CompositionError, check_agents
+
+    seated = [{**OFFLINE_POOL[0], "seats": 2}] + OFFLINE_POOL[1:]
+    check_agents({"mutators": seated}, ("mutators",), "milo")
+    agents = {"mutators": seated, "orchestrator": {"_target_": "x"}}
+    MiloConfig().for_run(_surrogate(), agents)
+    bad = [OFFLINE_POOL[0], {**OFFLINE_POOL[1], "seats": 0}]
+    with pytest.raises(CompositionError, match=r"backend\.agents\.mutators\[1\]\.seats=0"):
+        check_agents({"mutators": bad}, ("mutators",), "milo")
+    with pytest.raises(ValueError, match=r"backend\.agents\.mutators\[1\]\.seats=0"):
+        MiloConfig().for_run(_surrogate(), {**agents, "mutators": bad})
