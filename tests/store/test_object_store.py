@@ -214,3 +214,25 @@ def test_the_cli_refuses_an_unusable_run_dir_before_writing_anything(s3, tmp_pat
     assert main([f"run.dir={run_dir}", "run.progress=false"]) == 2
     assert says in capsys.readouterr().err
     assert list(tmp_path.iterdir()) == []
+
+
+def test_the_bucket_keys_are_secrets_that_never_reach_the_bucket(s3, bucket, tmp_path):
+    """The driver's store for an s3:// run.dir registers the AWS keys for redaction: a
+    manifest or row holding one is stored with a marker instead."""
+    from milo_ray import redaction
+    from milo_ray.run import _open_store
+    from milo_ray.testing.s3 import SECRET_KEY
+
+    assert {"AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN"} <= set(
+        redaction.secret_env_names({"AWS_SECRET_ACCESS_KEY": "x", "AWS_SESSION_TOKEN": "y", "AWS_REGION": "z"}))
+    redaction.clear()
+    try:
+        store = _open_store(tmp_path / "w", False, RunURI.parse(f"s3://{bucket}/r"))
+        store.write_manifest({"config": {"leaked": SECRET_KEY}})
+        store.event("leak", {"text": f"key={SECRET_KEY}"})
+        store.close()
+    finally:
+        redaction.clear()
+    for key in s3.keys(bucket):
+        assert SECRET_KEY.encode() not in s3.get(bucket, key), key
+    assert redaction.marker("AWS_SECRET_ACCESS_KEY") in s3.get(bucket, "r/manifest.json").decode()
