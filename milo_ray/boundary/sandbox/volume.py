@@ -91,7 +91,9 @@ class Volume:
         mkfs = shutil.which("mkfs.ext4", path=_ENV["PATH"])
         if mkfs is None:
             return "mkfs.ext4 is not installed"
-        steps = ([mkfs, "-q", "-F", "-m", "0", "-O", "^has_journal", str(image)],
+        # nodiscard: the image is a fresh sparse file, so discarding its blocks frees
+        # nothing and takes time that grows with its size (an uncapped volume's is a disk's).
+        steps = ([mkfs, "-q", "-F", "-m", "0", "-O", "^has_journal", "-E", "nodiscard", str(image)],
                  ["mount", "-o", "loop,nosuid,nodev", str(image), str(self.path)])
         for argv in steps:
             run = subprocess.run(argv, capture_output=True, text=True, timeout=_TOOL_TIMEOUT_S, env=_ENV)
@@ -142,8 +144,8 @@ def open_volume(spec: SandboxSpec, scratch: Path, *, own: bool = False) -> Volum
     """The volume for a sandbox of ``spec`` in ``scratch`` (``volume.img``, mounted at
     ``volume/``), or None when the task sets no ``storage_mb`` or no volume can be made
     here (logged: then only a per-file RLIMIT_FSIZE holds). ``own``: a task without
-    ``storage_mb`` gets one too, the size of the scratch's filesystem (no cap: that disk
-    holds no more), so that its sandbox's binds come from a filesystem of its own whose
+    ``storage_mb`` gets one too, the size of the free space on the scratch's filesystem
+    (no cap: that disk holds no more), so that its sandbox's binds come from a filesystem of its own whose
     paths name nothing of the host (``BwrapSandboxFactory(own_volume=True)``); None where
     none can be made (not root, no loop device: logged)."""
     if spec.storage_mb is None and not own:
@@ -157,7 +159,7 @@ def open_volume(spec: SandboxSpec, scratch: Path, *, own: bool = False) -> Volum
     if spec.storage_mb is None:
         st = os.statvfs(scratch)
         try:
-            volume = Volume(scratch / "volume.img", scratch / "volume", max(16, st.f_blocks * st.f_frsize >> 20),
+            volume = Volume(scratch / "volume.img", scratch / "volume", max(16, st.f_bfree * st.f_frsize >> 20),
                             capped=False)
         except (RuntimeError, OSError, subprocess.SubprocessError) as exc:
             logger.warning("sandbox: its writable directories stay on the host's disk (binds show their host "
