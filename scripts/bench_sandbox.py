@@ -406,50 +406,75 @@ def boundary_overhead(args: argparse.Namespace) -> None:
                   f"(median of {len(rest)} after the first {n}; {found} of {count} found a spare)")
 
 
+# The client side of boundary_call_overhead, run in a process of its own as the harness
+# process is: the chat model a harness gets (build_model, over the grant's socket, with
+# the relay started as in a sandbox) against the solver's own chat model calling the
+# scripted server directly, interleaved. CPU per call is this process's plus the gateway
+# process's (read through its CPU clock; it also holds the scripted server). One JSON line
+# of per-call samples on stdout.
+_CALL_CLIENT = """
+import asyncio, json, sys, time
+from milo_ray.boundary.inside.backend import GatewayRelay
+from milo_ray.boundary.inside.harness_process import build_model
+from milo_ray.config.schemas import ModelConfig
+from milo_ray.llm.client import build_chat_model
+
+spec = json.loads(sys.argv[1])
+direct = build_chat_model(ModelConfig(**spec["model"]).check(), rate_limiter=None)
+relay = GatewayRelay(spec["socket"])
+through = build_model({"model": {"solver": spec["model"]["solver"]}, "token": spec["token"]}, relay.url,
+                      spec["socket"])
+gateway_cpu = ((~spec["gateway_pid"]) << 3) | 2  # Linux: that process's CPU clock (CPUCLOCK_SCHED)
+out = {k: {"wall": [], "client_cpu": [], "gateway_cpu": []} for k in ("direct", "through")}
+
+async def main():
+    for round_no in range(spec["n"] + 1):
+        for name, m in (("direct", direct), ("through", through)):
+            t, c, g = time.perf_counter(), time.process_time(), time.clock_gettime(gateway_cpu)
+            await m.ainvoke("hi")
+            if round_no:
+                out[name]["wall"].append(time.perf_counter() - t)
+                out[name]["client_cpu"].append(time.process_time() - c)
+                out[name]["gateway_cpu"].append(time.clock_gettime(gateway_cpu) - g)
+
+asyncio.run(main())
+print(json.dumps(out))
+"""
+
+
 def boundary_call_overhead(args: argparse.Namespace) -> None:
-    """What the gateway adds to one model call: the chat model a harness gets in its
-    sandbox (``GatewayChatModel``, through the relay it uses there, to its rollout's own
-    socket and, for comparison, to the socket shared by every grant) against the solver's
-    own chat model calling the same local scripted server directly, interleaved, in the
-    same run; and what a rollout pays once for its own socket."""
+    """What the gateway adds to one model call, as production runs it: the chat model a
+    harness gets in its sandbox (``GatewayChatModel`` from ``build_model``, in a process
+    of its own, over its rollout's own gateway socket) against the solver's own chat model
+    calling the same local scripted server directly from that same process, interleaved,
+    in the same run; and what a rollout pays once for its own socket."""
     import asyncio
+    import json
     import os
 
     from milo_ray.boundary.gateway.server import ModelGateway
-    from milo_ray.boundary.inside.backend import GatewayRelay
-    from milo_ray.boundary.inside.model import GatewayChatModel
     from milo_ray.config.schemas import ModelConfig
-    from milo_ray.llm.client import build_chat_model
     from milo_ray.testing.openai_server import ScriptedOpenAIServer, reply
 
     os.environ.setdefault("BENCH_SOLVER_KEY", "local")
-    med = lambda xs: statistics.median(list(xs))  # noqa: E731
-    print(f"load average {' '.join(f'{x:.1f}' for x in os.getloadavg())} on {os.cpu_count()} CPUs")
+    med = lambda xs: statistics.median(list(xs)) * 1000  # noqa: E731  (ms)
     with ScriptedOpenAIServer(lambda body: reply("ok", prompt_tokens=1, completion_tokens=1)) as srv:
-        model = ModelConfig(solver="openai/scripted", api_base=srv.url, api_key_env="BENCH_SOLVER_KEY",
-                            max_retries=0).check()
+        fields = {"solver": "openai/scripted", "api_base": srv.url, "api_key_env": "BENCH_SOLVER_KEY",
+                  "max_retries": 0}
+        model = ModelConfig(**fields).check()
 
-        async def per_call() -> tuple[float, float, float, float]:
+        async def per_call() -> tuple[dict, float]:
             gw = ModelGateway(model, Path(tempfile.mkdtemp(prefix="milo-bench-gw-")) / "gw.sock")
             gw.set_key("local")
             await gw.start()
-            shared = gw.issue("bench")
             bound = await gw.issue_bound("bench")  # the rollout's own socket, as a sandbox gets it
-            # The chat model a harness gets inside its sandbox, through the relay it uses there.
-            through = {name: GatewayChatModel(model="openai/scripted", api_base=GatewayRelay(path).url,
-                                              api_key=grant.token)
-                       for name, path, grant in (("shared", gw.socket_path, shared),
-                                                 ("own", bound.socket_path, bound))}
-            direct = build_chat_model(model, rate_limiter=None)
-            times: dict[str, list[float]] = {"direct": [], "shared": [], "own": []}
-            cpu: dict[str, list[float]] = {"direct": [], "shared": [], "own": []}
-            for round_no in range(args.n + 1):
-                for name, m in (("direct", direct), ("shared", through["shared"]), ("own", through["own"])):
-                    t, c = time.perf_counter(), time.process_time()
-                    await m.ainvoke("hi")
-                    if round_no:
-                        times[name].append(time.perf_counter() - t)
-                        cpu[name].append(time.process_time() - c)
+            spec = {"model": fields, "socket": bound.socket_path, "token": bound.token, "n": args.n,
+                    "gateway_pid": os.getpid()}
+            client = await asyncio.create_subprocess_exec(sys.executable, "-c", _CALL_CLIENT, json.dumps(spec),
+                                                          stdout=subprocess.PIPE)
+            stdout, _ = await client.communicate()
+            if client.returncode:
+                raise RuntimeError(f"the client process exited {client.returncode}")
             # What a rollout pays for its own socket: made at its start, closed at its end.
             sockets = []
             for _ in range(args.n):
@@ -457,20 +482,23 @@ def boundary_call_overhead(args: argparse.Namespace) -> None:
                 gw.end(await gw.issue_bound("bench"))
                 sockets.append(time.perf_counter() - t)
             await gw.close()
-            return (tuple(med(times[k]) * 1000 for k in ("direct", "shared", "own")) + (med(sockets) * 1000,)
-                    + tuple(statistics.mean(cpu[k]) * 1000 for k in ("direct", "own")))
+            return json.loads(stdout), med(sockets)
 
-        d, g, o, sock_ms, cd, co = asyncio.run(per_call())
-        print(f"model call latency  direct {d:7.2f} ms   through the gateway {o:7.2f} ms   added {o - d:+7.2f} ms "
-              f"per call, {o / d:.3f}x the direct call  (medians of {args.n} calls of each, interleaved, in this run; "
-              f"on the rollout's own socket; {g:7.2f} ms on a socket shared by every grant)")
-        # CPU time does not grow with the machine's load as wall time does: on an idle
-        # machine the added wall time is about the added CPU time (the hop is sequential).
-        print(f"model call CPU time  direct {cd:7.2f} ms   through the gateway {co:7.2f} ms   added {co - cd:+7.2f} ms "
-              f"per call, {co / cd:.3f}x the direct call  (means of {args.n} calls of each, this process's CPU "
-              "seconds: the client, relay, gateway and scripted server all run in it)")
-        print(f"a rollout's own gateway socket: {sock_ms:.3f} ms to open and close (median of {args.n}; once "
-              "per rollout)")
+        samples, sock_ms = asyncio.run(per_call())
+    print(f"model call overhead: load average {' '.join(f'{x:.1f}' for x in os.getloadavg())} on "
+          f"{os.cpu_count()} CPUs; medians of {args.n} calls of each, interleaved, in this run; the client in a "
+          "process of its own, the gateway and the scripted server in the bench's process")
+    for name in ("direct", "through"):
+        s = samples[name]
+        s["cpu"] = [c + g for c, g in zip(s["client_cpu"], s["gateway_cpu"])]
+    d, t = samples["direct"], samples["through"]
+    for what, key in (("wall time", "wall"), ("CPU time (client + gateway processes)", "cpu"),
+                      ("  of it the client process", "client_cpu"), ("  of it the gateway process", "gateway_cpu")):
+        a, b = med(d[key]), med(t[key])
+        print(f"  {what:40s} direct {a:7.3f} ms   through the gateway {b:7.3f} ms   added {b - a:+7.3f} ms per call"
+              + (f", {b / a:.3f}x the direct call" if key in ("wall", "cpu") else ""))
+    print(f"a rollout's own gateway socket: {sock_ms:.3f} ms to open and close (median of {args.n}; once "
+          "per rollout)")
 
 
 def task_spec(task):

@@ -129,6 +129,17 @@ def attack(model, backend):
                                  data=json.dumps({{"model": "x", "messages": [{{"role": "user", "content": "hi"}}]}}).encode(),
                                  headers={{"Authorization": "Bearer " + r["token"], "Content-Type": "application/json"}})
     r["raw_call"] = _try(lambda: urllib.request.urlopen(req, timeout=30).read().decode()[:200])
+    # The relay stopped (this process's own listener): the chat model does not need it...
+    import gc, socket as _socket
+    relays = [o for o in gc.get_objects() if type(o).__name__ == "GatewayRelay"]
+    for relay in relays:
+        relay._listener.shutdown(_socket.SHUT_RDWR)
+    r["relays_stopped"] = len(relays)
+    r["raw_call_after"] = _try(lambda: urllib.request.urlopen(req, timeout=5).read().decode()[:200])
+    r["invoke_after"] = _try(lambda: model.invoke("hello again").content)
+    # ...and the same chat model pointed at any other endpoint reaches nothing.
+    r["other_endpoint"] = _try(lambda: type(model)(model="x", api_base=HOST_PATHS["provider"],
+                                                   api_key=r["token"]).invoke("hi").content)
     r["internet"] = _try(lambda: urllib.request.urlopen("http://1.1.1.1", timeout=3).read()[:10])
     # The provider itself (here a server on the host's loopback), bypassing the gateway.
     import socket

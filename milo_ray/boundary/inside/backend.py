@@ -6,9 +6,10 @@
   sandbox's per-command timeout and output cap and its own process group. It replaces
   the host-side sandbox object the harness used to get: nothing it holds reaches outside.
 * :class:`GatewayRelay`: a loopback TCP listener that pipes every connection to the
-  model gateway's Unix socket bound into the sandbox, so an ordinary HTTP client (the
-  chat model) reaches the gateway at ``http://127.0.0.1:PORT/v1`` in a network
-  namespace that has nothing else.
+  model gateway's Unix socket bound into the sandbox, so an ordinary HTTP client the
+  harness builds from its chat model's ``api_base`` reaches the gateway at
+  ``http://127.0.0.1:PORT/v1`` in a network namespace that has nothing else. The chat
+  model itself does not use it: it speaks to the socket directly.
 
 Runs inside the sandbox: imports only the standard library, deepagents' protocol types
 and the sandbox's process runner.

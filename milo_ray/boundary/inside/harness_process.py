@@ -10,8 +10,9 @@ interpreter read-only and the task's workspace writable. It
    the graph-step cap, the chat-model settings and the gateway token of this rollout;
 3. builds the chat model (:class:`~milo_ray.boundary.inside.model.GatewayChatModel`,
    a LangChain chat model with ChatLiteLLM's interface that needs no litellm: the gateway
-   does litellm's work) pointed at the model gateway through a loopback relay, with the
-   rollout's token as its key, and the ``backend`` (:class:`SandboxShell`) whose commands
+   does litellm's work) speaking straight to the rollout's gateway socket, with the
+   rollout's token as its key and, as its ``api_base``, the loopback relay's URL (for any
+   other HTTP client the harness builds), and the ``backend`` (:class:`SandboxShell`) whose commands
    run in this same sandbox; imports the harness, calls ``build_agent(model, backend)``
    and says ``started``;
 4. runs the agent on the instruction, streaming the trajectory out as it grows;
@@ -130,13 +131,15 @@ def warm_up() -> None:
         server.server_close()
 
 
-def build_model(job: dict[str, Any], api_base: str) -> Any:
+def build_model(job: dict[str, Any], api_base: str, gateway_socket: str | None = None) -> Any:
+    """The harness's chat model: requests go over ``gateway_socket`` when given (the
+    rollout's own), else to ``api_base``."""
     from milo_ray.boundary.inside.model import GatewayChatModel
 
     m = job["model"]
     # No retries here: the gateway retries the provider, and a retry here would multiply them.
     kwargs: dict[str, Any] = {"model": m["solver"], "api_base": api_base, "api_key": job["token"],
-                              "temperature": m.get("temperature")}
+                              "temperature": m.get("temperature"), "gateway_socket": gateway_socket}
     if m.get("max_tokens") is not None:
         kwargs["max_tokens"] = int(m["max_tokens"])
     if m.get("request_timeout") is not None:
@@ -230,7 +233,7 @@ def main() -> None:
     backend = SandboxShell(workdir=job["workdir"], env=job["env"], timeout_s=job.get("command_timeout_s"),
                            output_cap_bytes=int(job["output_cap_bytes"]))
     try:
-        model = build_model(job, relay.url)
+        model = build_model(job, relay.url, job["gateway_socket"])
         module = load_module(job["harness_dir"], job["harness_id"], bool(job.get("multi_file")))
         try:
             agent = module.build_agent(model, backend)

@@ -63,6 +63,9 @@ class GatewayChatModel(BaseChatModel):
     model_kwargs: dict[str, Any] = Field(default_factory=dict)
     max_retries: int = 0
     """Accepted for ChatLiteLLM's signature; the gateway retries the provider."""
+    gateway_socket: str | None = None
+    """The rollout's gateway socket bound into the sandbox. When set, every request goes
+    over it and nowhere else (``api_base`` then only gives the path): no loopback hop."""
 
     _sync: httpx.Client | None = PrivateAttr(default=None)
     _async: dict[int, httpx.AsyncClient] = PrivateAttr(default_factory=dict)
@@ -102,7 +105,8 @@ class GatewayChatModel(BaseChatModel):
     def _client(self) -> httpx.Client:
         with self._lock:
             if self._sync is None:
-                self._sync = httpx.Client(timeout=self._timeout(), trust_env=False)
+                transport = httpx.HTTPTransport(uds=self.gateway_socket) if self.gateway_socket else None
+                self._sync = httpx.Client(timeout=self._timeout(), trust_env=False, transport=transport)
             return self._sync
 
     def _aclient(self) -> httpx.AsyncClient:
@@ -113,7 +117,9 @@ class GatewayChatModel(BaseChatModel):
         with self._lock:
             client = self._async.get(loop)
             if client is None:
-                client = self._async[loop] = httpx.AsyncClient(timeout=self._timeout(), trust_env=False)
+                transport = httpx.AsyncHTTPTransport(uds=self.gateway_socket) if self.gateway_socket else None
+                client = self._async[loop] = httpx.AsyncClient(timeout=self._timeout(), trust_env=False,
+                                                               transport=transport)
             return client
 
     # --- BaseChatModel ----------------------------------------------------------------------
