@@ -45,6 +45,7 @@ class RoleBudgetsConfig:
     judge: RoleBudgetConfig = field(default_factory=RoleBudgetConfig)
     optimizer: RoleBudgetConfig = field(default_factory=RoleBudgetConfig)
     embedder: RoleBudgetConfig = field(default_factory=RoleBudgetConfig)
+    grader: RoleBudgetConfig = field(default_factory=RoleBudgetConfig)
 
 
 @dataclass
@@ -67,7 +68,7 @@ class BudgetConfig:
     reached; with an executor whose model calls go through the gateway
     (``executor=deepagents``) they also stop the running rollouts' calls (stop reason
     ``run_budget``; docs/security.md states the overrun bound). ``roles``: per-role caps, e.g. ``run.budget.roles.judge.tokens=2000000``
-    (roles: solver, mutator, orchestrator, judge, optimizer, embedder); reaching one
+    (roles: solver, mutator, orchestrator, judge, optimizer, embedder, grader); reaching one
     stops new work of that role, and the run ends with its incumbent."""
 
     executions: Optional[int] = setting(None, help="rollout budget; cached rollouts are free (null: unlimited)")

@@ -67,10 +67,34 @@ class Verdict:
     output: str = ""
     seconds: float = 0.0
     details: dict[str, Any] | None = None
+    # The grader's calls and budget (a format with ``uses_grader``), kept in the trace.
+    grader: dict[str, Any] | None = None
+
+
+class GraderRefused(RuntimeError):
+    """The grader made no call: the rollout's grading budget (calls or tokens) is spent.
+    A format counts what it could not grade the way it counts a failed verdict."""
+
+
+class Grader(Protocol):
+    """The metered ``grader`` role as a verifier sees it: one model call per :meth:`ask`,
+    made by the host (never from a sandbox), counted against this rollout's grading
+    budget and recorded as role ``grader`` (never against the solver's token cap).
+    Only a format that sets ``uses_grader = True`` is handed one."""
+
+    def ask(self, system: str, user: str, *, purpose: str) -> str:
+        """The model's answer to one (system, user) exchange. ``purpose`` names the call in
+        the record (e.g. ``leaf:2.1``). Raises :class:`GraderRefused` once the budget is
+        spent, ``RuntimeError`` when the call failed after its retries."""
+        ...
 
 
 class TaskFormat(Protocol):
-    """One kind of real task. ``name`` is what the task's ``metadata["format"]`` says."""
+    """One kind of real task. ``name`` is what the task's ``metadata["format"]`` says.
+
+    A format whose verifier needs a model sets ``uses_grader = True``; its ``verify`` is
+    then called as ``verify(task, sandbox, grader=...)`` with a :class:`Grader`. Formats
+    that need no model keep the two-argument ``verify`` and get nothing new."""
 
     name: str
 

@@ -106,8 +106,9 @@ class AgentExecutor:
 
     def __init__(self, model: Any = None, sandbox: Any = None, agent: str = "harness", recursion_limit: int = 150,
                  scratch_dir: str | None = None, keep_scratch: bool = False, max_model_calls: int | None = 500,
-                 startup_timeout_s: float = 120.0, warm_processes: int | str = 0) -> None:
+                 startup_timeout_s: float = 120.0, warm_processes: int | str = 0, grader: Any = None) -> None:
         from milo_ray.config.schemas import model_config
+        from milo_ray.execution.grader import GraderSettings
 
         if agent not in AGENTS:
             raise ValueError(f"executor.agent={agent!r}: choose one of {AGENTS}")
@@ -132,6 +133,8 @@ class AgentExecutor:
         self.startup_timeout_s = float(startup_timeout_s)
         self.scratch_dir = scratch_dir
         self.keep_scratch = bool(keep_scratch)
+        # The grader role a format's verifier may call (executor.grader; None: none configured).
+        self.grader = GraderSettings.of(grader)
 
         warm = parse_size(warm_processes)
         if warm == "auto" and getattr(self.sandbox, "binds_at_open", False):
@@ -175,6 +178,9 @@ class AgentExecutor:
             elif self.agent == "harness" and not getattr(self.sandbox, "hosts_harness", False):
                 problems.append(f"task {task.task_id}: sandbox={getattr(self.sandbox, 'name', '?')} cannot host the "
                                 "harness process; use sandbox=bwrap or sandbox=docker")
+            elif getattr(format_of(task), "uses_grader", False) and self.grader is None:
+                problems.append(f"task {task.task_id}: its verifier needs a grader model; set "
+                                "executor.grader.llm.model=PROVIDER/NAME (or executor.grader.scripted=true offline)")
         return problems
 
     # --- secrets and the gateway ----------------------------------------------------------
@@ -251,7 +257,8 @@ class AgentExecutor:
             except BaseException:
                 await asyncio.to_thread(sandbox.close)
                 raise
-            verdict = await self._grade(fmt, task, spec, sandbox, scratch)
+            label = f"{harness.harness_id}/{task.task_id}/{rollout_idx}"
+            verdict = await self._grade(fmt, task, spec, sandbox, scratch, label)
         finally:
             if not self.keep_scratch:
                 await asyncio.to_thread(shutil.rmtree, scratch, True)
@@ -271,7 +278,7 @@ class AgentExecutor:
         os.chmod(gateway_dir, 0o755)  # the container's user reaches its socket through it
         return {"readonly_binds": harness_binds(where, gateway_dir)}
 
-    async def _grade(self, fmt: Any, task: Task, spec: Any, sandbox: Any, scratch: Path) -> Any:
+    async def _grade(self, fmt: Any, task: Task, spec: Any, sandbox: Any, scratch: Path, label: str = "") -> Any:
         """Grade in a fresh sandbox on the agent's workspace, after every process of the
         agent's sandbox is dead (the fresh one shares nothing else with it: not its /tmp,
         its home, its /logs). bwrap: the workspace directory moves into a fresh sandbox;
@@ -291,14 +298,14 @@ class AgentExecutor:
                 await asyncio.to_thread(sandbox.close)
                 raise
             try:
-                return _noting(await asyncio.to_thread(fmt.verify, task, fresh), carried)
+                return _noting(await asyncio.to_thread(self._verify, fmt, task, fresh, label), carried)
             finally:
                 await asyncio.to_thread(fresh.close)
         workspace = getattr(sandbox, "workspace_dir", None)
         if workspace is None:
             try:
                 await asyncio.to_thread(sandbox.interrupt)
-                return await asyncio.to_thread(fmt.verify, task, sandbox)
+                return await asyncio.to_thread(self._verify, fmt, task, sandbox, label)
             finally:
                 await asyncio.to_thread(sandbox.close)
         await asyncio.to_thread(sandbox.close)
@@ -309,9 +316,23 @@ class AgentExecutor:
         fresh = await asyncio.to_thread(self.sandbox.open, dataclasses.replace(spec, copy_in=()), grade_root,
                                         **_binds_of(carried))
         try:
-            return _noting(await asyncio.to_thread(fmt.verify, task, fresh), carried)
+            return _noting(await asyncio.to_thread(self._verify, fmt, task, fresh, label), carried)
         finally:
             await asyncio.to_thread(fresh.close)
+
+    def _verify(self, fmt: Any, task: Task, sandbox: Any, label: str) -> Any:
+        """The format's verdict; a format that asks for the grader role gets this rollout's
+        grader (made here, after the agent's processes are dead, and only here), and its
+        calls go with the verdict. Any other format is called as before."""
+        if not getattr(fmt, "uses_grader", False):
+            return fmt.verify(task, sandbox)
+        if self.grader is None:
+            raise ValueError(f"task {task.task_id}: its verifier needs a grader model; set "
+                             "executor.grader.llm.model=PROVIDER/NAME (or executor.grader.scripted=true offline)")
+        grader = self.grader.for_rollout(label, self._secrets)
+        verdict = fmt.verify(task, sandbox, grader=grader)
+        verdict.grader = grader.record()
+        return verdict
 
     async def _act(self, harness: Any, task: Task, sandbox: Any, scratch: Path, warm: Any = None) -> "_AgentRun":
         if self.agent == "oracle":
@@ -409,6 +430,7 @@ class _AgentRun:
             traj["harness_stderr"] = self.stderr
         if self.gateway_failures:
             traj["gateway_failures"] = self.gateway_failures
+        grader = getattr(verdict, "grader", None)
         if self.startup_s is not None:
             traj["startup_s"] = round(self.startup_s, 3)
             traj["warm_process"] = self.warm
@@ -423,6 +445,8 @@ class _AgentRun:
                  "verifier": {"score": verdict.score, "reward": verdict.reward, "error": verdict.error,
                               "seconds": round(verdict.seconds, 3), "output": verdict.output,
                               "details": verdict.details}}
+        if grader is not None:  # the grader role's calls: recorded as role grader, not the solver's
+            trace["grader"] = grader
         # An oracle run has no model, so no tool call of one to count.
         invalid = None if self.status == "oracle" else traj["final"]["invalid_tool_calls"]
         return RolloutResult(harness_id, task.task_id, rollout_idx, score=score,

@@ -174,6 +174,14 @@ class AgentCallLog:
         # An agent's trajectory is a dict with its calls; an optimizer run's is its score log.
         calls = (trajectory.get("calls") or []) if isinstance(trajectory, dict) else []
         self.record_solver_calls(calls, cache_key=result.cache_key, harness_id=result.harness_id, round=result.round)
+        # The grader role's calls (a verifier that needs a model): charged as role grader,
+        # to the run's budget and run.budget.roles.grader, never to the rollout's solver.
+        grader = trace.get("grader") if isinstance(trace.get("grader"), dict) else {}
+        for i, c in enumerate(grader.get("calls") or []):
+            usage = AgentUsage(int(c.get("input_tokens") or 0), int(c.get("output_tokens") or 0), c.get("cost_usd"),
+                               float(c.get("seconds") or 0.0), int(c.get("retries") or 0), c.get("error"))
+            self.record("grader", usage, call_id=f"{result.cache_key}:grader:{float(c.get('started_at') or 0):.6f}:{i}",
+                        agent=str(c.get("purpose") or "") or None, model=c.get("model"), round=result.round)
 
     def record_solver_calls(self, calls: list[dict[str, Any]], *, cache_key: str, harness_id: str,
                             round: int | None = None, failed_attempt: str | None = None) -> None:

@@ -54,7 +54,7 @@ I64, F64, STR, BOOL = pa.int64(), pa.float64(), pa.string(), pa.bool_()
 
 ERROR_KINDS = ("infra", "harness", "task")
 ORIGINS = ("seed", "mutation", "graft", "speciate", "ssr_candidate")
-AGENT_ROLES = ("solver", "mutator", "orchestrator", "judge", "optimizer", "embedder")
+AGENT_ROLES = ("solver", "mutator", "orchestrator", "judge", "optimizer", "embedder", "grader")
 
 _SPECS: dict[str, tuple[Column, ...]] = {
     "rollouts": (

@@ -1,0 +1,189 @@
+"""benchmark=paperbench: rubric scores from scripted verdicts, judge failures under both
+conventions, the grading plan's cost bounds, and the grader role's budget and ledger."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from milo_ray.benchmarks.paperbench import PAPERBENCH, PaperBenchBenchmark
+from milo_ray.benchmarks.paperbench.judge import SUBMISSION, parse_verdict
+from milo_ray.benchmarks.paperbench.rubric import aggregate, parse_rubric, select
+from milo_ray.core.rollouts import RolloutResult
+from milo_ray.execution.grader import GraderSettings
+
+FIXTURE = Path(__file__).parents[1] / "fixtures" / "paperbench"
+PAPERS = FIXTURE / "papers"
+REFERENCE = PAPERS / "tiny-attention" / "reference_submission"
+BROKEN = FIXTURE / "submissions" / "broken"
+
+
+class DirSandbox:
+    """The grading sandbox's file view over a host directory standing in for /home/submission."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+
+    def execute(self, command: str):
+        out = subprocess.run(["bash", "-c", command.replace(SUBMISSION, str(self.root))], capture_output=True,
+                             text=True)
+        return SimpleNamespace(output=out.stdout, exit_code=out.returncode)
+
+    def download_files(self, paths):
+        got = []
+        for p in paths:
+            host = Path(p.replace(SUBMISSION, str(self.root)))
+            got.append(SimpleNamespace(path=p, content=host.read_bytes() if host.is_file() else None,
+                                       error=None if host.is_file() else "file_not_found"))
+        return got
+
+
+def task(**options):
+    bench = PaperBenchBenchmark(str(PAPERS), splits={"search": 1}, **options)
+    return bench.tasks("search")[0]
+
+
+def grade(submission: Path, tmp_path: Path, grader=None, **options):
+    work = tmp_path / "submission"
+    shutil.copytree(submission, work)
+    grader = grader or GraderSettings.of({"scripted": True}).for_rollout("h/t/0")
+    verdict = PAPERBENCH.verify(task(**options), DirSandbox(work), grader=grader)
+    return verdict, grader
+
+
+def test_reference_submission_scores_one_and_broken_scores_zero_in_codedev(tmp_path):
+    good, g = grade(REFERENCE, tmp_path / "a")
+    bad, _ = grade(BROKEN, tmp_path / "b")
+    assert good.score == 1.0 and bad.score == 0.0
+    assert good.details["plan"]["mode"] == "codedev" and good.details["plan"]["leaves_graded"] == 2
+    assert len(g.calls) == 2  # one grader call per graded leaf
+    assert set(good.details["categories"]) == {"Code Development"}
+    leaf = good.details["tree"]["sub_tasks"][0]["sub_tasks"][1]
+    assert leaf["id"] == "impl-mask" and leaf["status"] == "graded" and "causal_mask" in leaf["reason"]
+
+
+def test_full_mode_grades_every_category(tmp_path):
+    verdict, g = grade(REFERENCE, tmp_path, mode="full")
+    assert verdict.score == 1.0 and len(g.calls) == 4
+    assert set(verdict.details["categories"]) == {"Code Development", "Code Execution", "Result Analysis"}
+
+
+def test_scores_propagate_as_weighted_averages(tmp_path):
+    # impl-scores (weight 2) passes, impl-mask (weight 1) fails: impl = 2/3; exec and results pass.
+    root = parse_rubric(__import__("json").loads((PAPERS / "tiny-attention" / "rubric.json").read_text()))
+    plan = select(root, mode="full")
+    verdicts = {"impl-scores": {"score": 1}, "impl-mask": {"score": 0}, "exec": {"score": 1}, "results": {"score": 0}}
+    got = aggregate(plan.tree, verdicts)
+    assert got["score"] == pytest.approx((3 * 2 / 3 + 1 * 1 + 1 * 0) / 5)
+    assert got["categories"]["Code Development"] == pytest.approx(2 / 3)
+
+
+def test_a_judge_failure_counts_as_zero_or_is_dropped_with_its_weight(tmp_path):
+    failing = {"scripted": True, "fail": ["leaf:impl-mask"]}
+    zero, _ = grade(REFERENCE, tmp_path / "z", GraderSettings.of(failing).for_rollout("x"), judge_failures="zero")
+    drop, _ = grade(REFERENCE, tmp_path / "d", GraderSettings.of(failing).for_rollout("x"), judge_failures="drop")
+    assert zero.score == pytest.approx(2 / 3) and zero.details["graded_weight_fraction"] == pytest.approx(1.0)
+    assert drop.score == 1.0 and drop.details["graded_weight_fraction"] == pytest.approx(2 / 3)
+    assert zero.details["judge_failed_leaves"] == drop.details["judge_failed_leaves"] == 1
+    assert "not a verdict" in zero.details["tree"]["sub_tasks"][0]["sub_tasks"][1]["error"]
+
+
+def test_grader_calls_are_capped_per_rollout(tmp_path):
+    g = GraderSettings.of({"scripted": True, "max_calls": 1}).for_rollout("h/t/0")
+    verdict, _ = grade(REFERENCE, tmp_path, g)
+    assert len(g.calls) == 1 and g.refused == 1 and g.record()["refused"] == 1
+    assert verdict.score == pytest.approx(2 / 3)  # the refused leaf counts as a judge failure (zero)
+    tokens = GraderSettings.of({"scripted": True, "max_tokens": 1}).for_rollout("h/t/0")
+    grade(REFERENCE, tmp_path / "t", tokens)
+    assert len(tokens.calls) == 1 and tokens.refused == 1
+
+
+def test_leaf_sample_and_depth_cap_bound_the_grader_calls_and_are_recorded(tmp_path):
+    sampled, g = grade(REFERENCE, tmp_path / "s", mode="full", max_leaves=2)
+    assert len(g.calls) == 2 and sampled.details["plan"]["max_leaves"] == 2
+    assert sampled.details["plan"]["leaves_in_mode"] == 4 and sampled.details["graded_weight_fraction"] < 1
+    capped, g2 = grade(REFERENCE, tmp_path / "c", mode="full", max_depth=1)
+    assert len(g2.calls) == 3 and capped.details["plan"]["max_depth"] == 1  # impl graded as one requirement
+
+
+def test_rubric_errors_name_the_node_and_field():
+    with pytest.raises(ValueError, match=r"sub_tasks\[0\]\.weight=-1.*sub_tasks\[1\]\.task_category"):
+        parse_rubric({"id": "r", "requirements": "x", "weight": 1, "sub_tasks": [
+            {"id": "a", "requirements": "x", "weight": -1, "task_category": "Code Development"},
+            {"id": "b", "requirements": "x", "weight": 1}]})
+
+
+def test_verdict_parsing_takes_only_a_score_and_a_reason():
+    assert parse_verdict('sure: {"score": 1, "reason": "ok"}') == {"score": 1, "reason": "ok"}
+    assert parse_verdict('{"score": 0.7}') is None and parse_verdict('{"score": true}') is None
+    assert parse_verdict("yes") is None
+
+
+def test_the_agents_paper_folder_never_holds_the_rubric_or_judge_addendum():
+    t = task()
+    spec = PAPERBENCH.sandbox_spec(t)
+    (src, dest), = spec.copy_in
+    names = {p.name for p in Path(src).rglob("*")}
+    assert dest == "/home/paper" and "paper.md" in names and "addendum.md" in names
+    assert not names & {"rubric.json", "judge.addendum.md", "reference_submission"}
+    assert "JUDGE-ONLY" not in t.instruction
+
+
+def test_grader_calls_are_recorded_as_role_grader_never_as_the_solvers():
+    from milo_ray.search.agent_calls import AgentCallLog
+    from milo_ray.store.memory import MemoryRunStore
+
+    store = MemoryRunStore()
+    log = AgentCallLog(store, caps={})
+    calls = [{"purpose": "leaf:a", "model": "scripted-grader", "started_at": 1.0, "input_tokens": 100,
+              "output_tokens": 10, "cost_usd": 0.0, "seconds": 0.01, "retries": 0, "error": None}]
+    res = RolloutResult("h", "t", 0, score=1.0, input_tokens=5, output_tokens=7, trace={
+        "trajectory": {"calls": []}, "grader": {"calls": calls}})
+    res.cache_key, res.round = "k", 0
+    log.record_rollout_calls(res)
+    rows = store.read("agent_calls").to_pylist()
+    assert [(r["role"], r["input_tokens"]) for r in rows] == [("grader", 100)]
+    assert log.spend("grader").tokens == 110 and log.spend("solver").tokens == 0
+
+
+def test_grader_settings_refuse_bad_input_naming_the_field():
+    assert GraderSettings.of({"llm": None, "scripted": False}) is None
+    with pytest.raises(ValueError, match="executor.grader.max_calls"):
+        GraderSettings.of({"scripted": True, "max_calls": 0})
+    with pytest.raises(ValueError, match="choose one"):
+        GraderSettings.of({"scripted": True, "llm": {"model": "openai/x"}})
+    with pytest.raises(ValueError, match="unknown key"):
+        GraderSettings.of({"scripted": True, "calls": 3})
+
+
+def test_only_a_format_that_asks_gets_the_grader():
+    from milo_ray.execution.agent_executor import AgentExecutor
+
+    seen = {}
+
+    class Plain:
+        def verify(self, task, sandbox):
+            seen["plain"] = True
+            return SimpleNamespace(grader=None)
+
+    class Asks:
+        uses_grader = True
+
+        def verify(self, task, sandbox, grader=None):
+            seen["grader"] = grader
+            grader.ask("s", "<requirement>`x`</requirement><submission>x</submission>", purpose="leaf:x")
+            return SimpleNamespace(grader=None)
+
+    ex = AgentExecutor.__new__(AgentExecutor)
+    ex.grader, ex._secrets = GraderSettings.of({"scripted": True}), None
+    t = SimpleNamespace(task_id="t")
+    ex._verify(Plain(), t, None, "l")
+    v = ex._verify(Asks(), t, None, "l")
+    assert seen["plain"] and seen["grader"] is not None and len(v.grader["calls"]) == 1
+    ex.grader = None
+    with pytest.raises(ValueError, match="executor.grader"):
+        ex._verify(Asks(), t, None, "l")
