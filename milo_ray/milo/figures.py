@@ -253,7 +253,8 @@ def _lineage(rp: MiloReplay, j: int, acc_range: tuple[float, float]) -> Figure:
     # Deep trees get narrower generations (and shorter edge labels) so the figure stays readable on a page.
     gen_in = min(DEPTH_IN, MAX_WIDTH_IN / (depth + 1))
     label_chars = int(gen_in * 0.66 / 0.048)
-    fig = MplFigure(figsize=(gen_in * (depth + 1) + 2.6, ROW_IN * max(rows, 3) + 1.9), layout="constrained")
+    width_in = gen_in * (depth + 1) + 2.6
+    fig = MplFigure(figsize=(width_in, ROW_IN * max(rows, 3) + 1.9), layout="constrained")
     ax = fig.subplots()
     best = rp.state.islands[j].best()
     cmap, norm = mpl.colormaps["viridis"], mpl.colors.Normalize(*acc_range)
@@ -320,7 +321,10 @@ def _lineage(rp: MiloReplay, j: int, acc_range: tuple[float, float]) -> Figure:
                Line2D([], [], ls="", marker="o", mfc="none", mec="#e6a700", mew=2, ms=13, label="incumbent"),
                Line2D([], [], color="#2ca02c", lw=1.6, label="edge to admitted child"),
                Line2D([], [], color="#b0b0b0", lw=1.0, ls=(0, (3, 2)), label="edge to rejected child")]
-    fig.legend(handles=handles, loc="outside lower center", fontsize=7, ncols=6, frameon=False)
+    # Six entries in one row need about 9 in at this size; a narrower (shallow) tree's figure
+    # stacks them in two or three rows rather than letting them run off its edges.
+    ncols = 6 if width_in >= 9.5 else 3 if width_in >= 5.5 else 2
+    fig.legend(handles=handles, loc="outside lower center", fontsize=7, ncols=ncols, frameon=False)
     mut = rp.state.assignment.get(j)
     ax.set_title(f"Island {j} lineage ({len(nodes)} nodes, {len(groups['admitted'])} admitted"
                  + (f"; mutator now {mut}" if mut else "") + ")", fontsize=11)

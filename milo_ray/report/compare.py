@@ -25,7 +25,9 @@ from milo_ray import redaction
 from milo_ray.report.figure import Figure
 
 METRICS = (("pass_at_k", "pass@k"), ("pr_at_k", "PR@k"), ("rr_at_k", "RR@k"))
-TABLE_COLUMNS = ["run", "setting", "benchmark", "status", "stop_reason", "label", "n_tasks", "k", "pass_at_k",
+# The stop reason (often a sentence) is in a table of its own below, so every metric column
+# of this one fits a 1,400-pixel window.
+TABLE_COLUMNS = ["run", "setting", "benchmark", "status", "label", "n_tasks", "k", "pass_at_k",
                  "pr_at_k", "rr_at_k", "true_score", "mean_output_tokens", "mean_seconds", "rollouts", "agent_calls",
                  "agent_cost_usd", "wall_seconds"]
 
@@ -64,7 +66,10 @@ def write_comparison(paths: list[str | Path], out_dir: str | Path, notes: tuple[
         "confidence intervals, the run's rollouts, agent spend and wall time.</p>"
         + "".join(f'<p class="warn">{escape(w)}</p>' for w in warnings)
         + tables.render(df.assign(setting=[setting(r) for _, r in df.iterrows()]), columns=TABLE_COLUMNS,
-                        table_id="compare-table"))]
+                        table_id="compare-table")
+        + "<h3>How each run ended</h3>"
+        + tables.render(df.assign(setting=[setting(r) for _, r in df.iterrows()]),
+                        columns=["run", "setting", "status", "stop_reason"], table_id="compare-stops"))]
     fig = metrics_figure(df)
     if fig is not None:
         sections.append(page.Section("plot", "Final-test metrics", page.figure_block(fig, 1, out)))

@@ -57,9 +57,12 @@ caption { text-align: left; color: var(--muted); padding-bottom: 4px; caption-si
 th { text-align: left; font-weight: 600; border-bottom: 2px solid #bcccdc; padding: 6px 8px; white-space: nowrap;
      background: var(--panel); }
 td { border-bottom: 1px solid var(--line); padding: 4px 8px; white-space: nowrap; }
+td.text { white-space: normal; min-width: 14ch; max-width: 34ch; overflow-wrap: anywhere; }
 td.num { text-align: right; font-variant-numeric: tabular-nums; }
 tbody tr:hover { background: #f0f4f8; }
 .ci { color: var(--muted); font-size: 11px; }
+td .ci { display: block; line-height: 1.2; }  /* a value's interval under it: half the column's width */
+th { white-space: normal; min-width: 6ch; }
 code { font: 12px/1.4 SFMono-Regular, Menlo, Consolas, monospace; background: var(--panel); padding: 0 3px;
        border-radius: 3px; }
 figure { margin: 12px 0 22px; background: #fff; border: 1px solid var(--line); border-radius: 6px; padding: 12px; }

@@ -97,6 +97,11 @@ def _numeric(v: Any) -> float | None:
     return f if math.isfinite(f) else None
 
 
+# Text longer than this wraps inside its cell (td.text), so one long sentence cannot push a
+# table's other columns out of a 1,400-pixel window.
+_WRAP_CHARS = 28
+
+
 def _ci_columns(columns: Iterable[str]) -> dict[str, tuple[str, str]]:
     cols = set(columns)
     return {c: (f"{c}_lo", f"{c}_hi") for c in cols if f"{c}_lo" in cols and f"{c}_hi" in cols}
@@ -130,6 +135,8 @@ def render(df: pd.DataFrame | None, *, columns: list[str] | None = None, table_i
                 attrs += f' data-v="{num!r}" class="num"'
             elif isinstance(v, str):
                 attrs += f' data-v="{html.escape(v)}"'
+                if len(v) > _WRAP_CHARS:  # a sentence (a stop reason, an error) wraps rather than widening the table
+                    attrs += ' class="text"'
             text = html.escape(fmt(c, v))
             if c in IDS and isinstance(v, str):
                 text = f'<code title="{html.escape(v)}">{text}</code>'
