@@ -45,7 +45,7 @@ JOB_COLUMNS = ["job", "overrides", "setting", "status", "exit_code", "error", "s
 RUN_COLUMNS = ["run_status", "method", "rung", "benchmark", "stop_reason", "label", "harness_id", "n_tasks", "k",
                "pass_at_k", "pass_at_k_lo", "pass_at_k_hi", "pr_at_k", "pr_at_k_lo", "pr_at_k_hi",
                "rr_at_k", "rr_at_k_lo", "rr_at_k_hi", "true_score", "mean_output_tokens", "mean_seconds",
-               "rollouts", "agent_calls", "agent_cost_usd", "wall_seconds"]
+               "rollouts", "agent_calls", "agent_cost_usd", "wall_seconds", "stopped_by_sweep_cap"]
 
 
 def _read_run(run_dir: str) -> tuple[dict[str, Any] | None, str | None]:
@@ -66,7 +66,20 @@ def _read_run(run_dir: str) -> tuple[dict[str, Any] | None, str | None]:
         return None, f"its run in {run_dir} cannot be read ({type(exc).__name__}: {exc})"
     row["run_status"] = row.pop("status")
     row["setting"] = setting(row)
+    row["stopped_by_sweep_cap"] = sweep_cap_stopped(path)
     return row, None
+
+
+def sweep_cap_stopped(run_dir: str | Path) -> bool:
+    """Whether the sweep's spend cap (``hydra.launcher.max_usd``) stopped this run: its
+    ``run_budget_exhausted`` event says the sweep's ledger refused (scope ``sweep``), not
+    the run's own budget."""
+    from milo_ray.store.parquet import open_run
+
+    for event in open_run(run_dir).read("events").to_pylist():
+        if event["kind"] == "run_budget_exhausted" and json.loads(event["payload"] or "{}").get("scope") == "sweep":
+            return True
+    return False
 
 
 def check_runs(outcomes: Sequence[JobOutcome]) -> dict[int, dict[str, Any]]:
@@ -121,6 +134,17 @@ def _interval(row: pd.Series, metric: str) -> str:
     return f"{value:.3f} [{row[f'{metric}_lo']:.3f}, {row[f'{metric}_hi']:.3f}]"
 
 
+def _sweep_cap_lines(frame: pd.DataFrame) -> list[str]:
+    """The jobs the sweep's spend cap stopped (each resumes with run.resume=<its run_dir>
+    once the cap is raised), or nothing when it stopped none."""
+    stopped = frame[frame["stopped_by_sweep_cap"].fillna(False).astype(bool)]
+    if stopped.empty:
+        return []
+    jobs = ", ".join(f"job {r['job']} ({r['overrides'] or 'no overrides'})" for _, r in stopped.iterrows())
+    return [f"Stopped by the sweep's spend cap (hydra.launcher.max_usd): {jobs}. Each run is resumable "
+            "(run.resume=<its run_dir>) once the cap is raised.", ""]
+
+
 def markdown(frame: pd.DataFrame, outcomes: Sequence[JobOutcome], comparison: Path | None,
              comparison_error: str | None = None) -> str:
     failed = frame[frame["status"] != "SUCCEEDED"]
@@ -130,6 +154,7 @@ def markdown(frame: pd.DataFrame, outcomes: Sequence[JobOutcome], comparison: Pa
     lines = [f"# Sweep summary", "",
              f"{len(frame)} job(s): {len(frame) - len(failed)} succeeded, {len(failed)} failed{lost}. Metrics: the "
              "incumbent's final test (milo_ray.results.compare), value [task-clustered 95% interval].", "",
+             *_sweep_cap_lines(frame),
              "| job | overrides | setting | status | pass@k | PR@k | RR@k | k | tasks | true score | error |",
              "|---|---|---|---|---|---|---|---|---|---|---|"]
     for _, r in frame.iterrows():
