@@ -45,8 +45,12 @@ class CheckResult:
 
 
 def suite_kind(path: Path) -> str:
-    """``harbor`` for a directory, ``swe`` for a JSONL file; ``UserError`` otherwise."""
+    """``paperbench`` for a directory of PaperBench papers (a ``rubric.json`` in it or in a
+    directory of it), ``harbor`` for any other directory, ``swe`` for a JSONL file;
+    ``UserError`` otherwise."""
     if path.is_dir():
+        if (path / "rubric.json").is_file() or any((d / "rubric.json").is_file() for d in path.iterdir()):
+            return "paperbench"
         return "harbor"
     if path.is_file() and path.suffix in (".jsonl", ".json", ".ndjson"):
         return "swe"
@@ -112,7 +116,9 @@ def executor_config(cfg: Any) -> dict[str, Any]:
     executor = cfg.get("executor") or {}
     return {"_target_": "milo_ray.tasks.executor.CheckExecutor",
             "sandbox": OmegaConf.to_container(cfg.sandbox, resolve=True),
-            "scratch_dir": executor.get("scratch_dir"), "keep_scratch": bool(executor.get("keep_scratch", False))}
+            "scratch_dir": executor.get("scratch_dir"), "keep_scratch": bool(executor.get("keep_scratch", False)),
+            # The grader role, for a suite whose verifier needs a model (benchmark=paperbench).
+            "grader": OmegaConf.to_container(executor["grader"], resolve=True) if executor.get("grader") else None}
 
 
 def run_check(path: str | Path, overrides: Sequence[str] = (), *, repeat: int = 1, noop: bool = True,
@@ -130,6 +136,17 @@ def run_check(path: str | Path, overrides: Sequence[str] = (), *, repeat: int = 
     t0 = time.monotonic()
     path = Path(path).expanduser().resolve()
     kind, cfg = compose(path, overrides)
+    if kind == "paperbench":
+        from milo_ray.execution.grader import GraderSettings
+
+        try:
+            grader = GraderSettings.of(OmegaConf.to_container(cfg.executor.grader, resolve=True))
+        except ValueError as exc:
+            raise UserError(str(exc)) from None
+        if grader is None:
+            raise UserError("executor.grader: a PaperBench suite is graded by the grader role; give "
+                            "executor.grader.llm.model=PROVIDER/NAME, or executor.grader.scripted=true for "
+                            "deterministic offline verdicts")
     benchmark = load_suite(cfg)
     try:
         factory = build_factory(cfg.sandbox)

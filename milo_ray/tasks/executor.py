@@ -30,12 +30,13 @@ CHECK_MODEL_ID = "task-check"
 
 class CheckExecutor(AgentExecutor):
     """``AgentExecutor(agent="oracle")`` that leaves the workspace untouched for
-    :data:`DO_NOTHING` requests. sandbox / scratch_dir / keep_scratch: as for
+    :data:`DO_NOTHING` requests. sandbox / scratch_dir / keep_scratch / grader: as for
     :class:`~milo_ray.execution.agent_executor.AgentExecutor`."""
 
-    def __init__(self, sandbox: Any = None, scratch_dir: str | None = None, keep_scratch: bool = False) -> None:
+    def __init__(self, sandbox: Any = None, scratch_dir: str | None = None, keep_scratch: bool = False,
+                 grader: Any = None) -> None:
         super().__init__(model=None, sandbox=sandbox, agent="oracle", scratch_dir=scratch_dir,
-                         keep_scratch=keep_scratch, warm_processes=0)
+                         keep_scratch=keep_scratch, warm_processes=0, grader=grader)
         self.model_id = CHECK_MODEL_ID
 
     async def _act(self, harness: Any, task: Any, sandbox: Any, scratch: Any, warm: Any = None) -> _AgentRun:

@@ -127,9 +127,10 @@ def test_the_agents_paper_folder_never_holds_the_rubric_or_judge_addendum():
     t = task()
     spec = PAPERBENCH.sandbox_spec(t)
     (src, dest), = spec.copy_in
-    names = {p.name for p in Path(src).rglob("*")}
-    assert dest == "/home/paper" and "paper.md" in names and "addendum.md" in names
-    assert not names & {"rubric.json", "judge.addendum.md", "reference_submission"}
+    names = {str(p.relative_to(src)) for p in Path(src).rglob("*")}
+    assert dest == "/home" and spec.workdir == "/home"
+    assert {"paper/paper.md", "paper/addendum.md", "paper/assets/table1.md", "submission"} <= names
+    assert not {n.rsplit("/", 1)[-1] for n in names} & {"rubric.json", "judge.addendum.md", "reference_submission"}
     assert "JUDGE-ONLY" not in t.instruction
 
 

@@ -8,7 +8,8 @@ submission, the reference solution of ``tasks check``). One task per paper.
 
 The agent's sandbox gets the paper's public files at ``/home/paper`` (paper, addendum,
 blacklist, config, assets: never ``rubric.json`` or ``judge.addendum.md``, which stay in
-the task's metadata on the host) and works in ``/home/submission``. Grading
+the task's metadata on the host) and writes its submission in ``/home/submission``
+(the sandbox's workspace is ``/home``). Grading
 (:class:`PaperBenchFormat.verify`) runs after the agent's processes are dead, in the
 fresh grading sandbox the executor opens on the workspace: the submission is read there
 (:func:`.judge.read_submission`), each leaf of the grading plan (:func:`.rubric.select`:
@@ -40,6 +41,7 @@ from milo_ray.core.tasks import Grader, Task, Verdict
 from milo_ray.harness.model import Harness
 from milo_ray.harness.seeds import load_seeds
 
+HOME = "/home"
 PAPER = "/home/paper"
 # What the agent may read; everything else in the paper directory is the grader's.
 PUBLIC = ("paper.md", "paper.pdf", "addendum.md", "blacklist.txt", "config.yaml", "assets")
@@ -49,7 +51,7 @@ GRADE_S_PER_LEAF = 120.0
 
 INSTRUCTION = """Replicate the research paper in {paper}: the paper is {paper}/paper.md (or paper.pdf), with \
 clarifications in {paper}/addendum.md and any files it refers to in {paper}/assets/. Write your replication as a \
-git repository in {submission} (your working directory), with a reproduce.sh at its root that reproduces the \
+git repository in {submission}, with a reproduce.sh at its root that reproduces the \
 paper's results when run from there. Your submission is graded against a rubric of the paper's \
 contributions.{codedev} Do not use the resources listed in {paper}/blacklist.txt (the paper's own code)."""
 
@@ -136,7 +138,9 @@ class PaperBenchBenchmark(SplitTasks):
                       max_leaves=self.options["max_leaves"], seed=d.name)
         if plan.tree is None:
             raise ValueError(f"rubric.json: no leaf of the categories mode={self.options['mode']} grades")
-        public = {name: d / name for name in PUBLIC if (d / name).exists()}
+        # The agent's /home: the paper's public files and an empty submission directory.
+        public = {f"paper/{name}": d / name for name in PUBLIC if (d / name).exists()}
+        public["submission"] = _empty_dir()
         ref = d / REFERENCE
         text = lambda name: (d / name).read_text(errors="replace") if (d / name).is_file() else ""  # noqa: E731
         return {"format": "paperbench", "paper_id": d.name, "rubric": rubric, **self.options,
@@ -172,9 +176,11 @@ class PaperBenchFormat:
 
     def sandbox_spec(self, task: Task) -> SandboxSpec:
         meta = task.metadata
-        return SandboxSpec(task_id=task.task_id, workdir=SUBMISSION, allow_internet=False,
+        # The workspace is /home (paper/ and submission/): a sandbox's copies go under its
+        # writable directories, and grading moves the whole workspace to a fresh sandbox.
+        return SandboxSpec(task_id=task.task_id, workdir=HOME, allow_internet=False,
                            memory_mb=int(meta.get("memory_mb", 4096)),
-                           copy_in=((str(meta["files"].local_path()), PAPER),))
+                           copy_in=((str(meta["files"].local_path()), HOME),))
 
     def verify(self, task: Task, sandbox: Sandbox, grader: Grader | None = None) -> Verdict:
         began = time.monotonic()
@@ -212,3 +218,15 @@ class PaperBenchFormat:
 
 
 PAPERBENCH = PaperBenchFormat()
+
+
+def _empty_dir() -> Path:
+    import tempfile
+
+    global _EMPTY
+    if _EMPTY is None or not _EMPTY.is_dir():
+        _EMPTY = Path(tempfile.mkdtemp(prefix="milo-paperbench-empty-"))
+    return _EMPTY
+
+
+_EMPTY: Path | None = None
