@@ -19,6 +19,7 @@ holds the run directories (:mod:`.placement`), and the summary checks each job's
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shlex
@@ -57,6 +58,16 @@ def cluster_cpus(dashboard_url: str, *, wait_s: float = _NODES_WAIT_S) -> float:
         if cpus > 0 or time.monotonic() > deadline:
             return cpus
         time.sleep(1.0)
+
+
+def sweep_budget_overrides(max_usd: float | None, sweep_dir: Path) -> list[str]:
+    """The run settings that make a job charge the sweep's shared ledger (``hydra.launcher.
+    max_usd``): its name, from the sweep directory (so a sweep launched again into it keeps
+    counting on the same ledger), and the cap. None: no overrides."""
+    if max_usd is None:
+        return []
+    ledger = "sweep-" + hashlib.sha256(str(sweep_dir).encode()).hexdigest()[:16]
+    return [f"run.budget.sweep.ledger={ledger}", f"run.budget.sweep.cost_usd={float(max_usd)!r}"]
 
 
 def entrypoint(python: str, overrides: Sequence[str], cwd: str | None) -> str:
@@ -137,7 +148,8 @@ class SweepLauncher:
         specs = []
         for p in points:
             run_dir = str(sweep_dir / str(p.num))
-            command = entrypoint(python, job_overrides(p, run_dir), os.getcwd() if local else None)
+            command = entrypoint(python, [*job_overrides(p, run_dir), *sweep_budget_overrides(s.max_usd, sweep_dir)],
+                                 os.getcwd() if local else None)
             specs.append(JobSpec(num=p.num, overrides=p.overrides, run_dir=run_dir, entrypoint=command))
         selector, node = placement.driver_selector(
             placement.cluster_nodes(url) if s.driver_node == "auto" else [], driver_node=s.driver_node,

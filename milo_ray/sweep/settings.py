@@ -51,6 +51,11 @@ class RayJobsLauncherConf:
         Ray on this machine, ``python`` on a cluster.
     poll_s: seconds between status polls of the running jobs.
     log_tail_lines: lines of a failed job's log in its summary row.
+    max_usd: the sweep's spend cap in USD, every job's metered model calls together: each
+        job is handed ``run.budget.sweep`` (a ledger named by the sweep directory, shared by
+        all its jobs, that their gateways reserve on and charge); at the cap every job stops
+        as at its own budget (resumable), and the summary names the jobs it stopped. Null:
+        no cap beyond each job's own ``run.budget``.
     """
 
     _target_: str = LAUNCHER_TARGET
@@ -63,6 +68,7 @@ class RayJobsLauncherConf:
     python: Optional[str] = None
     poll_s: float = 2.0
     log_tail_lines: int = 20
+    max_usd: Optional[float] = None
 
 
 # Mappings whose keys are the user's (Ray resource names, runtime_env fields): open to new
@@ -95,6 +101,7 @@ class LauncherSettings:
     poll_s: float
     log_tail_lines: int
     driver_node: str = "auto"
+    max_usd: float | None = None
 
 
 # Variable names that hold secrets by convention; values that look like provider keys.
@@ -147,10 +154,14 @@ def settings_from(node: Any) -> LauncherSettings:
                         "(Ray Jobs are submitted to the dashboard, not to ray:// or the GCS port); "
                         "null runs the jobs on a Ray on this machine")
     check_runtime_env(raw.get("runtime_env"))
+    max_usd = raw.get("max_usd")
+    if max_usd is not None and (isinstance(max_usd, bool) or not isinstance(max_usd, (int, float))
+                                or not math.isfinite(max_usd) or max_usd <= 0):
+        raise UserError(f"hydra.launcher.max_usd={max_usd}: must be a number of USD > 0 (or null: no sweep cap)")
     return LauncherSettings(address=address, max_concurrent=max_concurrent, entrypoint_num_cpus=cpus,
                             entrypoint_resources={k: float(v) for k, v in resources.items()} if resources else None,
                             runtime_env=raw.get("runtime_env") or None, python=raw.get("python"),
-                            driver_node=driver_node,
+                            driver_node=driver_node, max_usd=None if max_usd is None else float(max_usd),
                             poll_s=float(raw["poll_s"]), log_tail_lines=int(raw["log_tail_lines"]))
 
 
