@@ -1,0 +1,86 @@
+"""A PaperBench rollout for real: a harness in a bwrap sandbox looks for the rubric and the
+judge's addendum everywhere it can read, leaves a submission, and is graded through the
+scripted grader after its processes are dead; and ``tasks check`` on the fixture."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import pytest
+
+from milo_ray.benchmarks.paperbench import PaperBenchBenchmark
+from milo_ray.execution.agent_executor import AgentExecutor
+from milo_ray.harness.model import Harness
+
+pytestmark = [pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap is not installed"),
+              pytest.mark.slow]  # a cold harness process in a sandbox, a grading sandbox
+
+PAPERS = Path(__file__).parents[1] / "fixtures" / "paperbench" / "papers"
+REPO = Path(__file__).resolve().parents[2]
+KEY_ENV = "MILO_PAPERBENCH_TEST_KEY"
+
+PROBE = '''
+import json, os, subprocess
+from langchain_core.messages import AIMessage, HumanMessage
+
+# Split so that this file itself does not hold them: the judge's note and a rubric leaf's id.
+SECRETS = ("JUDGE" + "-ONLY NOTE", "impl" + "-mask")
+
+
+def build_agent(model, backend):
+    class Probe:
+        async def astream(self, inputs, config=None, stream_mode=None):
+            seen = sorted(os.listdir("/home/paper"))
+            hits = subprocess.run(
+                "timeout 120 grep -rIl --exclude-dir=proc --exclude-dir=sys --exclude-dir=dev "
+                + " ".join("-e '" + s + "'" for s in SECRETS) + " / 2>/dev/null | head -20",
+                shell=True, capture_output=True, text=True).stdout.split()
+            os.makedirs("/home/submission", exist_ok=True)
+            with open("/home/submission/attention.py", "w") as f:
+                f.write("def scaled_dot_product(q, k, v):\\n    return q\\n")
+            with open("/home/submission/probe.json", "w") as f:
+                json.dump({"paper": seen, "hits": hits}, f)
+            yield {"messages": [HumanMessage(content="go"), AIMessage(content="PROBE " + json.dumps(hits))]}
+    return Probe()
+'''
+
+
+def test_the_harness_cannot_read_the_rubric_or_judge_addendum_and_grading_is_the_graders(tmp_path):
+    os.environ[KEY_ENV] = "sk-unused-" + uuid.uuid4().hex
+    bench = PaperBenchBenchmark(str(PAPERS), splits={"search": 1})
+    task = bench.tasks("search")[0]
+    ex = AgentExecutor(model={"solver": "openai/none", "api_base": "http://127.0.0.1:9/v1", "api_key_env": KEY_ENV,
+                              "max_retries": 0},
+                       sandbox={"_target_": "milo_ray.boundary.sandbox.bwrap.BwrapSandboxFactory"},
+                       scratch_dir=str(tmp_path), grader={"scripted": True, "max_calls": 10})
+    assert ex.unsupported_tasks([task]) == []
+    res = asyncio.run(ex.aexecute(Harness.from_source(PROBE, name="probe"), task, 0, 0))
+    steps = json.dumps(res.trace["trajectory"], default=str)
+    assert "PROBE []" in steps, steps[-2000:]  # nothing it could read names the rubric or the judge's notes
+    verifier = res.trace["verifier"]["details"]
+    # What it left was graded: scaled_dot_product is there, causal_mask is not (weights 2 and 1).
+    assert res.score == pytest.approx(2 / 3) and res.error_kind is None
+    assert verifier["plan"]["leaves_graded"] == 2 and verifier["submission"]["files"] == 2
+    grader = res.trace["grader"]
+    assert len(grader["calls"]) == 2 and all(c["model"] == "scripted-grader" for c in grader["calls"])
+    # The grader's tokens are not the solver's: the harness made no model call.
+    assert res.input_tokens == 0 and res.output_tokens == 0 and res.trace["trajectory"]["calls"] == []
+
+
+def test_tasks_check_gives_the_fixture_a_verdict(tmp_path):
+    env = {**os.environ, "RAY_TMPDIR": os.environ.get("RAY_TMPDIR", str(tmp_path / "ray"))}
+    out = subprocess.run([sys.executable, "-m", "milo_ray.tasks", "check", str(PAPERS), "executor.grader.scripted=true",
+                          "sandbox=bwrap", "--out", str(tmp_path / "check")], capture_output=True, text=True,
+                         cwd=REPO, env=env, timeout=600)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    assert "the reference solution scores 1, doing nothing 0" in (tmp_path / "check" / "verdicts.md").read_text()
+    refused = subprocess.run([sys.executable, "-m", "milo_ray.tasks", "check", str(PAPERS)], capture_output=True,
+                             text=True, cwd=REPO, env=env, timeout=600)
+    assert refused.returncode == 2 and "executor.grader" in refused.stderr
