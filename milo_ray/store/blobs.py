@@ -46,7 +46,19 @@ def encode(data: bytes | str | dict | list) -> tuple[str, bytes]:
     else:
         raise TypeError(f"blobs hold bytes, str, dict or list, not {type(data).__name__}")
     ref = hashlib.sha256(plain).hexdigest()
-    return ref, zstandard.ZstdCompressor(level=_LEVEL).compress(plain)
+    return ref, _compressor().compress(plain)
+
+
+_PER_THREAD = threading.local()
+
+
+def _compressor() -> zstandard.ZstdCompressor:
+    # Making a compressor costs about as much as compressing a trace; one per thread,
+    # because a ZstdCompressor must not be used by two threads at once.
+    c = getattr(_PER_THREAD, "zstd", None)
+    if c is None:
+        c = _PER_THREAD.zstd = zstandard.ZstdCompressor(level=_LEVEL)
+    return c
 
 
 def decode(compressed: bytes, ref: str | None = None) -> Any:

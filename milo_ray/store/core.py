@@ -65,9 +65,15 @@ class StoreCore(abc.ABC):
         self._listeners: list[Any] = []
 
     # ---- persistence hooks ------------------------------------------------------------
+    def _convert(self, table: str, rows: list[Any]) -> "pa.Table | schema.Columns":
+        """Validate rows into what ``_ingest`` keeps (``ValueError`` naming the column for a
+        bad one). An Arrow table here; a backend that buffers rows may keep
+        :class:`schema.Columns` and build one table per file."""
+        return schema.to_table(table, rows)
+
     @abc.abstractmethod
-    def _ingest(self, table: str, data: pa.Table) -> None:
-        """Keep validated rows (called with the lock held)."""
+    def _ingest(self, table: str, data: "pa.Table | schema.Columns") -> None:
+        """Keep validated rows (called with the lock held): what ``_convert`` returned."""
         ...
 
     @abc.abstractmethod
@@ -123,12 +129,12 @@ class StoreCore(abc.ABC):
                     for i, r in enumerate(rows)
                 ]
             try:
-                data = schema.to_table(table, rows)
+                data = self._convert(table, rows)
             except _UNENCODABLE as exc:
                 if replace_unencodable is None:
                     raise
                 rows = self._replace_unencodable(table, rows, replace_unencodable, exc)
-                data = schema.to_table(table, rows)
+                data = self._convert(table, rows)
             try:
                 self._ingest(table, data)
             finally:
@@ -137,7 +143,7 @@ class StoreCore(abc.ABC):
                 if table == "events":
                     self._next_seq += len(rows)
                 elif table == "rollouts":
-                    self._note_rollouts(data)
+                    self._note_rollouts(rows)
             self._notify(table, rows)
 
     def _prepare(self, table: str, rows: list[Any]) -> list[Any]:
@@ -183,9 +189,12 @@ class StoreCore(abc.ABC):
             except Exception:
                 logging.getLogger(__name__).exception("store listener %r failed on a %s append", fn, table)
 
-    def _note_rollouts(self, data: pa.Table) -> None:
-        for key, kind in zip(data["cache_key"].to_pylist(), data["error_kind"].to_pylist()):
-            if key and kind != "infra":
+    def _note_rollouts(self, rows: list[dict[str, Any]]) -> None:
+        # The validated rows, not the table: reading columns back from Arrow on every
+        # one-row append cost more than the rest of the bookkeeping.
+        for r in rows:
+            key = r.get("cache_key")
+            if key and r.get("error_kind") != "infra":
                 self._completed.add(key)
 
     def append_rollouts(self, results: Iterable[RolloutResult]) -> None:

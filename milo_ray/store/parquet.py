@@ -128,7 +128,8 @@ class ParquetRunStore(StoreCore):
         # Per table, one tuple replaced as a whole (so an interrupt never leaves it half
         # updated): (buffered chunks, in-flight flush or None). An in-flight flush is
         # (part path, chunks sent to it): those rows are stored iff the path exists.
-        self._buf: dict[str, tuple[tuple[pa.Table, ...], tuple[Path, tuple[pa.Table, ...]] | None]] = {
+        # Chunks are schema.Columns (validated rows) or pa.Table (a buffer already built by a read).
+        self._buf: dict[str, tuple[tuple[Any, ...], tuple[Path, tuple[Any, ...]] | None]] = {
             t: ((), None) for t in schema.SCHEMAS
         }
         self._buffered: dict[str, int] = {t: 0 for t in schema.SCHEMAS}
@@ -326,7 +327,12 @@ class ParquetRunStore(StoreCore):
         fsync_dir(d)
 
     # ---- hooks ------------------------------------------------------------------------
-    def _ingest(self, table: str, data: pa.Table) -> None:
+    def _convert(self, table: str, rows: list[Any]) -> schema.Columns:
+        # Validated now, built into Arrow once per part file (or read): a one-row table
+        # costs as much to build as a few hundred rows of a large one.
+        return schema.to_columns(table, rows)
+
+    def _ingest(self, table: str, data: schema.Columns) -> None:
         chunks, inflight = self._buf[table]
         self._buf[table] = (chunks + (data,), inflight)
         self._buffered[table] += data.num_rows
@@ -342,7 +348,7 @@ class ParquetRunStore(StoreCore):
         since = self._since[table]
         return self.flush_seconds is not None and since is not None and now - since >= self.flush_seconds
 
-    def _settle(self, table: str) -> tuple[pa.Table, ...]:
+    def _settle(self, table: str) -> tuple[Any, ...]:
         """Resolve an interrupted flush and return the buffered chunks. The rows sent to
         an in-flight part are stored iff that part was renamed into place; otherwise they
         go back in front of the buffer. Idempotent: the state changes in one assignment."""
@@ -372,7 +378,7 @@ class ParquetRunStore(StoreCore):
         self._buffered[table] = 0
         self._since[table] = None
         try:
-            self._write_part(table, pa.concat_tables(chunks), path=path)
+            self._write_part(table, schema.build(table, chunks), path=path)
         finally:
             self._settle(table)
 
@@ -402,7 +408,7 @@ class ParquetRunStore(StoreCore):
         if files:
             pieces.append(_read_parts(table, files, filter=filter, columns=columns))
         if buffered:
-            b = pa.concat_tables(buffered).combine_chunks()
+            b = schema.build(table, buffered).combine_chunks()
             if len(buffered) > 1:  # many one-row appends: merge once so later reads stay fast
                 self._buf[table] = ((b,), None)  # the writer's _scan settled the buffer
             b = b if filter is None else b.filter(filter)

@@ -229,9 +229,83 @@ def _coerce(table: str, col: Column, value: Any) -> Any:
 
 def to_table(table: str, rows: Iterable[dict[str, Any]]) -> pa.Table:
     """Validate ``rows`` (dicts) against ``table``'s spec and return them as a pa.Table."""
+    return to_columns(table, rows).table()
+
+
+class Columns:
+    """Validated rows of one table as column lists, not yet an Arrow table: building a
+    table costs ~100 us however few rows it holds, so a writer that buffers one-row
+    appends keeps these and builds one table per part file (:func:`build`).
+    ``to_columns`` checks every value the Arrow conversion could refuse, so building
+    never fails on a value that was accepted."""
+
+    __slots__ = ("name", "values", "num_rows")
+
+    def __init__(self, name: str, values: dict[str, list[Any]], num_rows: int):
+        self.name, self.values, self.num_rows = name, values, num_rows
+
+    def table(self) -> pa.Table:
+        return build(self.name, [self])
+
+
+def build(table: str, chunks: Iterable["Columns | pa.Table"]) -> pa.Table:
+    """One Arrow table of ``table``'s schema from validated chunks, in order."""
+    cols = COLUMNS[table]
+    pieces: list[pa.Table] = []
+    pending: dict[str, list[Any]] | None = None
+
+    def close_pending() -> None:
+        if pending is not None:
+            pieces.append(pa.Table.from_arrays([pa.array(pending[n], type=c.type) for n, c in cols.items()],
+                                               schema=SCHEMAS[table]))
+
+    for chunk in chunks:
+        if isinstance(chunk, Columns):
+            if pending is None:
+                pending = {n: list(v) for n, v in chunk.values.items()}
+            else:
+                for n, v in chunk.values.items():
+                    pending[n].extend(v)
+        else:
+            close_pending()
+            pending = None
+            pieces.append(chunk)
+    close_pending()
+    if not pieces:
+        return SCHEMAS[table].empty_table()
+    return pieces[0] if len(pieces) == 1 else pa.concat_tables(pieces)
+
+
+def _convertible(col: Column, value: Any) -> bool:
+    """True when the Arrow conversion surely accepts ``value`` (already coerced) for
+    ``col``: the common cases, checked in Python; anything else is converted on its own
+    to find out (``_arrow_check``)."""
+    if value is None:
+        return True
+    t = col.type
+    if t == STR:  # a lone surrogate cannot be encoded (the check is cheap for ASCII)
+        return value.isascii()
+    if t == I64:
+        return -(1 << 63) <= value < (1 << 63)
+    if t == F64:
+        return type(value) is float or (type(value) is int and -(1 << 53) <= value <= (1 << 53))
+    return t == BOOL
+
+
+def _arrow_check(table: str, name: str, col: Column, value: Any) -> None:
+    try:
+        pa.array([value], type=col.type)
+    except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, OverflowError) as e:
+        raise ValueError(f"{table}.{name}: cannot store values as {col.type}: {e}") from None
+
+
+def to_columns(table: str, rows: Iterable[dict[str, Any]]) -> Columns:
+    """Validate ``rows`` (dicts) against ``table``'s spec (the errors ``to_table`` gives)
+    and return them as :class:`Columns`."""
     check_table(table)
     cols = COLUMNS[table]
     values: dict[str, list[Any]] = {name: [] for name in cols}
+    n = 0
     for i, row in enumerate(rows):
         if not isinstance(row, dict):
             raise ValueError(f"{table} row {i}: rows are dicts, got {type(row).__name__}")
@@ -245,14 +319,11 @@ def to_table(table: str, rows: Iterable[dict[str, Any]]) -> pa.Table:
             v = _coerce(table, col, row.get(name))
             if v is None and col.required:
                 raise ValueError(f"{table}.{name}: required column is missing or null (row {i})")
+            if not _convertible(col, v):
+                _arrow_check(table, name, col, v)
             values[name].append(v)
-    arrays = []
-    for name, col in cols.items():
-        try:
-            arrays.append(pa.array(values[name], type=col.type))
-        except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, OverflowError) as e:
-            raise ValueError(f"{table}.{name}: cannot store values as {col.type}: {e}") from None
-    return pa.Table.from_arrays(arrays, schema=SCHEMAS[table])
+        n += 1
+    return Columns(table, values, n)
 
 
 def empty_table(table: str) -> pa.Table:

@@ -259,3 +259,30 @@ def test_blobs_are_made_durable_before_the_rows_that_reference_them(store, monke
     assert seen[0] == (3, 0)  # three blobs synced while no rollouts part existed yet
     assert not store._blobs._unsynced
     assert len(parts(store.root, "rollouts")) == 1
+
+
+def test_a_value_arrow_would_refuse_rejects_its_append_not_a_later_flush(store):
+    # The store buffers validated rows and builds the Arrow table once per part file, so
+    # every value Arrow could refuse must be refused when it is appended: a refusal at the
+    # flush would take the other rows of the part with it.
+    store.append_rollouts([make_result(0)])
+    bad = make_result(1).row()
+    bad["score"] = 2 ** 60  # an int a double cannot hold exactly
+    with pytest.raises(ValueError, match=r"rollouts\.score"):
+        store.append("rollouts", [bad])
+    with pytest.raises(ValueError, match=r"harnesses\.fitness"):
+        store.append("harnesses", [{"harness_id": "h", "fitness": ["not a number"]}])
+    store.append_rollouts([make_result(2)])
+    store.flush()
+    assert sorted(store.read("rollouts")["rollout_idx"].to_pylist()) == [0, 2]
+    assert store.read("harnesses").num_rows == 0
+
+
+def test_buffered_one_row_appends_make_one_part_with_every_row_in_order(tmp_path):
+    with ParquetRunStore(tmp_path / "run", flush_rows=1000, flush_seconds=None) as s:
+        for i in range(30):
+            s.append_rollouts([make_result(i)])
+        assert s.read("rollouts")["rollout_idx"].to_pylist() == list(range(30))  # read from the buffer
+        s.append_rollouts([make_result(30)])  # after a read built the buffer into a table
+    assert len(parts(tmp_path / "run", "rollouts")) == 1
+    assert open_run(tmp_path / "run").read("rollouts")["rollout_idx"].to_pylist() == list(range(31))
