@@ -963,6 +963,45 @@ MUTATIONS: tuple[Mutation, ...] = (
         ("tests/report/test_report_fits.py::test_the_comparison_page_shows_every_metric_column_at_1400_px",),
         "a long stop reason pushes the comparison page's metric columns out of a 1,400-pixel window",
     ),
+    Mutation(
+        "bind-source-writable-volume", "milo_ray/boundary/sandbox/bwrap.py",
+        "open_volume(spec, scratch, own=factory.own_volume)", "open_volume(spec, scratch)",
+        ("tests/security/test_bind_sources.py::test_no_bind_source_names_a_host_path_of_the_rollout",),
+        "a sandbox's writable directories are bound from the rollout's scratch: its mount table names a host path",
+    ),
+    Mutation(
+        "bind-source-gateway-dir", "milo_ray/boundary/harness_process/host.py",
+        "where = neutral.fresh_dir(\"r\")", "where = None",
+        ("tests/security/test_bind_sources.py::test_no_bind_source_names_a_host_path_of_the_rollout",),
+        "the harness and gateway directories are bound from the scratch: the mount table names it",
+    ),
+    Mutation(
+        "bind-source-code-copy", "milo_ray/boundary/sandbox/runtime_code.py",
+        "    if neutral_root is None:\n", "    if True:\n",
+        ("tests/security/test_bind_sources.py::test_no_bind_source_names_a_host_path_of_the_rollout",),
+        "the package's code copy is bound from a host temporary directory",
+    ),
+    Mutation(
+        "account-limiter-per-run", "milo_ray/llm/rate_limit.py",
+        'handle = remote.options(name=actor_name(account), namespace=CLUSTER_NAMESPACE, lifetime="detached",',
+        'handle = remote.options(name=actor_name(account), lifetime="detached",',
+        ("tests/llm/test_account_rate_limit.py::test_two_runs_on_one_account_together_keep_its_rpm",),
+        "each run gets its own limiter: a sweep sends its runs' count times the account's rpm",
+    ),
+    Mutation(
+        "run-budget-no-wait-for-calls-in-flight", "milo_ray/boundary/gateway/run_budget.py",
+        "            if not fits and self._open:", "            if False and not fits and self._open:",
+        ("tests/execution/test_sweep_spend.py::test_parallel_calls_wait_rather_than_together_pass_the_usd_cap",
+         "tests/execution/test_sweep_spend.py::test_a_sweep_cap_stops_both_jobs_within_one_call_of_it"),
+        "parallel calls pass the USD cap together",
+    ),
+    Mutation(
+        "sweep-ledger-never-charged", "milo_ray/execution/spend.py",
+        "        counters = [c for c in (self.counter, self.sweep_ledger) if c is not None]",
+        "        counters = [c for c in (self.counter,) if c is not None]",
+        ("tests/execution/test_sweep_spend.py::test_two_jobs_stop_at_the_sweep_cap_with_the_sweeps_reason",),
+        "the sweep's spend cap stops no job",
+    ),
 )
 
 
