@@ -54,9 +54,9 @@ p.error { background:#fff5f5; border-left: 3px solid #e53e3e; padding: 8px 12px;
 .table-wrap { overflow-x: auto; margin: 6px 0 14px; }
 table { border-collapse: collapse; font-size: 12.5px; min-width: 50%; }
 caption { text-align: left; color: var(--muted); padding-bottom: 4px; caption-side: top; }
-th { text-align: left; font-weight: 600; border-bottom: 2px solid #bcccdc; padding: 6px 8px; white-space: nowrap;
+th { text-align: left; font-weight: 600; border-bottom: 2px solid #bcccdc; padding: 6px 5px; white-space: nowrap;
      background: var(--panel); }
-td { border-bottom: 1px solid var(--line); padding: 4px 8px; white-space: nowrap; }
+td { border-bottom: 1px solid var(--line); padding: 4px 5px; white-space: nowrap; }
 td.text { white-space: normal; min-width: 14ch; max-width: 34ch; overflow-wrap: anywhere; }
 td.num { text-align: right; font-variant-numeric: tabular-nums; }
 tbody tr:hover { background: #f0f4f8; }

@@ -55,10 +55,12 @@ def test_the_run_report_fits_1400_px(shared_runs, tmp_path):
 def _legend_collisions(fig) -> list[str]:
     """Texts of ``fig``'s legends that leave the figure or overlap another visible text (a
     node label, a tick label, a title), as drawn by Agg."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.text import Text
 
-    fig.canvas.draw()
-    renderer = fig.canvas.get_renderer()
+    canvas = FigureCanvasAgg(fig)  # the report draws with Agg too
+    canvas.draw()
+    renderer = canvas.get_renderer()
     page = fig.bbox
     legends = [lg for lg in [*fig.legends, *(ax.get_legend() for ax in fig.axes)] if lg is not None]
     legend_texts = [t for lg in legends for t in lg.get_texts() if t.get_visible() and t.get_text()]
