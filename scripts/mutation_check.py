@@ -1002,6 +1002,25 @@ MUTATIONS: tuple[Mutation, ...] = (
         ("tests/execution/test_sweep_spend.py::test_two_jobs_stop_at_the_sweep_cap_with_the_sweeps_reason",),
         "the sweep's spend cap stops no job",
     ),
+    Mutation(
+        "mutator-seats-fifo", "milo_ray/milo/mutator_pool.py",
+        "req = min(heads, key=lambda r: (held_by.get(r.key, 0), r.seq))", "req = min(heads, key=lambda r: r.seq)",
+        ("tests/milo/test_mutator_pool.py::test_a_key_with_fewer_seats_is_served_first_so_no_island_starves",
+         "tests/milo/test_mutator_pool_actor.py::test_two_runs_sharing_an_account_never_hold_more_than_its_seats_and_take_turns"),
+        "seats go first-come-first-served: an island or run with many queued mutations keeps every seat while another waits",
+    ),
+    Mutation(
+        "mutator-pool-restore-forgets-seats", "milo_ray/milo/mutator_pool_actor.py",
+        "await self.actor.restore.remote(events, list(self._held.values()))", "await self.actor.restore.remote(events, [])",
+        ("tests/milo/test_mutator_pool_actor.py::test_a_killed_pool_actor_is_restored_with_the_seats_its_driver_holds",),
+        "a replaced pool actor forgets the seats in use and runs more mutations than the account allows",
+    ),
+    Mutation(
+        "mutator-seats-key-reaches-constructor", "milo_ray/config/targets.py",
+        "{k: v for k, v in spec.items() if k != \"seats\"} if isinstance(spec, Mapping) else spec)", "spec)",
+        ("tests/milo/test_config.py::test_a_mutator_spec_may_declare_seats_and_bad_seats_are_refused_naming_the_key",),
+        "a spec with seats is refused as an unknown constructor keyword",
+    ),
 )
 
 
