@@ -102,6 +102,7 @@ class BlobDir:
         self.root = Path(root) / "blobs"
         self._unsynced: set[Path] = set()
         self._lock = threading.Lock()
+        self._made: set[str] = set()  # fan-out directories this object made or found
 
     def path(self, ref: str) -> Path:
         return self.root / ref[:2] / f"{ref}.zst"
@@ -110,10 +111,22 @@ class BlobDir:
         path = self.path(ref)
         if path.exists():  # content-addressed: an existing file already holds these bytes
             return
-        path.parent.mkdir(parents=True, exist_ok=True)
+        if ref[:2] not in self._made:  # 256 directories: made once, not per blob
+            path.parent.mkdir(parents=True, exist_ok=True)
+            self._made.add(ref[:2])
         tmp = path.parent / f".{path.name}.{uuid.uuid4().hex[:8]}.tmp"
         try:
-            tmp.write_bytes(compressed)
+            try:
+                fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+            except FileNotFoundError:  # its directory was removed since: make it again
+                path.parent.mkdir(parents=True, exist_ok=True)
+                fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+            try:
+                view = memoryview(compressed)
+                while view:
+                    view = view[os.write(fd, view):]
+            finally:
+                os.close(fd)
             os.replace(tmp, path)
         except BaseException as e:
             tmp.unlink(missing_ok=True)

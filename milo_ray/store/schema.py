@@ -288,7 +288,8 @@ def _convertible(col: Column, value: Any) -> bool:
     if t == I64:
         return -(1 << 63) <= value < (1 << 63)
     if t == F64:
-        return type(value) is float or (type(value) is int and -(1 << 53) <= value <= (1 << 53))
+        # numpy.float64 is a float; an int beyond 2**53 has no exact double (Arrow refuses it)
+        return isinstance(value, float) or (type(value) is int and -(1 << 53) <= value <= (1 << 53))
     return t == BOOL
 
 
