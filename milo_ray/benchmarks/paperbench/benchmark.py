@@ -98,6 +98,10 @@ class PaperBenchBenchmark(SplitTasks):
             raise ValueError(f"benchmark.context_chars={context_chars!r}: an integer >= 4000")
         if not isinstance(time_cap_s, (int, float)) or isinstance(time_cap_s, bool) or time_cap_s <= 0:
             raise ValueError(f"benchmark.time_cap_s={time_cap_s!r}: a positive number of seconds")
+        if isinstance(token_cap, bool) or not isinstance(token_cap, int) or token_cap <= 0:
+            raise ValueError(f"benchmark.token_cap={token_cap!r}: a positive integer (the agent's tokens per paper)")
+        if isinstance(memory_mb, bool) or not isinstance(memory_mb, int) or memory_mb < 256:
+            raise ValueError(f"benchmark.memory_mb={memory_mb!r}: an integer >= 256 (the sandbox's memory in MB)")
         self.root = root.resolve()
         self.name = f"paperbench:{self.root.name}"
         self.options = {"mode": mode, "judge_failures": judge_failures, "max_leaves": max_leaves,
