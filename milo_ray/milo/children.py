@@ -11,7 +11,6 @@ Mutation children and graft children go through the same :func:`admit_child`.
 from __future__ import annotations
 
 import shutil
-from pathlib import Path
 from typing import Any
 
 from milo_ray.agents.protocols import MutationRequest
@@ -22,7 +21,7 @@ from milo_ray.milo.events import HeldOut
 from milo_ray.milo.island import Island
 from milo_ray.milo.island_actor import ask
 from milo_ray.milo.lineage import LineageNode
-from milo_ray.milo.records import build_node, record_node
+from milo_ray.milo.records import build_node, node_files, record_node
 from milo_ray.milo.view import PopulationView
 from milo_ray.search.mutation import MutationOutcome
 
@@ -78,10 +77,11 @@ def mutation_request(run: PopulationView, j: int, r: int, parent: LineageNode, m
     memory_path = workdir.parent / f"round-{r}.memory.md"
     memory_path.write_text(memory_md)
     agentic = cfg.mutator_mode == "agentic"
-    evidence = (Path(parent.evidence_path) if agentic and parent.evidence_path
-                else empty_dir(workdir.parent / "no-evidence"))
+    parent_dir, evidence = node_files(run, parent)
+    if not (agentic and evidence):
+        evidence = empty_dir(workdir.parent / "no-evidence")
     req = MutationRequest(
-        parent=run.harness(parent), parent_dir=Path(parent.harness_path).parent, evidence_dir=evidence,
+        parent=run.harness(parent), parent_dir=parent_dir, evidence_dir=evidence,
         memory_markdown=memory_md, workdir=workdir, seed=derive_seed(run.ctx.seed, "mutate", j, r),
         context={"mode": cfg.mutator_mode, "memory": cfg.memory_strategy.name, "island": j, "round": r,
                  "parent_node": parent.node_id, "parent_accuracy": parent.accuracy, "parent_costs": parent.costs,

@@ -34,14 +34,14 @@ from milo_ray.harness.model import Harness
 from milo_ray.kernels.pareto import most_dissimilar
 from milo_ray.milo.children import admit_child, eval_search, heldout, mutation_request
 from milo_ray.milo.config import MiloConfig
-from milo_ray.milo.events import MILO_EVENTS, Init, Progress, RoleBudget, SeedScore, Step, Stopped
+from milo_ray.milo.events import MILO_EVENTS, Init, NodeRecorded, Progress, RoleBudget, SeedScore, Step, Stopped
 from milo_ray.milo.island import Island, RoundPlan
 from milo_ray.milo.island_actor import ask, island_actors, node_of
 from milo_ray.milo.lineage import LineageNode
 from milo_ray.milo.mutator_pool import MutatorPool
 from milo_ray.milo.mutator_pool_actor import MutatorPoolActor, PoolRef
 from milo_ray.milo.plugin import PLUGIN
-from milo_ray.milo.records import build_node, node_row_key, record_node, write_missing_rows
+from milo_ray.milo.records import build_node, node_row_key, rebased, record_node, write_missing_rows
 from milo_ray.milo.state import MiloState
 from milo_ray.search.agent_calls import spec_model
 from milo_ray.search.events import Event, EventLog
@@ -151,7 +151,9 @@ class MiloRun:
         if not any(isinstance(e, Init) for e in events):
             return False
         for e in events:
-            self._apply(e)
+            # Recorded paths name the directory the run was recorded in (another machine's,
+            # or before a move): the nodes are applied with paths under this run directory.
+            self._apply(NodeRecorded(rebased(self.run_dir, e.node)) if isinstance(e, NodeRecorded) else e)
         return True
 
     # ------------------------------------------------------------------ services (PopulationView)

@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, ClassVar, Protocol
 
 from milo_ray.agents.protocols import MutationRequest
@@ -24,6 +23,7 @@ from milo_ray.milo.events import CurriculumChanged, IslandFounded, MoveFailed, P
 from milo_ray.milo.island import Island
 from milo_ray.milo.island_actor import ask, node_of
 from milo_ray.milo.lineage import LineageNode
+from milo_ray.milo.records import node_files
 from milo_ray.milo.view import PopulationView
 from milo_ray.search.agent_calls import spec_model
 from milo_ray.search.mutation import MutationOutcome, run_mutation_async
@@ -165,12 +165,14 @@ class GraftMove:
         rejected child, never a crash."""
         wd = run.run_dir / "workspace" / "mutations" / "graft" / f"{decision_id}-{index}"
         wd.mkdir(parents=True, exist_ok=True)
+        a_dir, a_evidence = node_files(run, a)
+        b_dir, _ = node_files(run, b)
         req = MutationRequest(
-            parent=run.harness(a), parent_dir=Path(a.harness_path).parent,
-            evidence_dir=Path(a.evidence_path) if a.evidence_path else wd, memory_markdown="", workdir=wd,
+            parent=run.harness(a), parent_dir=a_dir,
+            evidence_dir=a_evidence or wd, memory_markdown="", workdir=wd,
             seed=derive_seed(run.ctx.seed, "graft", decision_id, index),
             context={"mode": "graft", "node_id": f"{decision_id}-g{index}", "co_parent_source": run.harness(b).source,
-                     "co_parent_dir": str(Path(b.harness_path).parent), "donor_island": self.donor_island,
+                     "co_parent_dir": str(b_dir), "donor_island": self.donor_island,
                      "dest_island": self.dest_island,
                      "diagnosis": run.state.decisions[decision_id].decision["diagnosis"], "why": self.why},
         )

@@ -8,6 +8,12 @@ without an island), which the run's :class:`~milo_ray.search.recording.HarnessRe
 (``run.harness_rows``, the one writer of ``harnesses`` rows) stores each row under.
 The ``milo.node`` event is the record; the ``harnesses`` row is written after it, so a
 kill in between leaves a row :func:`write_missing_rows` adds on resume (once).
+
+A node's on-disk files live under the run's ``workspace/``, which the store does not
+hold (a run resumed from a bucket, or moved to another directory, has none of it, and
+its events name the old absolute paths): :func:`rebased` points a recorded node's
+paths at the current run directory, and :func:`node_files` rewrites a node's harness
+directory (from its source blob) and evidence (from its stored rollouts) before use.
 """
 
 from __future__ import annotations
@@ -15,11 +21,14 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
+from milo_ray.core.rollouts import cache_key
 from milo_ray.harness.diff import diff
 from milo_ray.harness.model import Harness
-from milo_ray.milo.evaluate import Evaluation, write_evidence, write_harness_dir
+from milo_ray.milo.evaluate import Evaluation, harness_dir, write_evidence, write_harness_dir
 from milo_ray.milo.events import NodeRecorded
 from milo_ray.milo.island import Island
 from milo_ray.milo.island_actor import ask
@@ -53,6 +62,40 @@ def build_node(run: PopulationView, *, node_id: str, h: Harness | None, island: 
             raise ValueError(f"LineageNode has no field {k!r}")
         setattr(n, k, v)
     return n
+
+
+def rebased(run_dir: Path, node: LineageNode) -> LineageNode:
+    """``node`` with its recorded paths under ``run_dir``. A node's files always sit in
+    its harness's directory (``harness.py``, its diff file, ``evidence/``), so the new
+    path follows from the harness id and the old file name, whatever directory the run
+    was recorded in."""
+    if not node.harness_id:
+        return node
+    d = harness_dir(run_dir, node.harness_id)
+    return replace(node, harness_path=str(d / Path(node.harness_path).name) if node.harness_path else None,
+                   diff_path=str(d / Path(node.diff_path).name) if node.diff_path else None,
+                   evidence_path=str(d / "evidence") if node.evidence_path else None)
+
+
+def node_files(run: PopulationView, node: LineageNode) -> tuple[Path, Path | None]:
+    """(harness directory, evidence directory or None) of a recorded node under the current
+    run directory, rewritten first when missing: the harness from its source blob, the
+    evidence from the node's stored search rollouts (the tasks of its latest evaluation,
+    ``k_search`` each; the rollouts are read, never run again)."""
+    h = run.harness(node)
+    d = harness_dir(run.run_dir, node.harness_id)
+    if not (d / "harness.py").is_file():
+        h.write_to(d)
+    if not node.evidence_path:
+        return d, None
+    ev_dir = d / "evidence"
+    if not ev_dir.is_dir():
+        ctx, tasks = run.ctx, list(node.behavior or {})
+        keys = [cache_key(h.harness_id, t, i, ctx.model_id, ctx.seed)
+                for t in tasks for i in range(int(run.cfg.k_search))]
+        results = list(ctx.store.get_rollouts(keys).values())
+        write_evidence(run.run_dir, h, results, [ctx.benchmark.task(t) for t in tasks], ctx.store)
+    return d, ev_dir
 
 
 def record_node(run: PopulationView, node: LineageNode) -> None:
