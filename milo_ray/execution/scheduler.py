@@ -399,10 +399,11 @@ class RolloutScheduler:
             batches: dict[str, list[_Job]] = {}
             dropped = False
             for key, job in picks:
-                if job.ledger.spend_exhausted():
+                refused = self._grader_refused(job)
+                if job.ledger.spend_exhausted() or refused:
                     # Its slot is offered again on the next pass.
                     self._dispatch.done(job.request.group)
-                    self._drop(job, BudgetExceeded("token/cost budget spent; no new rollouts start"))
+                    self._drop(job, BudgetExceeded(refused or "token/cost budget spent; no new rollouts start"))
                     dropped = True
                     continue
                 job.item_id = next(self._items)
@@ -415,6 +416,15 @@ class RolloutScheduler:
                 break
         in_flight = sum(len(w.inflight) for w in self._workers.values())
         self._pool.scale(in_flight + self._dispatch.runnable())
+
+    def _grader_refused(self, job: _Job) -> str | None:
+        """Why a rollout whose verifier calls the grader role may not start (its role cap,
+        ``run.budget.roles.grader``, is reached), or None: that cap stops the grader's new work."""
+        task = self.tasks.get(job.request.task_id)
+        if self.agent_calls is None or task is None or not getattr(task.format, "uses_grader", False):
+            return None
+        return None if self.agent_calls.allows("grader") else (
+            f"{self.agent_calls.exhausted_reason('grader')}; no new rollout that needs the grader starts")
 
     def _send(self, node: WorkerHandle, jobs: list[_Job]) -> None:
         items: list[Item] = [(j.item_id, j.request.harness_id, j.request.task_id, j.request.rollout_idx,

@@ -188,3 +188,20 @@ def test_only_a_format_that_asks_gets_the_grader():
     ex.grader = None
     with pytest.raises(ValueError, match="executor.grader"):
         ex._verify(Asks(), t, None, "l")
+
+
+def test_a_reached_grader_role_cap_stops_new_rollouts_that_need_the_grader():
+    from milo_ray.execution.scheduler import RolloutScheduler
+    from milo_ray.llm.usage import AgentUsage
+    from milo_ray.search.agent_calls import AgentCallLog, RoleCap
+    from milo_ray.store.memory import MemoryRunStore
+
+    sched = RolloutScheduler.__new__(RolloutScheduler)
+    plain = SimpleNamespace(task_id="plain", format=None)
+    sched.tasks = {"paper": task(), "plain": plain}
+    sched.agent_calls = AgentCallLog(MemoryRunStore(), caps={"grader": RoleCap(tokens=100)})
+    job = lambda tid: SimpleNamespace(request=SimpleNamespace(task_id=tid))  # noqa: E731
+    assert sched._grader_refused(job("paper")) is None
+    sched.agent_calls.record("grader", AgentUsage(100, 10, 0.0), call_id="k:grader:1")
+    assert "run.budget.roles.grader" in sched._grader_refused(job("paper"))
+    assert sched._grader_refused(job("plain")) is None  # a task that needs no grader still runs
