@@ -84,3 +84,26 @@ def test_tasks_check_gives_the_fixture_a_verdict(tmp_path):
     refused = subprocess.run([sys.executable, "-m", "milo_ray.tasks", "check", str(PAPERS)], capture_output=True,
                              text=True, cwd=REPO, env=env, timeout=600)
     assert refused.returncode == 2 and "executor.grader" in refused.stderr
+
+
+def test_the_llm_grader_is_metered_by_the_gateway_and_capped(tmp_path):
+    from milo_ray.execution.grader import GraderSettings
+    from milo_ray.testing.openai_server import ScriptedOpenAIServer, reply
+    from test_paperbench import REFERENCE, grade
+
+    os.environ[KEY_ENV] = "sk-grader-" + uuid.uuid4().hex
+    answer = reply('{"score": 1, "reason": "attention.py defines it"}', prompt_tokens=1000, completion_tokens=20)
+    with ScriptedOpenAIServer([answer]) as srv:
+        settings = GraderSettings.of({"llm": {"model": "openai/scripted", "api_base": srv.url, "api_key_env": KEY_ENV,
+                                              "usd_per_mtok_input": 1.0, "usd_per_mtok_output": 2.0,
+                                              "max_retries": 0}, "max_calls": 1})
+        g = settings.for_rollout("h/tiny-attention/0")
+        verdict, _ = grade(REFERENCE, tmp_path, g)
+        answered = len(srv.answered)
+        sent = json.dumps(srv.requests)
+    assert answered == 1 and len(g.calls) == 1 and g.refused == 1  # the second leaf was refused, not sent
+    call = g.calls[0]
+    assert (call["input_tokens"], call["output_tokens"]) == (1000, 20)
+    assert call["cost_usd"] == pytest.approx(1000 * 1e-6 + 20 * 2e-6)
+    assert os.environ[KEY_ENV] not in sent  # the key stays in the gateway
+    assert verdict.score == pytest.approx(2 / 3)  # impl-scores passed; impl-mask refused counts as 0
