@@ -1021,6 +1021,24 @@ MUTATIONS: tuple[Mutation, ...] = (
         ("tests/milo/test_config.py::test_a_mutator_spec_may_declare_seats_and_bad_seats_are_refused_naming_the_key",),
         "a spec with seats is refused as an unknown constructor keyword",
     ),
+    Mutation(
+        "store-arrow-check-skipped", "milo_ray/store/schema.py",
+        "    if value is None:\n        return True\n    t = col.type", "    return True",
+        ("tests/store/test_parquet_store.py::test_a_value_arrow_would_refuse_rejects_its_append_not_a_later_flush",),
+        "a value Arrow refuses is accepted on append and fails the later flush, taking the part's other rows with it",
+    ),
+    Mutation(
+        "store-buffer-out-of-order", "milo_ray/store/schema.py",
+        "                    pending[n].extend(v)", "                    pending[n][:0] = v",
+        ("tests/store/test_parquet_store.py::test_buffered_one_row_appends_make_one_part_with_every_row_in_order",),
+        "buffered rows are built into the part out of write order",
+    ),
+    Mutation(
+        "store-completed-counts-infra", "milo_ray/store/core.py",
+        "            if key and r.get(\"error_kind\") != \"infra\":", "            if key:",
+        ("tests/store/test_contract.py",),
+        "infra failures count as completed and are never retried on resume",
+    ),
 )
 
 
