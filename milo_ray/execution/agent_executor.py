@@ -65,6 +65,7 @@ from typing import Any
 
 from milo_ray.core.rollouts import InfraFailure, RolloutResult
 from milo_ray.core.tasks import Task, format_of
+from milo_ray.execution.grader import GraderUnavailable
 from milo_ray.boundary.gateway.call_journal import current_attempt_journal
 from milo_ray.boundary.gateway.run_budget import current_rollout_budget
 from milo_ray.boundary.harness_process.host import HarnessProcess, gateway_dir_of, harness_binds, harness_dir_of
@@ -258,7 +259,10 @@ class AgentExecutor:
                 await asyncio.to_thread(sandbox.close)
                 raise
             label = f"{harness.harness_id}/{task.task_id}/{rollout_idx}"
-            verdict = await self._grade(fmt, task, spec, sandbox, scratch, label)
+            try:
+                verdict = await self._grade(fmt, task, spec, sandbox, scratch, label)
+            except GraderUnavailable as exc:  # the grader's endpoint, not the submission
+                raise InfraFailure(f"grader model endpoint: {exc}", run.calls) from None
         finally:
             if not self.keep_scratch:
                 await asyncio.to_thread(shutil.rmtree, scratch, True)

@@ -36,6 +36,11 @@ from typing import Any, Mapping
 from milo_ray.core.tasks import GraderRefused
 
 SCRIPTED_MODEL = "scripted-grader"
+
+
+class GraderUnavailable(RuntimeError):
+    """The grader's model call failed after the gateway's retries: an infrastructure
+    failure of the rollout (retried by the scheduler), never a 0 for the submission."""
 _TERM = re.compile(r"`([^`\n]{1,80})`")
 
 
@@ -172,7 +177,7 @@ class RolloutGrader:
                                "seconds": float(row.get("seconds") or (time.time() - started)),
                                "retries": int(row.get("retries") or 0), "error": row.get("error") or error})
         if answer is None:
-            raise RuntimeError(f"grader call failed: {error}")
+            raise GraderUnavailable(f"grader call failed: {error}")
         return answer
 
 

@@ -205,3 +205,14 @@ def test_a_reached_grader_role_cap_stops_new_rollouts_that_need_the_grader():
     sched.agent_calls.record("grader", AgentUsage(100, 10, 0.0), call_id="k:grader:1")
     assert "run.budget.roles.grader" in sched._grader_refused(job("paper"))
     assert sched._grader_refused(job("plain")) is None  # a task that needs no grader still runs
+
+
+def test_a_failing_grader_endpoint_is_an_infrastructure_failure_not_a_zero(tmp_path):
+    from milo_ray.execution.grader import GraderUnavailable
+
+    class Down:
+        def ask(self, system, user, *, purpose):
+            raise GraderUnavailable("grader call failed: APIConnectionError")
+
+    with pytest.raises(GraderUnavailable):
+        grade(REFERENCE, tmp_path, Down())

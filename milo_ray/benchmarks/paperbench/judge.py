@@ -48,12 +48,13 @@ class SubmissionFile:
 
 def read_submission(sandbox: Any) -> tuple[list[SubmissionFile], dict[str, Any]]:
     """The submission's text files (``.git`` excluded) and what was left out."""
+    # NUL-separated: a file name may hold a newline.
     listing = sandbox.execute(f"cd {shlex.quote(SUBMISSION)} 2>/dev/null && find . -path ./.git -prune -o -type f "
-                              "-printf '%s %P\\n' | head -n " + str(MAX_FILES + 1))
+                              "-printf '%s %P\\0' | head -z -n " + str(MAX_FILES + 1))
     entries = []
-    for line in (getattr(listing, "output", "") or "").splitlines():
+    for line in (getattr(listing, "output", "") or "").split("\0"):
         size, _, rel = line.partition(" ")
-        if size.isdigit() and rel:
+        if size.isdigit() and rel and ".." not in rel.split("/"):
             entries.append((int(size), rel))
     skipped = {"over_file_count": max(0, len(entries) - MAX_FILES), "binary": 0, "unreadable": 0, "truncated": 0}
     entries = entries[:MAX_FILES]
@@ -106,8 +107,8 @@ def grade_leaf(grader: Grader, leaf: Any, *, paper: str, judge_notes: str, files
         answer = grader.ask(SYSTEM, user, purpose=f"leaf:{leaf.id}")
     except GraderRefused as exc:
         return {"error": f"not graded: {exc}"}
-    except RuntimeError as exc:
-        return {"error": str(exc)[:500]}
+    # A failed call is not caught: the grader's endpoint failing is the rollout's
+    # infrastructure failure (retried), never a verdict on the submission.
     verdict = parse_verdict(answer)
     if verdict is None:
         return {"error": f"the grader's answer is not a verdict: {answer[:300]!r}"}
