@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -48,7 +49,11 @@ KILL_POINTS = {
     # The new parent's refresh rollouts, judged records and experience rows are stored,
     # its ssr.refresh event (the evidence order) is not: nothing is judged again.
     "before_refresh_r1": "ssr.refresh:round=1",
+    # The same point, then the run directory is moved and its workspace/ deleted: the
+    # resume has only the store's tables and blobs, as when resumed from a bucket.
+    "moved_before_refresh_r1": "ssr.refresh:round=1",
 }
+MOVED = {"moved_before_refresh_r1"}
 SIGKILL = "sigkill_after_rollouts"
 FINISHED = "finished"  # resuming a run that had finished (run by the reference's process)
 SCENARIOS = [*KILL_POINTS, SIGKILL, FINISHED]
@@ -162,16 +167,22 @@ def runs(tmp_path_factory) -> tuple[Reference, dict[str, Scenario]]:
     dirs = {name: root / name for name in SCENARIOS}
     for d in dirs.values():
         d.mkdir()
+    run_dirs = {name: d / "run" for name, d in dirs.items()}
     before: dict[str, dict] = {}
     found: dict[str, Reference] = {}
     queue: deque[_Job] = deque()
 
     def resume(name: str) -> None:
-        queue.append(_Job(f"{name}: resume", dirs[name] / "run", dirs[name] / "resumed.json", ("--resume",), 0))
+        queue.append(_Job(f"{name}: resume", run_dirs[name], dirs[name] / "resumed.json", ("--resume",), 0))
 
     def killed(name: str) -> Callable[[], None]:
         def then() -> None:
             before[name] = _read(dirs[name] / "run")
+            if name in MOVED:
+                run_dirs[name] = dirs[name] / "moved" / "run"
+                run_dirs[name].parent.mkdir()
+                shutil.move(str(dirs[name] / "run"), str(run_dirs[name]))
+                shutil.rmtree(run_dirs[name] / "workspace")
             resume(name)
 
         return then
@@ -214,8 +225,8 @@ def runs(tmp_path_factory) -> tuple[Reference, dict[str, Scenario]]:
         for job in running:  # on a failure, leave no run behind
             _end_group(job.proc)
             job.proc.wait()
-    scenarios = {name: Scenario(name, dirs[name] / "run", before[name], _read(dirs[name] / "run"),
-                                json.loads((dirs[name] / "resumed.json").read_text()), _calls(dirs[name] / "run"))
+    scenarios = {name: Scenario(name, run_dirs[name], before[name], _read(run_dirs[name]),
+                                json.loads((dirs[name] / "resumed.json").read_text()), _calls(run_dirs[name]))
                  for name in SCENARIOS}
     return found["ref"], scenarios
 
