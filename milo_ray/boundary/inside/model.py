@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import json
 import threading
+from urllib.parse import urlsplit
 from typing import Any, AsyncIterator, Iterator, Sequence
 
 import httpx
@@ -38,6 +39,8 @@ from langchain_core.messages.utils import convert_to_openai_messages
 from langchain_core.outputs import ChatGeneration, ChatGenerationChunk, ChatResult
 from langchain_core.utils.function_calling import convert_to_openai_tool
 from pydantic import ConfigDict, Field, PrivateAttr
+
+from milo_ray.boundary.inside.gateway_http import Answer, AsyncGatewayHTTP, GatewayHTTP
 
 # tool_choice values passed on as they are (anything else that is a string names a tool).
 _TOOL_CHOICE_KEYWORDS = ("auto", "none", "required")
@@ -68,6 +71,7 @@ class GatewayChatModel(BaseChatModel):
     over it and nowhere else (``api_base`` then only gives the path): no loopback hop."""
 
     _sync: httpx.Client | None = PrivateAttr(default=None)
+    _direct: Any = PrivateAttr(default=None)  # the socket's own exchange, (blocking, async)
     _async: dict[int, httpx.AsyncClient] = PrivateAttr(default_factory=dict)
     _lock: threading.Lock = PrivateAttr(default_factory=threading.Lock)
 
@@ -109,6 +113,20 @@ class GatewayChatModel(BaseChatModel):
                 self._sync = httpx.Client(timeout=self._timeout(), trust_env=False, transport=transport)
             return self._sync
 
+    def _over_socket(self) -> tuple[GatewayHTTP, AsyncGatewayHTTP]:
+        with self._lock:
+            if self._direct is None:
+                timeout = self.request_timeout if self.request_timeout is not None else 600.0
+                self._direct = (GatewayHTTP(self.gateway_socket, timeout), AsyncGatewayHTTP(self.gateway_socket, timeout))
+            return self._direct
+
+    def _exchange(self, body: dict[str, Any]) -> tuple[str, str, dict[str, str], bytes]:
+        """What a call over the socket sends: the path and host of ``api_base``, the headers
+        and the body encoded as httpx encodes ``json=``."""
+        url = urlsplit(self._url())
+        data = json.dumps(body, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode("utf-8")
+        return url.path or "/", url.netloc or "gateway", self._headers(), data
+
     def _aclient(self) -> httpx.AsyncClient:
         import asyncio
 
@@ -127,6 +145,9 @@ class GatewayChatModel(BaseChatModel):
                   **kwargs: Any) -> ChatResult:
         if self.streaming:
             return _from_chunks(self._stream(messages, stop, run_manager, **kwargs))
+        if self.gateway_socket:
+            answer = self._over_socket()[0].post(*self._exchange(self._body(messages, stop, False, **kwargs)))
+            return _result(_checked_answer(answer, self._url()))
         r = self._client().post(self._url(), json=self._body(messages, stop, False, **kwargs), headers=self._headers())
         return _result(_checked(r, r.content))
 
@@ -134,6 +155,9 @@ class GatewayChatModel(BaseChatModel):
                          **kwargs: Any) -> ChatResult:
         if self.streaming:
             return _from_chunks([c async for c in self._astream(messages, stop, run_manager, **kwargs)])
+        if self.gateway_socket:
+            answer = await self._over_socket()[1].post(*self._exchange(self._body(messages, stop, False, **kwargs)))
+            return _result(_checked_answer(answer, self._url()))
         r = await self._aclient().post(self._url(), json=self._body(messages, stop, False, **kwargs),
                                        headers=self._headers())
         return _result(_checked(r, r.content))
@@ -236,6 +260,13 @@ def _checked(r: httpx.Response, content: bytes) -> dict[str, Any]:
         raise httpx.HTTPStatusError(f"model gateway answered {r.status_code}: {detail}", request=r.request,
                                     response=r)
     return json.loads(content)
+
+
+def _checked_answer(answer: Answer, url: str) -> dict[str, Any]:
+    if answer.status >= 400:
+        response = answer.response(url)
+        return _checked(response, answer.content)
+    return json.loads(answer.content)
 
 
 def _usage(usage: Any) -> dict[str, int] | None:
