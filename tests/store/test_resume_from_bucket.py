@@ -82,3 +82,52 @@ def test_a_killed_run_resumes_from_the_bucket_on_a_fresh_machine_with_every_roll
             if key.endswith(".zst"):
                 data = zstandard.ZstdDecompressor().decompress(data)
             assert SECRET_KEY.encode() not in data, key
+
+
+MILO_ARGS = ["method=milo", "method.search_size=4", "method.val_size=3", "method.k_search=1", "method.k_val=1",
+             "method.k_test=1", "method.max_rounds=3", "method.patience=1", "run.progress=false", "run.report=false",
+             "execution.num_cpus=2"]
+
+
+def test_a_killed_milo_run_resumes_from_the_bucket_without_its_workspace(tmp_path, monkeypatch):
+    # MILO's nodes name harness and evidence directories under workspace/, which the
+    # bucket does not hold: the resumed driver rebuilds them in its own working copy.
+    with LocalS3() as s3:
+        s3.apply(monkeypatch)
+        bucket = s3.bucket(f"runs-{uuid.uuid4().hex[:8]}")
+        uri = f"s3://{bucket}/team/milo-1"
+        env = _env(s3)
+        machine_a, machine_b = tmp_path / "a", tmp_path / "b"
+        machine_a.mkdir()
+        machine_b.mkdir()
+
+        proc = subprocess.Popen([sys.executable, "-m", "milo_ray.run", *MILO_ARGS, f"run.dir={uri}"], cwd=machine_a,
+                                env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+
+        def children() -> int:  # a mutation's child recorded: its island's next round reads its files
+            if not any(k.startswith("team/milo-1/events/part-") for k in s3.keys(bucket)):
+                return 0
+            nodes = results.load_run(uri).events_of("milo.node")
+            return sum(n["node"]["origin"] == "mutation" and bool(n["node"]["admitted"]) for n in nodes)
+
+        deadline = time.monotonic() + 600
+        while time.monotonic() < deadline and proc.poll() is None and not children():
+            time.sleep(0.5)
+        assert proc.poll() is None, "run finished before it could be interrupted; make it longer"
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        before = results.load_run(uri)
+        assert before.status == "running" and len(before.rollouts) > 0
+        shutil.rmtree(machine_a)
+
+        resumed = subprocess.run([sys.executable, "-m", "milo_ray.run", f"run.resume={uri}", "run.progress=false"],
+                                 cwd=machine_b, env=env, capture_output=True, text=True, timeout=900)
+        assert resumed.returncode == 0, resumed.stderr[-3000:]
+
+        after = results.load_run(uri)
+        assert after.status == "finished"
+        assert after.rollouts["cache_key"].is_unique, "every rollout exactly once"
+        assert set(before.rollouts["cache_key"]) <= set(after.rollouts["cache_key"])
+        nodes = [n["node"]["node_id"] for n in after.events_of("milo.node")]
+        assert len(nodes) == len(set(nodes)) > len(before.events_of("milo.node"))
+        assert any(n["node"]["origin"] == "mutation" and n["node"]["round"] > 1 for n in after.events_of("milo.node"))
