@@ -1039,6 +1039,24 @@ MUTATIONS: tuple[Mutation, ...] = (
         ("tests/store/test_contract.py",),
         "infra failures count as completed and are never retried on resume",
     ),
+    Mutation(
+        "paperbench-judge-failures-convention", "milo_ray/benchmarks/paperbench/rubric.py",
+        'if judge_failures == "drop":', 'if judge_failures == "zero":',
+        ("tests/benchmarks/test_paperbench.py::test_a_judge_failure_counts_as_zero_or_is_dropped_with_its_weight",),
+        "judge failures counted under the wrong convention",
+    ),
+    Mutation(
+        "grader-budget-off", "milo_ray/execution/grader.py",
+        "if len(self.calls) >= s.max_calls or self.tokens >= s.max_tokens:", "if False:",
+        ("tests/benchmarks/test_paperbench.py::test_grader_calls_are_capped_per_rollout",),
+        "a rollout's grading budget is not enforced",
+    ),
+    Mutation(
+        "grader-calls-charged-as-solver", "milo_ray/search/agent_calls.py",
+        'self.record("grader", usage,', 'self.record("solver", usage,',
+        ("tests/benchmarks/test_paperbench.py::test_grader_calls_are_recorded_as_role_grader_never_as_the_solvers",),
+        "grader calls charged as the solver's",
+    ),
 )
 
 

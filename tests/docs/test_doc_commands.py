@@ -16,6 +16,7 @@ import re
 import shlex
 import subprocess
 import sys
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -144,7 +145,7 @@ def _scratch(tmp_path: Path) -> Path:
     checkout does) and keeps what the commands write."""
     work = tmp_path / "work"
     work.mkdir()
-    for name in ("milo_ray", "conf", "scripts", "pyproject.toml", "hydra_plugins"):
+    for name in ("milo_ray", "conf", "scripts", "tests", "pyproject.toml", "hydra_plugins"):
         (work / name).symlink_to(ROOT / name)
     return work
 
@@ -156,7 +157,9 @@ RUN_PAGES = sorted({b.page for b in ALL_BLOCKS if b.not_run is None})
 @pytest.mark.parametrize("page", RUN_PAGES, ids=[p.stem for p in RUN_PAGES])
 def test_the_runnable_blocks_of_a_page_run_in_order(page, tmp_path):
     work = _scratch(tmp_path)
-    env = {**os.environ, "CI": "true", "RAY_TMPDIR": str(tmp_path / "ray"), "PYTHONPATH": str(ROOT),
+    # Ray's socket paths must stay under 108 bytes: a short directory of its own, not tmp_path.
+    ray_tmp = tempfile.mkdtemp(prefix="rt-doc-", dir="/tmp")
+    env = {**os.environ, "CI": "true", "RAY_TMPDIR": ray_tmp, "PYTHONPATH": str(ROOT),
            "MILO_RAY_DOC_TEST": "1"}
     env["PATH"] = f"{Path(sys.executable).parent}:{env.get('PATH', '')}"
     for b in (b for b in blocks(page) if b.not_run is None):
