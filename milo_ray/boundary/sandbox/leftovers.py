@@ -23,7 +23,7 @@ import tempfile
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
 
 from milo_ray.boundary.sandbox.volume import unmount_below
 
@@ -107,17 +107,15 @@ def make_scratch(label: str = "", dir: str | os.PathLike | None = None) -> Path:
     return Path(tempfile.mkdtemp(prefix=owned_name(SCRATCH_PREFIX, f"{label}-" if label else ""), dir=base))
 
 
-def reap_scratch(base: str | os.PathLike) -> int:
-    """Remove the scratch directories under ``base`` whose owner is dead; how many.
-    Only real directories of this user are touched (never a link), and their removal
-    never follows a link inside (``shutil.rmtree``'s fd-based walk)."""
-    removed = 0
+def dead_owners_dirs(base: str | os.PathLike, prefix: str) -> Iterator[str]:
+    """The paths of the real directories (never a link) of this user under ``base`` whose
+    names carry ``prefix`` and an owner tag of a process that is dead."""
     try:
         names = os.listdir(base)
     except OSError:
-        return 0
+        return
     for name in names:
-        owner = owner_of(name, SCRATCH_PREFIX)
+        owner = owner_of(name, prefix)
         if owner is None or not owner.is_dead():
             continue
         path = os.path.join(base, name)
@@ -125,8 +123,16 @@ def reap_scratch(base: str | os.PathLike) -> int:
             st = os.lstat(path)
         except OSError:
             continue
-        if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid():
-            continue
+        if stat.S_ISDIR(st.st_mode) and st.st_uid == os.geteuid():
+            yield path
+
+
+def reap_scratch(base: str | os.PathLike) -> int:
+    """Remove the scratch directories under ``base`` whose owner is dead; how many.
+    Only real directories of this user are touched (never a link), and their removal
+    never follows a link inside (``shutil.rmtree``'s fd-based walk)."""
+    removed = 0
+    for path in dead_owners_dirs(base, SCRATCH_PREFIX):
         unmount_below(path)  # a storage volume of a sandbox its owner never closed
         shutil.rmtree(path, ignore_errors=True)
         removed += not os.path.lexists(path)

@@ -30,7 +30,7 @@ import subprocess
 import threading
 from pathlib import Path
 
-from milo_ray.boundary.sandbox.leftovers import current_owner, owned_name, owner_of
+from milo_ray.boundary.sandbox.leftovers import current_owner, dead_owners_dirs, owned_name
 
 logger = logging.getLogger(__name__)
 
@@ -89,17 +89,7 @@ def _unmount(where: str) -> None:
 def reap_worker_roots(base: str | os.PathLike = BASE) -> int:
     """Unmount and remove the neutral roots under ``base`` whose owner is dead; how many."""
     removed = 0
-    try:
-        names = os.listdir(base)
-    except OSError:
-        return 0
-    for name in names:
-        owner = owner_of(name, PREFIX)
-        if owner is None or not owner.is_dead():
-            continue
-        path = os.path.join(base, name)
-        if os.path.islink(path) or not os.path.isdir(path):
-            continue
+    for path in dead_owners_dirs(base, PREFIX):
         _unmount(path)
         removed += not os.path.lexists(path)
     return removed
