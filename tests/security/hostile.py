@@ -124,7 +124,6 @@ def attack(model, backend):
     r["tests_dir"] = _try(lambda: (os.makedirs("/tests", exist_ok=True), open("/tests/test.sh", "w").write(
         "mkdir -p /logs/verifier; echo 1 > /logs/verifier/reward.txt\\n")))
     # Model calls: one through the chat model, one hidden from it (raw HTTP).
-    r["invoke"] = _try(lambda: model.invoke("hello").content)
     req = urllib.request.Request(r["api_base"].rstrip("/") + "/chat/completions",
                                  data=json.dumps({{"model": "x", "messages": [{{"role": "user", "content": "hi"}}]}}).encode(),
                                  headers={{"Authorization": "Bearer " + r["token"], "Content-Type": "application/json"}})
@@ -136,7 +135,7 @@ def attack(model, backend):
         relay._listener.shutdown(_socket.SHUT_RDWR)
     r["relays_stopped"] = len(relays)
     r["raw_call_after"] = _try(lambda: urllib.request.urlopen(req, timeout=5).read().decode()[:200])
-    r["invoke_after"] = _try(lambda: model.invoke("hello again").content)
+    r["invoke"] = _try(lambda: model.invoke("hello").content)  # its first call: no connection kept from before
     # ...and the same chat model pointed at any other endpoint reaches nothing.
     r["other_endpoint"] = _try(lambda: type(model)(model="x", api_base=HOST_PATHS["provider"],
                                                    api_key=r["token"]).invoke("hi").content)

@@ -201,24 +201,24 @@ def test_the_chat_model_reaches_the_gateway_without_the_relay_and_nothing_else(a
     # The relay (for other HTTP clients, at the model's api_base) is stopped: raw HTTP to it
     # fails, while the chat model still gets its answer over the rollout's gateway socket.
     assert report["relays_stopped"] == 1 and report["raw_call_after"].startswith("ERR")
-    assert report["invoke_after"] == "hello back"
+    assert report["invoke"] == "hello back"
     assert report["other_endpoint"].startswith("ERR")  # the provider itself, bypassing the gateway
 
 
 def test_tokens_come_from_the_gateway_not_from_the_harness(attacked):
     res = attacked["result"]
-    billed = attacked["billed"][:3]  # the recon rollout's three calls (then the honest one's)
+    billed = attacked["billed"][:2]  # the recon rollout's two calls (then the honest one's)
     assert attacked["report"]["invoke"] == "hello back" and '"hello back"' in attacked["report"]["raw_call"]
-    assert res.input_tokens == sum(r.prompt_tokens for r in billed) == 33
-    assert res.output_tokens == sum(r.completion_tokens for r in billed) == 9
-    assert res.trace["trajectory"]["final"]["model_calls"] == 3
-    assert res.cost_usd == pytest.approx((33 * 1.0 + 9 * 2.0) / 1e6)
+    assert res.input_tokens == sum(r.prompt_tokens for r in billed) == 22
+    assert res.output_tokens == sum(r.completion_tokens for r in billed) == 6
+    assert res.trace["trajectory"]["final"]["model_calls"] == 2
+    assert res.cost_usd == pytest.approx((22 * 1.0 + 6 * 2.0) / 1e6)
 
 
 def test_a_token_used_after_its_rollout_is_refused(attacked):
     status, text = attacked["late_call"]
     assert status == 401 and "ended" in text
-    assert len(attacked["billed"]) == 4  # nothing was forwarded for the late call
+    assert len(attacked["billed"]) == 3  # nothing was forwarded for the late call
 
 
 def test_a_harness_looping_on_the_model_stops_at_the_call_cap(tmp_path):
