@@ -207,3 +207,18 @@ def test_over_the_socket_a_kept_connection_the_gateway_closed_is_replaced(pause)
 
     assert blocking() == ["chunked ok"] * 5 and asyncio.run(calls()) == ["chunked ok"] * 5
     assert connections[0] == 6
+
+
+def test_over_the_socket_a_streamed_call_goes_there_too():
+    with ScriptedOpenAIServer([reply("streamed answer", prompt_tokens=4, completion_tokens=2)]) as srv:
+        sock = SocketToServer(srv)
+        model = _model(sock, streaming=True)
+        text = "".join(c.content for c in model.stream("go"))
+
+        async def astream() -> str:
+            return "".join([c.content async for c in model.astream("go")])
+
+        atext = asyncio.run(astream())
+        sock.close()
+    assert text == atext == "streamed answer" and sock.connections == 2
+    assert all(r.get("stream") for r in srv.requests)
