@@ -13,8 +13,9 @@ It keeps the interface harnesses use: ``invoke``/``ainvoke``/``stream``/``astrea
 "required", a keyword or a dict), ``with_structured_output`` (``json_schema``, ``json_mode``
 or ``function_calling``), ``bind(**request_fields)``, and the fields ``model``,
 ``model_name``, ``temperature``, ``max_tokens``, ``top_p``, ``request_timeout``,
-``model_kwargs``, ``streaming``, ``api_base`` and ``api_key`` (the rollout's gateway
-token). Answers come back as ChatLiteLLM returned them: an ``AIMessage`` with ``tool_calls``
+``model_kwargs``, ``streaming``, ``api_base``, ``api_key`` (the rollout's gateway
+token) and ``gateway_socket`` (the rollout's gateway socket: when set, every call goes over
+it, a non-streaming one by :mod:`milo_ray.boundary.inside.gateway_http`). Answers come back as ChatLiteLLM returned them: an ``AIMessage`` with ``tool_calls``
 (unparseable arguments as ``invalid_tool_calls``), ``usage_metadata``, the provider's
 ``reasoning_content`` / ``thinking_blocks`` in ``additional_kwargs`` (sent back on the next
 turn), and ``response_metadata`` with ``model_name`` and ``finish_reason``. A gateway
