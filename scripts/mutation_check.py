@@ -1057,6 +1057,24 @@ MUTATIONS: tuple[Mutation, ...] = (
         ("tests/benchmarks/test_paperbench.py::test_grader_calls_are_recorded_as_role_grader_never_as_the_solvers",),
         "grader calls charged as the solver's",
     ),
+    Mutation(
+        "harness-model-skips-its-socket", "milo_ray/boundary/inside/harness_process.py",
+        "        model = build_model(job, relay.url, job[\"gateway_socket\"])", "        model = build_model(job, relay.url)",
+        ("tests/security/test_harness_boundary.py::test_the_chat_model_reaches_the_gateway_without_the_relay_and_nothing_else",),
+        "the harness's chat model goes through the loopback relay, a hop and a millisecond more per call",
+    ),
+    Mutation(
+        "gateway-socket-connection-never-kept", "milo_ray/boundary/inside/gateway_http.py",
+        "        if keep and not reader.at_eof():", "        if False:",
+        ("tests/boundary/test_gateway_http.py::test_over_the_socket_one_connection_is_kept_per_event_loop_and_one_for_blocking_calls",),
+        "a new connection per model call",
+    ),
+    Mutation(
+        "gateway-streams-skip-the-socket", "milo_ray/boundary/inside/model.py",
+        "transport = httpx.AsyncHTTPTransport(uds=self.gateway_socket) if self.gateway_socket else None", "transport = None",
+        ("tests/boundary/test_gateway_http.py::test_over_the_socket_a_streamed_call_goes_there_too",),
+        "streamed calls dial api_base instead of the rollout's socket",
+    ),
 )
 
 
