@@ -9,7 +9,7 @@ package's code copy (:mod:`runtime_code`), harness files and gateway directories
 (:mod:`milo_ray.boundary.harness_process.host`), the skeletons of mount points
 (:mod:`bwrap_mounts`) and copies of other read-only binds -- on a tmpfs of its own mounted
 at ``/run/milo_ray/w-<owner tag>``: the root field of such a bind is then a path relative
-to that tmpfs (``/lib``, ``/h/3f...``), built from fixed words and random hex only. The
+to that tmpfs (``/lib``, ``/r/3f...``), built from fixed words and random hex only. The
 writable directories get the same from the sandbox's volume (:mod:`volume`).
 
 Only the worker writes here (0755, root's): a sandbox sees these directories read-only.
