@@ -1075,6 +1075,24 @@ MUTATIONS: tuple[Mutation, ...] = (
         ("tests/boundary/test_gateway_http.py::test_over_the_socket_a_streamed_call_goes_there_too",),
         "streamed calls dial api_base instead of the rollout's socket",
     ),
+    Mutation(
+        "milo-node-harness-not-rewritten", "milo_ray/milo/records.py",
+        "    if not (d / \"harness.py\").is_file():\n        h.write_to(d)", "    if False:\n        h.write_to(d)",
+        ("tests/milo/test_harness_dirs.py::test_a_nodes_missing_files_are_rewritten_from_its_source_blob_and_stored_rollouts",),
+        "a resumed run without its workspace hands mutators a parent directory without the parent's harness",
+    ),
+    Mutation(
+        "milo-node-evidence-not-rewritten", "milo_ray/milo/records.py",
+        "    if not ev_dir.is_dir():", "    if False:",
+        ("tests/milo/test_harness_dirs.py::test_a_nodes_missing_files_are_rewritten_from_its_source_blob_and_stored_rollouts",),
+        "a resumed run's mutators get a missing evidence directory",
+    ),
+    Mutation(
+        "milo-node-paths-not-rebased", "milo_ray/milo/records.py",
+        "    if not node.harness_id:\n        return node", "    if True:\n        return node",
+        ("tests/milo/test_harness_dirs.py::test_a_recorded_node_is_rebased_under_the_current_run_directory",),
+        "replayed nodes keep another machine's paths",
+    ),
 )
 
 
