@@ -10,12 +10,18 @@ the protected parent, so a rule can never spend, re-run or drop the parent. Chos
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Mapping, Protocol, runtime_checkable
-
 import numpy as np
 
 from milo_ray.search.strategy import Choice
+from milo_ray.ssr.racing_bandit import SuccessiveEliminationBandit
+from milo_ray.ssr.racing_lowrank import LowRankRacing
+from milo_ray.ssr.racing_paired import PairedSuccessiveRejects
+# The protocol's types live in racing_view so that every rule module can build on them.
+from milo_ray.ssr.racing_view import RacingRule, RuleDecision, StageView, paired_t, t_critical
+
+__all__ = ["RACING_RULES", "GeometricHalving", "LowRankRacing", "NoElimination", "PairedElimination",
+           "PairedSuccessiveRejects", "RacingRule", "RuleDecision", "StageView", "SuccessiveEliminationBandit",
+           "SuccessiveHalving", "keep_count", "paired_t", "t_critical"]
 
 
 def keep_count(m: int, k: int, r: int) -> int:
@@ -28,44 +34,6 @@ def keep_count(m: int, k: int, r: int) -> int:
     The paper's cases have no half: M=4, K=2 → 4/2 and M=12, K=2 → 12/6.
     """
     return max(1, m - (2 * r * m + k) // (2 * k))
-
-
-@dataclass(frozen=True)
-class StageView:
-    """What a racing rule sees after a completed stage: the children still racing,
-    ranked best first (higher cumulative score, fewer diff lines, lower index), and
-    every runner's per-task mean reward over P_r (``per_task[h][j]`` is harness ``h`` on
-    ``tasks[j]``), so a rule can test paired differences without re-running anything."""
-
-    stage: int
-    stages: int
-    generated: int
-    ranked: tuple[str, ...]
-    parent_id: str
-    tasks: tuple[str, ...]
-    per_task: Mapping[str, np.ndarray]
-    scores: Mapping[str, float]
-
-
-@dataclass(frozen=True)
-class RuleDecision:
-    """The children that keep racing (a subset of the ranked ones, at least one) and
-    whether the race stops here (the remaining stages are not run)."""
-
-    keep: tuple[str, ...]
-    stop: bool = False
-
-
-@runtime_checkable
-class RacingRule(Protocol):
-    """Decides after every stage but the last which children keep racing and whether
-    the race stops early. The parent is never among the children: it always runs."""
-
-    name: str
-
-    def after_stage(self, view: StageView) -> RuleDecision:
-        """The decision after completed stage ``view.stage`` < ``view.stages``."""
-        ...
 
 
 class SuccessiveHalving:
@@ -108,28 +76,6 @@ class NoElimination:
         return RuleDecision(view.ranked)
 
 
-def paired_t(diffs: np.ndarray) -> np.ndarray:
-    """One-sample t statistics of paired differences along the last axis (n ≥ 2 tasks).
-
-    A zero standard deviation gives ±inf by the sign of the mean (every task agrees) and
-    0 for a zero mean. Vectorized: the audit calls it on (replays × candidates × tasks)."""
-    d = np.asarray(diffs, dtype=float)
-    n = d.shape[-1]
-    mean = d.mean(axis=-1)
-    sd = d.std(axis=-1, ddof=1)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        t = mean / (sd / np.sqrt(n))
-    tied = np.where(mean > 0, np.inf, np.where(mean < 0, -np.inf, 0.0))
-    return np.where(sd > 0, t, tied)
-
-
-def t_critical(alpha: float, n: int) -> float:
-    """One-sided critical value t_{1−α, n−1}."""
-    from scipy.stats import t as student_t
-
-    return float(student_t.ppf(1.0 - alpha, n - 1))
-
-
 class PairedElimination:
     """Eliminate the children whose paired difference to the leader is significantly
     negative; stop as soon as one child is left.
@@ -168,4 +114,5 @@ class PairedElimination:
 
 RACING_RULES: Choice[RacingRule] = Choice(
     "racing rule", {"successive_halving": SuccessiveHalving, "uniform": NoElimination, "halving": GeometricHalving,
-                    "paired": PairedElimination}, RacingRule)
+                    "paired": PairedElimination, "paired_rejects": PairedSuccessiveRejects,
+                    "bandit": SuccessiveEliminationBandit, "lowrank": LowRankRacing}, RacingRule)
