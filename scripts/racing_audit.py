@@ -15,6 +15,10 @@ Matrix sources (one audit pools all the matrices it is given):
                         to RUN_DIR/racing_audit.parquet, where the run's report plots it
   --load a.npz,b.npz    matrices written by --save-dir
 
+Rules: uniform subset, successive halving (K=2, the paper's), halving (K=4), paired
+elimination, successive halving with the parent-replacement gate, paired successive
+rejects, the successive-elimination bandit and low-rank racing (racing_*.py).
+
 Each matrix gets --replays task orders shared by every rule (paired differences).
 The table gives true regret in points (mean ± SE across matrices), the paired
 difference to the uniform subset (± SE across matrices), the in-sample regret
@@ -96,6 +100,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--paired-alpha", type=float, default=0.05)
     p.add_argument("--paired-block", type=int, default=5, help="paired: tasks per stage")
     p.add_argument("--gate-alpha", type=float, default=0.1, help="the gated rule's parent-replacement level")
+    p.add_argument("--rejects-stages", type=int, default=4, help="paired_rejects: K stages of its schedule")
+    p.add_argument("--bandit-delta", type=float, default=0.1, help="bandit: elimination level delta")
+    p.add_argument("--lowrank-rank", type=int, default=1, help="lowrank: interaction rank")
+    p.add_argument("--lowrank-z", type=float, default=2.5, help="lowrank: elimination threshold in SEs")
+    p.add_argument("--target-fraction", type=float, default=0.2,
+                   help="budget at which rules are judged against successive halving and the full matrix")
     p.add_argument("--embedder", default="packaged", help="sentence-transformers model (generate)")
     p.add_argument("--save-dir", default=None, help="write each matrix to DIR/<name>.npz")
     p.add_argument("--parquet", default=None, help="write the per-matrix and summary rows to this Parquet file")
@@ -105,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
     from milo_ray.ssr.audit import RewardMatrix, held_out_from_rollouts, matrix_from_rollouts
     from milo_ray.ssr.audit_replay import RuleSpec
     from milo_ray.ssr.audit_table import (audit_matrix, format_spreads, format_table, summarize, verdict,
-                                          write_parquet)
+                                          versus_reference, write_parquet)
 
     seeds = _seeds(args.seeds)
     groups: list[tuple[str, Any]]  # one table per group (a regime, or the matrices given)
@@ -134,7 +144,10 @@ def main(argv: list[str] | None = None) -> int:
              RuleSpec("successive_halving", "successive_halving", stages=2),
              RuleSpec("halving_k4", "halving", stages=4),
              RuleSpec("paired", "paired", block=args.paired_block, alpha=args.paired_alpha),
-             RuleSpec("successive_halving+gate", "successive_halving", stages=2, replace_alpha=args.gate_alpha))
+             RuleSpec("successive_halving+gate", "successive_halving", stages=2, replace_alpha=args.gate_alpha),
+             RuleSpec("paired_rejects", "paired_rejects", stages=args.rejects_stages, alpha=args.paired_alpha),
+             RuleSpec("bandit", "bandit", block=args.paired_block, alpha=args.bandit_delta),
+             RuleSpec("lowrank", "lowrank", block=args.paired_block, rank=args.lowrank_rank, z=args.lowrank_z))
     fractions = [float(x) for x in args.budgets.split(",")]
     all_matrix, all_summary = [], []
     for group, matrices in groups:
@@ -159,6 +172,8 @@ def main(argv: list[str] | None = None) -> int:
               "subset at the same budget; in-sample: the same selections scored on the matrix itself")
         print(format_table(summary))
         print(verdict(summary))
+        if args.target_fraction in fractions:
+            print(versus_reference(per_matrix, fraction=args.target_fraction))
         all_matrix += [{"group": group, **r} for r in per_matrix]
         all_summary += [{"group": group, **r} for r in summary]
     if args.run and not args.parquet:  # where the run's report finds it (milo_ray/ssr/figures.py)

@@ -23,10 +23,16 @@ from typing import Any
 
 import numpy as np
 
+from milo_ray.ssr.audit_stepwise import replay_stepwise
 from milo_ray.ssr.racing import (GeometricHalving, NoElimination, PairedElimination, Race, RaceCandidate, RaceConfig,
                                  SuccessiveHalving, keep_count, paired_t, t_critical)
+from milo_ray.ssr.racing_bandit import SuccessiveEliminationBandit
+from milo_ray.ssr.racing_lowrank import LowRankRacing
+from milo_ray.ssr.racing_paired import PairedSuccessiveRejects, rejects_keep
 
-RULE_NAMES = ("uniform", "successive_halving", "halving", "paired")
+RULE_NAMES = ("uniform", "successive_halving", "halving", "paired", "paired_rejects", "bandit", "lowrank")
+# Rules replayed stage by stage with the rule object itself (milo_ray.ssr.audit_stepwise).
+STEPWISE = ("paired_rejects", "bandit", "lowrank")
 
 
 @dataclass(frozen=True)
@@ -36,7 +42,11 @@ class RuleSpec:
     label: the table's name for it. rule: a racing rule name (:data:`RULE_NAMES`).
     stages: K (``uniform`` with one stage is the uniform subset). block: ``paired``'s
     tasks per stage (its stages are then as many blocks as the audit tasks hold).
-    alpha / min_tasks: ``paired``'s test. replace_alpha: the parent-replacement gate.
+    alpha / min_tasks: ``paired``'s and ``paired_rejects``' test (alpha is ``bandit``'s δ,
+    min_tasks also ``lowrank``'s). rank / z: ``lowrank``'s interaction rank and
+    elimination threshold. replace_alpha: the parent-replacement gate. ``bandit`` and
+    ``lowrank`` race ``block``-task stages until the budget gate stops them;
+    ``paired_rejects`` runs its K = ``stages`` schedule with the largest batch that fits.
     """
 
     label: str
@@ -46,6 +56,8 @@ class RuleSpec:
     alpha: float = 0.05
     min_tasks: int = 10
     replace_alpha: float | None = None
+    rank: int = 1
+    z: float = 2.5
 
     def __post_init__(self) -> None:
         if self.rule not in RULE_NAMES:
@@ -60,6 +72,12 @@ class RuleSpec:
             return GeometricHalving()
         if self.rule == "paired":
             return PairedElimination(self.alpha, self.min_tasks)
+        if self.rule == "paired_rejects":
+            return PairedSuccessiveRejects(self.alpha, self.min_tasks)
+        if self.rule == "bandit":
+            return SuccessiveEliminationBandit(self.alpha)
+        if self.rule == "lowrank":
+            return LowRankRacing(self.rank, self.z, self.min_tasks)
         return NoElimination()
 
     def active_schedule(self, m: int, stages: int) -> list[int]:
@@ -69,6 +87,8 @@ class RuleSpec:
         if self.rule == "halving":
             return [m] + [GeometricHalving().keep(generated=m, stages=stages, stage=r, active=m)
                           for r in range(1, stages)]
+        if self.rule == "paired_rejects":  # the quota; evidence can only drop more
+            return [m] + [rejects_keep(m, stages, r) for r in range(1, stages)]
         return [m] * stages
 
     def plan(self, harnesses: int, tasks: int, rollouts: int, budget: int) -> RaceConfig:
@@ -76,7 +96,7 @@ class RuleSpec:
         until the budget gate stops it; the others get the largest per-stage batch b with
         R·Σ_r (n_{r−1} + 1)·b ≤ budget, so a full race fits."""
         m = harnesses - 1
-        if self.rule == "paired":
+        if self.rule in ("paired", "bandit", "lowrank"):
             stages = max(1, tasks // self.block)
             return RaceConfig(stages, (self.block,), 0, 0, rollouts, self.replace_alpha)
         per_task = rollouts * sum(a + 1 for a in self.active_schedule(m, self.stages))
@@ -121,6 +141,10 @@ def replay_rule(rewards: np.ndarray, spec: RuleSpec, budget: int, perms: np.ndar
     M, N = H - 1, perms.shape[0]
     diff = np.zeros(M) if diff_sizes is None else np.asarray(diff_sizes, dtype=float)[1:]
     cfg = spec.plan(H, T, R, budget)
+    if spec.rule in STEPWISE:
+        sel, spent, kept = replay_stepwise(rewards, spec.racing_rule(), cfg, budget, perms, diff,
+                                           None if best_child is None or best_child < 1 else best_child)
+        return ReplayResult(sel, spent, kept, int(cfg.b_v[0]))
     G = np.take(rewards.sum(axis=2), perms, axis=1)  # (H, N, T): task sums in each replay's order
     C = np.cumsum(G, axis=2)
     Gm = G / R  # per-task means, the arithmetic of Race.per_task

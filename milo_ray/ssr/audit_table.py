@@ -188,3 +188,32 @@ def write_parquet(path: Any, per_matrix: Sequence[dict[str, Any]], summary: Sequ
     cols = list(dict.fromkeys(k for r in rows for k in r))
     table = pa.Table.from_pylist([{k: r.get(k) for k in cols} for r in rows])
     pq.write_table(table, path)
+
+
+def versus_reference(per_matrix: Sequence[dict[str, Any]], *, fraction: float = 0.2, within: float = 0.3,
+                     reference: str = "successive_halving") -> str:
+    """The issue's target at ``fraction``: a rule's true regret within ``within`` points of
+    the full matrix's and below ``reference``'s by more than two standard errors, the
+    difference paired by matrix (each matrix's mean regret under the rule minus under the
+    reference, at the same budget) and its error the standard error across matrices."""
+    by = {(r["matrix"], r["rule"], r["fraction"]): r["regret"] for r in per_matrix}
+    mats = list(dict.fromkeys(r["matrix"] for r in per_matrix))
+    rules = [r for r in dict.fromkeys(r["rule"] for r in per_matrix if r["fraction"] == fraction)
+             if r not in BASELINES and r != reference]
+    full = np.array([by[(k, "full_matrix", 1.0)] for k in mats])
+    ref = [by.get((k, reference, fraction)) for k in mats]
+    if not rules or any(x is None for x in ref):
+        return f"target at {fraction:.0%}: not evaluated (no {reference} row at that budget)"
+    ref_a = np.array(ref, dtype=float)
+    lines, met = [], []
+    for rule in rules:
+        reg = np.array([by[(k, rule, fraction)] for k in mats])
+        gap, d = reg.mean() - full.mean(), reg - ref_a
+        se = float(d.std(ddof=1) / np.sqrt(len(d))) if len(d) > 1 else float("nan")
+        ok = gap <= within and se == se and d.mean() < -2 * se
+        met += [rule] if ok else []
+        lines.append(f"  {rule:<24} regret {reg.mean():.2f}, {gap:+.2f} vs full matrix; vs {reference} "
+                     f"{d.mean():+.2f} ± {_num(se, '.2f')} (paired by matrix)")
+    head = (f"target at {fraction:.0%} (within {within} pts of the full matrix, > 2 SE below {reference}): "
+            + (f"met by {', '.join(met)}" if met else "met by no rule"))
+    return "\n".join([head, *lines])
