@@ -72,7 +72,11 @@ with ScriptedOpenAIServer(scripted) as srv:
             res = await ex.aexecute(harness, task, i, 0)
             took = time.perf_counter() - t
             if i:
-                out.append({"s": took, "score": res.score, "error_kind": res.error_kind, "error": res.error})
+                tr = res.trace or {}
+                out.append({"s": took, "score": res.score, "error_kind": res.error_kind, "error": res.error,
+                            "startup_s": tr.get("trajectory", {}).get("startup_s"),
+                            "agent_s": tr.get("trajectory", {}).get("agent_seconds"),
+                            "verify_s": (tr.get("verifier") or {}).get("seconds")})
         return out
 
     import milo_ray
@@ -109,6 +113,7 @@ def main(argv: list[str] | None = None) -> int:
     old_tree = _worktree(args.against)
     try:
         times: dict[str, list[float]] = {"earlier": [], "current": []}
+        parts: dict[str, list[dict]] = {"earlier": [], "current": []}
         for r in range(args.rounds):
             for name, tree in (("earlier", old_tree), ("current", ROOT)):
                 rows = _round(tree, args.rollouts)
@@ -116,6 +121,7 @@ def main(argv: list[str] | None = None) -> int:
                 if bad:
                     raise SystemExit(f"{name}: a rollout failed, so its time is not comparable: {bad[0]}")
                 times[name] += [row["s"] for row in rows]
+                parts[name] += rows
             print(f"round {r + 1}/{args.rounds} done", file=sys.stderr)
     finally:
         subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(old_tree)], capture_output=True)
@@ -124,6 +130,13 @@ def main(argv: list[str] | None = None) -> int:
     print(f"load average {load} on {os.cpu_count()} CPUs (wall times grow with it)")
     print(f"earlier release ({args.against})  {old * 1000:8.1f} ms per rollout  (median of {len(times['earlier'])})")
     print(f"current checkout         {new * 1000:8.1f} ms per rollout  (median of {len(times['current'])})")
+    for name in ("earlier", "current"):
+        shown = []
+        for key, label in (("startup_s", "harness process start"), ("agent_s", "agent"), ("verify_s", "grading")):
+            got = [r[key] for r in parts[name] if r.get(key) is not None]
+            if got:
+                shown.append(f"{label} {statistics.median(got) * 1000:.0f} ms")
+        print(f"  {name}: " + ", ".join(shown) + " (medians; the rest of a rollout is opening and closing sandboxes)")
     print(f"added by the current isolation  {(new - old) * 1000:+8.1f} ms per rollout  "
           f"(ratio {new / old:.3f}; target under +100 ms; cold path: no warm spare, bwrap)")
     return 0
