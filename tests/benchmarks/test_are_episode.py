@@ -1,0 +1,109 @@
+"""ARE scenarios run for real in ARE's own interpreter (milo_ray/benchmarks/are/host.py via
+episode.py) on this project's two fixtures (tests/fixtures/are/): the reference solution
+scores 1, a wrong action fails on ARE's deterministic checks without any LLM call, and an
+agent reaches the environment only through the scenario's app tools.
+
+Slow (an ARE process takes 20-30 s to load and preprocess a scenario on a small machine)
+and needs the ARE interpreter: ``scripts/are_env.sh``, then ``MILO_RAY_ARE_PYTHON``.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from milo_ray.benchmarks.are.episode import Episode, score_of
+from milo_ray.benchmarks.are.tools import WAIT_TOOL, scenario_tools
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "are"
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def are_python() -> Path:
+    py = os.environ.get("MILO_RAY_ARE_PYTHON")
+    if not py or not Path(py).is_file():
+        why = (f"MILO_RAY_ARE_PYTHON={py!r} names no interpreter: run scripts/are_env.sh and export "
+               "MILO_RAY_ARE_PYTHON=~/.cache/milo_ray/are-venv/bin/python")
+        if os.environ.get("CI") == "true":
+            pytest.fail(why)
+        pytest.skip(why)
+    return Path(py)
+
+
+class CountingGrader:
+    """The grader role as the verifier sees it, counting calls; answers like a lenient judge."""
+
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+
+    def ask(self, system: str, user: str, *, purpose: str) -> str:
+        self.calls.append(purpose)
+        return "[[True]]"
+
+
+@pytest.mark.parametrize("fixture", ["single_turn.json", "multi_turn.json"])
+def test_oracle_scores_one(fixture, are_python, tmp_path):
+    grader = CountingGrader()
+    ep = Episode(FIXTURES / fixture, tmp_path / "tools.sock", mode="oracle", judge="scripted", grader=grader,
+                 python=are_python, log=tmp_path / "host.log")
+    try:
+        ep.wait_ready()
+        verdict = ep.finish()
+    finally:
+        ep.close()
+    assert score_of(verdict) == (1.0, None), (verdict, (tmp_path / "host.log").read_text()[-3000:])
+    assert grader.calls == [] and verdict["judge_llm_calls"] == 0
+
+
+def _drive(ep: Episode, recipient: str) -> None:
+    tools = {t.name: t for t in scenario_tools(str(ep.socket))}
+    note = tools[WAIT_TOOL].invoke({"timeout_s": 30})
+    assert "Forward Greg's email" in note
+    # Only the scenario's app tools: an environment-side method (one that makes an email
+    # arrive) or an app's state is no tool of the agent's.
+    assert "EmailClientV2__send_email_to_user_only" not in tools
+    assert "EmailClientV2__add_email" not in tools and "EmailClientV2__folders" not in tools
+    assert all("__" in name for name in tools if name != WAIT_TOOL)
+    tools["EmailClientV2__forward_email"].invoke({"email_id": "greg_email", "recipients": [recipient]})
+    tools["AgentUserInterface__send_message_to_user"].invoke({"content": "Done: forwarded."})
+
+
+def test_wrong_recipient_fails_with_no_llm_call(are_python, tmp_path):
+    grader = CountingGrader()
+    ep = Episode(FIXTURES / "single_turn.json", tmp_path / "tools.sock", mode="agent", judge="grader", grader=grader,
+                 python=are_python, log=tmp_path / "host.log")
+    try:
+        ep.wait_ready()
+        _drive(ep, "jon@example.com")
+        verdict = ep.finish()
+    finally:
+        ep.close()
+    assert score_of(verdict) == (0.0, None), verdict
+    assert grader.calls == [] and verdict["judge_llm_calls"] == 0
+
+
+def test_harness_reaches_environment_through_its_tools_only(are_python, tmp_path):
+    import json
+    import socket
+
+    ep = Episode(FIXTURES / "single_turn.json", tmp_path / "tools.sock", mode="agent", judge="scripted",
+                 python=are_python, log=tmp_path / "host.log")
+    try:
+        ep.wait_ready()
+        with socket.socket(socket.AF_UNIX) as s:
+            s.connect(str(ep.socket))
+            f = s.makefile("rb")
+            for name in ("EmailClientV2__send_email_to_user_only", "EmailClientV2__folders", "scenario",
+                         "EmailClientV2__get_state", "EmailClientV2__load_state"):
+                s.sendall(json.dumps({"op": "call", "name": name, "args": {}}).encode() + b"\n")
+                reply = json.loads(f.readline())
+                assert not reply["ok"] and "no tool named" in reply["error"], (name, reply)
+        _drive(ep, "john@example.com")
+        verdict = ep.finish()
+    finally:
+        ep.close()
+    # The refused calls changed nothing: the right actions through the tools still pass.
+    assert score_of(verdict) == (1.0, None), verdict
