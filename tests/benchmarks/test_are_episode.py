@@ -107,3 +107,43 @@ def test_harness_reaches_environment_through_its_tools_only(are_python, tmp_path
         ep.close()
     # The refused calls changed nothing: the right actions through the tools still pass.
     assert score_of(verdict) == (1.0, None), verdict
+
+
+class ScriptedVerdicts(CountingGrader):
+    """A grader whose every answer is ``answer`` (ARE's checkers read [[True]]/[[Success]]
+    or [[False]]/[[Failure]]); ``refuse`` makes every call a spent budget."""
+
+    def __init__(self, answer: str = "", refuse: bool = False) -> None:
+        super().__init__()
+        self.answer, self.refuse = answer, refuse
+
+    def ask(self, system: str, user: str, *, purpose: str) -> str:
+        from milo_ray.core.tasks import GraderRefused
+
+        self.calls.append(purpose)
+        if self.refuse:
+            raise GraderRefused("grading budget spent")
+        return self.answer
+
+
+@pytest.mark.parametrize("grader,score", [(ScriptedVerdicts("[[True]]\n[[Success]]"), 1.0),
+                                          (ScriptedVerdicts("[[False]]\n[[Failure]]"), 0.0),
+                                          (ScriptedVerdicts(refuse=True), 0.0)],
+                         ids=["grader_accepts", "grader_rejects", "budget_spent"])
+def test_free_text_in_the_agents_own_words_is_judged_by_the_grader_role(grader, score, are_python, tmp_path):
+    ep = Episode(FIXTURES / "single_turn.json", tmp_path / "tools.sock", mode="agent", judge="grader", grader=grader,
+                 python=are_python, log=tmp_path / "host.log")
+    try:
+        ep.wait_ready()
+        tools = {t.name: t for t in scenario_tools(str(ep.socket))}
+        tools[WAIT_TOOL].invoke({"timeout_s": 30})
+        tools["EmailClientV2__forward_email"].invoke({"email_id": "greg_email", "recipients": ["john@example.com"]})
+        tools["AgentUserInterface__send_message_to_user"].invoke(
+            {"content": "I have sent Greg's music list on to John as you asked."})
+        verdict = ep.finish()
+    finally:
+        ep.close()
+    assert score_of(verdict)[0] == score, verdict
+    assert grader.calls and all(p.startswith("are:") for p in grader.calls)
+    assert ep.grader_calls == len(grader.calls) and ep.grader_refused == (len(grader.calls) if grader.refuse else 0)
+    assert ep.grader_failed == 0

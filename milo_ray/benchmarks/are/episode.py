@@ -42,7 +42,10 @@ class Episode:
         if judge == "grader" and grader is None:
             raise ValueError("judge=grader needs the grader role (executor.grader)")
         self.socket, self.grader = socket, grader
-        self.grader_calls, self.grader_refused = 0, 0
+        # Refused: the grading budget was spent (counted like a failed check, as the other
+        # formats do); failed: the grader's endpoint failed, which is no verdict on the
+        # agent (its caller makes the rollout an infrastructure failure).
+        self.grader_calls, self.grader_refused, self.grader_failed = 0, 0, 0
         self._ready = threading.Event()
         self._done = threading.Event()
         self.ready: dict[str, Any] | None = None
@@ -91,6 +94,7 @@ class Episode:
             self._send(t="grader_answer", id=msg["id"], error=f"grading budget spent: {exc}")
             return
         except Exception as exc:
+            self.grader_failed += 1
             self._send(t="grader_answer", id=msg["id"], error=f"{type(exc).__name__}: {exc}")
             return
         self._send(t="grader_answer", id=msg["id"], text=text)
