@@ -45,6 +45,7 @@ from milo_ray.config.paths import conf_dir
 from milo_ray.config.schemas import register_configs
 from milo_ray.config.validate import (check_composition, check_overrides, check_resume_overrides, check_seed_harnesses,
                                       check_settings, override_key)
+from milo_ray.tracking.run_log import RUN_LOG, attach_run_log, to_run_log
 from milo_ray.manifest import (EMBEDDER_LOADED, build_manifest, deadline_for, elapsed_before, finish_manifest, new_run_id,
                                read_manifest)
 
@@ -54,7 +55,6 @@ log = logging.getLogger(__name__)
 
 EXIT_CRASH, EXIT_BAD_INPUT, EXIT_INFRA, EXIT_INTERRUPTED = 1, 2, 3, 130
 FAILED_INFRA = "failed_infra"
-RUN_LOG = "run.log"
 
 register_configs()
 # `hydra.sweep.dir` follows run.dir when one is given (conf/config.yaml).
@@ -226,12 +226,12 @@ def prepare_run(cfg: DictConfig) -> PreparedRun:
     benchmark = _build("benchmark", cfg.benchmark)
     # Tasks the sandbox cannot run are refused by name, or skipped with a warning when the
     # run asks for it, before the method sees the splits.
-    from milo_ray.tasks.preflight import check_runnable  # the sandbox's refusals and, under Docker, missing images
+    from milo_ray.tasks.preflight import check_runnable, skip_tasks  # the sandbox's refusals; under Docker, missing images
 
     skipped = check_runnable(plan.executor, cfg.executor, [t for s in benchmark.splits().values() for t in s],
                              skip=bool(OmegaConf.select(cfg, "run.skip_unrunnable_tasks", default=False)))
     if skipped:
-        _skip_tasks(benchmark, skipped)
+        skip_tasks(benchmark, skipped)
     check_seed_harnesses(benchmark, cfg.get("sandbox"))
     method = _build("method", cfg.method)
     plugin = _method_plugin(method)
@@ -318,9 +318,9 @@ def run_job(cfg: DictConfig) -> dict[str, Any]:
     if skipped:
         manifest["skipped_tasks"] = dict(skipped)
     store.write_manifest(manifest)
-    log_file = _attach_run_log(run_dir)
+    log_file = attach_run_log(run_dir)
     session = len(manifest["history"])
-    _to_run_log(log_file, "session %d of run %s started (%s) on %s; milo_ray git %s; overrides: %s", session,
+    to_run_log(log_file, "session %d of run %s started (%s) on %s; milo_ray git %s; overrides: %s", session,
                 manifest["run_id"], "resumed" if resumed else "new run", manifest["history"][-1]["host"],
                 manifest.get("git_sha") or "unknown", " ".join(_invocation_overrides()) or "none")
     for task_id, why in skipped.items():
@@ -422,7 +422,7 @@ def run_job(cfg: DictConfig) -> dict[str, Any]:
         except DiskFull:
             pass
         _scrub_run_dir(run_dir)
-        _to_run_log(log_file, "session %d ended: status %s after %.0f s%s", session, status, time.time() - session_started,
+        to_run_log(log_file, "session %d ended: status %s after %.0f s%s", session, status, time.time() - session_started,
                     "".join(f"; {k}={v:.4f}" if isinstance(v, float) else f"; {k}={v}"
                             for k, v in summary.items() if k in _HEADLINE_KEYS))
         logging.getLogger().removeHandler(log_file)
@@ -516,41 +516,8 @@ def _live_views(cfg: DictConfig, store: Any, scheduler: Any, tracker: Any, *, ru
                           config=manifest["config"], resumed=resumed)
 
 
-class _RunLog(logging.FileHandler):
-    """``run.log``: on a full disk its lines are dropped quietly (the console still gets
-    them) instead of a traceback per line, and closing it never masks the run's error."""
-
-    def handleError(self, record: logging.LogRecord) -> None:
-        if not isinstance(sys.exc_info()[1], OSError):
-            super().handleError(record)
-
-    def close(self) -> None:
-        try:
-            super().close()
-        except OSError:
-            pass
-
-
 # The summary's figures a session's closing line in run.log names (the console prints them too).
 _HEADLINE_KEYS = ("executions_used", "stop_reason", "rounds", "best_seed_true_quality", "final_true_quality")
-
-
-def _to_run_log(handler: logging.Handler, message: str, *args: Any) -> None:
-    """A line in run.log only: the session's opening and closing lines, whose facts the
-    console shows in its own form (the run directory line, the summary)."""
-    handler.handle(log.makeRecord(log.name, logging.INFO, __file__, 0, message, args, None))
-
-
-def _attach_run_log(run_dir: Path) -> logging.Handler:
-    """``run.log`` in the run directory (appended to by every session of the run). It and
-    every handler already on the root logger (the console) redact the run's secrets."""
-    handler = _RunLog(run_dir / RUN_LOG)
-    handler.setFormatter(logging.Formatter("[%(asctime)s][%(name)s][%(levelname)s] - %(message)s"))
-    root = logging.getLogger()
-    for existing in root.handlers:
-        redaction.install_log_redaction(existing)
-    root.addHandler(redaction.install_log_redaction(handler))
-    return handler
 
 
 def _register_secrets(plan: Any) -> None:
@@ -572,19 +539,6 @@ def _scrub_run_dir(run_dir: Path) -> None:
     if changed:
         shown = ", ".join(changed[:5]) + (f" and {len(changed) - 5} more" if len(changed) > 5 else "")
         log.warning("redacted key values from %d file(s) the run wrote: %s", len(changed), shown)
-
-
-def _skip_tasks(benchmark: Any, skipped: dict[str, str]) -> None:
-    """Drop the tasks ``run.skip_unrunnable_tasks`` let the run skip from every split."""
-    drop = getattr(benchmark, "drop_tasks", None)
-    if not callable(drop):
-        raise UserError(f"run.skip_unrunnable_tasks=true: benchmark {getattr(benchmark, 'name', '?')} cannot drop "
-                        f"tasks; fix or remove them: {'; '.join(skipped.values())}")
-    for task_id, why in skipped.items():
-        print(f"warning: skipping task {task_id} (run.skip_unrunnable_tasks=true): {why}", file=sys.stderr)
-    drop(set(skipped))
-    if not any(benchmark.splits().values()):
-        raise UserError("run.skip_unrunnable_tasks=true: every task was skipped; nothing left to run")
 
 
 _job_started = False  # a Hydra exit code 1 after a job started is a crash, before it bad input

@@ -39,7 +39,7 @@ SSR_TINY = ["method=ssr", "benchmark=surrogate_tb21", "method.scales=[0.5,1.0]",
             "method.b_f=1", "method.rollouts=1", "method.patience=1", "method.test_rollouts=2",
             "run.budget.executions=60"]
 EINSTEIN_PROBLEM = "first_autocorrelation"
-EINSTEIN_SMALL = ["+experiment=milo_einstein", f"benchmark.problem={EINSTEIN_PROBLEM}", "benchmark.budget_s=1",
+EINSTEIN_SMALL = ["+experiment=milo_einstein", f"benchmark.problem={EINSTEIN_PROBLEM}", "benchmark.budget_s=2",
                   "benchmark.grace_s=1", "run.time_limit_s=null", "method.search_size=2", "method.val_size=1",
                   "method.max_rounds=1", "method.num_islands=2", "method.seeds=[lse_adam,subgradient]"]
 

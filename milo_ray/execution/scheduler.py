@@ -2,32 +2,25 @@
 
 The scheduler is the driver-side half of rollout execution (DESIGN §2). It owns:
 
-* **dispatch** -- :class:`~milo_ray.execution.workers.RolloutWorker` async actors,
-  each holding ``slots_per_worker`` of the Ray resource ``sandbox_slot`` and placed by
-  Ray wherever slots are free; the scheduler asks for as many as its queue needs and
-  releases them when they idle (:class:`~milo_ray.execution.pool.WorkerPool`), so the
-  autoscaler sees the demand, concurrent runs share nodes without oversubscribing
-  them, and a node that joins gets a waiting worker at once. Requests wait in
-  per-group FIFO queues on the driver; :class:`~milo_ray.execution.dispatch.Dispatch`
-  decides which goes to which worker's free slot (round-robin across groups, within
-  each group's limit, onto the worker with the most free slots) and the scheduler
-  carries that out. Batches go out in one actor call and finished outcomes come back
-  in one long poll, so results stream in as they finish with no batch barrier;
-* **the cache** -- a request's identity is ``RolloutRequest.key(model_id)``; a key runs
-  at most once per run: concurrent duplicates share one execution, keys finished in
-  this process or already in the store (resume) are returned without executing
-  (:class:`~milo_ray.execution.cache.ResultCache`);
+* **dispatch** -- :class:`~milo_ray.execution.workers.RolloutWorker` async actors, each
+  holding ``slots_per_worker`` of the Ray resource ``sandbox_slot``, asked for as the queue
+  needs and released when idle (:class:`~milo_ray.execution.pool.WorkerPool`), so the
+  autoscaler sees the demand and concurrent runs share nodes without oversubscribing them.
+  :class:`~milo_ray.execution.dispatch.Dispatch` decides which queued request goes to which
+  free slot (round-robin across groups, within each group's limit); batches go out in one
+  actor call and outcomes come back in one long poll, with no batch barrier;
+* **the cache** -- a request's identity is ``RolloutRequest.key(model_id)``; a key runs at most
+  once per run: duplicates share one execution, finished keys (this process's or the store's
+  on resume) are returned without executing (:class:`~milo_ray.execution.cache.ResultCache`);
 * **the budget** -- the uncached part of a request batch is reserved on the
   :class:`~milo_ray.execution.budget.BudgetLedger` before anything starts
   (:class:`BudgetExceeded` otherwise) and committed as results arrive; once a token or
   cost cap is reached no queued rollout starts, and the gateways' shared counter stops
   the running ones' model calls (:mod:`~milo_ray.execution.spend`);
 * **faults** -- an executor that raises, or a worker actor / node that dies, is an
-  infrastructure failure: the rollout is retried with exponential backoff on a
-  new worker, each retry recorded as a ``rollout_retry`` event, and after
-  ``max_retries`` the result is recorded with ``error_kind="infra"``
-  (:mod:`~milo_ray.execution.outcomes`). Harness and task failures are returned
-  results, i.e. scores, and are never retried;
+  infrastructure failure: retried with exponential backoff on a new worker (each retry a
+  ``rollout_retry`` event), recorded with ``error_kind="infra"`` after ``max_retries``
+  (:mod:`~milo_ray.execution.outcomes`). Harness and task failures are scores, never retried;
 * **recording** -- the driver is the store's single writer: it fills the bookkeeping
   fields and appends each batch of finished results (the store moves traces to blobs).
 
@@ -399,7 +392,8 @@ class RolloutScheduler:
             batches: dict[str, list[_Job]] = {}
             dropped = False
             for key, job in picks:
-                refused = self._grader_refused(job)
+                # A rollout whose verifier calls the grader waits on that role's cap too.
+                refused = self.agent_calls and self.agent_calls.grader_refusal(self.tasks.get(job.request.task_id))
                 if job.ledger.spend_exhausted() or refused:
                     # Its slot is offered again on the next pass.
                     self._dispatch.done(job.request.group)
@@ -416,15 +410,6 @@ class RolloutScheduler:
                 break
         in_flight = sum(len(w.inflight) for w in self._workers.values())
         self._pool.scale(in_flight + self._dispatch.runnable())
-
-    def _grader_refused(self, job: _Job) -> str | None:
-        """Why a rollout whose verifier calls the grader role may not start (its role cap,
-        ``run.budget.roles.grader``, is reached), or None: that cap stops the grader's new work."""
-        task = self.tasks.get(job.request.task_id)
-        if self.agent_calls is None or task is None or not getattr(task.format, "uses_grader", False):
-            return None
-        return None if self.agent_calls.allows("grader") else (
-            f"{self.agent_calls.exhausted_reason('grader')}; no new rollout that needs the grader starts")
 
     def _send(self, node: WorkerHandle, jobs: list[_Job]) -> None:
         items: list[Item] = [(j.item_id, j.request.harness_id, j.request.task_id, j.request.rollout_idx,

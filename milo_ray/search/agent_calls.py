@@ -276,6 +276,13 @@ class AgentCallLog:
                     f"cost ${spent.cost_usd:.4f}/{cap.cost_usd})")
         return "the run's token/USD budget is spent"
 
+    def grader_refusal(self, task: Any) -> str | None:
+        """Why a rollout of ``task`` may not start because its verifier calls the grader
+        role and that role's cap (``run.budget.roles.grader``) is reached, or None."""
+        if task is None or not getattr(task.format, "uses_grader", False) or self.allows("grader"):
+            return None
+        return f"{self.exhausted_reason('grader')}; no new rollout that needs the grader starts"
+
     def spend(self, role: str) -> RoleSpend:
         with self._lock:
             s = self._spend.get(role, RoleSpend())

@@ -8,6 +8,7 @@ a warning instead.
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 from milo_ray.config.errors import UserError
@@ -44,3 +45,16 @@ def check_runnable(executor_spec: Any, executor_node: Any, tasks: Any, *, skip: 
                         "sandbox, or set run.skip_unrunnable_tasks=true to skip them with a warning; "
                         "python -m milo_ray.tasks check PATH gives a verdict per task):\n" + "\n".join(lines))
     return problems
+
+
+def skip_tasks(benchmark: Any, skipped: dict[str, str]) -> None:
+    """Drop the tasks ``run.skip_unrunnable_tasks`` let the run skip from every split."""
+    drop = getattr(benchmark, "drop_tasks", None)
+    if not callable(drop):
+        raise UserError(f"run.skip_unrunnable_tasks=true: benchmark {getattr(benchmark, 'name', '?')} cannot drop "
+                        f"tasks; fix or remove them: {'; '.join(skipped.values())}")
+    for task_id, why in skipped.items():
+        print(f"warning: skipping task {task_id} (run.skip_unrunnable_tasks=true): {why}", file=sys.stderr)
+    drop(set(skipped))
+    if not any(benchmark.splits().values()):
+        raise UserError("run.skip_unrunnable_tasks=true: every task was skipped; nothing left to run")

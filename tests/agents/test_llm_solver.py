@@ -181,8 +181,8 @@ def test_the_litellm_yaml_carries_every_knob_to_the_chat_model(key_env):
     assert (defaults.max_retries, defaults.rpm, defaults.tpm) == (3, None, None)
     model = build_chat_model(m)
     assert (model.max_retries, model.retry_base_s, model.retry_max_s, model.request_timeout) == (5, 0.5, 8.0, 600.0)
-    limiter = model.request_limiter
-    assert (limiter.model_id, limiter.rpm, limiter.tpm) == ("openai/scripted", 100, 20000)
+    limiter = model.request_limiter  # the limits are the provider account's (llm/accounts.py)
+    assert (limiter.account, limiter.rpm, limiter.tpm) == (f"openai|{KEY}|-", 100, 20000)
 
 
 @pytest.mark.parametrize("kw,field", [({"max_retries": -1}, "max_retries"), ({"retry_base_s": -1.0}, "retry_base_s"),

@@ -191,20 +191,18 @@ def test_only_a_format_that_asks_gets_the_grader():
 
 
 def test_a_reached_grader_role_cap_stops_new_rollouts_that_need_the_grader():
-    from milo_ray.execution.scheduler import RolloutScheduler
+    # The scheduler asks the agent ledger before it starts each rollout (RolloutScheduler._pump).
     from milo_ray.llm.usage import AgentUsage
     from milo_ray.search.agent_calls import AgentCallLog, RoleCap
     from milo_ray.store.memory import MemoryRunStore
 
-    sched = RolloutScheduler.__new__(RolloutScheduler)
     plain = SimpleNamespace(task_id="plain", format=None)
-    sched.tasks = {"paper": task(), "plain": plain}
-    sched.agent_calls = AgentCallLog(MemoryRunStore(), caps={"grader": RoleCap(tokens=100)})
-    job = lambda tid: SimpleNamespace(request=SimpleNamespace(task_id=tid))  # noqa: E731
-    assert sched._grader_refused(job("paper")) is None
-    sched.agent_calls.record("grader", AgentUsage(100, 10, 0.0), call_id="k:grader:1")
-    assert "run.budget.roles.grader" in sched._grader_refused(job("paper"))
-    assert sched._grader_refused(job("plain")) is None  # a task that needs no grader still runs
+    calls = AgentCallLog(MemoryRunStore(), caps={"grader": RoleCap(tokens=100)})
+    assert calls.grader_refusal(task()) is None
+    calls.record("grader", AgentUsage(100, 10, 0.0), call_id="k:grader:1")
+    assert "run.budget.roles.grader" in calls.grader_refusal(task())
+    assert calls.grader_refusal(plain) is None  # a task that needs no grader still runs
+    assert calls.grader_refusal(None) is None
 
 
 def test_a_failing_grader_endpoint_is_an_infrastructure_failure_not_a_zero(tmp_path):

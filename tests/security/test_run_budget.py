@@ -196,7 +196,9 @@ def test_running_rollouts_stop_at_the_run_budget_and_a_resumed_run_starts_from_t
     from milo_ray.store import MemoryRunStore
 
     h = Harness.from_source("def build_agent(model, backend):\n    return None\n")
-    tasks = {t: Task(t, "search", "loop", 60.0, 10**9, {}) for t in ("a", "b")}
+    # The time cap only bounds a hang: the budget must be what stops the looping rollouts, also on
+    # a machine so loaded that 60 s would end them first.
+    tasks = {t: Task(t, "search", "loop", 600.0, 10**9, {}) for t in ("a", "b")}
     store = MemoryRunStore(run_id="budget")
     cap = 8 * CALL_USD + CALL_USD / 2
     with ScriptedOpenAIServer(_policy) as srv:
