@@ -13,7 +13,6 @@ import json
 import os
 import subprocess
 import threading
-import time
 from pathlib import Path
 from typing import Any
 
@@ -54,7 +53,7 @@ class Episode:
         self._proc = subprocess.Popen([str(python or are_python()), str(HOST), "--scenario", str(scenario),
                                        "--socket", str(socket), "--judge", judge, "--mode", mode],
                                       stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._stderr,
-                                      env={k: v for k, v in os.environ.items() if not k.endswith("_API_KEY")})
+                                      env=_host_env())
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
 
@@ -122,6 +121,14 @@ class Episode:
         self._proc.wait()
         if self._stderr is not subprocess.DEVNULL:
             self._stderr.close()
+
+
+def _host_env() -> dict[str, str]:
+    """The host process's environment: what an interpreter needs and nothing else, so no
+    provider key or cloud credential of this process reaches ARE (its LLM checks go through
+    the grader role, which holds the grader's key on this side)."""
+    keep = ("PATH", "HOME", "LANG", "LC_ALL", "TMPDIR", "TZ")
+    return {k: os.environ[k] for k in keep if k in os.environ}
 
 
 def score_of(verdict: dict[str, Any]) -> tuple[float, str | None]:

@@ -223,6 +223,8 @@ def main() -> None:
                           notification_system=VerboseNotificationSystem())
         env.run(scenario, wait_for_end=False)
         tools = ScenarioTools(scenario, env)
+        # World-connectable: the sandbox's user differs from this one; the directory the
+        # socket is made in (the rollout's, bound into its sandbox only) is what limits who reaches it.
         channel = ToolChannel(tools, opts.socket, mode=0o666)
         parent.send(t="ready", tools=len(tools.tools()), turns=scenario.nb_turns,
                     setup_s=round(time.monotonic() - began, 3))
