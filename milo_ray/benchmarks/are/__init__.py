@@ -1,5 +1,7 @@
-"""GAIA-2 scenarios of Meta's Agents Research Environments (ARE), the pieces that need no
-ARE installation: reading local scenario JSON (:mod:`.scenarios`), mapping ARE's argument
-type strings to JSON Schema (:mod:`.tool_schema`) and the per-rollout tool channel
-between the host process that holds a scenario's environment and the harness's sandbox
-(:mod:`.channel` host side, :mod:`.tools` the harness's langchain tools)."""
+"""GAIA-2 scenarios of Meta's Agents Research Environments (ARE): reading local scenario
+JSON (:mod:`.scenarios`), the host-side process that holds one scenario's environment and
+judge under ARE's own interpreter (:mod:`.host`) and its driver on this side, which
+answers the judge's LLM checks through the grader role (:mod:`.episode`), the per-rollout
+tool channel between that process and the harness's sandbox (:mod:`.channel` host side,
+:mod:`.tools` the harness's langchain tools) and ARE's argument type strings as JSON
+Schema (:mod:`.tool_schema`)."""
