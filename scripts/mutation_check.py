@@ -1093,6 +1093,25 @@ MUTATIONS: tuple[Mutation, ...] = (
         ("tests/milo/test_harness_dirs.py::test_a_recorded_node_is_rebased_under_the_current_run_directory",),
         "replayed nodes keep another machine's paths",
     ),
+    Mutation(
+        "are-channel-serves-unlisted-names", "milo_ray/benchmarks/are/channel.py",
+        "if spec is None:", "if spec is None and name not in dir(provider):",
+        ("tests/benchmarks/test_are_channel.py::test_the_harness_cannot_reach_environment_state_except_through_its_tools",),
+        "the scenario's tool channel answers names that are not its tools",
+    ),
+    Mutation(
+        "are-channel-extra-args", "milo_ray/benchmarks/are/channel.py",
+        "extra = sorted(str(k)[:100] for k in args if k not in allowed)", "extra = []",
+        ("tests/benchmarks/test_are_channel.py::test_the_harness_cannot_reach_environment_state_except_through_its_tools",),
+        "arguments a tool does not take reach the scenario's environment",
+    ),
+    Mutation(
+        "are-host-env-keys", "milo_ray/benchmarks/are/episode.py",
+        "return {k: os.environ[k] for k in keep if k in os.environ}",
+        "return {k: v for k, v in os.environ.items() if not k.endswith(\"_API_KEY\")}",
+        ("tests/benchmarks/test_are_host_env.py::test_are_host_process_gets_no_credential",),
+        "cloud credentials reach the ARE host process",
+    ),
 )
 
 
