@@ -1112,6 +1112,24 @@ MUTATIONS: tuple[Mutation, ...] = (
         ("tests/benchmarks/test_are_host_env.py::test_are_host_process_gets_no_credential",),
         "cloud credentials reach the ARE host process",
     ),
+    Mutation(
+        "paired-rejects-ranks-backwards", "milo_ray/ssr/racing_paired.py",
+        'np.argsort(-t, kind="stable")', 'np.argsort(t, kind="stable")',
+        ("tests/ssr/test_racing_new_rules.py::test_paired_rejects_rejects_the_challenger_with_the_lowest_paired_statistic",),
+        "paired successive rejects drops the strongest challenger instead of the weakest",
+    ),
+    Mutation(
+        "bandit-without-radius", "milo_ray/ssr/racing_bandit.py",
+        "out = d.mean(axis=-1) + radius(d, level) < 0", "out = d.mean(axis=-1) < 0",
+        ("tests/ssr/test_racing_new_rules.py::test_bandit_keeps_every_child_its_bound_cannot_separate_and_drops_a_clear_loser",),
+        "the bandit rule drops near-ties on noise",
+    ),
+    Mutation(
+        "stepwise-audit-ignores-stop", "milo_ray/ssr/audit_stepwise.py",
+        "            if decision.stop:\n                break", "",
+        ("tests/ssr/test_audit_stepwise.py::test_the_stepwise_replay_takes_the_races_decisions_within_budget",),
+        "the audit's spend no longer matches the race's",
+    ),
 )
 
 
