@@ -45,7 +45,7 @@ from milo_ray.config.paths import conf_dir
 from milo_ray.config.schemas import register_configs
 from milo_ray.config.validate import (check_composition, check_overrides, check_resume_overrides, check_seed_harnesses,
                                       check_settings, override_key)
-from milo_ray.tracking.run_log import RUN_LOG, attach_run_log, to_run_log
+from milo_ray.run_log import RUN_LOG, attach_run_log, to_run_log
 from milo_ray.manifest import (EMBEDDER_LOADED, build_manifest, deadline_for, elapsed_before, finish_manifest, new_run_id,
                                read_manifest)
 

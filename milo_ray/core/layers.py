@@ -54,9 +54,10 @@ LAYERS: tuple[Layer, ...] = (
     Layer("search", ("milo_ray.search", "milo_ray.context"),
           "services both methods share (mutation runner, recording, final test, event base) and the "
           "run context they are handed"),
-    Layer("config checks", ("milo_ray.config.targets", "milo_ray.config.validate", "milo_ray.manifest"),
-          "validation of a composed config against what it builds (agents, seeds, role caps) and the "
-          "manifest that records it"),
+    Layer("config checks", ("milo_ray.config.targets", "milo_ray.config.validate", "milo_ray.manifest",
+                            "milo_ray.run_log"),
+          "validation of a composed config against what it builds (agents, seeds, role caps), and the "
+          "manifest and run.log that record a run"),
     Layer("methods", ("milo_ray.milo", "milo_ray.ssr", "milo_ray.evaluation", "milo_ray.evaluation_plugin"),
           "MILO, SSR, plain evaluation, each with its plugin"),
     Layer("read side", ("milo_ray.methods", "milo_ray.results", "milo_ray.einstein", "milo_ray.tracking",

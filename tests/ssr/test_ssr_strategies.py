@@ -108,7 +108,7 @@ def test_the_racing_rules_eliminate_as_their_races_did():
 @pytest.mark.parametrize("field,value,allowed", [
     ("evidence", "best", "'rer', 'topk_fixed', 'topk_resampling', 'fixed_n'"),
     ("ordering", "alphabetical", "'rer', 'random', 'quality_only'"),
-    ("racing", "knockout", "'successive_halving', 'uniform', 'halving', 'paired'"),
+    ("racing", "knockout", "'successive_halving', 'uniform', 'halving', 'paired', 'paired_rejects', 'bandit', 'lowrank'"),
 ])
 def test_an_unknown_name_is_refused_naming_the_key_the_allowed_values_and_the_fix(field, value, allowed):
     with pytest.raises(ValueError) as err:
