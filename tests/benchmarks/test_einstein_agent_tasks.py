@@ -25,7 +25,7 @@ STARTS = [{"base": "random", "n": 300, "seed": 0}, {"base": "random", "n": 300, 
 
 
 def _bench(**kw) -> EinsteinAgentBenchmark:
-    args = dict(problem="first_autocorrelation", starts=STARTS, parents=["lse_adam", "subgradient"], budget_s=2.0,
+    args = dict(problem="first_autocorrelation", starts=STARTS, parents=["lse_adam", "subgradient"], budget_s=3.0,
                 grace_s=1.0, splits={"search": 1, "val": 1, "test": 1})
     return EinsteinAgentBenchmark(**{**args, **kw})
 
