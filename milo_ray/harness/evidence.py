@@ -20,6 +20,10 @@ Layout written by ``write_evidence_dir``:
   tool calls where counted (for real tasks also what the verifier said: its reward
   values, error and output tail).
   A trace without a CTRF report (a verifier that wrote none) leaves no ``ctrf.json``.
+* files a task's format adds from its verifier's record, beside the trajectory (and per
+  rollout with k > 1), for every task whether it failed or not: the format's
+  ``evidence_files(verifier, task)`` names them (a PaperBench paper's ``graded.md``: each
+  rubric leaf with its verdict and the grader's reason).
 
 Traces come from ``result.trace`` when still inline, else ``store.get_blob(result.trace_ref)``.
 
@@ -110,6 +114,23 @@ def _grading(trace: dict[str, Any] | None, task: Task | None) -> dict[str, Any]:
     return {}
 
 
+def _format_files(root: Path, tdir: str, task: Task | None, trace: dict[str, Any] | None) -> None:
+    """The files ``task``'s format adds to its evidence from a rollout's verifier record
+    (module docstring), written under ``tdir``. A format without the hook adds nothing;
+    a hook that fails leaves its files out rather than the round without evidence."""
+    hook = getattr(getattr(task, "format", None), "evidence_files", None)
+    verifier = (trace or {}).get("verifier")
+    if hook is None or not verifier:
+        return
+    try:
+        files = hook(verifier, task)
+    except Exception as e:  # noqa: BLE001 -- evidence is advisory; the mutation still runs
+        log.warning("evidence %s: %s's extra files not written: %s", root, tdir, e)
+        return
+    for name, text in files.items():
+        _write(root, f"{tdir}/{name}", text)
+
+
 def write_evidence_dir(path: str | Path, harness: Any, results: Iterable[RolloutResult],
                        tasks: Mapping[str, Task] | Iterable[Task], store: Any = None) -> Path:
     """Write the evidence directory of ``harness`` from its rollout ``results``; returns ``path``."""
@@ -138,10 +159,12 @@ def write_evidence_dir(path: str | Path, harness: Any, results: Iterable[Rollout
                 if tr is not None:
                     _dump(root, f"{tdir}/rollout-{r.rollout_idx}/trajectory.json", tr.get("trajectory"))
                     _dump(root, f"{tdir}/rollout-{r.rollout_idx}/ctrf.json", tr.get("ctrf"))
+                    _format_files(root, f"{tdir}/rollout-{r.rollout_idx}", task_map.get(tid), tr)
         wt = traces[worst.rollout_idx]
         if wt is not None:
             _dump(root, f"{tdir}/trajectory.json", wt.get("trajectory"))
             _dump(root, f"{tdir}/ctrf.json", wt.get("ctrf"))
+            _format_files(root, tdir, task_map.get(tid), wt)
             for t in ((wt.get("ctrf") or {}).get("results") or {}).get("tests", []):
                 merged_tests.append({**t, "name": f"{tid}::{t.get('name')}"})
         failed = any(not r.resolved for r in rs)

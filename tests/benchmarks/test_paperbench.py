@@ -43,7 +43,7 @@ class DirSandbox:
 
 
 def task(**options):
-    bench = PaperBenchBenchmark(str(PAPERS), splits={"search": 1}, **options)
+    bench = PaperBenchBenchmark(str(PAPERS / "tiny-attention"), splits={"search": 1}, **options)
     return bench.tasks("search")[0]
 
 
@@ -214,3 +214,25 @@ def test_a_failing_grader_endpoint_is_an_infrastructure_failure_not_a_zero(tmp_p
 
     with pytest.raises(GraderUnavailable):
         grade(REFERENCE, tmp_path, Down())
+
+
+def test_the_evidence_a_mutator_reads_holds_every_leafs_verdict_and_reason(tmp_path):
+    from milo_ray.harness.evidence import write_evidence_dir
+    from milo_ray.harness.model import Harness
+
+    t = task()
+    verdict, _ = grade(BROKEN, tmp_path / "b")
+    good, _ = grade(REFERENCE, tmp_path / "g")
+    results = []
+    for i, v in enumerate((verdict, good)):
+        res = RolloutResult("h", t.task_id, i, score=v.score, trace={
+            "trajectory": {"steps": []}, "verifier": {"score": v.score, "output": v.output, "details": v.details}})
+        results.append(res)
+    edir = write_evidence_dir(tmp_path / "evidence", Harness.from_source("def build_agent(m, b): pass\n"), results,
+                              [t])
+    worst = (edir / "traces" / t.task_id / "graded.md").read_text()
+    assert "**FAIL** `impl-scores`" in worst and "**FAIL** `impl-mask`" in worst
+    assert "reason: missing from the submission: causal_mask" in worst
+    # Each rollout keeps its own, the one that passed included.
+    best = (edir / "traces" / t.task_id / "rollout-1" / "graded.md").read_text()
+    assert "**PASS** `impl-mask`" in best and "rubric score" in best and "1.000" in best

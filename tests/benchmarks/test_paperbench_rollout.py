@@ -54,7 +54,7 @@ def build_agent(model, backend):
 
 def test_the_harness_cannot_read_the_rubric_or_judge_addendum_and_grading_is_the_graders(tmp_path):
     os.environ[KEY_ENV] = "sk-unused-" + uuid.uuid4().hex
-    bench = PaperBenchBenchmark(str(PAPERS), splits={"search": 1})
+    bench = PaperBenchBenchmark(str(PAPERS / "tiny-attention"), splits={"search": 1})
     task = bench.tasks("search")[0]
     ex = AgentExecutor(model={"solver": "openai/none", "api_base": "http://127.0.0.1:9/v1", "api_key_env": KEY_ENV,
                               "max_retries": 0},

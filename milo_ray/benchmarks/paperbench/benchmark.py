@@ -31,6 +31,7 @@ from typing import Annotated, Any, Mapping
 
 from milo_ray.benchmarks.base import BenchmarkDataMissing, SplitTasks, seed_names
 from milo_ray.benchmarks.paperbench.judge import SUBMISSION, grade_leaf, read_submission
+from milo_ray.benchmarks.paperbench.render import graded_markdown
 from milo_ray.benchmarks.paperbench.rubric import JUDGE_FAILURES, MODES, aggregate, parse_rubric, select
 from milo_ray.benchmarks.splits import resolve_splits
 from milo_ray.benchmarks.task_format import SETUP_ALLOWANCE_S
@@ -209,6 +210,12 @@ class PaperBenchFormat:
         return Verdict(score=graded["score"], reward={"reward": graded["score"],
                                                       "graded_weight_fraction": graded["graded_weight_fraction"]},
                        output=summary, seconds=time.monotonic() - began, details=details)
+
+    def evidence_files(self, verifier: Mapping[str, Any], task: Task | None = None) -> dict[str, str]:
+        """What a harness's evidence adds for a paper (:mod:`milo_ray.harness.evidence`):
+        ``graded.md``, every rubric leaf with its verdict and the grader's reason."""
+        text = graded_markdown(verifier, task_id=task.task_id if task is not None else "")
+        return {"graded.md": text} if text else {}
 
     def solve(self, task: Task, sandbox: Sandbox) -> str | None:
         ref = task.metadata.get("reference")
