@@ -13,6 +13,7 @@ from typing import Any, Optional
 
 from milo_ray.search.strategy import check_choices, choice_field, resolve_field
 from milo_ray.ssr.racing import RACING_RULES, RacingRule
+from milo_ray.ssr.task_draw import TASK_DRAWS, TaskDraw
 from milo_ray.ssr.strategies import EVIDENCE_SETS, ORDERINGS, EvidenceOrdering, EvidenceSets
 
 
@@ -43,6 +44,13 @@ class SSRConfig:
         ``uniform`` (same batches, no elimination).
     Each of these three also takes a ``{_target_: ...}`` building another object of its
     protocol; events and the summary record the object's ``name``.
+    task_draw: how a race draws its tasks (:mod:`~milo_ray.ssr.task_draw`): ``uniform``
+        (the paper's: validation tasks uniformly without replacement, training classes in
+        RER order) or ``discriminative`` (tasks the current population passes at an
+        intermediate rate first, from the population's recorded executions: the current
+        parent and the harnesses of the last race; refreshed every round). The test
+        split is never drawn from. Takes a ``{_target_: ...}`` too, e.g.
+        ``{_target_: milo_ray.ssr.task_draw.DiscriminativeDraw, band: [0.3, 0.7]}``.
     stages: K, the racing stages per round.
     b_v: validation tasks per stage (one entry per stage, or one for all).
     b_s / b_f: parent-success / parent-failure training tasks per stage;
@@ -79,6 +87,7 @@ class SSRConfig:
     evidence: Any = choice_field(EVIDENCE_SETS, "rer")
     ordering: Any = choice_field(ORDERINGS, "rer")
     racing: Any = choice_field(RACING_RULES, "successive_halving")
+    task_draw: Any = choice_field(TASK_DRAWS, "uniform")
     stages: int = 2
     b_v: list[int] = field(default_factory=lambda: [10, 10])
     b_s: int = 5
@@ -155,6 +164,11 @@ class SSRConfig:
     def racing_strategy(self) -> RacingRule:
         """The object ``racing`` names."""
         return resolve_field(self, "racing", prefix="method")
+
+    @cached_property
+    def task_draw_strategy(self) -> TaskDraw:
+        """The object ``task_draw`` names."""
+        return resolve_field(self, "task_draw", prefix="method")
 
     @property
     def m(self) -> int:

@@ -68,6 +68,7 @@ from milo_ray.ssr.plugin import ROLES
 from milo_ray.ssr.racing import Race, RaceCandidate, RaceConfig
 from milo_ray.ssr.state import RecordedRun, check_parent, check_stage
 from milo_ray.ssr.store_io import StoreWriter
+from milo_ray.ssr.task_draw import population_rates
 
 METHOD = "ssr"
 GROUP = "ssr"
@@ -131,6 +132,11 @@ class _SSRRun:
                                    sandbox=ctx.sandbox)
         self.harnesses: dict[str, Harness] = {}
         self.generated = 0
+        # What method.task_draw reads: every (harness, task, reward) this run executed for
+        # its refreshes and races, and the runners of the last race. A resumed run rebuilds
+        # both by re-walking its decisions on cached rollouts, so its draws are the same.
+        self.cells: list[tuple[str, str, float]] = []
+        self.last_runners: set[str] = set()
 
     def emit(self, ev_: Event) -> None:
         """Store a decision (once) and fold it into the projection."""
@@ -199,6 +205,7 @@ class _SSRRun:
             # A token/cost cap ran out: the incumbent stands, the run stops cleanly.
             self.emit(RefreshAborted(rnd, parent.harness_id, str(e), len(e.partial)))
             return None, "budget"
+        self.cells.extend((r.harness_id, r.task_id, r.score) for r in results)
         records = judge_round(judge=self.judge, embedder=self.embedder, results=results, recorded=rec, emit=self.emit,
                               out=self.out, store=self.store, calls=self.calls, parent_id=parent.harness_id, rnd=rnd,
                               retries=self.cfg.judge_retries, workers=self.cfg.judge_workers)
@@ -256,10 +263,14 @@ class _SSRRun:
         rec = self.recorded.round(rnd)
         success = [r.task_id for r in ev_state["results"] if r.score >= 1.0]
         failure = [r.task_id for r in ev_state["results"] if r.score < 1.0]
+        # The population whose pass rates steer method.task_draw: the parent and the last
+        # race's runners (the parent's rivals and predecessors of the round before).
+        rates = population_rates(self.cells, {parent.harness_id} | self.last_runners)
+        runners: set[str] = set()
         race = Race(parent.harness_id, racers, order=ev_state["order"], parent_success=success, parent_failure=failure,
                     validation=[t.task_id for t in self.val], config=self.race_cfg,
                     rng=np.random.default_rng(derive_seed(self.ctx.seed, "race", rnd)), generated=generated,
-                    rule=self.cfg.racing_strategy)
+                    rule=self.cfg.racing_strategy, task_draw=self.cfg.task_draw_strategy, rates=rates)
         base = 1 + rnd * self.cfg.rollouts
         splits = {t.task_id: self.cfg.val_split for t in self.val} | {t: self.cfg.train_split for t in success + failure}
         while not self.ctx.out_of_time():
@@ -278,12 +289,15 @@ class _SSRRun:
                 self.emit(StageAborted(rnd, req.stage, str(e)))
                 break
             report = race.record([(r.harness_id, r.task_id, r.rollout_idx - base, r.score) for r in results])
+            self.cells.extend((r.harness_id, r.task_id, r.score) for r in results)
+            runners.update(req.harnesses)
             result = StageResult.from_payload(report.payload(), round=rnd, harness_id=parent.harness_id)
             check_stage(rec, result)
             self.emit(result)
         if not race.finished and race.stage < self.cfg.stages:
             race.abort("deadline")
         outcome = race.decision()
+        self.last_runners = runners
         self.emit(Selection.from_payload(outcome.payload(), round=rnd, harness_id=outcome.selected))
         return outcome
 
@@ -361,7 +375,7 @@ class _SSRRun:
             "improved": final.harness_id != initial.harness_id, "rounds": rounds, "stop_reason": stop,
             "executions_used": len(self.keys), "execution_budget": self.cap, "candidates_generated": self.generated,
             "history": history, "evidence": cfg.evidence_strategy.name, "ordering": cfg.ordering_strategy.name,
-            "racing": cfg.racing_strategy.name,
+            "racing": cfg.racing_strategy.name, "task_draw": cfg.task_draw_strategy.name,
             "spend_by_role": self.calls.by_role(),
         }
         to_test = [("ssr final", final)]

@@ -9,13 +9,16 @@ This is the Ray Tune ``TrialScheduler`` split: policies return decisions, driver
 carry them out, so every rule below is unit-tested without a cluster.
 
 Rules (DESIGN §4.3):
-* Stage batch B_r = b_v[r] unused validation tasks (prefixes of one uniform
-  permutation drawn at construction, i.e. uniform without replacement) + b_s
+* Stage batch B_r = b_v[r] unused validation tasks (prefixes of one order drawn at
+  construction: a uniform permutation, i.e. uniform without replacement, unless a
+  ``task_draw`` orders the pool by the population's pass rates) + b_s
   parent-success and b_f parent-failure training tasks. Each training class is taken
   first from the intersection of the surviving candidates' evidence sets in RER
   order, then from outside it in RER order (tasks missing from the ordering, e.g. a
   judge failure, come last in the order given); never a task used earlier in the
-  round; a short class is not refilled from the other class.
+  round; a short class is not refilled from the other class. A ``task_draw`` other than
+  the uniform one puts its preferred tasks first within each of those two parts (RER
+  order breaking its ties).
 * Every surviving child and the protected parent run every task of B_r R times.
 * Cumulative score = mean reward over every (task, rollout) of P_r = B_1 ∪ … ∪ B_r.
 * After an intermediate stage r < K the racing rule (a ``RacingRule`` object, chosen by
@@ -37,6 +40,7 @@ from typing import Any, Iterable, Sequence
 
 import numpy as np
 
+from milo_ray.ssr.task_draw import Rates, TaskDraw, UniformDraw
 from milo_ray.ssr.racing_rules import (RACING_RULES, GeometricHalving, NoElimination, PairedElimination, RacingRule,
                                        RuleDecision, StageView, SuccessiveHalving, keep_count, paired_t, t_critical)
 
@@ -206,6 +210,9 @@ class Race:
         (default: ``len(candidates)``).
     rule: the ``RacingRule`` saying how many children survive each intermediate stage
         (default: successive halving).
+    task_draw: how the pools are ordered for drawing (:mod:`milo_ray.ssr.task_draw`;
+        default: uniform, the paper's), from ``rates``: the current population's pass
+        rate and observed executions per task (the driver computes them each round).
     """
 
     def __init__(
@@ -221,8 +228,12 @@ class Race:
         rng: np.random.Generator,
         generated: int | None = None,
         rule: RacingRule | None = None,
+        task_draw: TaskDraw | None = None,
+        rates: Rates | None = None,
     ) -> None:
         self.rule: RacingRule = SuccessiveHalving() if rule is None else rule
+        self.task_draw: TaskDraw = UniformDraw() if task_draw is None else task_draw
+        rates = {} if rates is None else dict(rates)
         ids = [c.harness_id for c in candidates]
         if generated is not None and generated < len(ids):
             raise ValueError(f"race: generated={generated} is fewer than the {len(ids)} candidates racing")
@@ -243,9 +254,10 @@ class Race:
         # Tasks not in the ordering follow it, keeping the order the caller gave.
         tail = {t: len(rank) + i for i, t in enumerate(success + failure) if t not in rank}
         self._rank = {**rank, **tail}
-        self._success = sorted(success, key=self._rank.__getitem__)
-        self._failure = sorted(failure, key=self._rank.__getitem__)
-        self._val_perm = [validation[i] for i in rng.permutation(len(validation))]
+        # The draw's preference first, RER order within it (the uniform draw's key is constant).
+        self._success = sorted(success, key=lambda t: (self.task_draw.key(rates.get(t)), self._rank[t]))
+        self._failure = sorted(failure, key=lambda t: (self.task_draw.key(rates.get(t)), self._rank[t]))
+        self._val_perm = self.task_draw.order(list(validation), rates, rng)
         self._val_pos = 0
         self._used: set[str] = set()
         self._active: list[RaceCandidate] = list(self.candidates)
