@@ -19,6 +19,12 @@ Rules: uniform subset, successive halving (K=2, the paper's), halving (K=4), pai
 elimination, successive halving with the parent-replacement gate, paired successive
 rejects, the successive-elimination bandit and low-rank racing (racing_*.py).
 
+Task draws (--draws): every rule also races with the discriminative draw (label
+"<rule>+disc"): each replay's tasks ordered by the pass rates of an earlier population
+on them (the matrix's history, never a selection cell: on the surrogate the preset's
+seed harnesses, --history-rollouts executions each per task at rollout indices from 100;
+synthetic matrices carry their own), the tasks passed at an intermediate rate first.
+
 Each matrix gets --replays task orders shared by every rule (paired differences).
 The table gives true regret in points (mean ± SE across matrices), the paired
 difference to the uniform subset (± SE across matrices), the in-sample regret
@@ -60,7 +66,7 @@ def _generate(args, seeds):
     from milo_ray.agents.judges.offline import OfflineJudge
     from milo_ray.agents.mutators.offline import OfflineCandidateOptimizer
     from milo_ray.benchmarks.surrogate import SurrogateBenchmark
-    from milo_ray.ssr.audit import generate_surrogate_matrix
+    from milo_ray.ssr.audit import generate_surrogate_matrix, seed_history
 
     embedder = SentenceTransformerEmbedder(args.embedder)
     for seed in seeds:
@@ -74,7 +80,23 @@ def _generate(args, seeds):
                                           judge=OfflineJudge(), embedder=embedder, workdir=tmp,
                                           per_scale=args.per_scale, rollouts=args.rollouts, seed=seed, parent=parent,
                                           audit_splits=tuple(args.audit_splits.split(",")) if args.audit_splits else None)
+        if args.history_rollouts:
+            m = seed_history(m, bench, executor=bench.executor_config(), rollouts=args.history_rollouts, seed=seed)
         yield f"{args.preset}-seed{seed}", m
+
+
+def _with_history(args, name, m):
+    """A loaded surrogate matrix (named <preset>-seed<N>) without a history gets the
+    preset's seed harnesses run on its tasks; any other matrix is returned as it is."""
+    if m.history is not None or not args.history_rollouts or "-seed" not in name:
+        return m
+    from milo_ray.benchmarks.surrogate import SurrogateBenchmark
+    from milo_ray.ssr.audit import seed_history
+
+    preset, _, seed = name.rpartition("-seed")
+    bench = SurrogateBenchmark(preset=preset, seed=int(seed), calibrate_to=args.calibrate_to or None,
+                               audit_split=True)
+    return seed_history(m, bench, executor=bench.executor_config(), rollouts=args.history_rollouts, seed=int(seed))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -104,6 +126,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--bandit-delta", type=float, default=0.1, help="bandit: elimination level delta")
     p.add_argument("--lowrank-rank", type=int, default=1, help="lowrank: interaction rank")
     p.add_argument("--lowrank-z", type=float, default=2.5, help="lowrank: elimination threshold in SEs")
+    p.add_argument("--draws", default="uniform,discriminative",
+                   help="task draws every rule races with (uniform; discriminative needs a matrix history)")
+    p.add_argument("--history-rollouts", type=int, default=1,
+                   help="executions per task of each seed harness in a surrogate matrix's history (0: none)")
     p.add_argument("--target-fraction", type=float, default=0.2,
                    help="budget at which rules are judged against successive halving and the full matrix")
     p.add_argument("--embedder", default="packaged", help="sentence-transformers model (generate)")
@@ -120,7 +146,8 @@ def main(argv: list[str] | None = None) -> int:
     seeds = _seeds(args.seeds)
     groups: list[tuple[str, Any]]  # one table per group (a regime, or the matrices given)
     if args.load:
-        matrices = ((os.path.basename(f).removesuffix(".npz"), RewardMatrix.load(f)) for f in args.load.split(","))
+        matrices = ((n, _with_history(args, n, RewardMatrix.load(f)))
+                    for f in args.load.split(",") for n in [os.path.basename(f).removesuffix(".npz")])
     elif args.regimes:
         from milo_ray.ssr.audit_regimes import synthetic_matrix
 
@@ -148,6 +175,14 @@ def main(argv: list[str] | None = None) -> int:
              RuleSpec("paired_rejects", "paired_rejects", stages=args.rejects_stages, alpha=args.paired_alpha),
              RuleSpec("bandit", "bandit", block=args.paired_block, alpha=args.bandit_delta),
              RuleSpec("lowrank", "lowrank", block=args.paired_block, rank=args.lowrank_rank, z=args.lowrank_z))
+    from dataclasses import replace
+
+    draws = [d for d in args.draws.split(",") if d]
+    if args.run and draws != ["uniform"]:
+        print("note: a run's matrix has no history to draw by; --draws uniform only")
+        draws = ["uniform"]
+    rules = tuple(replace(r, label=r.label if d == "uniform" else f"{r.label}+{d[:4]}", draw=d)
+                  for d in draws for r in rules)
     fractions = [float(x) for x in args.budgets.split(",")]
     all_matrix, all_summary = [], []
     for group, matrices in groups:

@@ -58,7 +58,10 @@ class RewardMatrix:
     then refuses to report regret). truth_source says where it came from
     (``exact:<split>`` or ``held-out:<what>``). held_out: the held-out cells when truth is
     a held-out mean. cells: the (harness, task, rollout index) of every reward when the
-    indices are not 0..R−1 (a run's rollouts table).
+    indices are not 0..R−1 (a run's rollouts table). history: rewards[g, t, i] of an
+    earlier population (other harnesses, or the parent at other rollout indices) on the
+    same tasks, never selection cells: what a race's ``task_draw`` and ``lowrank``'s prior
+    may read without paying for it (None: none recorded).
     """
 
     harness_ids: tuple[str, ...]
@@ -69,6 +72,7 @@ class RewardMatrix:
     truth_source: str = ""
     held_out: HeldOut | None = None
     cells: frozenset[Cell] | None = None
+    history: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         if self.rewards.shape[:2] != (len(self.harness_ids), len(self.task_ids)) or self.rewards.ndim != 3:
@@ -80,6 +84,9 @@ class RewardMatrix:
             raise ValueError(f"RewardMatrix: truth has {len(self.truth)} values for {len(self.harness_ids)} harnesses")
         if self.held_out is not None:
             self.check_truth(self.held_out)
+        if self.history is not None and (self.history.ndim != 3 or self.history.shape[1] != len(self.task_ids)):
+            raise ValueError(f"RewardMatrix: history shape {self.history.shape} is not (harnesses × "
+                             f"{len(self.task_ids)} tasks × rollouts)")
 
     @property
     def full_cost(self) -> int:
@@ -119,15 +126,17 @@ class RewardMatrix:
         np.savez(path, harness_ids=np.array(self.harness_ids), task_ids=np.array(self.task_ids), rewards=self.rewards,
                  diff_sizes=np.array(self.diff_sizes or (0,) * len(self.harness_ids)),
                  truth=np.array(self.truth if self.truth is not None else [], dtype=float),
-                 truth_source=np.array(self.truth_source))
+                 truth_source=np.array(self.truth_source),
+                 history=self.history if self.history is not None else np.zeros((0, len(self.task_ids), 0)))
 
     @classmethod
     def load(cls, path: Any) -> "RewardMatrix":
         z = np.load(path)
         truth = z["truth"].tolist() if "truth" in z and z["truth"].size else None
+        history = z["history"] if "history" in z and z["history"].size else None
         return cls(tuple(z["harness_ids"].tolist()), tuple(z["task_ids"].tolist()), z["rewards"],
                    tuple(int(x) for x in z["diff_sizes"]), None if truth is None else tuple(truth),
-                   str(z["truth_source"]) if "truth_source" in z else "")
+                   str(z["truth_source"]) if "truth_source" in z else "", history=history)
 
 
 def matrix_from_rollouts(rows: Sequence[dict[str, Any]], *, rollouts: int = 2, parent: str | None = None,
@@ -292,3 +301,26 @@ def held_out_from_rollouts(m: RewardMatrix, rows: Sequence[dict[str, Any]], *,
             if (split is None or r.get("split") == split)
             and (r["harness_id"], r["task_id"], int(r["rollout_idx"])) not in picked]
     return m.with_truth(HeldOut.from_results(m.harness_ids, runs), f"held-out:{split or 'other cells'}")
+
+
+def seed_history(m: RewardMatrix, benchmark: Any, *, executor: Any, rollouts: int = 1, seed: int = 0,
+                 first_index: int = 100) -> RewardMatrix:
+    """``m`` with a history: every seed harness of ``benchmark`` (the population a run
+    starts from, the parent among them) run ``rollouts`` times on each of ``m``'s tasks at
+    rollout indices from ``first_index`` on, which the matrix never uses (checked)."""
+    from dataclasses import replace
+
+    from milo_ray.execution.workers import build_executor
+
+    R = m.rewards.shape[2]
+    if first_index < R:
+        raise ValueError(f"seed_history: first_index={first_index} reuses the matrix's rollout indices 0..{R - 1}")
+    tasks = {t.task_id: t for split in benchmark.splits().values() for t in split}
+    missing = [t for t in m.task_ids if t not in tasks]
+    if missing:
+        raise ValueError(f"seed_history: {len(missing)} of the matrix's tasks (e.g. {missing[0]}) are not in the "
+                         f"benchmark; build it with the preset and seed the matrix was generated on")
+    executor = build_executor(executor)
+    hist = np.array([[[executor.execute(h, tasks[t], first_index + i, seed).score for i in range(rollouts)]
+                      for t in m.task_ids] for h in benchmark.seed_harnesses()])
+    return replace(m, history=hist)

@@ -10,6 +10,10 @@ The generator (documented here because the sweep's conclusions rest on it):
   others; it is what a finite task sample cannot average away);
 * each execution is Bernoulli(sigmoid(θ_h + a_t + e_ht)): R rollouts per cell, so the
   per-execution noise is that of pass/fail on one task;
+* history (what a race may read before it starts, never a selection cell): ``history``
+  earlier harnesses, θ_0 + N(−0.1, 0.2²) (the parent's predecessors and rivals, a little
+  worse on average), one execution each per task, on the same task difficulties with
+  their own interactions;
 * truth_h = E[sigmoid(θ_h + Z)], Z ~ N(0, task_sd² + interaction_sd²): the harness's
   expected score on a fresh task of the same distribution (Gauss-Hermite quadrature,
   exact to ~1e-12).
@@ -57,7 +61,8 @@ def expected_score(theta: np.ndarray, sd: float) -> np.ndarray:
 
 
 def synthetic_matrix(regime: str, *, seed: int, children: int = 12, tasks: int = 160, rollouts: int = 2,
-                     base: float = 0.55, task_sd: float = 1.5, interaction_sd: float = 0.5) -> RewardMatrix:
+                     base: float = 0.55, task_sd: float = 1.5, interaction_sd: float = 0.5,
+                     history: int = 5) -> RewardMatrix:
     """One matrix of ``regime`` (see the module docstring), deterministic in ``seed``."""
     if regime not in REGIMES:
         raise ValueError(f"regime={regime!r}: choose one of {sorted(REGIMES)}")
@@ -69,5 +74,10 @@ def synthetic_matrix(regime: str, *, seed: int, children: int = 12, tasks: int =
     p = 1.0 / (1.0 + np.exp(-(theta[:, None] + a[None] + e)))
     rewards = (rng.random((len(theta), tasks, rollouts)) < p[:, :, None]).astype(float)
     truth = expected_score(theta, float(np.hypot(task_sd, interaction_sd)))
+    # Drawn after everything above, so a matrix is the same whatever ``history`` is.
+    theta_h = theta0 + rng.normal(-0.1, 0.2, history)
+    p_h = 1.0 / (1.0 + np.exp(-(theta_h[:, None] + a[None] + rng.normal(0.0, interaction_sd, (history, tasks)))))
+    hist = (rng.random((history, tasks, 1)) < p_h[:, :, None]).astype(float) if history else None
     return RewardMatrix(tuple(f"h{i}" for i in range(len(theta))), tuple(f"x{t}" for t in range(tasks)), rewards,
-                        truth=tuple(float(x) for x in truth), truth_source=f"exact:synthetic {regime}")
+                        truth=tuple(float(x) for x in truth), truth_source=f"exact:synthetic {regime}",
+                        history=hist)

@@ -29,6 +29,7 @@ from milo_ray.ssr.racing import (GeometricHalving, NoElimination, PairedEliminat
 from milo_ray.ssr.racing_bandit import SuccessiveEliminationBandit
 from milo_ray.ssr.racing_lowrank import LowRankRacing
 from milo_ray.ssr.racing_paired import PairedSuccessiveRejects, rejects_keep
+from milo_ray.ssr.task_draw import TASK_DRAWS
 
 RULE_NAMES = ("uniform", "successive_halving", "halving", "paired", "paired_rejects", "bandit", "lowrank")
 # Rules replayed stage by stage with the rule object itself (milo_ray.ssr.audit_stepwise).
@@ -47,6 +48,8 @@ class RuleSpec:
     elimination threshold. replace_alpha: the parent-replacement gate. ``bandit`` and
     ``lowrank`` race ``block``-task stages until the budget gate stops them;
     ``paired_rejects`` runs its K = ``stages`` schedule with the largest batch that fits.
+    draw: the race's task draw (``uniform`` or ``discriminative``, :mod:`~milo_ray.ssr.task_draw`),
+    the latter ordering each replay's tasks by the matrix's history.
     """
 
     label: str
@@ -58,10 +61,13 @@ class RuleSpec:
     replace_alpha: float | None = None
     rank: int = 1
     z: float = 2.5
+    draw: str = "uniform"
 
     def __post_init__(self) -> None:
         if self.rule not in RULE_NAMES:
             raise ValueError(f"audit rule {self.label!r}: rule={self.rule!r}; choose one of {list(RULE_NAMES)}")
+        if self.draw not in TASK_DRAWS.names:
+            raise ValueError(f"audit rule {self.label!r}: draw={self.draw!r}; choose one of {list(TASK_DRAWS.names)}")
         if self.stages < 1 or self.block < 1:
             raise ValueError(f"audit rule {self.label!r}: stages and block must be >= 1")
 
@@ -119,6 +125,23 @@ def permutations(tasks: int, replays: int, rng: np.random.Generator) -> np.ndarr
     """``replays`` independent uniform task orders (rows), shared by every rule so their
     regrets are paired."""
     return rng.permuted(np.tile(np.arange(tasks), (replays, 1)), axis=1)
+
+
+def draw_permutations(history: np.ndarray | None, tasks: int, replays: int, rng: np.random.Generator,
+                      draw: str = "discriminative") -> np.ndarray:
+    """``replays`` task orders (rows) under ``draw``, its rates being each task's mean over
+    ``history`` (earlier harnesses × tasks × rollouts; the race's own cells never inform
+    the order of the tasks it has not run, so one order per replay is the whole draw)."""
+    if draw == "uniform":
+        return permutations(tasks, replays, rng)
+    if history is None or not history.size:
+        raise ValueError(f"task draw {draw!r}: the matrix has no history (an earlier population's executions on its "
+                         f"tasks) to read pass rates from; generate it with one (racing_audit.py --history)")
+    n = history.shape[0] * history.shape[2]
+    rates = {j: (float(p), n) for j, p in enumerate(history.mean(axis=(0, 2)))}
+    strategy = TASK_DRAWS.resolve(draw, key="audit draw")
+    ids = list(range(tasks))
+    return np.array([strategy.order(ids, rates, rng) for _ in range(replays)], dtype=np.int64)
 
 
 def _ranking(scores: np.ndarray, active: np.ndarray, diff: np.ndarray) -> np.ndarray:

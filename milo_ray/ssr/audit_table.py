@@ -23,7 +23,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from milo_ray.ssr.audit import RewardMatrix
-from milo_ray.ssr.audit_replay import RuleSpec, permutations, replay_rule
+from milo_ray.ssr.audit_replay import RuleSpec, draw_permutations, permutations, replay_rule
 
 DEFAULT_RULES: tuple[RuleSpec, ...] = (
     RuleSpec("uniform", "uniform", stages=1),
@@ -76,11 +76,16 @@ def audit_matrix(m: RewardMatrix, *, fractions: Sequence[float] = (0.2, 0.4, 0.6
     if not any(s.label == "uniform" and s.rule == "uniform" and s.stages == 1 for s in rules):
         rules = (RuleSpec("uniform", "uniform", stages=1), *rules)  # the reference every rule is paired with
     rules = sorted(rules, key=lambda s: s.label != "uniform")
+    # One set of orders per draw; the discriminative orders use their own generator so the
+    # uniform orders (and every uniform-draw row) are the same with or without them.
+    orders = {"uniform": perms}
+    for d in dict.fromkeys(s.draw for s in rules if s.draw != "uniform"):
+        orders[d] = draw_permutations(m.history, len(m.task_ids), replays, np.random.default_rng([seed, 1]), d)
     for f in fractions:
         budget = int(f * m.full_cost)
         uniform = np.zeros(0)
         for spec in rules:
-            out = replay_rule(m.rewards, spec, budget, perms, diff_sizes=diff, best_child=true_best_child)
+            out = replay_rule(m.rewards, spec, budget, orders[spec.draw], diff_sizes=diff, best_child=true_best_child)
             r = row(spec.label, f, out.selected, out.executions, batch=out.batch,
                     p_best_kept=float(out.best_kept.mean()) if spec.rule != "uniform" else float("nan"))
             if spec.label == "uniform":
