@@ -74,6 +74,8 @@ def compose(path: Path, overrides: Sequence[str] = ()) -> tuple[str, Any]:
     from milo_ray.config.paths import conf_dir
 
     kind = suite_kind(path)
+    # benchmark=KIND naming what PATH is anyway is accepted (a run's command line, reused).
+    overrides = [o for o in overrides if o.lstrip("+") != f"benchmark={kind}"]
     for o in overrides:
         if o.split("=", 1)[0].lstrip("+~") in ("benchmark", "benchmark.path"):
             raise UserError(f"{o}: the check chooses the benchmark from PATH ({kind}); give the suite as PATH")

@@ -131,7 +131,10 @@ def static_findings(factory: Any, tasks: list[Task], *, needs_solution: bool = T
         elif task.task_id in images:
             blocker = (UNRUNNABLE, images[task.task_id])
         elif needs_solution and not task.metadata.get("has_solution", True):
-            blocker = (UNRUNNABLE, f"task {task.task_id}: no reference solution (solution/solve.sh, or the row's "
-                                   "patch), so nothing can show that it is solvable")
+            # A format names where its reference solution would be (a PaperBench paper's
+            # reference_submission/); Harbor's and SWE's are the default.
+            where = task.metadata.get("solution_layout") or "solution/solve.sh, or the row's patch"
+            blocker = (UNRUNNABLE, f"task {task.task_id}: no reference solution ({where}), so nothing can show "
+                                   "that it is solvable")
         out[task.task_id] = StaticFindings(blocker=blocker, network_hint=network_hint(task, spec.allow_internet))
     return out

@@ -74,13 +74,23 @@ def test_the_harness_cannot_read_the_rubric_or_judge_addendum_and_grading_is_the
     assert res.input_tokens == 0 and res.output_tokens == 0 and res.trace["trajectory"]["calls"] == []
 
 
-def test_tasks_check_gives_the_fixture_a_verdict(tmp_path):
+def test_tasks_check_judges_each_paper_by_its_reference_submission_or_says_it_has_none(tmp_path):
+    # The fixture's papers, one of whose reference submissions misses what a leaf asks for.
+    papers = tmp_path / "papers"
+    shutil.copytree(PAPERS, papers)
+    layernorm = papers / "tiny-layernorm" / "reference_submission" / "layernorm.py"
+    layernorm.write_text("def layer_norm(x, eps=1e-5):\n    return (x - x.mean()) / (x.var() + eps) ** 0.5\n")
     env = {**os.environ, "RAY_TMPDIR": os.environ.get("RAY_TMPDIR", str(tmp_path / "ray"))}
-    out = subprocess.run([sys.executable, "-m", "milo_ray.tasks", "check", str(PAPERS), "executor.grader.scripted=true",
-                          "sandbox=bwrap", "--out", str(tmp_path / "check")], capture_output=True, text=True,
-                         cwd=REPO, env=env, timeout=600)
-    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
-    assert "the reference solution scores 1, doing nothing 0" in (tmp_path / "check" / "verdicts.md").read_text()
+    out = subprocess.run([sys.executable, "-m", "milo_ray.tasks", "check", str(papers), "benchmark=paperbench",
+                          "executor.grader.scripted=true", "sandbox=bwrap", "--out", str(tmp_path / "check")],
+                         capture_output=True, text=True, cwd=REPO, env=env, timeout=600)
+    assert out.returncode == 1, out.stdout[-3000:] + out.stderr[-3000:]  # not every paper is ok
+    rows = {ln.split(" | ")[0].strip("| "): ln for ln in (tmp_path / "check" / "verdicts.md").read_text().splitlines()
+            if ln.startswith("| tiny-")}
+    assert "| ok |" in rows["tiny-attention"] and "the reference solution scores 1, doing nothing 0" in \
+        rows["tiny-attention"]
+    assert "| broken |" in rows["tiny-layernorm"] and "0.667" in rows["tiny-layernorm"], rows["tiny-layernorm"]
+    assert "| unrunnable |" in rows["tiny-momentum"] and "reference_submission/" in rows["tiny-momentum"]
     refused = subprocess.run([sys.executable, "-m", "milo_ray.tasks", "check", str(PAPERS)], capture_output=True,
                              text=True, cwd=REPO, env=env, timeout=600)
     assert refused.returncode == 2 and "executor.grader" in refused.stderr

@@ -153,7 +153,8 @@ class PaperBenchBenchmark(SplitTasks):
                 "judge_addendum": text("judge.addendum.md"),
                 "blacklist": [ln.strip() for ln in text("blacklist.txt").splitlines() if ln.strip()],
                 "leaves_graded": len(plan.sampled), "files": ShippedTree.pack(public),
-                "reference": ShippedTree.pack(ref) if ref.is_dir() else None, "has_solution": ref.is_dir()}
+                "reference": ShippedTree.pack(ref) if ref.is_dir() else None, "has_solution": ref.is_dir(),
+                "solution_layout": f"{REFERENCE}/ in the paper's directory"}
 
     def _task(self, meta: dict[str, Any], tid: str, split: str) -> Task:
         codedev = (" Only its code development requirements are graded (reproduce.sh is not run)."
