@@ -80,7 +80,8 @@ class ExistingPath:
     declared where the parameter is: ``path: Annotated[str | None, ExistingPath("dir")]``.
     The composition check reads it, so a missing directory is reported with every other
     problem of the command line rather than after them. ``kind``: ``dir`` or ``file``;
-    ``what``: how the fix describes the expected content."""
+    ``what``: how the fix describes the expected content. ``kind`` ``any``: a directory or
+    a file (a suite given either way)."""
 
     kind: str = "dir"
     what: str = ""
@@ -91,8 +92,9 @@ class ExistingPath:
         if not isinstance(value, str) or not value:
             return None  # null or empty: the parameter's default; the type check speaks for the rest
         path = Path(value).expanduser()
-        ok = path.is_dir() if self.kind == "dir" else path.is_file()
+        ok = {"dir": path.is_dir, "file": path.is_file, "any": path.exists}[self.kind]()
         if ok:
             return None
-        return Problem(f"{key}={value!r}", f"no such {'directory' if self.kind == 'dir' else 'file'}",
+        noun = {"dir": "directory", "file": "file", "any": "file or directory"}[self.kind]
+        return Problem(f"{key}={value!r}", f"no such {noun}",
                        f"point it at {self.what}" if self.what else "give an existing path")

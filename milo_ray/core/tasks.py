@@ -89,12 +89,40 @@ class Grader(Protocol):
         ...
 
 
+class TaskEpisode(Protocol):
+    """One rollout's live task world, for a format whose task is an environment the agent
+    acts in rather than a workspace it leaves behind (an ARE scenario): started on the host
+    before the agent acts, serving the task's own tools on a Unix socket that only the
+    rollout's sandbox is shown (the harness gets them as ``backend.task_tools``), and
+    judged once the agent's processes are dead."""
+
+    def wait_ready(self) -> None:
+        """Block until the tools are served (the world bounds this wait itself);
+        ``RuntimeError`` saying why the world could not start (an infrastructure failure
+        of the rollout)."""
+        ...
+
+    def finish(self) -> Verdict:
+        """The agent is done: the world's judgment as a verdict (its grader calls, when it
+        made any, in ``grader``). Never raises for the agent's actions."""
+        ...
+
+    def close(self) -> None:
+        """End the world's process, whatever state it is in."""
+        ...
+
+
 class TaskFormat(Protocol):
     """One kind of real task. ``name`` is what the task's ``metadata["format"]`` says.
 
     A format whose verifier needs a model sets ``uses_grader = True``; its ``verify`` is
     then called as ``verify(task, sandbox, grader=...)`` with a :class:`Grader`. Formats
-    that need no model keep the two-argument ``verify`` and get nothing new."""
+    that need no model keep the two-argument ``verify`` and get nothing new.
+
+    A format whose task is a live world sets ``episodic = True`` and provides
+    ``start_episode(task, socket, *, oracle, grader) -> TaskEpisode``: the world serves its
+    tools at ``socket`` (or, with ``oracle``, acts out its reference solution itself), and
+    its verdict is the episode's (``verify`` and ``solve`` are not called)."""
 
     name: str
 

@@ -66,6 +66,7 @@ from typing import Any
 from milo_ray.core.rollouts import InfraFailure, RolloutResult
 from milo_ray.core.tasks import Task, format_of
 from milo_ray.execution.grader import GraderUnavailable
+from milo_ray.execution.task_episode import RunningEpisode, is_episodic, start_episode
 from milo_ray.boundary.gateway.call_journal import current_attempt_journal
 from milo_ray.boundary.gateway.run_budget import current_rollout_budget
 from milo_ray.boundary.harness_process.host import HarnessProcess, gateway_dir_of, harness_binds, harness_dir_of
@@ -244,6 +245,7 @@ class AgentExecutor:
     async def _execute(self, harness: Any, task: Task, rollout_idx: int, fmt: Any, spec: Any,
                        spare: Any) -> RolloutResult:
         scratch = spare.scratch if spare else make_scratch("rollout", self.scratch_dir)
+        label = f"{harness.harness_id}/{task.task_id}/{rollout_idx}"
         try:
             if spare is not None:
                 sandbox = spare.sandbox
@@ -254,15 +256,20 @@ class AgentExecutor:
                 sandbox = await asyncio.to_thread(self.sandbox.open, spec, scratch / "agent", **binds)
             try:
                 await asyncio.to_thread(_make_carried_dirs, fmt, sandbox)
-                run = await self._act(harness, task, sandbox, scratch, spare.process if spare else None)
+                run = await self._act(harness, task, sandbox, scratch, spare.process if spare else None, label=label)
             except BaseException:
                 await asyncio.to_thread(sandbox.close)
                 raise
-            label = f"{harness.harness_id}/{task.task_id}/{rollout_idx}"
             try:
-                verdict = await self._grade(fmt, task, spec, sandbox, scratch, label)
+                if run.episode is not None:  # the world judges; the sandbox holds nothing to grade
+                    await asyncio.to_thread(sandbox.close)
+                    verdict = await run.episode.verdict()
+                else:
+                    verdict = await self._grade(fmt, task, spec, sandbox, scratch, label)
             except GraderUnavailable as exc:  # the grader's endpoint, not the submission
                 raise InfraFailure(f"grader model endpoint: {exc}", run.calls) from None
+            except InfraFailure as exc:
+                raise InfraFailure(str(exc), run.calls) from None
         finally:
             if not self.keep_scratch:
                 await asyncio.to_thread(shutil.rmtree, scratch, True)
@@ -328,17 +335,34 @@ class AgentExecutor:
         """The format's verdict; a format that asks for the grader role gets this rollout's
         grader (made here, after the agent's processes are dead, and only here), and its
         calls go with the verdict. Any other format is called as before."""
-        if not getattr(fmt, "uses_grader", False):
+        grader = self._rollout_grader(fmt, task, label)
+        if grader is None:
             return fmt.verify(task, sandbox)
-        if self.grader is None:
-            raise ValueError(f"task {task.task_id}: its verifier needs a grader model; set "
-                             "executor.grader.llm.model=PROVIDER/NAME (or executor.grader.scripted=true offline)")
-        grader = self.grader.for_rollout(label, self._secrets)
         verdict = fmt.verify(task, sandbox, grader=grader)
         verdict.grader = grader.record()
         return verdict
 
-    async def _act(self, harness: Any, task: Task, sandbox: Any, scratch: Path, warm: Any = None) -> "_AgentRun":
+    def _rollout_grader(self, fmt: Any, task: Task, label: str) -> Any:
+        """This rollout's grader when ``fmt`` asks for the grader role (None otherwise)."""
+        if not getattr(fmt, "uses_grader", False):
+            return None
+        if self.grader is None:
+            raise ValueError(f"task {task.task_id}: its verifier needs a grader model; set "
+                             "executor.grader.llm.model=PROVIDER/NAME (or executor.grader.scripted=true offline)")
+        return self.grader.for_rollout(label, self._secrets)
+
+    async def _episode(self, task: Task, socket: Path | None, *, oracle: bool, label: str) -> RunningEpisode:
+        fmt = format_of(task)
+        return await start_episode(fmt, task, socket=socket, oracle=oracle,
+                                   grader=self._rollout_grader(fmt, task, label))
+
+    async def _act(self, harness: Any, task: Task, sandbox: Any, scratch: Path, warm: Any = None,
+                   label: str = "") -> "_AgentRun":
+        if self.agent == "oracle" and is_episodic(format_of(task)):
+            started = time.time()
+            await asyncio.to_thread(sandbox.interrupt)
+            episode = await self._episode(task, None, oracle=True, label=label)
+            return _AgentRun(status="oracle", seconds=time.time() - started, episode=episode)
         if self.agent == "oracle":
             started = time.time()
             error = await asyncio.to_thread(_solve, task, sandbox)
@@ -353,6 +377,23 @@ class AgentExecutor:
         gateway = await self.gateway()
         token_cap = int(task.token_cap) if task.token_cap and task.token_cap > 0 else None
         process = warm or HarnessProcess(sandbox, harness, scratch)
+        # A task that is a live world serves its tools in this process's gateway directory.
+        episode = None
+        if is_episodic(format_of(task)):
+            episode = await self._episode(task, process.task_tools_socket, oracle=False, label=label)
+        try:
+            agent_run = await self._run_harness(process, task, gateway, token_cap, episode is not None)
+        except BaseException:
+            if episode is not None:
+                await episode.close()
+            raise
+        agent_run.episode = episode
+        agent_run.warm = warm is not None
+        return agent_run
+
+    async def _run_harness(self, process: Any, task: Task, gateway: Any, token_cap: int | None,
+                           task_tools: bool) -> "_AgentRun":
+        harness = process.harness
         # The grant's own socket, in the one directory this process's sandbox is shown: a
         # token is worthless on any other socket (see boundary/harness_process/host.py).
         grant = await gateway.issue_bound(f"{harness.harness_id}/{task.task_id}", process.gateway_dir,
@@ -361,7 +402,7 @@ class AgentExecutor:
                                           journal=current_attempt_journal.get())
         try:
             job = process.job(task, token=grant.token, recursion_limit=self.recursion_limit,
-                              model=_inner_model(self.model))
+                              model=_inner_model(self.model), task_tools=task_tools)
             cap = task.time_cap_s if task.time_cap_s and task.time_cap_s > 0 else None
             run = await process.run(task, job=job, startup_timeout_s=self.startup_timeout_s, agent_cap_s=cap,
                                     stopped=grant.stopped)
@@ -384,7 +425,7 @@ class AgentExecutor:
         agent_run = _AgentRun(status=status, seconds=run.seconds, error=error, error_kind=error_kind, steps=run.steps,
                               calls=calls, stderr=run.stderr_tail)
         agent_run.gateway_failures = list(grant.failures)
-        agent_run.startup_s, agent_run.warm = run.startup_s, warm is not None
+        agent_run.startup_s = run.startup_s
         return agent_run
 
 
@@ -412,7 +453,7 @@ class _AgentRun:
 
     def __init__(self, status: str, seconds: float = 0.0, error: str | None = None, error_kind: str | None = None,
                  steps: list[dict[str, Any]] | None = None, calls: list[dict[str, Any]] | None = None,
-                 stderr: str = "") -> None:
+                 stderr: str = "", episode: Any = None) -> None:
         self.status, self.seconds, self.error, self.error_kind = status, seconds, error, error_kind
         self.steps = steps or []
         self.calls = calls or []
@@ -420,6 +461,7 @@ class _AgentRun:
         self.startup_s: float | None = None  # the harness process's launch (or job) to its agent built
         self.warm = False  # the harness process was started ahead (boundary/harness_process/pool.py)
         self.gateway_failures: list[dict[str, Any]] = []  # failed/refused calls, classed by the gateway
+        self.episode = episode  # a live task world's (execution/task_episode.py), judged after the agent
 
     def result(self, harness_id: str, task: Task, rollout_idx: int, verdict: Any, model_id: str) -> RolloutResult:
         error_kind, error = self.error_kind, self.error

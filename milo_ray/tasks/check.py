@@ -46,8 +46,13 @@ class CheckResult:
 
 def suite_kind(path: Path) -> str:
     """``paperbench`` for a directory of PaperBench papers (a ``rubric.json`` in it or in a
-    directory of it), ``harbor`` for any other directory, ``swe`` for a JSONL file;
+    directory of it), ``are`` for ARE scenarios (a directory of scenario JSON or a JSONL
+    file of them), ``harbor`` for any other directory, ``swe`` for any other JSONL file;
     ``UserError`` otherwise."""
+    from milo_ray.benchmarks.are.scenarios import looks_like_suite
+
+    if looks_like_suite(path):
+        return "are"
     if path.is_dir():
         if (path / "rubric.json").is_file() or any((d / "rubric.json").is_file() for d in path.iterdir()):
             return "paperbench"
@@ -138,7 +143,7 @@ def run_check(path: str | Path, overrides: Sequence[str] = (), *, repeat: int = 
     t0 = time.monotonic()
     path = Path(path).expanduser().resolve()
     kind, cfg = compose(path, overrides)
-    if kind == "paperbench":
+    if kind == "paperbench" or (kind == "are" and cfg.benchmark.get("judge") == "grader"):
         from milo_ray.execution.grader import GraderSettings
 
         try:
@@ -146,7 +151,7 @@ def run_check(path: str | Path, overrides: Sequence[str] = (), *, repeat: int = 
         except ValueError as exc:
             raise UserError(str(exc)) from None
         if grader is None:
-            raise UserError("executor.grader: a PaperBench suite is graded by the grader role; give "
+            raise UserError(f"executor.grader: a {kind} suite here is graded by the grader role; give "
                             "executor.grader.llm.model=PROVIDER/NAME, or executor.grader.scripted=true for "
                             "deterministic offline verdicts")
     benchmark = load_suite(cfg)

@@ -16,7 +16,9 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+from milo_ray.core.tasks import format_of
 from milo_ray.execution.agent_executor import AgentExecutor, _AgentRun
+from milo_ray.execution.task_episode import is_episodic
 from milo_ray.harness.model import Harness
 
 # The rollouts of a check carry these harness ids; the text says what they stand for
@@ -39,11 +41,15 @@ class CheckExecutor(AgentExecutor):
                          keep_scratch=keep_scratch, warm_processes=0, grader=grader)
         self.model_id = CHECK_MODEL_ID
 
-    async def _act(self, harness: Any, task: Any, sandbox: Any, scratch: Any, warm: Any = None) -> _AgentRun:
+    async def _act(self, harness: Any, task: Any, sandbox: Any, scratch: Any, warm: Any = None,
+                   label: str = "") -> _AgentRun:
         if harness.harness_id == DO_NOTHING.harness_id:
             await asyncio.to_thread(sandbox.interrupt)
-            return _AgentRun(status="do-nothing")
+            # A live task world is started and judged with no action taken.
+            episode = (await self._episode(task, None, oracle=False, label=label)
+                       if is_episodic(format_of(task)) else None)
+            return _AgentRun(status="do-nothing", episode=episode)
         if harness.harness_id != ORACLE.harness_id:
             raise ValueError(f"harness {harness.harness_id}: a task check runs only its oracle and do-nothing "
                              "pseudo-harnesses (milo_ray.tasks.executor)")
-        return await super()._act(harness, task, sandbox, scratch, warm)
+        return await super()._act(harness, task, sandbox, scratch, warm, label=label)

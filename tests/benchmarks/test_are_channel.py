@@ -12,7 +12,7 @@ import pytest
 
 from milo_ray.benchmarks.are.channel import LINE_CAP, ToolChannel, answer
 from milo_ray.benchmarks.are.tool_schema import parameters_schema, type_to_schema
-from milo_ray.benchmarks.are.tools import WAIT_TOOL, scenario_tools
+from milo_ray.boundary.inside.task_tools import WAIT_TOOL, channel_tools
 
 
 class Mailbox:
@@ -64,7 +64,7 @@ def test_argument_type_strings_map_to_json_schema():
 
 def test_harness_tools_reach_the_scenario_tools_and_the_wait_tool(served):
     box, channel = served
-    tools = {t.name: t for t in scenario_tools(channel.path)}
+    tools = {t.name: t for t in channel_tools(channel.path)}
     assert set(tools) == {"Email__send_email", "Email__count", WAIT_TOOL}
     assert tools["Email__send_email"].invoke({"to": ["bob@x.org"], "body": "hi"}) == "sent"
     assert box.sent == [{"to": ["bob@x.org"], "body": "hi"}]

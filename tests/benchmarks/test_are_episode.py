@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from milo_ray.benchmarks.are.episode import Episode, score_of
-from milo_ray.benchmarks.are.tools import WAIT_TOOL, scenario_tools
+from milo_ray.boundary.inside.task_tools import WAIT_TOOL, channel_tools
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "are"
 pytestmark = pytest.mark.slow
@@ -60,7 +60,7 @@ def test_oracle_scores_one(fixture, are_python, tmp_path):
 
 
 def _drive(ep: Episode, recipient: str) -> None:
-    tools = {t.name: t for t in scenario_tools(str(ep.socket))}
+    tools = {t.name: t for t in channel_tools(str(ep.socket))}
     note = tools[WAIT_TOOL].invoke({"timeout_s": 30})
     assert "Forward Greg's email" in note
     # Only the scenario's app tools: an environment-side method (one that makes an email
@@ -136,7 +136,7 @@ def test_free_text_in_the_agents_own_words_is_judged_by_the_grader_role(grader, 
                  python=are_python, log=tmp_path / "host.log")
     try:
         ep.wait_ready()
-        tools = {t.name: t for t in scenario_tools(str(ep.socket))}
+        tools = {t.name: t for t in channel_tools(str(ep.socket))}
         tools[WAIT_TOOL].invoke({"timeout_s": 30})
         tools["EmailClientV2__forward_email"].invoke({"email_id": "greg_email", "recipients": ["john@example.com"]})
         tools["AgentUserInterface__send_message_to_user"].invoke(

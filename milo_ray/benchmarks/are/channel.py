@@ -112,11 +112,16 @@ class ToolChannel:
                         reply = answer(provider, line)
                     self.wfile.write(json.dumps(reply).encode() + b"\n")
 
+        # Bound through the directory's descriptor: a socket address holds 107 bytes, and
+        # the rollout's directory may be deeper than that leaves room for.
+        fd = os.open(os.path.dirname(path) or ".", os.O_RDONLY | os.O_DIRECTORY)
         old = os.umask(0o177)
         try:
-            self._server = socketserver.ThreadingUnixStreamServer(path, Handler)
+            self._server = socketserver.ThreadingUnixStreamServer(
+                f"/proc/self/fd/{fd}/{os.path.basename(path)}", Handler)
         finally:
             os.umask(old)
+            os.close(fd)
         os.chmod(path, mode)
         self._server.daemon_threads = True
         self.path = path

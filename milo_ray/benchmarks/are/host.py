@@ -46,6 +46,9 @@ from milo_ray.benchmarks.are.tool_schema import parameters_schema  # noqa: E402
 # Wall seconds one wait may block for a notification once simulated time has been told to
 # jump to the next event (the environment's loop ticks on its own thread).
 WAIT_WALL_S = 20.0
+# The agent's actions kept for the verdict: the first this many, each argument list cut here.
+MAX_LOGGED_ACTIONS = 200
+ACTION_ARGS_CHARS = 500
 
 
 class Parent:
@@ -130,13 +133,22 @@ class ScenarioTools:
                                                            "has_default": a.has_default} for a in t.args])}
                         for t in self._by_name.values()]
         self.actions = 0
+        # What the agent did, for the verdict's details (the evidence a mutator reads).
+        self.action_log: list[dict[str, Any]] = []
 
     def tools(self) -> list[dict[str, Any]]:
         return self._listed
 
     def call(self, name: str, args: dict[str, Any]) -> str:
         self.actions += 1
-        result = self._by_name[name](**args)
+        entry: dict[str, Any] = {"tool": name, "args": json.dumps(args, default=str)[:ACTION_ARGS_CHARS]}
+        if len(self.action_log) < MAX_LOGGED_ACTIONS:
+            self.action_log.append(entry)
+        try:
+            result = self._by_name[name](**args)
+        except Exception as exc:
+            entry["error"] = f"{type(exc).__name__}: {exc}"[:ACTION_ARGS_CHARS]
+            raise
         return "" if result is None else str(result)
 
     def _pull(self) -> list[str]:
@@ -238,7 +250,7 @@ def main() -> None:
         env.stop()
         parent.send(t="verdict", success=result.success, rationale=str(getattr(result, "rationale", "") or "")[:20000],
                     exception=None if result.exception is None else repr(result.exception)[:4000],
-                    agent_actions=tools.actions, judge_llm_calls=engine.calls,
+                    agent_actions=tools.actions, action_log=tools.action_log, judge_llm_calls=engine.calls,
                     seconds=round(time.monotonic() - began, 3))
     except Exception as exc:
         parent.send(t="error", error=f"{type(exc).__name__}: {exc}"[:4000])

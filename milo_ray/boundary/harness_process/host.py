@@ -59,6 +59,8 @@ INSIDE_CODE = "/run/milo/lib"
 INSIDE_HARNESS = "/run/milo/harness"
 INSIDE_GATEWAY_DIR = "/run/milo/gateway"
 INSIDE_GATEWAY = f"{INSIDE_GATEWAY_DIR}/{GRANT_SOCKET}"
+TASK_TOOLS_SOCKET = "task-tools.sock"
+INSIDE_TASK_TOOLS = f"{INSIDE_GATEWAY_DIR}/{TASK_TOOLS_SOCKET}"
 _BOOT = (f"import sys; sys.path.insert(0, {INSIDE_CODE!r}); "
          "from milo_ray.boundary.inside.harness_process import main; main()")
 
@@ -134,8 +136,18 @@ class HarnessProcess:
         return self.proc is not None and self.proc.returncode is None and self.final is None \
             and self.protocol_error is None
 
-    def job(self, task: Any, *, token: str, recursion_limit: int, model: dict[str, Any]) -> dict[str, Any]:
+    @property
+    def task_tools_socket(self) -> Path:
+        """Where the host makes the socket of a task's tool channel (an ARE scenario's app
+        tools), for this process only: in its gateway directory, beside its grant's socket."""
+        return self.gateway_dir / TASK_TOOLS_SOCKET
+
+    def job(self, task: Any, *, token: str, recursion_limit: int, model: dict[str, Any],
+            task_tools: bool = False) -> dict[str, Any]:
+        """The job line. ``task_tools``: the task's tool channel is being served at
+        :attr:`task_tools_socket`, and the harness gets its tools."""
         return {"harness_dir": INSIDE_HARNESS, "harness_id": self.harness.harness_id,
+                "task_tools": INSIDE_TASK_TOOLS if task_tools else None,
                 "multi_file": len(self.harness.files) > 1, "instruction": task.instruction,
                 "recursion_limit": int(recursion_limit), "gateway_socket": INSIDE_GATEWAY, "token": token,
                 "model": model, "workdir": self.sandbox.spec.workdir, "env": self.sandbox.env,

@@ -33,9 +33,14 @@ from milo_ray.boundary.sandbox.process import run_capped
 
 class SandboxShell(BaseSandbox):
     """See the module docstring. ``timeout_s``: default per-command timeout; ``env``:
-    the commands' environment (the sandbox's, without anything of the harness process)."""
+    the commands' environment (the sandbox's, without anything of the harness process).
+    ``task_tools``: the task's own tools, for a task whose world lives on the host (an
+    ARE scenario's app tools, :mod:`milo_ray.boundary.inside.task_tools`); empty for a
+    task the shell and files are enough for. A harness adds them to its agent's tools."""
 
-    def __init__(self, *, workdir: str, env: dict[str, str], timeout_s: float | None, output_cap_bytes: int) -> None:
+    def __init__(self, *, workdir: str, env: dict[str, str], timeout_s: float | None, output_cap_bytes: int,
+                 task_tools: list[Any] | None = None) -> None:
+        self.task_tools: list[Any] = list(task_tools or [])
         self._id = f"sandbox-{uuid.uuid4().hex[:12]}"
         self.workdir, self._env = workdir, dict(env)
         self._timeout_s, self._cap = timeout_s, int(output_cap_bytes)

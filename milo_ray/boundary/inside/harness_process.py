@@ -13,8 +13,10 @@ interpreter read-only and the task's workspace writable. It
    does litellm's work) speaking straight to the rollout's gateway socket, with the
    rollout's token as its key and, as its ``api_base``, the loopback relay's URL (for any
    other HTTP client the harness builds), and the ``backend`` (:class:`SandboxShell`) whose commands
-   run in this same sandbox; imports the harness, calls ``build_agent(model, backend)``
-   and says ``started``;
+   run in this same sandbox -- with the task's own tools when the job names a tool
+   channel (``task_tools``: at ``backend.task_tools``, and added to every agent the
+   harness builds, :func:`offer_task_tools`); imports the harness, calls
+   ``build_agent(model, backend)`` and says ``started``;
 4. runs the agent on the instruction, streaming the trajectory out as it grows;
 5. says ``final`` with how it ended: ``completed``, ``step_cap`` (the graph-step cap),
    ``harness_error`` (import, ``build_agent`` or the agent raised; ``endpoint_error`` says
@@ -76,6 +78,7 @@ def preimport() -> None:
     import milo_ray.boundary.inside.model  # noqa: F401
     import milo_ray.boundary.trajectory  # noqa: F401
     import milo_ray.boundary.inside.loader  # noqa: F401
+    import milo_ray.boundary.inside.task_tools  # noqa: F401
 
 
 def warm_up() -> None:
@@ -145,6 +148,47 @@ def build_model(job: dict[str, Any], api_base: str, gateway_socket: str | None =
     if m.get("request_timeout") is not None:
         kwargs["request_timeout"] = float(m["request_timeout"])
     return GatewayChatModel(**kwargs)
+
+
+def task_tools(job: dict[str, Any]) -> list[Any]:
+    """The task's own tools when the job names a tool channel (a task whose world lives on
+    the host), else none. A channel that does not answer is the task's environment failing,
+    not the harness: the host sees that from the episode and records it."""
+    path = job.get("task_tools")
+    if not path:
+        return []
+    from milo_ray.boundary.inside.task_tools import channel_tools
+
+    return channel_tools(str(path))
+
+
+def offer_task_tools(tools: list[Any]) -> None:
+    """Give every agent the harness builds with ``langchain.agents.create_agent`` or
+    ``deepagents.create_deep_agent`` the task's own tools too (after its own, none twice
+    by name): a harness written for shell tasks then acts in a task world unchanged, and a
+    harness that builds its agent otherwise finds them at ``backend.task_tools``. Done
+    before the harness is imported, so its ``from ... import`` takes these."""
+    import functools
+
+    import deepagents
+    import langchain.agents
+
+    def widened(factory: Any) -> Any:
+        @functools.wraps(factory)
+        def build(*args: Any, **kwargs: Any) -> Any:
+            args = list(args)
+            given = list((args[1] if len(args) > 1 else kwargs.get("tools")) or [])
+            names = {getattr(t, "name", None) for t in given}
+            both = given + [t for t in tools if t.name not in names]
+            if len(args) > 1:
+                args[1] = both
+            else:
+                kwargs["tools"] = both
+            return factory(*args, **kwargs)
+        return build
+
+    langchain.agents.create_agent = widened(langchain.agents.create_agent)
+    deepagents.create_deep_agent = widened(deepagents.create_deep_agent)
 
 
 def load_module(harness_dir: str, harness_id: str, multi_file: bool) -> Any:
@@ -230,10 +274,12 @@ def main() -> None:
     from milo_ray.boundary.inside.backend import GatewayRelay, SandboxShell
 
     relay = GatewayRelay(job["gateway_socket"])
-    backend = SandboxShell(workdir=job["workdir"], env=job["env"], timeout_s=job.get("command_timeout_s"),
-                           output_cap_bytes=int(job["output_cap_bytes"]))
     try:
+        backend = SandboxShell(workdir=job["workdir"], env=job["env"], timeout_s=job.get("command_timeout_s"),
+                               output_cap_bytes=int(job["output_cap_bytes"]), task_tools=task_tools(job))
         model = build_model(job, relay.url, job["gateway_socket"])
+        if backend.task_tools:
+            offer_task_tools(backend.task_tools)
         module = load_module(job["harness_dir"], job["harness_id"], bool(job.get("multi_file")))
         try:
             agent = module.build_agent(model, backend)

@@ -1,10 +1,13 @@
-"""The harness's side of a rollout's tool channel (:mod:`.channel`): the scenario's app
-tools as langchain ``StructuredTool`` objects, plus ``wait_for_notification`` for
-multi-turn and time-based scenarios (the next user message or environment event).
+"""The harness's side of a task's tool channel: a task whose world lives on the host (an
+ARE scenario, served by :mod:`milo_ray.benchmarks.are.channel` in the rollout's episode)
+gives the harness its own tools as langchain ``StructuredTool`` objects -- the ones the
+channel lists, plus ``wait_for_notification`` for multi-turn and time-based tasks (the
+next user message or environment event). The harness process hands them to the harness
+as ``backend.task_tools``.
 
 Runs inside the harness's sandbox: imports the standard library and ``langchain_core``
-only. Every tool is a request on the channel's socket; nothing of the environment is in
-this process.
+only. Every tool is a request on the channel's socket (one JSON line each way, the
+protocol in the channel's module); nothing of the task's world is in this process.
 """
 
 from __future__ import annotations
@@ -13,9 +16,9 @@ import json
 import socket
 from typing import Any
 
-from milo_ray.benchmarks.are.channel import LINE_CAP
-
 WAIT_TOOL = "wait_for_notification"
+# The longest answer line read: the channel caps its lines at 1 MiB, with room for escaping.
+REPLY_CAP = 2 << 20
 
 
 class ChannelClient:
@@ -35,7 +38,7 @@ class ChannelClient:
                 self._file = self._sock.makefile("rb")
             try:
                 self._sock.sendall(json.dumps(req).encode() + b"\n")
-                line = self._file.readline(LINE_CAP * 2)
+                line = self._file.readline(REPLY_CAP)
                 if line:
                     return json.loads(line)
             except (BrokenPipeError, ConnectionResetError):
@@ -57,8 +60,8 @@ def _text(reply: dict[str, Any], key: str) -> str:
     return value if isinstance(value, str) else json.dumps(value)
 
 
-def scenario_tools(path: str) -> list[Any]:
-    """The scenario's tools served at ``path`` and the wait tool, as langchain tools."""
+def channel_tools(path: str) -> list[Any]:
+    """The tools served at ``path`` and the wait tool, as langchain tools."""
     from langchain_core.tools import StructuredTool
 
     client = ChannelClient(path)
