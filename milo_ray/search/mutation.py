@@ -470,6 +470,10 @@ async def run_mutation_async(spec: Any, request: MutationRequest, *, time_cap_s:
     journal the agent's model calls under it (:mod:`~milo_ray.boundary.gateway.role_journal`)."""
     if shipped is None:
         shipped = await asyncio.to_thread(ship_files, request)
+    if _through_ray_client():
+        out = await _relayed(spec, request, time_cap_s=time_cap_s, validation=validation, call=call,
+                             num_cpus=num_cpus, shipped=shipped, scope=scope, env=env, ticket=ticket)
+        return keep_artifacts(request, out) if keep_files else out
     flight = _Flight(_remote(num_cpus, env).remote(spec, request, validation, call, shipped, scope, ticket),
                      time_cap_s, validation)
     try:
@@ -494,6 +498,56 @@ async def run_mutation_async(spec: Any, request: MutationRequest, *, time_cap_s:
         return _lost(e, flight)
 
 
+def _through_ray_client() -> bool:
+    """Whether this process reaches Ray as a Ray Client (``ray://``), where a task's
+    results cannot be streamed back as they come."""
+    from ray.util.client import ray as client
+
+    return client.is_connected()
+
+
+def _on_the_cluster(spec: Any, request: MutationRequest, time_cap_s: float, validation: ValidationOptions | None,
+                    call: str, num_cpus: float, shipped: ShippedFiles | None, scope: str | None,
+                    env: Mapping[str, str] | None, ticket: RoleCallTicket | None) -> MutationOutcome:
+    return asyncio.run(run_mutation_async(spec, request, time_cap_s=time_cap_s, validation=validation, call=call,
+                                          num_cpus=num_cpus, shipped=shipped, scope=scope, env=env,
+                                          keep_files=False, ticket=ticket))
+
+
+_relay: Any = None
+
+
+def _relay_task(spec: Any, request: MutationRequest, *, time_cap_s: float, validation: ValidationOptions | None,
+                call: str, num_cpus: float, shipped: ShippedFiles | None, scope: str | None,
+                env: Mapping[str, str] | None, ticket: RoleCallTicket | None) -> Any:
+    """The reference of :func:`_on_the_cluster` submitted for one mutation."""
+    global _relay
+    import ray
+
+    if _relay is None:
+        _relay = ray.remote(num_cpus=0, max_retries=0)(_on_the_cluster)
+    return _relay.remote(spec, request, time_cap_s, validation, call, num_cpus, shipped, scope, dict(env or {}),
+                         ticket)
+
+
+async def _relayed(spec: Any, request: MutationRequest, **kwargs: Any) -> MutationOutcome:
+    """One mutation for a Ray Client driver: a task on the cluster (no CPU of its own)
+    runs :func:`run_mutation_async` there, where the body's progress can stream and the
+    cap is kept as on any other driver, and returns the outcome. Cancelling it cancels
+    the body too (``ray.cancel`` is recursive)."""
+    import ray
+
+    ref = _relay_task(spec, request, **kwargs)
+    started = time.monotonic()
+    try:
+        return await ref
+    except asyncio.CancelledError:
+        ray.cancel(ref, force=True)
+        raise
+    except Exception as e:  # the relay's worker died: the child is rejected
+        return failed(f"mutation task failed: {type(e).__name__}: {e}"[:2000], time.monotonic() - started)
+
+
 def run_mutations(spec: Any, requests: Sequence[MutationRequest], *, time_cap_s: float,
                   validation: ValidationOptions | None = None, max_concurrent: int = 4, num_cpus: float = 1.0,
                   use_ray: bool | None = None, scope: str | None = None,
@@ -515,6 +569,10 @@ def run_mutations(spec: Any, requests: Sequence[MutationRequest], *, time_cap_s:
     if not (ray.is_initialized() if use_ray is None else use_ray):
         return _run_in_threads(spec, requests, time_cap_s=time_cap_s, validation=validation,
                                max_concurrent=max_concurrent, on_done=on_done, scope=scope, tickets=tickets)
+    if _through_ray_client():
+        return _run_relayed(spec, requests, time_cap_s=time_cap_s, validation=validation,
+                            max_concurrent=max_concurrent, num_cpus=num_cpus, scope=scope, on_done=on_done, env=env,
+                            tickets=tickets)
     body = _remote(num_cpus, env)
     spec_ref = ray.put(spec)
     results: dict[int, MutationOutcome] = {}
@@ -548,6 +606,39 @@ def run_mutations(spec: Any, requests: Sequence[MutationRequest], *, time_cap_s:
                     finish(i, out)
             elif time.monotonic() >= f.deadline():
                 finish(i, f.expired())
+    return [results[i] for i in range(len(requests))]
+
+
+def _run_relayed(spec: Any, requests: Sequence[MutationRequest], *, time_cap_s: float,
+                 validation: ValidationOptions | None, max_concurrent: int, num_cpus: float, scope: str | None,
+                 on_done: Callable[[int, MutationOutcome], None] | None, env: Mapping[str, str] | None,
+                 tickets: Sequence[RoleCallTicket | None]) -> list[MutationOutcome]:
+    """:func:`run_mutations` for a Ray Client driver: each mutation relayed through a task
+    on the cluster (:func:`_relayed`), at most ``max_concurrent`` at once."""
+    import ray
+
+    results: dict[int, MutationOutcome] = {}
+    pending: dict[int, tuple[Any, float]] = {}
+    queue = list(enumerate(requests))
+    while queue or pending:
+        while queue and len(pending) < max_concurrent:
+            i, req = queue.pop(0)
+            ref = _relay_task(spec, req, time_cap_s=time_cap_s, validation=validation, call="mutate",
+                              num_cpus=num_cpus, shipped=ship_files(req), scope=scope, env=env, ticket=tickets[i])
+            pending[i] = (ref, time.monotonic())
+        ready, _ = ray.wait([ref for ref, _ in pending.values()], num_returns=1)
+        done = {r.hex() for r in ready}
+        for i, (ref, submitted) in list(pending.items()):
+            if ref.hex() not in done:
+                continue
+            try:
+                out = ray.get(ref)
+            except Exception as e:  # the relay's worker died: this child is lost, the others go on
+                out = failed(f"mutation task failed: {type(e).__name__}: {e}"[:2000], time.monotonic() - submitted)
+            del pending[i]
+            out = results[i] = keep_artifacts(requests[i], out)
+            if on_done is not None:
+                on_done(i, out)
     return [results[i] for i in range(len(requests))]
 
 
