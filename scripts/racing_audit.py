@@ -17,7 +17,8 @@ Matrix sources (one audit pools all the matrices it is given):
 
 Rules: uniform subset, successive halving (K=2, the paper's), halving (K=4), paired
 elimination, successive halving with the parent-replacement gate, paired successive
-rejects, the successive-elimination bandit and low-rank racing (racing_*.py).
+rejects, the successive-elimination bandit and low-rank racing (racing_*.py), the last
+also fitted with the matrix's history as earlier races' rows ("lowrank+prior").
 
 Task draws (--draws): every rule also races with the discriminative draw (label
 "<rule>+disc"): each replay's tasks ordered by the pass rates of an earlier population
@@ -174,7 +175,11 @@ def main(argv: list[str] | None = None) -> int:
              RuleSpec("successive_halving+gate", "successive_halving", stages=2, replace_alpha=args.gate_alpha),
              RuleSpec("paired_rejects", "paired_rejects", stages=args.rejects_stages, alpha=args.paired_alpha),
              RuleSpec("bandit", "bandit", block=args.paired_block, alpha=args.bandit_delta),
-             RuleSpec("lowrank", "lowrank", block=args.paired_block, rank=args.lowrank_rank, z=args.lowrank_z))
+             RuleSpec("lowrank", "lowrank", block=args.paired_block, rank=args.lowrank_rank, z=args.lowrank_z),
+             RuleSpec("lowrank+prior", "lowrank", block=args.paired_block, rank=args.lowrank_rank, z=args.lowrank_z,
+                      prior=True))
+    if args.run:  # a run's matrix has no history for the prior
+        rules = rules[:-1]
     from dataclasses import replace
 
     draws = [d for d in args.draws.split(",") if d]

@@ -49,7 +49,8 @@ class RuleSpec:
     ``lowrank`` race ``block``-task stages until the budget gate stops them;
     ``paired_rejects`` runs its K = ``stages`` schedule with the largest batch that fits.
     draw: the race's task draw (``uniform`` or ``discriminative``, :mod:`~milo_ray.ssr.task_draw`),
-    the latter ordering each replay's tasks by the matrix's history.
+    the latter ordering each replay's tasks by the matrix's history. prior: ``lowrank``
+    fits the matrix's history (earlier harnesses on the same tasks) beside the race's cells.
     """
 
     label: str
@@ -62,6 +63,7 @@ class RuleSpec:
     rank: int = 1
     z: float = 2.5
     draw: str = "uniform"
+    prior: bool = False
 
     def __post_init__(self) -> None:
         if self.rule not in RULE_NAMES:
@@ -83,7 +85,7 @@ class RuleSpec:
         if self.rule == "bandit":
             return SuccessiveEliminationBandit(self.alpha)
         if self.rule == "lowrank":
-            return LowRankRacing(self.rank, self.z, self.min_tasks)
+            return LowRankRacing(self.rank, self.z, self.min_tasks, prior=self.prior)
         return NoElimination()
 
     def active_schedule(self, m: int, stages: int) -> list[int]:
@@ -153,20 +155,26 @@ def _ranking(scores: np.ndarray, active: np.ndarray, diff: np.ndarray) -> np.nda
 
 
 def replay_rule(rewards: np.ndarray, spec: RuleSpec, budget: int, perms: np.ndarray, *,
-                diff_sizes: np.ndarray | None = None, best_child: int | None = None) -> ReplayResult:
+                diff_sizes: np.ndarray | None = None, best_child: int | None = None,
+                history: np.ndarray | None = None) -> ReplayResult:
     """Every row of ``perms`` raced under ``spec`` within ``budget`` executions.
 
     ``rewards``: (H, T, R), harness 0 the parent. ``diff_sizes``: per harness (the
     parent's ignored) for the ranking's tie-break. ``best_child``: a harness index whose
-    survival to the decision is reported.
+    survival to the decision is reported. ``history``: the matrix's earlier harnesses,
+    read only by a spec with ``prior``.
     """
     H, T, R = rewards.shape
     M, N = H - 1, perms.shape[0]
     diff = np.zeros(M) if diff_sizes is None else np.asarray(diff_sizes, dtype=float)[1:]
     cfg = spec.plan(H, T, R, budget)
     if spec.rule in STEPWISE:
+        if spec.prior and (history is None or not history.size):
+            raise ValueError(f"audit rule {spec.label!r}: prior needs the matrix's history (earlier harnesses "
+                             f"on its tasks); generate it with one (racing_audit.py --history-rollouts)")
         sel, spent, kept = replay_stepwise(rewards, spec.racing_rule(), cfg, budget, perms, diff,
-                                           None if best_child is None or best_child < 1 else best_child)
+                                           None if best_child is None or best_child < 1 else best_child,
+                                           history if spec.prior else None)
         return ReplayResult(sel, spent, kept, int(cfg.b_v[0]))
     G = np.take(rewards.sum(axis=2), perms, axis=1)  # (H, N, T): task sums in each replay's order
     C = np.cumsum(G, axis=2)

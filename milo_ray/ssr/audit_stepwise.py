@@ -25,12 +25,15 @@ from milo_ray.ssr.racing_view import StageView, paired_t, t_critical
 
 
 def replay_stepwise(rewards: np.ndarray, rule: Any, cfg: RaceConfig, budget: int, perms: np.ndarray,
-                    diff: np.ndarray, best_child: int | None
+                    diff: np.ndarray, best_child: int | None, history: np.ndarray | None = None
                     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(selected harness per replay, executions per replay, whether ``best_child`` was
     still racing at the decision) for ``rule`` under ``cfg`` within ``budget``.
-    ``diff``: the children's diff sizes (``diff[h − 1]`` for harness h), the tie-break."""
+    ``diff``: the children's diff sizes (``diff[h − 1]`` for harness h), the tie-break.
+    ``history``: earlier harnesses × tasks × rollouts, shown to the rule as the view's
+    ``prior`` (their per-task means on the tasks raced)."""
     H, T, R = rewards.shape
+    prior = None if history is None or not history.size else history.mean(axis=2)
     M, N = H - 1, perms.shape[0]
     ids = [f"h{i}" for i in range(H)]
     sums = rewards.sum(axis=2)
@@ -61,7 +64,8 @@ def replay_stepwise(rewards: np.ndarray, rule: Any, cfg: RaceConfig, budget: int
             ranked = sorted(active, key=lambda h: (-last[h], diff[h - 1], h))
             view = StageView(r, cfg.stages, M, tuple(ids[h] for h in ranked), ids[0],
                              tuple(f"x{j}" for j in cols), {ids[h]: sums[h, cols] / R for h in runners},
-                             {ids[h]: float(last[h]) for h in runners})
+                             {ids[h]: float(last[h]) for h in runners},
+                             {} if prior is None else {f"g{j}": prior[j, cols] for j in range(len(prior))})
             decision = rule.after_stage(view)
             keep = {int(h[1:]) for h in decision.keep}
             if not keep or not keep <= set(active):

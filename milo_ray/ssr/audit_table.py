@@ -85,7 +85,8 @@ def audit_matrix(m: RewardMatrix, *, fractions: Sequence[float] = (0.2, 0.4, 0.6
         budget = int(f * m.full_cost)
         uniform = np.zeros(0)
         for spec in rules:
-            out = replay_rule(m.rewards, spec, budget, orders[spec.draw], diff_sizes=diff, best_child=true_best_child)
+            out = replay_rule(m.rewards, spec, budget, orders[spec.draw], diff_sizes=diff, best_child=true_best_child,
+                              history=m.history)
             r = row(spec.label, f, out.selected, out.executions, batch=out.batch,
                     p_best_kept=float(out.best_kept.mean()) if spec.rule != "uniform" else float("nan"))
             if spec.label == "uniform":

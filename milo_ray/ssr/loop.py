@@ -266,11 +266,18 @@ class _SSRRun:
         # The population whose pass rates steer method.task_draw: the parent and the last
         # race's runners (the parent's rivals and predecessors of the round before).
         rates = population_rates(self.cells, {parent.harness_id} | self.last_runners)
+        # Every earlier harness's mean reward per task: the earlier races' matrices a
+        # rule fitting the whole matrix (lowrank) may read (the Race drops its own runners).
+        by: dict[str, dict[str, list[float]]] = {}
+        for h, t, s in self.cells:
+            by.setdefault(h, {}).setdefault(t, []).append(s)
+        prior = {h: {t: float(np.mean(v)) for t, v in ts.items()} for h, ts in by.items()}
         runners: set[str] = set()
         race = Race(parent.harness_id, racers, order=ev_state["order"], parent_success=success, parent_failure=failure,
                     validation=[t.task_id for t in self.val], config=self.race_cfg,
                     rng=np.random.default_rng(derive_seed(self.ctx.seed, "race", rnd)), generated=generated,
-                    rule=self.cfg.racing_strategy, task_draw=self.cfg.task_draw_strategy, rates=rates)
+                    rule=self.cfg.racing_strategy, task_draw=self.cfg.task_draw_strategy, rates=rates,
+                    prior=prior)
         base = 1 + rnd * self.cfg.rollouts
         splits = {t.task_id: self.cfg.val_split for t in self.val} | {t: self.cfg.train_split for t in success + failure}
         while not self.ctx.out_of_time():

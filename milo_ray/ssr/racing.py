@@ -36,7 +36,7 @@ Rules (DESIGN §4.3):
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Sequence
+from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
@@ -213,6 +213,8 @@ class Race:
     task_draw: how the pools are ordered for drawing (:mod:`milo_ray.ssr.task_draw`;
         default: uniform, the paper's), from ``rates``: the current population's pass
         rate and observed executions per task (the driver computes them each round).
+    prior: earlier harnesses' mean reward per task (earlier races of the same pool),
+        shown to the rule as :attr:`StageView.prior` on the tasks raced so far.
     """
 
     def __init__(
@@ -230,6 +232,7 @@ class Race:
         rule: RacingRule | None = None,
         task_draw: TaskDraw | None = None,
         rates: Rates | None = None,
+        prior: Mapping[str, Mapping[str, float]] | None = None,
     ) -> None:
         self.rule: RacingRule = SuccessiveHalving() if rule is None else rule
         self.task_draw: TaskDraw = UniformDraw() if task_draw is None else task_draw
@@ -245,6 +248,8 @@ class Race:
         if parent_id in ids:
             raise ValueError("race candidates: a child identical to the parent cannot race against it")
         self.parent_id = parent_id
+        # Earlier harnesses' per-task means (not this race's runners), for rules that fit the matrix.
+        self._prior = {h: dict(v) for h, v in (prior or {}).items() if h != parent_id and h not in ids}
         self.candidates = sorted(candidates, key=lambda c: c.index)
         self.config = config
         success, failure = list(dict.fromkeys(parent_success)), list(dict.fromkeys(parent_failure))
@@ -391,7 +396,8 @@ class Race:
         if req.stage < self.config.stages:
             ranked = tuple(c.harness_id for c in sorted(self._active, key=lambda c: self._rank_key(c, scores)))
             view = StageView(req.stage, self.config.stages, self.generated, ranked, self.parent_id,
-                             tuple(self._tasks), {h: self.per_task(h) for h in req.harnesses}, scores)
+                             tuple(self._tasks), {h: self.per_task(h) for h in req.harnesses}, scores,
+                             self._prior_view())
             decision = self.rule.after_stage(view)
             kept = set(decision.keep)
             if not kept or not kept <= set(ranked):
@@ -413,6 +419,12 @@ class Race:
         stopped it): it never enters the comparison and the race ends."""
         self._pending = None
         self._stop_reason = reason
+
+    def _prior_view(self) -> dict[str, np.ndarray]:
+        """The prior rows on P_r (NaN where a harness never ran the task); rows with no
+        task of P_r are left out."""
+        rows = {h: np.array([v.get(t, np.nan) for t in self._tasks], dtype=float) for h, v in self._prior.items()}
+        return {h: r for h, r in rows.items() if np.isfinite(r).any()}
 
     @staticmethod
     def _rank_key(c: RaceCandidate, scores: dict[str, float]) -> tuple[float, int, int]:

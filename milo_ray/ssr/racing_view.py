@@ -7,7 +7,7 @@ module builds on it without an import cycle.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Mapping, Protocol, runtime_checkable
 
 import numpy as np
@@ -18,7 +18,10 @@ class StageView:
     """What a racing rule sees after a completed stage: the children still racing,
     ranked best first (higher cumulative score, fewer diff lines, lower index), and
     every runner's per-task mean reward over P_r (``per_task[h][j]`` is harness ``h`` on
-    ``tasks[j]``), so a rule can test paired differences without re-running anything."""
+    ``tasks[j]``), so a rule can test paired differences without re-running anything.
+    ``prior``: earlier harnesses' per-task mean rewards on the same ``tasks`` (earlier
+    races' matrices of the same pool; NaN where a harness never ran a task), for rules
+    that fit a model of the whole matrix; empty when the race was given none."""
 
     stage: int
     stages: int
@@ -28,6 +31,7 @@ class StageView:
     tasks: tuple[str, ...]
     per_task: Mapping[str, np.ndarray]
     scores: Mapping[str, float]
+    prior: Mapping[str, np.ndarray] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
