@@ -35,6 +35,10 @@ BENCHMARK_FIGURES = (
      "Verified scores over wall time against the published anchors (MILO App. E)."),
 )
 
+# Sections of a benchmark rather than a method, after the final test: each module exposes
+# ``sections(res) -> list[Section]`` ([] for runs it has nothing for).
+BENCHMARK_SECTIONS = ("milo_ray.report.graded_tree",)
+
 
 # Columns of the report's tables, in order (results.py's frames carry a few more).
 METRICS = ("pass_at_k", "pr_at_k", "rr_at_k")
@@ -68,6 +72,7 @@ def write_report(run_dir: str | Path, out_dir: str | Path | None = None) -> Path
                      f'<p class="lead">{escape(final_test_lead(res))}</p>'
                      + tables.render(final, columns=FINAL_COLUMNS, table_id="final-test-table")
                      + _held_out_table(res)),
+        *_benchmark_sections(res),
         *_figure_sections(res, out),
         page.Section("spend", "Spend by agent role",
                      '<p class="lead">Search agents\' calls (solver rollouts are in the harness tables). USD is '
@@ -131,6 +136,23 @@ def _figure_sections(res: Any, out: Path) -> list:
         sections.append(page.Section("figures", "Figures", '<p class="nodata">no data: this run has no figures '
                                      "(no method-specific events were recorded)</p>"))
     return sections
+
+
+def _benchmark_sections(res: Any) -> list:
+    """The sections of :data:`BENCHMARK_SECTIONS` for this run. A module that fails on it
+    yields its error for the page (and stderr) instead of taking the report down."""
+    from milo_ray.report import html as page
+
+    out = []
+    for module in BENCHMARK_SECTIONS:
+        try:
+            out += importlib.import_module(module).sections(res)
+        except Exception as e:  # noqa: BLE001 -- reported on the page and on stderr, never swallowed
+            print(f"milo_ray.report: {module}.sections failed: {traceback.format_exc(limit=3)}", file=sys.stderr)
+            why = escape(f"{module}.sections failed on this run: {type(e).__name__}: {e}")
+            name = module.rsplit(".", 1)[-1]
+            out.append(page.Section(name, name.replace("_", " "), f'<p class="error">{why}</p>'))
+    return out
 
 
 def _method_sections(res: Any) -> list[ReportSection]:

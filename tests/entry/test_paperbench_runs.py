@@ -100,7 +100,7 @@ def _assert_graded_and_metered(run_dir: Path) -> list[dict]:
         graded = [lf for lf in _leaves(details["tree"]) if lf["status"] == "graded"]
         assert graded and all(lf["reason"] for lf in graded), details
         assert r["score"] == pytest.approx(details["score"])
-        assert r["score"] < 1.0 if r["task_id"] in MISSING else r["score"] == 1.0
+        assert r["score"] < 1.0 if r["task_id"] in MISSING else r["score"] == 1.0, (r["task_id"], r["score"])
         assert len(trace["grader"]["calls"]) == details["plan"]["leaves_graded"]
         leaves_graded += details["plan"]["leaves_graded"]
     # One grader call per graded leaf of every rollout, each a row of role grader.
@@ -127,23 +127,57 @@ def _assert_evidence_has_leaf_verdicts(run_dir: Path) -> None:
 
 
 def _split_file(tmp_path: Path, first: str) -> str:
-    # The papers that score below 1 are the ones searched on, so the evidence has a failed leaf.
+    # Searched on and tested on: papers that score below 1, so the evidence and the report have a failed leaf.
     path = tmp_path / "splits.json"
-    path.write_text(json.dumps({first: ["tiny-attention"], "val": ["tiny-layernorm"], "test": ["tiny-momentum"]}))
+    path.write_text(json.dumps({first: ["tiny-attention"], "val": ["tiny-momentum"], "test": ["tiny-layernorm"]}))
     return f"benchmark.split_file={path}"
 
 
-def test_milo_completes_on_paperbench_with_the_grader_metered_and_leaf_verdicts_in_evidence(tmp_path):
+@pytest.fixture(scope="module")
+def milo_run(tmp_path_factory):
+    tmp_path = tmp_path_factory.mktemp("milo")
     with ScriptedOpenAIServer(paper_policy) as srv:
         proc, run_dir = _run(tmp_path, srv, "method=milo_quick", "method.seeds=[minimal,stock]",
                              "method.num_islands=2", "method.search_size=1", "method.val_size=1",
                              "method.k_search=1", "method.k_val=1", "method.k_test=1", "method.max_rounds=1",
                              "method.round_sync=true", _split_file(tmp_path, "search"))
     assert proc.returncode == 0, proc.stderr[-4000:]
-    rollouts = _assert_graded_and_metered(run_dir)
+    return run_dir
+
+
+def test_milo_completes_on_paperbench_with_the_grader_metered_and_leaf_verdicts_in_evidence(milo_run):
+    rollouts = _assert_graded_and_metered(milo_run)
     assert {r["split"] for r in rollouts} >= {"search", "val", "test"}
-    assert any(h["origin"] == "mutation" for h in _rows(run_dir, "harnesses"))
-    _assert_evidence_has_leaf_verdicts(run_dir)
+    assert any(h["origin"] == "mutation" for h in _rows(milo_run, "harnesses"))
+    _assert_evidence_has_leaf_verdicts(milo_run)
+
+
+def test_the_report_shows_the_best_harnesss_rubric_subscores_and_leaf_verdicts(milo_run, tmp_path):
+    from milo_ray import results
+    from milo_ray.report import write_report
+    from milo_ray.testing import browser
+
+    page = write_report(milo_run, tmp_path / "report")
+    html = page.read_text()
+    res = results.load_run(milo_run)
+    final = results.final_test(res)
+    best = final.iloc[int(final["pr_at_k"].to_numpy().argmax())]
+    tested = [r for r in _rows(milo_run, "rollouts") if r["harness_id"] == best["harness_id"] and r["split"] == "test"]
+    section = html[html.index('<section id="rubric">'):]
+    section = section[: section.index("</section>")]
+    assert best["harness_id"][:10] in section
+    # One table row per final-test rollout of that harness, its score the rollout's own.
+    table = section[section.index('id="rubric-table"'): section.index("</table>")]
+    assert table.count("<tr>") == 1 + len(tested) and tested
+    for r in tested:
+        assert f'data-v="{r["task_id"]}"' in table and f'data-v="{float(r["score"])!r}"' in table
+    # Every leaf of the tree, with its verdict and the grader's reason, collapsed.
+    assert "<details class=\"graded\"" in section and "<details open" not in section
+    assert 'data-leaf="norm-fn" data-verdict="PASS"' in section and "reason: every named term occurs" in section
+    assert 'data-leaf="norm-affine" data-verdict="FAIL"' in section
+    assert "reason: missing from the submission: gamma, beta" in section
+    if browser.chromium() is not None:
+        assert browser.overflowing_tables(page, width=1400) == []
 
 
 def test_ssr_completes_on_paperbench_with_the_grader_metered_and_leaf_verdicts_in_evidence(tmp_path):
