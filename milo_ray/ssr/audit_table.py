@@ -31,6 +31,9 @@ DEFAULT_RULES: tuple[RuleSpec, ...] = (
     RuleSpec("halving_k4", "halving", stages=4),
     RuleSpec("paired", "paired", block=5, alpha=0.05, min_tasks=10),
     RuleSpec("successive_halving+gate", "successive_halving", stages=2, replace_alpha=0.1),
+    RuleSpec("paired_rejects", "paired_rejects", stages=4),
+    RuleSpec("bandit", "bandit", block=5, alpha=0.1),
+    RuleSpec("lowrank", "lowrank", block=5),
 )
 BASELINES = ("keep_parent", "random_child", "oracle", "full_matrix")
 

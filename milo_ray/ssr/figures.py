@@ -151,8 +151,9 @@ def coverage_figure(res: Any) -> Figure | None:
 def _palette(n: int) -> list:
     import matplotlib
 
-    cmap = matplotlib.colormaps["tab10"]
-    return [cmap(i % 10) for i in range(n)]
+    # tab10 while it has colours enough, tab20 past ten (the audit's rules), never reused below 20.
+    cmap = matplotlib.colormaps["tab10" if n <= 10 else "tab20"]
+    return [cmap(i % cmap.N) for i in range(n)]
 
 
 def _tidy(ax) -> None:
@@ -376,7 +377,9 @@ AUDIT_FILE = "racing_audit.parquet"
 
 def audit_figure(res: Any) -> Figure | None:
     """True regret against budget per racing rule with ±1 SE (across matrices) bands,
-    the full matrix and keep-the-parent as reference lines; one panel per audit group."""
+    the full matrix and keep-the-parent as reference lines; one panel per audit group.
+    A rule raced with another task draw (``<rule>+disc``) shares its rule's colour and is
+    dashed, so a panel reads as rules × draws."""
     path = Path(res.run_dir) / AUDIT_FILE
     if not path.is_file():
         return None
@@ -392,11 +395,14 @@ def audit_figure(res: Any) -> Figure | None:
         sub = t[t["group"] == g]
         rules = [r for r in dict.fromkeys(sub["rule"]) if r not in ("full_matrix", "keep_parent", "oracle",
                                                                      "random_child")]
-        for color, rule in zip(_palette(len(rules)), rules):
+        bases = list(dict.fromkeys(r.removesuffix("+disc") for r in rules))
+        colors = dict(zip(bases, _palette(len(bases))))
+        for rule in rules:
+            color, drawn = colors[rule.removesuffix("+disc")], rule.endswith("+disc")
             r = sub[sub["rule"] == rule].sort_values("fraction")
             x, y = 100 * r["fraction"].to_numpy(float), r["regret"].to_numpy(float)
             se = np.nan_to_num(r["regret_se"].to_numpy(float))
-            ax.plot(x, y, "o-", color=color, lw=1.6, ms=4, label=rule)
+            ax.plot(x, y, "s--" if drawn else "o-", color=color, lw=1.6, ms=4, label=rule)
             ax.fill_between(x, y - se, y + se, color=color, alpha=0.15, lw=0)
         for rule, (label, color) in refs.items():
             row = sub[sub["rule"] == rule]
@@ -411,4 +417,5 @@ def audit_figure(res: Any) -> Figure | None:
     return Figure("ssr_racing_audit", "Racing audit: true regret against budget",
                   "Mean true regret of each racing rule's selection (points below the best candidate's true "
                   "quality) at each budget, with ±1 standard error across matrices; every rule replays the same "
-                  f"task orders. From {AUDIT_FILE} (scripts/racing_audit.py).", fig)
+                  "task orders (dashed, '+disc': the same rule drawing the tasks an earlier population passes at an "
+                  f"intermediate rate first). From {AUDIT_FILE} (scripts/racing_audit.py).", fig)

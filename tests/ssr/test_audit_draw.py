@@ -77,3 +77,24 @@ def test_seed_history_never_uses_the_matrix_rollout_indices():
         seed_history(m, bench, executor=bench.executor_config(), first_index=1)
     got = seed_history(m, bench, executor=bench.executor_config(), rollouts=2)
     assert got.history.shape == (len(bench.seed_harnesses()), 6, 2)
+
+
+def test_the_audit_figure_draws_the_new_rules_and_each_draw_in_its_rules_colour(tmp_path):
+    from dataclasses import replace
+
+    from milo_ray.results import RunResults
+    from milo_ray.ssr import figures as S
+    from milo_ray.ssr.audit_table import DEFAULT_RULES, summarize, write_parquet
+
+    rules = DEFAULT_RULES + tuple(replace(r, label=f"{r.label}+disc", draw="discriminative") for r in DEFAULT_RULES)
+    rows = audit_matrix(synthetic_matrix("wide", seed=0, tasks=40), fractions=(0.2, 0.4), rules=rules, replays=8)
+    write_parquet(tmp_path / S.AUDIT_FILE, rows, [{"group": "wide", **r} for r in summarize(rows)])
+    res = RunResults.__new__(RunResults)
+    res.run_dir = tmp_path
+    lines = {ln.get_label(): ln for ln in S.audit_figure(res).fig.axes[0].get_lines()}
+    assert {"paired_rejects", "bandit", "lowrank", "lowrank+disc", "halving_k4+disc"} <= set(lines)
+    for base in ("lowrank", "halving_k4", "uniform"):
+        assert lines[f"{base}+disc"].get_color() == lines[base].get_color()
+        assert lines[f"{base}+disc"].get_linestyle() == "--" and lines[base].get_linestyle() == "-"
+    colors = [lines[r.label].get_color() for r in DEFAULT_RULES]
+    assert len({tuple(c) for c in colors}) == len(colors)  # every rule its own colour
