@@ -61,8 +61,10 @@ def test_oracle_scores_one(fixture, are_python, tmp_path):
 
 def _drive(ep: Episode, recipient: str) -> None:
     tools = {t.name: t for t in channel_tools(str(ep.socket))}
-    note = tools[WAIT_TOOL].invoke({"timeout_s": 30})
-    assert "Forward Greg's email" in note
+    # The user's first message was delivered before the tools were served (the agent has it
+    # as its instruction): it is no notification.
+    note = tools[WAIT_TOOL].invoke({"timeout_s": 0})
+    assert "Forward Greg's email" not in note
     # Only the scenario's app tools: an environment-side method (one that makes an email
     # arrive) or an app's state is no tool of the agent's.
     assert "EmailClientV2__send_email_to_user_only" not in tools
@@ -137,7 +139,6 @@ def test_free_text_in_the_agents_own_words_is_judged_by_the_grader_role(grader, 
     try:
         ep.wait_ready()
         tools = {t.name: t for t in channel_tools(str(ep.socket))}
-        tools[WAIT_TOOL].invoke({"timeout_s": 30})
         tools["EmailClientV2__forward_email"].invoke({"email_id": "greg_email", "recipients": ["john@example.com"]})
         tools["AgentUserInterface__send_message_to_user"].invoke(
             {"content": "I have sent Greg's music list on to John as you asked."})
@@ -148,3 +149,29 @@ def test_free_text_in_the_agents_own_words_is_judged_by_the_grader_role(grader, 
     assert grader.calls and all(p.startswith("are:") for p in grader.calls)
     assert ep.grader_calls == len(grader.calls) and ep.grader_refused == (len(grader.calls) if grader.refuse else 0)
     assert ep.grader_failed == 0
+
+
+def test_a_multi_turn_scenario_releases_its_next_turn_and_a_reply_through_the_wait_tool(are_python, tmp_path):
+    ep = Episode(FIXTURES / "multi_turn.json", tmp_path / "tools.sock", mode="agent", judge="scripted",
+                 python=are_python, log=tmp_path / "host.log")
+    try:
+        ep.wait_ready()
+        tools = {t.name: t for t in channel_tools(str(ep.socket))}
+        tools["EmailClientV2__send_email"].invoke({"recipients": ["ana@example.com"], "subject": "Lunch",
+                                                  "content": "Are you free for lunch on Friday?"})
+        tools["AgentUserInterface__send_message_to_user"].invoke({"content": "Sent."})
+        # The judge releases the second turn once the first is done; Ana's reply comes 30
+        # simulated seconds later, which the wait jumps over instead of passing them.
+        heard = ""
+        for _ in range(6):
+            heard += tools[WAIT_TOOL].invoke({"timeout_s": 60})
+            if "email received from ana@example.com" in heard:
+                break
+        assert "email Bob" in heard and "email received from ana@example.com" in heard, heard
+        tools["EmailClientV2__send_email"].invoke({"recipients": ["bob@example.com"], "subject": "Lunch with Ana",
+                                                  "content": "Ana is free for lunch on Friday."})
+        tools["AgentUserInterface__send_message_to_user"].invoke({"content": "Told Bob."})
+        verdict = ep.finish()
+    finally:
+        ep.close()
+    assert score_of(verdict) == (1.0, None), (verdict, (tmp_path / "host.log").read_text()[-3000:])

@@ -146,6 +146,26 @@ class AREFormat:
     def verify(self, task: Task, sandbox: Sandbox, grader: Grader | None = None) -> Verdict:
         return Verdict(score=0.0, error="an ARE scenario is judged by its episode (start_episode), not in a sandbox")
 
+    def evidence_files(self, verifier: Mapping[str, Any], task: Task | None = None) -> dict[str, str]:
+        """What a harness's evidence adds for a scenario (:mod:`milo_ray.harness.evidence`):
+        ``judged.md``, ARE's verdict with its judge's rationale and the agent's actions in
+        the world, in order (the feedback this benchmark gives; never the oracle's)."""
+        details = verifier.get("details") or {}
+        if not details.get("scenario_id"):
+            return {}
+        lines = [f"# ARE judge on scenario {details['scenario_id']}", "",
+                 f"verdict: {'success' if details.get('success') else 'failure'} (judge: {details.get('judge')}, "
+                 f"{details.get('judge_llm_calls') or 0} LLM check(s))", ""]
+        if details.get("rationale"):
+            lines += ["## The judge's rationale", "", str(details["rationale"]), ""]
+        if details.get("exception"):
+            lines += ["## The world raised", "", str(details["exception"]), ""]
+        actions = details.get("actions") or []
+        lines += [f"## The agent's actions ({details.get('agent_actions') or 0} tool call(s) in the world)", ""]
+        lines += [f"{i}. `{a.get('tool')}` {a.get('args')}" + (f" -- raised {a['error']}" if a.get("error") else "")
+                  for i, a in enumerate(actions, 1)] or ["(none)"]
+        return {"judged.md": "\n".join(lines) + "\n"}
+
     def solve(self, task: Task, sandbox: Sandbox) -> str | None:
         return "an ARE scenario's reference solution is its oracle episode (start_episode with oracle=True)"
 

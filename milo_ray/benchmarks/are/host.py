@@ -46,6 +46,9 @@ from milo_ray.benchmarks.are.tool_schema import parameters_schema  # noqa: E402
 # Wall seconds one wait may block for a notification once simulated time has been told to
 # jump to the next event (the environment's loop ticks on its own thread).
 WAIT_WALL_S = 20.0
+# How long the world may take to deliver the user's first message before the agent acts.
+FIRST_TURN_WALL_S = 60.0
+FIRST_TURN_NEAR_S = 5.0
 # The agent's actions kept for the verdict: the first this many, each argument list cut here.
 MAX_LOGGED_ACTIONS = 200
 ACTION_ARGS_CHARS = 500
@@ -207,6 +210,29 @@ def replay_oracle(raw: dict[str, Any], tools: ScenarioTools) -> None:
         tools._pull()  # what the oracle's own action triggers is not news to it
 
 
+def deliver_first_turn(raw: dict[str, Any], tools: ScenarioTools) -> None:
+    """Let the world deliver the user's first message before the agent acts: the agent has
+    it already as its task's instruction, and an action the judge sees before the message
+    it answers does not count. The notification is taken off the queue (it is not news)."""
+    firsts = sorted((e.get("event_relative_time") or 0, e["event_id"]) for e in raw["events"]
+                    if not e.get("dependencies") and (e.get("action") or {}).get("app") == "AgentUserInterface"
+                    and (e.get("action") or {}).get("function") == "send_message_to_agent")
+    if not firsts:
+        return
+    due_s, first = firsts[0]
+    deadline = time.monotonic() + FIRST_TURN_WALL_S
+    while first not in tools.completed_ids():
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"the scenario's first user message ({first}) was not delivered within "
+                               f"{FIRST_TURN_WALL_S:g} s")
+        # Due within seconds: the event loop takes it at wall speed; due later: simulated time jumps to it.
+        if due_s > FIRST_TURN_NEAR_S:
+            tools.wait(600)
+        else:
+            time.sleep(0.05)
+    tools._pull()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--scenario", required=True)
@@ -237,6 +263,8 @@ def main() -> None:
         tools = ScenarioTools(scenario, env)
         # World-connectable: the sandbox's user differs from this one; the directory the
         # socket is made in (the rollout's, bound into its sandbox only) is what limits who reaches it.
+        if opts.mode == "agent":
+            deliver_first_turn(json.loads(text), tools)
         channel = ToolChannel(tools, opts.socket, mode=0o666)
         parent.send(t="ready", tools=len(tools.tools()), turns=scenario.nb_turns,
                     setup_s=round(time.monotonic() - began, 3))
