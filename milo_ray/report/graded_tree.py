@@ -18,7 +18,7 @@ from typing import Any, Mapping
 
 import pandas as pd
 
-from milo_ray.benchmarks.paperbench.render import leaf_verdict
+from milo_ray.benchmarks.paperbench.render import leaf_verdict, reproduction_summary
 from milo_ray.benchmarks.paperbench.rubric import CATEGORIES
 from milo_ray.report.html import Section
 from milo_ray.report.tables import render
@@ -97,7 +97,9 @@ def _row(r: Any, details: Mapping[str, Any]) -> dict[str, Any]:
     return {"task": r["task_id"], "rollout": int(r["rollout_idx"]), "score": float(r["score"]),
             **{c: cats.get(c) for c in CATEGORIES},
             "leaves passed": counts["PASS"], "leaves failed": counts["FAIL"], "judge failures": counts["JUDGE FAILED"],
-            "graded weight": details.get("graded_weight_fraction"), "mode": (details.get("plan") or {}).get("mode")}
+            "graded weight": details.get("graded_weight_fraction"), "mode": (details.get("plan") or {}).get("mode"),
+            "reproduce.sh": reproduction_summary(rep) if isinstance(rep := details.get("reproduction"), Mapping)
+            else None}
 
 
 def _leaves(node: Mapping[str, Any]) -> list[Mapping[str, Any]]:

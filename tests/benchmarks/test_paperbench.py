@@ -28,9 +28,9 @@ class DirSandbox:
     def __init__(self, root: Path) -> None:
         self.root = root
 
-    def execute(self, command: str):
+    def execute(self, command: str, timeout: int | None = None):
         out = subprocess.run(["bash", "-c", command.replace(SUBMISSION, str(self.root))], capture_output=True,
-                             text=True)
+                             text=True, timeout=timeout)
         return SimpleNamespace(output=out.stdout, exit_code=out.returncode)
 
     def download_files(self, paths):
@@ -42,16 +42,16 @@ class DirSandbox:
         return got
 
 
-def task(**options):
-    bench = PaperBenchBenchmark(str(PAPERS / "tiny-attention"), splits={"search": 1}, **options)
+def task(paper: str = "tiny-attention", **options):
+    bench = PaperBenchBenchmark(str(PAPERS / paper), splits={"search": 1}, **options)
     return bench.tasks("search")[0]
 
 
-def grade(submission: Path, tmp_path: Path, grader=None, **options):
+def grade(submission: Path, tmp_path: Path, grader=None, paper: str = "tiny-attention", **options):
     work = tmp_path / "submission"
     shutil.copytree(submission, work)
     grader = grader or GraderSettings.of({"scripted": True}).for_rollout("h/t/0")
-    verdict = PAPERBENCH.verify(task(**options), DirSandbox(work), grader=grader)
+    verdict = PAPERBENCH.verify(task(paper, **options), DirSandbox(work), grader=grader)
     return verdict, grader
 
 
@@ -236,3 +236,65 @@ def test_the_evidence_a_mutator_reads_holds_every_leafs_verdict_and_reason(tmp_p
     # Each rollout keeps its own, the one that passed included.
     best = (edir / "traces" / t.task_id / "rollout-1" / "graded.md").read_text()
     assert "**PASS** `impl-mask`" in best and "rubric score" in best and "1.000" in best
+
+
+LAYERNORM = PAPERS / "tiny-layernorm" / "reference_submission"
+
+
+class Recording:
+    """A grader that passes every leaf and keeps what each call was shown."""
+
+    def __init__(self):
+        self.asked: dict[str, tuple[str, str]] = {}
+
+    def ask(self, system, user, *, purpose):
+        self.asked[purpose] = (system, user)
+        return '{"score": 1, "reason": "shown"}'
+
+
+def test_reproduce_runs_before_the_judge_and_what_it_wrote_is_graded(tmp_path):
+    # The loss leaf asks for a value only the reproduction writes (loss.json).
+    without, _ = grade(LAYERNORM, tmp_path / "n", paper="tiny-layernorm", mode="full")
+    ran, _ = grade(LAYERNORM, tmp_path / "r", paper="tiny-layernorm", mode="full", reproduce=True)
+    loss = lambda v: next(c for c in v.details["tree"]["sub_tasks"] if c["id"] == "loss")  # noqa: E731
+    assert loss(without)["score"] == 0 and "final_loss" in loss(without)["reason"]
+    assert "reproduction" not in without.details
+    assert loss(ran)["score"] == 1 and ran.score == 1.0
+    rep = ran.details["reproduction"]
+    assert (rep["ran"], rep["exit_code"], rep["timed_out"]) == (True, 0, False) and "training done" in rep["log_tail"]
+    assert (tmp_path / "r" / "submission" / "reproduce.log").read_text() == "training done\n"
+    assert "reproduce.sh: exit 0" in ran.output
+    graded = PAPERBENCH.evidence_files({"details": ran.details})["graded.md"]
+    assert "reproduce.sh, run before grading: exit 0" in graded
+
+
+def test_only_execution_and_result_leaves_are_shown_the_reproduction(tmp_path):
+    g = Recording()
+    grade(REFERENCE, tmp_path, g, mode="full", reproduce=True, reproduce_timeout_s=60)
+    shown = {p.split(":", 1)[1] for p, (system, user) in g.asked.items() if "<reproduction>" in user}
+    assert shown == {"exec", "results"} and len(g.asked) == 4
+    system, user = g.asked["leaf:exec"]
+    assert "reproduce.sh" in system and "exited with status" in user
+
+
+def test_a_reproduction_past_its_time_limit_is_stopped_and_recorded(tmp_path):
+    slow = tmp_path / "slow"
+    slow.mkdir()
+    (slow / "reproduce.sh").write_text("echo started\nsleep 60\necho never\n")
+    verdict, _ = grade(slow, tmp_path, paper="tiny-layernorm", mode="full", reproduce=True, reproduce_timeout_s=1)
+    rep = verdict.details["reproduction"]
+    assert rep["timed_out"] and rep["exit_code"] == 124 and rep["log_tail"] == "started\n"
+    assert "stopped at its limit" in verdict.output
+    (tmp_path / "none").mkdir()
+    none, _ = grade(tmp_path / "none", tmp_path / "x", mode="full", reproduce=True)
+    assert none.details["reproduction"]["ran"] is False and "reproduce.sh" in none.details["reproduction"]["error"]
+
+
+def test_reproduce_is_refused_outside_full_mode_and_adds_its_limit_to_the_grading_time():
+    with pytest.raises(ValueError, match="benchmark.reproduce=true with benchmark.mode=codedev"):
+        task(reproduce=True)
+    with pytest.raises(ValueError, match="benchmark.reproduce_timeout_s"):
+        task(mode="full", reproduce=True, reproduce_timeout_s=0)
+    plain, timed = task(mode="full"), task(mode="full", reproduce=True, reproduce_timeout_s=900)
+    assert timed.grading_cap_s > plain.grading_cap_s + 900
+    assert "reproduce.sh is run" in timed.instruction and "is not run" in plain.instruction

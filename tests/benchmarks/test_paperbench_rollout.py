@@ -117,3 +117,21 @@ def test_the_llm_grader_is_metered_by_the_gateway_and_capped(tmp_path):
     assert call["cost_usd"] == pytest.approx(1000 * 1e-6 + 20 * 2e-6)
     assert os.environ[KEY_ENV] not in sent  # the key stays in the gateway
     assert verdict.score == pytest.approx(2 / 3)  # impl-scores passed; impl-mask refused counts as 0
+
+
+def test_reproduce_sh_runs_in_the_bwrap_grading_sandbox_and_its_outputs_are_graded(tmp_path):
+    # tiny-layernorm's loss leaf asks for a value only its reference reproduce.sh writes.
+    from milo_ray.tasks.executor import ORACLE
+
+    def rollout(**options):
+        bench = PaperBenchBenchmark(str(PAPERS / "tiny-layernorm"), splits={"search": 1}, mode="full", **options)
+        ex = AgentExecutor(agent="oracle", sandbox={"_target_": "milo_ray.boundary.sandbox.bwrap.BwrapSandboxFactory"},
+                           scratch_dir=str(tmp_path), grader={"scripted": True})
+        return asyncio.run(ex.aexecute(ORACLE, bench.tasks("search")[0], 0, 0))
+
+    ran, plain = rollout(reproduce=True, reproduce_timeout_s=120), rollout()
+    assert ran.score == 1.0 and ran.error_kind is None, ran.error
+    details = ran.trace["verifier"]["details"]
+    rep = details["reproduction"]
+    assert (rep["ran"], rep["exit_code"], rep["timed_out"]) == (True, 0, False) and "training done" in rep["log_tail"]
+    assert plain.score == pytest.approx(0.75) and "reproduction" not in plain.trace["verifier"]["details"]

@@ -17,9 +17,11 @@ the mode's leaves, ``max_depth``, ``max_leaves``) gets one grader call
 (:func:`.judge.grade_leaf`), and the scores are aggregated up the tree
 (:func:`.rubric.aggregate`, ``judge_failures`` counting a failed leaf as 0 or dropping
 it). The graded tree, the plan and the per-category subscores are the verdict's details,
-kept in the rollout's trace. ``mode=full`` grades every leaf but does not run
-``reproduce.sh`` (this project has no GPU sandbox for it): Code Execution and Result
-Analysis leaves are then judged on what the submission holds.
+kept in the rollout's trace. ``mode=full`` grades every leaf; ``reproduce=true`` (full
+mode only) first runs the submission's ``reproduce.sh`` in the grading sandbox under its
+own time limit (:mod:`.reproduce`: no GPU, no network), records how it ran with the tree
+and shows it to the judge of Code Execution and Result Analysis leaves; without it those
+leaves are judged on what the submission holds.
 """
 
 from __future__ import annotations
@@ -31,7 +33,8 @@ from typing import Annotated, Any, Mapping
 
 from milo_ray.benchmarks.base import BenchmarkDataMissing, SplitTasks, seed_names
 from milo_ray.benchmarks.paperbench.judge import SUBMISSION, grade_leaf, read_submission
-from milo_ray.benchmarks.paperbench.render import graded_markdown
+from milo_ray.benchmarks.paperbench.render import graded_markdown, reproduction_summary
+from milo_ray.benchmarks.paperbench.reproduce import KILL_AFTER_S, SHOWN_FOR, judge_note, run_reproduction
 from milo_ray.benchmarks.paperbench.rubric import JUDGE_FAILURES, MODES, aggregate, parse_rubric, select
 from milo_ray.benchmarks.splits import resolve_splits
 from milo_ray.benchmarks.task_format import SETUP_ALLOWANCE_S
@@ -67,7 +70,9 @@ class PaperBenchBenchmark(SplitTasks):
       this many leaves per paper (null: all); max_depth: grade each node at this depth as
       one requirement (null: down to the leaves) -- both bound the grader calls of a
       rollout, and both are recorded with its verdict. context_chars: what one grader
-      call may read (paper excerpt, notes and ranked files). time_cap_s / token_cap: the
+      call may read (paper excerpt, notes and ranked files). reproduce: run the
+      submission's reproduce.sh in the grading sandbox before the judge (mode=full only);
+      reproduce_timeout_s: its time limit, on top of the grading time. time_cap_s / token_cap: the
       agent's caps per paper (12 h, as the paper's setting). splits / split_seed /
       split_file, seeds: as the other benchmarks.
     """
@@ -77,7 +82,8 @@ class PaperBenchBenchmark(SplitTasks):
     def __init__(self, path: Annotated[str | None, ExistingPath('dir', 'a directory of PaperBench paper '
                                                                          'directories')] = None,
                  mode: str = "codedev", judge_failures: str = "zero", max_leaves: int | None = None,
-                 max_depth: int | None = None, context_chars: int = 60_000, time_cap_s: float = 43_200.0,
+                 max_depth: int | None = None, context_chars: int = 60_000, reproduce: bool = False,
+                 reproduce_timeout_s: float = 3600.0, time_cap_s: float = 43_200.0,
                  token_cap: int = 20_000_000, memory_mb: int = 4096, splits: Mapping[str, Any] | None = None,
                  split_seed: int = 0, split_file: str | None = None, seeds: list[str] | None = None,
                  skip_invalid: bool = False):
@@ -95,6 +101,16 @@ class PaperBenchBenchmark(SplitTasks):
         for name, v, low in (("max_leaves", max_leaves, 1), ("max_depth", max_depth, 0)):
             if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < low):
                 raise ValueError(f"benchmark.{name}={v!r}: an integer >= {low}, or null for no cap")
+        if not isinstance(reproduce, bool):
+            raise ValueError(f"benchmark.reproduce={reproduce!r}: true or false")
+        if reproduce and mode != "full":
+            raise ValueError(f"benchmark.reproduce=true with benchmark.mode={mode}: only full mode grades the Code "
+                             "Execution and Result Analysis leaves a reproduction informs; set benchmark.mode=full "
+                             "or benchmark.reproduce=false")
+        if (isinstance(reproduce_timeout_s, bool) or not isinstance(reproduce_timeout_s, (int, float))
+                or not reproduce_timeout_s >= 1):
+            raise ValueError(f"benchmark.reproduce_timeout_s={reproduce_timeout_s!r}: a number of seconds >= 1 (the "
+                             "time limit of reproduce.sh)")
         if isinstance(context_chars, bool) or not isinstance(context_chars, int) or context_chars < 4000:
             raise ValueError(f"benchmark.context_chars={context_chars!r}: an integer >= 4000")
         if not isinstance(time_cap_s, (int, float)) or isinstance(time_cap_s, bool) or time_cap_s <= 0:
@@ -106,7 +122,8 @@ class PaperBenchBenchmark(SplitTasks):
         self.root = root.resolve()
         self.name = f"paperbench:{self.root.name}"
         self.options = {"mode": mode, "judge_failures": judge_failures, "max_leaves": max_leaves,
-                        "max_depth": max_depth, "context_chars": int(context_chars)}
+                        "max_depth": max_depth, "context_chars": int(context_chars), "reproduce": reproduce,
+                        "reproduce_timeout_s": float(reproduce_timeout_s)}
         self.time_cap_s, self.token_cap, self.memory_mb = float(time_cap_s), int(token_cap), int(memory_mb)
         self.seed_names = seed_names(seeds)
         dirs = [self.root] if (self.root / "rubric.json").is_file() else sorted(
@@ -157,13 +174,21 @@ class PaperBenchBenchmark(SplitTasks):
                 "solution_layout": f"{REFERENCE}/ in the paper's directory"}
 
     def _task(self, meta: dict[str, Any], tid: str, split: str) -> Task:
-        codedev = (" Only its code development requirements are graded (reproduce.sh is not run)."
-                   if meta["mode"] == "codedev" else " Every requirement is judged on what the submission holds "
-                   "(reproduce.sh is not run: leave its outputs in the submission).")
+        if meta["mode"] == "codedev":
+            codedev = " Only its code development requirements are graded (reproduce.sh is not run)."
+        elif meta["reproduce"]:
+            codedev = (f" Before grading, reproduce.sh is run from {SUBMISSION} in a fresh sandbox without network "
+                       f"or GPU, for at most {meta['reproduce_timeout_s']:.0f} s; what it prints and writes is "
+                       "graded with the rest.")
+        else:
+            codedev = (" Every requirement is judged on what the submission holds (reproduce.sh is not run: leave "
+                       "its outputs in the submission).")
+        reproduce_s = meta["reproduce_timeout_s"] + KILL_AFTER_S if meta["reproduce"] else 0.0
         return Task(task_id=tid, split=split, instruction=INSTRUCTION.format(paper=PAPER, submission=SUBMISSION,
                                                                              codedev=codedev),
                     time_cap_s=self.time_cap_s, token_cap=self.token_cap, metadata={**meta, "memory_mb": self.memory_mb},
-                    grading_cap_s=SETUP_ALLOWANCE_S + GRADE_S_PER_LEAF * meta["leaves_graded"], format=PAPERBENCH)
+                    grading_cap_s=SETUP_ALLOWANCE_S + reproduce_s + GRADE_S_PER_LEAF * meta["leaves_graded"],
+                    format=PAPERBENCH)
 
     def seed_harnesses(self) -> list[Harness]:
         return load_seeds(self.seed_names)
@@ -196,18 +221,25 @@ class PaperBenchFormat:
                            seconds=time.monotonic() - began)
         plan = select(parse_rubric(meta["rubric"]), mode=meta["mode"], max_depth=meta["max_depth"],
                       max_leaves=meta["max_leaves"], seed=meta["paper_id"])
+        # Before the submission is read: the judge reads what the reproduction wrote.
+        rep = run_reproduction(sandbox, meta["reproduce_timeout_s"]) if meta.get("reproduce") else None
+        note = judge_note(rep) if rep is not None else ""
         files, read = read_submission(sandbox)
         paper = meta["paper_text"] + ("\n\nAddendum:\n" + meta["addendum"] if meta["addendum"] else "")
         leaves = {lf.id: lf for lf in plan.tree.leaves()}
         verdicts = {lid: grade_leaf(grader, leaves[lid], paper=paper, judge_notes=meta["judge_addendum"], files=files,
-                                    context_chars=meta["context_chars"]) for lid in plan.sampled}
+                                    context_chars=meta["context_chars"],
+                                    reproduction=note if leaves[lid].category in SHOWN_FOR else "")
+                    for lid in plan.sampled}
         graded = aggregate(plan.tree, verdicts, judge_failures=meta["judge_failures"])
         failed = sum(1 for v in verdicts.values() if v.get("error"))
-        details = {"plan": plan.record(), "submission": read, "judge_failed_leaves": failed, **graded}
+        details = {"plan": plan.record(), "submission": read, "judge_failed_leaves": failed, **graded,
+                   **({"reproduction": rep} if rep is not None else {})}
         summary = (f"rubric score {graded['score']:.3f} ({meta['mode']}, {len(verdicts)} leaves graded, {failed} judge "
                    f"failure(s) counted as {meta['judge_failures']}, graded weight fraction "
                    f"{graded['graded_weight_fraction']:.3f}); per category: "
-                   + ", ".join(f"{k} {v:.3f}" for k, v in graded["categories"].items() if v is not None))
+                   + ", ".join(f"{k} {v:.3f}" for k, v in graded["categories"].items() if v is not None)
+                   + (f"; reproduce.sh: {reproduction_summary(rep)}" if rep is not None else ""))
         return Verdict(score=graded["score"], reward={"reward": graded["score"],
                                                       "graded_weight_fraction": graded["graded_weight_fraction"]},
                        output=summary, seconds=time.monotonic() - began, details=details)

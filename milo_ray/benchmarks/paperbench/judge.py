@@ -96,15 +96,24 @@ def rank(files: list[SubmissionFile], requirement: str, budget_chars: int) -> tu
     return "\n".join(parts), shown
 
 
+REPRODUCTION = """ You are also shown how the submission's reproduce.sh ran before grading (its exit status and \
+the end of its output), between <reproduction> tags: judge whether the code runs, and its results, by what that run \
+did and produced, not by what the files claim."""
+
+
 def grade_leaf(grader: Grader, leaf: Any, *, paper: str, judge_notes: str, files: list[SubmissionFile],
-               context_chars: int) -> dict[str, Any]:
-    """One leaf's verdict: ``{"score", "reason", "files"}`` or ``{"error"}``."""
+               context_chars: int, reproduction: str = "") -> dict[str, Any]:
+    """One leaf's verdict: ``{"score", "reason", "files"}`` or ``{"error"}``. ``reproduction``:
+    how reproduce.sh ran (:func:`.reproduce.judge_note`), for a leaf about running the code
+    or its results ('' for none)."""
     paper_part = paper[: context_chars // 4]
-    evidence, shown = rank(files, leaf.requirements, max(1000, context_chars - len(paper_part) - len(judge_notes)))
+    rep = f"<reproduction>\n{reproduction}\n</reproduction>\n" if reproduction else ""
+    evidence, shown = rank(files, leaf.requirements,
+                           max(1000, context_chars - len(paper_part) - len(judge_notes) - len(rep)))
     user = (f"<paper>\n{paper_part}\n</paper>\n<grader_notes>\n{judge_notes}\n</grader_notes>\n"
-            f"<requirement>\n{leaf.requirements}\n</requirement>\n<submission>\n{evidence}\n</submission>")
+            f"<requirement>\n{leaf.requirements}\n</requirement>\n{rep}<submission>\n{evidence}\n</submission>")
     try:
-        answer = grader.ask(SYSTEM, user, purpose=f"leaf:{leaf.id}")
+        answer = grader.ask(SYSTEM + (REPRODUCTION if reproduction else ""), user, purpose=f"leaf:{leaf.id}")
     except GraderRefused as exc:
         return {"error": f"not graded: {exc}"}
     # A failed call is not caught: the grader's endpoint failing is the rollout's

@@ -27,6 +27,17 @@ def leaf_verdict(leaf: Mapping[str, Any]) -> str:
     return str(VERDICT.get(str(status), status or "?"))
 
 
+def reproduction_summary(rep: Mapping[str, Any]) -> str:
+    """How reproduce.sh ran, in a few words (its exit status, or why it has none)."""
+    if not rep.get("ran"):
+        return f"not run ({_one_line(rep.get('error'), 200)})"
+    if rep.get("timed_out"):
+        return f"stopped at its limit of {float(rep.get('timeout_s') or 0):.0f} s"
+    if rep.get("exit_code") is None:
+        return f"exit status unknown ({_one_line(rep.get('error'), 200)})"
+    return f"exit {rep.get('exit_code')} after {float(rep.get('seconds') or 0):.1f} s"
+
+
 def _one_line(text: Any, limit: int = 400) -> str:
     s = " ".join(str(text or "").split())
     return s if len(s) <= limit else s[: limit - 3] + "..."
@@ -50,6 +61,10 @@ def graded_markdown(verifier: Mapping[str, Any], *, task_id: str = "") -> str | 
             f"- graded weight fraction (share of the rubric's weight the score rests on): "
             f"{float(details.get('graded_weight_fraction') or 0):.3f}; judge failures: "
             f"{details.get('judge_failed_leaves', 0)}, counted as {details.get('judge_failures', '?')}"]
+    rep = details.get("reproduction")
+    if isinstance(rep, Mapping):
+        head.append(f"- reproduce.sh, run before grading: {reproduction_summary(rep)}"
+                    + ("; its output is reproduce.log in the submission" if rep.get("ran") else ""))
     cats = details.get("categories") or {}
     if cats:
         head.append("- per category (weighted mean leaf verdict): "
