@@ -81,31 +81,33 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--experiment", default="ssr_swepro")
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4])
-    p.add_argument("--variant", default=None,
-                   help="LABEL=OVERRIDES of the racing set-up compared with successive halving "
+    p.add_argument("--variant", action="append", default=None,
+                   help="LABEL=OVERRIDES of a racing set-up compared with successive halving; repeatable "
                         f"(default: {DEFAULT_VARIANT[0]}={DEFAULT_VARIANT[1]})")
     p.add_argument("--root", default=None, help="where run directories go (default: a temp dir)")
     args = p.parse_args(argv)
     print(f"command: python scripts/ssr_racing_e2e.py {shlex.join(sys.argv[1:] if argv is None else argv)}")
-    variant = tuple(args.variant.split("=", 1)) if args.variant else DEFAULT_VARIANT
+    variants = [tuple(v.split("=", 1)) for v in args.variant] if args.variant else [DEFAULT_VARIANT]
     root = Path(args.root or tempfile.mkdtemp(prefix="ssr-racing-")).resolve()
     results: dict[str, list[dict]] = {}
-    for label, overrides in (BASELINE, variant):
+    for label, overrides in (BASELINE, *variants):
         runs = []
         for seed in args.seeds:
             run_dir = root / label / f"seed{seed}"
             s = run_one(args.experiment, seed, run_dir, shlex.split(overrides))
             runs.append({"summary": s, "trajectory": trajectory(run_dir, s["races"])})
         results[label] = runs
-    base, var = results[BASELINE[0]], results[variant[0]]
-    print(f"\ntrue = the surrogate's exact expected test score x100 (partial credit), the incumbent after each race; "
-          f"executions = cumulative budgeted executions (refreshes + racing, of B), mean over seeds {args.seeds}")
-    head = f"{'race':>4}  " + "  ".join(f"{lab + ' true':>22} {lab + ' execs':>22}" for lab in (BASELINE[0], variant[0]))
-    print(head + f"  {'execs ratio':>11}")
-    n_races = max(len(r["trajectory"]) for r in base + var)
+    labels = [BASELINE[0], *(v[0] for v in variants)]
+    base = results[BASELINE[0]]
+    print(f"\ntrue = the surrogate's exact expected test score x100 (partial credit), the incumbent after each race "
+          f"(seeds that ran it / all); execs = cumulative budgeted executions (refreshes + racing, of B); ratio = "
+          f"execs / successive_halving's at the same race; means over seeds {args.seeds}")
+    head = f"{'race':>4}  " + "  ".join(f"{lab + ' true':>22} {lab + ' execs':>22}" for lab in labels)
+    print(head + "  " + "  ".join(f"{lab + ' ratio':>22}" for lab in labels[1:]))
+    n_races = max(len(r["trajectory"]) for runs in results.values() for r in runs)
     for k in range(n_races):
         cells, execs = [], []
-        for runs in (base, var):
+        for runs in results.values():
             pts = [r["trajectory"][k] for r in runs if len(r["trajectory"]) > k]
             if not pts:
                 cells.append(f"{'-':>22} {'-':>22}")
@@ -115,9 +117,9 @@ def main(argv: list[str] | None = None) -> int:
             e = sum(x["executions"] for x in pts) / len(pts)
             execs.append(e)
             cells.append(f"{t:>16.2f} ({len(pts)}/{len(runs)}) {e:>22.0f}")
-        ratio = execs[1] / execs[0] if execs[0] == execs[0] and execs[1] == execs[1] else float("nan")
-        print(f"{k:>4}  " + "  ".join(cells) + f"  {ratio:>11.2f}")
-    for lab, runs in ((BASELINE[0], base), (variant[0], var)):
+        ratios = [e / execs[0] if execs[0] == execs[0] and e == e else float("nan") for e in execs[1:]]
+        print(f"{k:>4}  " + "  ".join(cells) + "  " + "  ".join(f"{x:>22.2f}" for x in ratios))
+    for lab, runs in results.items():
         fin = [r["summary"]["final_true_quality"] * 100 for r in runs]
         init = [r["summary"]["initial_true_quality"] * 100 for r in runs]
         used = [r["summary"]["executions_used"] for r in runs]
@@ -126,10 +128,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{lab}: final true score {m:.2f} ± {sd:.2f} (SD over seeds; initial {sum(init) / len(init):.2f}), "
               f"per seed {' '.join(f'{x:.2f}' for x in fin)}; executions used {sum(used) / len(used):.0f} "
               f"(per seed {' '.join(map(str, used))}), stops {[r['summary']['stop_reason'] for r in runs]}")
-    d = [v["summary"]["final_true_quality"] * 100 - b["summary"]["final_true_quality"] * 100 for b, v in zip(base, var)]
-    md = sum(d) / len(d)
-    se = ((sum((x - md) ** 2 for x in d) / max(1, len(d) - 1)) ** 0.5) / len(d) ** 0.5
-    print(f"final true score, {variant[0]} - {BASELINE[0]} (paired by seed): {md:+.2f} ± {se:.2f} points (SE)")
+    for lab in labels[1:]:
+        d = [v["summary"]["final_true_quality"] * 100 - b["summary"]["final_true_quality"] * 100
+             for b, v in zip(base, results[lab])]
+        md = sum(d) / len(d)
+        se = ((sum((x - md) ** 2 for x in d) / max(1, len(d) - 1)) ** 0.5) / len(d) ** 0.5
+        print(f"final true score, {lab} - {BASELINE[0]} (paired by seed): {md:+.2f} ± {se:.2f} points (SE)")
     print(f"runs in {root}")
     return 0
 
