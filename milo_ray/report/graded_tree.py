@@ -118,7 +118,7 @@ def _tree_block(r: Any, details: Mapping[str, Any]) -> str:
     tree = details.get("tree")
     title = (f"{escape(str(r['task_id']))} · rollout {int(r['rollout_idx'])} · score {_score(r['score'])}")
     if not isinstance(tree, Mapping):
-        why = (r.get("error") or "the verifier recorded no graded tree") if hasattr(r, "get") else "no graded tree"
+        why = r.get("error") or "the verifier recorded no graded tree"
         return f'<details class="graded"><summary>{title}</summary><p class="nodata">{escape(str(why))}</p></details>'
     verdicts = [leaf_verdict(lf) for lf in _leaves(tree)]
     counts = " · ".join(f"{verdicts.count(v)} {v.lower()}" for v in ("PASS", "FAIL", "JUDGE FAILED", "NOT GRADED")
