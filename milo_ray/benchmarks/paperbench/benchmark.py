@@ -72,8 +72,8 @@ class PaperBenchBenchmark(SplitTasks):
       rollout, and both are recorded with its verdict. context_chars: what one grader
       call may read (paper excerpt, notes and ranked files). reproduce: run the
       submission's reproduce.sh in the grading sandbox before the judge (mode=full only);
-      reproduce_timeout_s: its time limit, on top of the grading time. time_cap_s / token_cap: the
-      agent's caps per paper (12 h, as the paper's setting). splits / split_seed /
+      reproduce_timeout_s: its time limit, on top of the grading time. time_cap_s /
+      token_cap: the agent's caps per paper (12 h, as the paper's setting). splits / split_seed /
       split_file, seeds: as the other benchmarks.
     """
 
