@@ -119,6 +119,11 @@ class TaskFormat(Protocol):
     then called as ``verify(task, sandbox, grader=...)`` with a :class:`Grader`. Formats
     that need no model keep the two-argument ``verify`` and get nothing new.
 
+    A format whose task forbids some of what an agent could do (PaperBench's blacklisted
+    resources) provides ``screen(task, steps) -> str | None``: given the agent's
+    trajectory steps once its run is over, the reason the attempt is void (it then scores
+    0 with that reason, whatever the verifier said), or None.
+
     A format whose task is a live world sets ``episodic = True`` and provides
     ``start_episode(task, socket, *, oracle, grader) -> TaskEpisode``: the world serves its
     tools at ``socket`` (or, with ``oracle``, acts out its reference solution itself), and

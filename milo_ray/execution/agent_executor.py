@@ -270,6 +270,7 @@ class AgentExecutor:
                 raise InfraFailure(f"grader model endpoint: {exc}", run.calls) from None
             except InfraFailure as exc:
                 raise InfraFailure(str(exc), run.calls) from None
+            _void_if_screened(fmt, task, run, verdict)
         finally:
             if not self.keep_scratch:
                 await asyncio.to_thread(shutil.rmtree, scratch, True)
@@ -499,6 +500,22 @@ class _AgentRun:
                              input_tokens=traj["final"]["input_tokens"], output_tokens=traj["final"]["output_tokens"],
                              cost_usd=cost, latency_s=float(self.seconds), timed_out=self.status == "timeout",
                              error_kind=error_kind, error=error, invalid_tool_calls=invalid, trace=trace)
+
+
+def _void_if_screened(fmt: Any, task: Task, run: _AgentRun, verdict: Any) -> None:
+    """A format that screens the agent's trajectory (``screen``, e.g. PaperBench's
+    blacklist) voids the attempt it objects to: score 0, its reason the rollout's error
+    (the harness's: what its agent did), the verifier's own view kept in the details."""
+    screen = getattr(fmt, "screen", None)
+    if screen is None or run.status == "oracle":
+        return
+    reason = screen(task, run.steps)
+    if not reason:
+        return
+    verdict.details = {**(verdict.details or {}), "voided": reason, "score_before_voiding": verdict.score}
+    verdict.score = 0.0
+    run.error_kind = "harness"
+    run.error = f"{run.error}; void: {reason}" if run.error else f"void: {reason}"
 
 
 def _carry(fmt: Any, sandbox: Any, scratch: Path) -> CarriedDirs | None:

@@ -135,3 +135,36 @@ def test_reproduce_sh_runs_in_the_bwrap_grading_sandbox_and_its_outputs_are_grad
     rep = details["reproduction"]
     assert (rep["ran"], rep["exit_code"], rep["timed_out"]) == (True, 0, False) and "training done" in rep["log_tail"]
     assert plain.score == pytest.approx(0.75) and "reproduction" not in plain.trace["verifier"]["details"]
+
+
+CLONER = '''
+import os
+from langchain_core.messages import AIMessage, HumanMessage
+
+
+def build_agent(model, backend):
+    class Cloner:
+        async def astream(self, inputs, config=None, stream_mode=None):
+            os.makedirs("/home/submission", exist_ok=True)
+            with open("/home/submission/attention.py", "w") as f:
+                f.write("def scaled_dot_product(q, k, v):\\n    return q\\n")
+            url = "https://github.com/example/" + "tiny-attention"
+            call = {"id": "c1", "name": "bash", "args": {"command": "git clone " + url}}
+            yield {"messages": [HumanMessage(content="go"), AIMessage(content="", tool_calls=[call])]}
+    return Cloner()
+'''
+
+
+def test_an_attempt_that_reached_the_papers_own_code_is_void(tmp_path):
+    os.environ[KEY_ENV] = "sk-unused-" + uuid.uuid4().hex
+    task = PaperBenchBenchmark(str(PAPERS / "tiny-attention"), splits={"search": 1}).tasks("search")[0]
+    ex = AgentExecutor(model={"solver": "openai/none", "api_base": "http://127.0.0.1:9/v1", "api_key_env": KEY_ENV,
+                              "max_retries": 0},
+                       sandbox={"_target_": "milo_ray.boundary.sandbox.bwrap.BwrapSandboxFactory"},
+                       scratch_dir=str(tmp_path), grader={"scripted": True, "max_calls": 10})
+    res = asyncio.run(ex.aexecute(Harness.from_source(CLONER, name="cloner"), task, 0, 0))
+    details = res.trace["verifier"]["details"]
+    # Graded as it stands (2/3 of the rubric), then void: it reached the paper's own repository.
+    assert details["score_before_voiding"] == pytest.approx(2 / 3)
+    assert res.score == 0.0 and res.error_kind == "harness"
+    assert "blacklisted resource (https://github.com/example/tiny-attention)" in res.error

@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Annotated, Any, Mapping
 
 from milo_ray.benchmarks.base import BenchmarkDataMissing, SplitTasks, seed_names
+from milo_ray.benchmarks.paperbench.blacklist import violation
 from milo_ray.benchmarks.paperbench.judge import SUBMISSION, grade_leaf, read_submission
 from milo_ray.benchmarks.paperbench.render import graded_markdown, reproduction_summary
 from milo_ray.benchmarks.paperbench.reproduce import KILL_AFTER_S, SHOWN_FOR, judge_note, run_reproduction
@@ -72,7 +73,10 @@ class PaperBenchBenchmark(SplitTasks):
       rollout, and both are recorded with its verdict. context_chars: what one grader
       call may read (paper excerpt, notes and ranked files). reproduce: run the
       submission's reproduce.sh in the grading sandbox before the judge (mode=full only);
-      reproduce_timeout_s: its time limit, on top of the grading time. time_cap_s /
+      reproduce_timeout_s: its time limit, on top of the grading time. internet: give
+      the agent's sandbox the filtered internet of an internet task (default: no network);
+      either way the paper's blacklist is checked on what the agent did
+      (:mod:`.blacklist`, :meth:`PaperBenchFormat.screen`). time_cap_s /
       token_cap: the agent's caps per paper (12 h, as the paper's setting). splits / split_seed /
       split_file, seeds: as the other benchmarks.
     """
@@ -83,7 +87,7 @@ class PaperBenchBenchmark(SplitTasks):
                                                                          'directories')] = None,
                  mode: str = "codedev", judge_failures: str = "zero", max_leaves: int | None = None,
                  max_depth: int | None = None, context_chars: int = 60_000, reproduce: bool = False,
-                 reproduce_timeout_s: float = 3600.0, time_cap_s: float = 43_200.0,
+                 reproduce_timeout_s: float = 3600.0, internet: bool = False, time_cap_s: float = 43_200.0,
                  token_cap: int = 20_000_000, memory_mb: int = 4096, splits: Mapping[str, Any] | None = None,
                  split_seed: int = 0, split_file: str | None = None, seeds: list[str] | None = None,
                  skip_invalid: bool = False):
@@ -121,6 +125,10 @@ class PaperBenchBenchmark(SplitTasks):
             raise ValueError(f"benchmark.memory_mb={memory_mb!r}: an integer >= 256 (the sandbox's memory in MB)")
         self.root = root.resolve()
         self.name = f"paperbench:{self.root.name}"
+        if not isinstance(internet, bool):
+            raise ValueError(f"benchmark.internet={internet!r}: true (the agent's sandbox gets the filtered internet "
+                             "of an internet task; the paper's blacklist is checked on what it did) or false")
+        self.internet = internet
         self.options = {"mode": mode, "judge_failures": judge_failures, "max_leaves": max_leaves,
                         "max_depth": max_depth, "context_chars": int(context_chars), "reproduce": reproduce,
                         "reproduce_timeout_s": float(reproduce_timeout_s)}
@@ -186,7 +194,8 @@ class PaperBenchBenchmark(SplitTasks):
         reproduce_s = meta["reproduce_timeout_s"] + KILL_AFTER_S if meta["reproduce"] else 0.0
         return Task(task_id=tid, split=split, instruction=INSTRUCTION.format(paper=PAPER, submission=SUBMISSION,
                                                                              codedev=codedev),
-                    time_cap_s=self.time_cap_s, token_cap=self.token_cap, metadata={**meta, "memory_mb": self.memory_mb},
+                    time_cap_s=self.time_cap_s, token_cap=self.token_cap,
+                    metadata={**meta, "memory_mb": self.memory_mb, "internet": self.internet},
                     grading_cap_s=SETUP_ALLOWANCE_S + reproduce_s + GRADE_S_PER_LEAF * meta["leaves_graded"],
                     format=PAPERBENCH)
 
@@ -209,7 +218,7 @@ class PaperBenchFormat:
         meta = task.metadata
         # The workspace is /home (paper/ and submission/): a sandbox's copies go under its
         # writable directories, and grading moves the whole workspace to a fresh sandbox.
-        return SandboxSpec(task_id=task.task_id, workdir=HOME, allow_internet=False,
+        return SandboxSpec(task_id=task.task_id, workdir=HOME, allow_internet=bool(meta.get("internet", False)),
                            memory_mb=int(meta.get("memory_mb", 4096)),
                            copy_in=((str(meta["files"].local_path()), HOME),))
 
@@ -249,6 +258,11 @@ class PaperBenchFormat:
         ``graded.md``, every rubric leaf with its verdict and the grader's reason."""
         text = graded_markdown(verifier, task_id=task.task_id if task is not None else "")
         return {"graded.md": text} if text else {}
+
+    def screen(self, task: Task, steps: list[dict[str, Any]]) -> str | None:
+        """The paper's blacklist, checked on what the agent did (:mod:`.blacklist`): the
+        reason its attempt is void, or None."""
+        return violation(task.metadata.get("blacklist") or [], steps)
 
     def solve(self, task: Task, sandbox: Sandbox) -> str | None:
         ref = task.metadata.get("reference")
