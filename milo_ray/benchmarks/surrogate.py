@@ -100,7 +100,7 @@ class SurrogateBenchmark(SplitTasks):
         unknown = set(mechanisms) - set(MECHANISMS)
         if unknown:
             raise ValueError(f"mechanisms: unknown {sorted(unknown)}")
-        return quality(mechanisms, self._ta(split), self.preset.effect_scale)
+        return quality(mechanisms, self._ta(split), self.preset.effect_scale, self.preset.credit)
 
     def true_quality(self, harness: Harness, split: str) -> dict[str, float]:
         """Exact {'score', 'resolve_rate', 'output_tokens', 'seconds'} per task, averaged over
@@ -120,7 +120,7 @@ class SurrogateBenchmark(SplitTasks):
             raise ValueError(f"metric: 'score' or 'resolve_rate', got {metric!r}")
         ta = self._ta(split)
         n = len(Q.NAMES)
-        tb = Q.build_tables({}, self.preset.effect_scale)
+        tb = Q.build_tables({}, self.preset.effect_scale, self.preset.credit)
         req = [(Q.IDX[a], [Q.IDX[r] for r in MECHANISMS[a].requires]) for a in Q.NAMES if MECHANISMS[a].requires]
         best_vals: list[tuple[float, int]] = []
         total = 0

@@ -37,9 +37,10 @@ def task_arrays(tasks: list[Task]) -> Q.TaskArrays:
         caps=np.array([t.time_cap_s for t in tasks]))
 
 
-def quality(mechs: dict[str, dict[str, Any]], ta: Q.TaskArrays, scale: float) -> dict[str, float]:
-    """Exact expected quality of one mechanism set on stacked tasks."""
-    tb = Q.build_tables(mechs, scale)
+def quality(mechs: dict[str, dict[str, Any]], ta: Q.TaskArrays, scale: float, credit: Any = None) -> dict[str, float]:
+    """Exact expected quality of one mechanism set on stacked tasks (``credit``: the preset's
+    per-mode partial credit, None for the quality model's default)."""
+    tb = Q.build_tables(mechs, scale, credit)
     out = Q.expectations(Q.aggregate(Q.indicator(mechs), tb), ta)
     return {k: float(v[0]) for k, v in out.items()}
 
@@ -68,7 +69,7 @@ def calibrate_offset(preset_name: str, seed: int, calibrate_to: str | None = Non
         tasks = [dataclasses.replace(t, metadata={**t.metadata, "base_logits": base_logits(t.metadata, offset)})
                  for t in test]
         ta = task_arrays(tasks)
-        return max(quality(s, ta, preset.effect_scale)["resolve_rate"] for s in seeds)
+        return max(quality(s, ta, preset.effect_scale, preset.credit)["resolve_rate"] for s in seeds)
 
     lo, hi = -12.0, 6.0  # resolve rate falls as the offset rises
     for _ in range(60):
@@ -77,7 +78,14 @@ def calibrate_offset(preset_name: str, seed: int, calibrate_to: str | None = Non
             lo = mid
         else:
             hi = mid
-    return 0.5 * (lo + hi)
+    offset = 0.5 * (lo + hi)
+    # A target outside what the offset can reach (partial credit alone passing more than
+    # the target, say) would otherwise end the bisection at a bracket edge, silently off.
+    reached = reference(offset)
+    if abs(reached - preset.target_resolve) > 1e-3:
+        raise ValueError(f"preset {preset_name}: target_resolve={preset.target_resolve} is out of reach "
+                         f"(closest {reached:.3f} at offset {offset:+.2f}); lower its credit or move the target")
+    return offset
 
 
 @lru_cache(maxsize=16)

@@ -81,7 +81,7 @@ class SurrogateExecutor:
                 self._effects[hid] = (None, "harness.py has no top-level build_agent(model, backend)")
                 return self._effects[hid]
             mechs = detect_mechanisms(source)
-            agg = Q.aggregate(Q.indicator(mechs), Q.build_tables(mechs, self.preset.effect_scale))
+            agg = Q.aggregate(Q.indicator(mechs), Q.build_tables(mechs, self.preset.effect_scale, self.preset.credit))
             credit = Q.credits(agg)[0]
             self._effects[hid] = ((agg.shift[0], float(agg.log_time[0]), float(agg.log_tokens[0]), credit), None)
         return self._effects[hid]

@@ -8,7 +8,8 @@ plus pairwise interaction terms (synergies > 0, conflicts < 0); every gate also 
 time, and time raises the deadline hazard. Modes are checked in FAILURE_MODES order;
 the first that fires ends the attempt (its *ending*). No mode firing = all tests pass.
 An ending with mode m passes each hidden test independently with probability
-``credit[m]`` (a timeout passes almost nothing unless a scaffold floor exists).
+``credit[m]`` (a timeout passes almost nothing unless a scaffold floor exists); ``CREDIT``
+unless the preset gives its benchmark's own (a pass/fail benchmark, a rubric's partial credit).
 
 Everything is closed form: P(first = m) = h_m * prod_{m'<m}(1 - h_m'),
 E[score] = P(none) + sum_m P(first=m) * credit_m, P(resolve) = P(none) + sum_m
@@ -148,9 +149,13 @@ class Tables:
     plt: np.ndarray
     pltok: np.ndarray
     pfloor: np.ndarray
+    credit: np.ndarray  # (M,) per-mode partial credit of the benchmark (CREDIT unless a preset sets its own)
 
 
-def build_tables(params: dict[str, dict[str, Any]], scale: float) -> Tables:
+def build_tables(params: dict[str, dict[str, Any]], scale: float, credit: Any = None) -> Tables:
+    """``credit``: per-FAILURE_MODES chance a hidden test passes after that ending (None: ``CREDIT``);
+    a pass/fail benchmark needs its own, as ``CREDIT``'s lucky passes alone would put a floor
+    under its resolve rate."""
     st = single_terms(params)
     pt = pair_terms(params)
     W = np.stack([st[n].shift for n in NAMES]) * scale
@@ -161,6 +166,7 @@ def build_tables(params: dict[str, dict[str, Any]], scale: float) -> Tables:
         pi=np.array([IDX[a] for (a, _), _t in pairs]), pj=np.array([IDX[b] for (_a, b), _t in pairs]),
         PW=np.stack([t.shift for _k, t in pairs]) * scale, plt=np.array([t.log_time for _k, t in pairs]),
         pltok=np.array([t.log_tokens for _k, t in pairs]), pfloor=np.array([t.floor for _k, t in pairs]),
+        credit=CREDIT.copy() if credit is None else np.asarray(credit, dtype=float),
     )
 
 
@@ -170,6 +176,7 @@ class Aggregate:
     log_time: np.ndarray  # (S,)
     log_tokens: np.ndarray  # (S,)
     floor: np.ndarray  # (S,)
+    credit: np.ndarray  # (M,) the tables' per-mode partial credit
 
 
 def aggregate(X: np.ndarray, tb: Tables) -> Aggregate:
@@ -177,7 +184,7 @@ def aggregate(X: np.ndarray, tb: Tables) -> Aggregate:
     X = np.asarray(X, dtype=float)
     both = X[:, tb.pi] * X[:, tb.pj]  # (S, k)
     return Aggregate(X @ tb.W + both @ tb.PW, X @ tb.lt + both @ tb.plt, X @ tb.ltok + both @ tb.pltok,
-                     X @ tb.floor + both @ tb.pfloor)
+                     X @ tb.floor + both @ tb.pfloor, tb.credit)
 
 
 @dataclass
@@ -203,8 +210,8 @@ def ending_probs(agg: Aggregate, ta: TaskArrays) -> np.ndarray:
 
 def credits(agg: Aggregate) -> np.ndarray:
     """Per-ending pass probability of each hidden test (S, 1+M)."""
-    c = np.broadcast_to(np.concatenate([[1.0], CREDIT]), (agg.floor.shape[0], 1 + M)).copy()
-    c[:, 1 + DEAD] = np.clip(CREDIT[DEAD] + agg.floor, 0.0, 0.95)
+    c = np.broadcast_to(np.concatenate([[1.0], agg.credit]), (agg.floor.shape[0], 1 + M)).copy()
+    c[:, 1 + DEAD] = np.clip(agg.credit[DEAD] + agg.floor, 0.0, 0.95)
     return c
 
 

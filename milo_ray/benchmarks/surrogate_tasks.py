@@ -12,6 +12,9 @@ distinct per task. The presets mirror the split sizes of the papers' benchmarks:
   held-out monitor), ``test`` = all 89 tasks, because the paper reports the full
   benchmark. A test task shares its task_id (and cached rollouts) with its copy in
   search/val.
+* ``surrogate_gaia2`` — GAIA-2 as in SSR: train/val/test 80/20/100 scenarios, pass/fail.
+* ``surrogate_paperbench`` — PaperBench-CodeDev as in MILO: 20 papers, ``search`` 8 and
+  ``val`` 4 of them, ``test`` all 20; rubric partial credit.
 
 Every preset also has an ``audit`` split of 160 further tasks (papers/002 §6.5: the
 racing audit's matrix is 160 tasks disjoint from candidate generation and test), drawn
@@ -62,6 +65,14 @@ class Preset:
     audit_tasks: int = 160  # the racing audit's split, generated after the pool
     seed_names: tuple[str, ...] = ("minimal", "stock", "division_of_labor", "plan_and_solve", "reproduce_first")
     extra: dict = field(default_factory=dict)
+    # Per-FAILURE_MODES partial credit (the chance a hidden test passes after that ending);
+    # None: the quality model's CREDIT, which every preset before the pass/fail and rubric ones uses.
+    credit: tuple[float, ...] | None = None
+
+    def __post_init__(self) -> None:
+        if self.credit is not None and (len(self.credit) != M or not all(0.0 <= c <= 1.0 for c in self.credit)):
+            raise ValueError(f"preset {self.name}: credit={self.credit} needs {M} values in [0, 1], one per "
+                             f"failure mode {FAILURE_MODES}")
 
 
 PRESETS: dict[str, Preset] = {
@@ -79,6 +90,40 @@ PRESETS: dict[str, Preset] = {
         "surrogate_tb21", {"search": 40, "val": 20, "test": 89}, 89, target_resolve=0.741, effect_scale=1.0,
         mode_prior=(0.25, 0.25, 0.20, 0.15, 0.08, 0.07), time_caps_s=(900.0, 1800.0, 3600.0, 7200.0, 10800.0),
         tests_range=(2, 20), tokens_median=60_000.0, full_test=True,
+    ),
+    # GAIA-2 as in SSR (papers/002 §5 "Benchmarks and models"): Retro's 200-scenario mini
+    # configuration of the official validation split, train/val/test 80/20/100. Table 1's
+    # initial harness (the platform default, ``stock``: conf/benchmark/surrogate_gaia2.yaml
+    # calibrates it) scores 29.0 Avg Pass@1 (%) on test with Codex (GPT 5.5 high; 26.0 with
+    # Claude Code, Opus 4.8 high); SSR reaches 38.0 (36.0). A scenario is pass/fail (ARE's
+    # judge accepts it or not): one hidden check, so a rollout scores 0 or 1, and ``credit``
+    # is the chance the judge still accepts after a failure ending (CREDIT's partial credit
+    # would pass half the failed scenarios and floor the pass rate near 50%). The cap is ARE's
+    # 30 minutes per scenario (benchmark=are's time_cap_s). effect_scale puts the seeds within
+    # 3 points (27.9-30.8%) and the reachable optimum at 53.1%, above SSR's 38.0: on pass/fail
+    # scores combined mechanisms compound fast, and a smaller scale leaves the seeds alike
+    # (scripts/calibrate_surrogate.py --presets surrogate_gaia2 --calibrate-to stock prints them).
+    "surrogate_gaia2": Preset(
+        "surrogate_gaia2", {"train": 80, "val": 20, "test": 100}, 200, target_resolve=0.29, effect_scale=0.55,
+        mode_prior=(0.25, 0.10, 0.15, 0.20, 0.10, 0.20), time_caps_s=(1800.0,), tests_range=(1, 1),
+        tokens_median=30_000.0, credit=(0.05, 0.0, 0.20, 0.05, 0.05, 0.10),
+    ),
+    # PaperBench-CodeDev as in MILO (papers/000 §5.2, App. A.2, Table 2(a)): 20 papers, 12 h
+    # each, k=3; an attempt's score is the rubric-weighted replication score in [0, 1], and
+    # RR@3 counts attempts scoring >= 0.9. Best-of-3 seed: PR@3 74.5, RR@3 26.7 (calibrated:
+    # the best seed's test resolve rate is 0.267, and ``credit`` is set so its PR lands on
+    # 74.5: 74.9 here); minimal harness 65.7 / 15.0 (here 75.0 / 19.9: not fitted); MILO 88.6 / 55.0 (the
+    # reachable optimum here: 91.3 / 63.8). The rubric is 7-9 equally weighted
+    # top-level components (n_tests), so a score >= 0.9 is exactly a full score and the
+    # framework's resolved (score == 1) is PaperBench's. The paper gives no search/val split:
+    # as on Terminal-Bench 2.1 (40/20 of 89, test = the full benchmark the paper reports),
+    # search 8 and val 4 papers, test all 20; the 8 papers in neither are the held-out figure.
+    # Failure modes lean to stopping early and not running the replication (premature
+    # completion, lax verification); with 12 h, overruns are rare.
+    "surrogate_paperbench": Preset(
+        "surrogate_paperbench", {"search": 8, "val": 4, "test": 20}, 20, target_resolve=0.267, effect_scale=0.9,
+        mode_prior=(0.35, 0.05, 0.30, 0.12, 0.10, 0.08), time_caps_s=(43200.0,), tests_range=(7, 9),
+        tokens_median=400_000.0, full_test=True, credit=(0.74, 0.50, 0.74, 0.64, 0.64, 0.61),
     ),
 }
 
