@@ -40,7 +40,8 @@ __all__ = ["PRESETS", "SurrogateBenchmark", "base_logits", "calibrated_tasks", "
 class SurrogateBenchmark(SplitTasks):
     """Benchmark + GroundTruth over a simulated task pool (see module docstring).
 
-    preset: one of ``PRESETS`` (surrogate_swepro, surrogate_deepswe, surrogate_tb21).
+    preset: one of ``PRESETS`` (surrogate_swepro, surrogate_deepswe, surrogate_tb21, surrogate_gaia2,
+    surrogate_paperbench).
     seed: generates the task pool and the splits (rollout randomness comes from the run seed).
     label_noise: probability that a failed rollout's trace ending shows a different,
     or an ambiguous, failure mode than the one that occurred (scores are unaffected).
