@@ -13,8 +13,8 @@ from typing import Any, Optional
 
 from milo_ray.search.strategy import check_choices, choice_field, resolve_field
 from milo_ray.ssr.racing import RACING_RULES, RacingRule
-from milo_ray.ssr.task_draw import TASK_DRAWS, TaskDraw
 from milo_ray.ssr.strategies import EVIDENCE_SETS, ORDERINGS, EvidenceOrdering, EvidenceSets
+from milo_ray.ssr.task_draw import TASK_DRAWS, TaskDraw
 
 
 @dataclass

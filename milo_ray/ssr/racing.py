@@ -40,9 +40,9 @@ from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
-from milo_ray.ssr.task_draw import Rates, TaskDraw, UniformDraw
 from milo_ray.ssr.racing_rules import (RACING_RULES, GeometricHalving, NoElimination, PairedElimination, RacingRule,
                                        RuleDecision, StageView, SuccessiveHalving, keep_count, paired_t, t_critical)
+from milo_ray.ssr.task_draw import Rates, TaskDraw, UniformDraw
 
 __all__ = ["RACING_RULES", "GeometricHalving", "NoElimination", "PairedElimination", "Race", "RaceCandidate",
            "RaceConfig", "RaceOutcome", "RacingRule", "RuleDecision", "StageView", "SuccessiveHalving", "UniformRace",
