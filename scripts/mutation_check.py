@@ -285,9 +285,9 @@ MUTATIONS: tuple[Mutation, ...] = (
         "a hung mutator or optimizer on Ray is never stopped",
     ),
     Mutation(
-        "agent-cache-off", "milo_ray/search/mutation.py",
+        "agent-cache-off", "milo_ray/search/agent_cache.py",
         "    return json.dumps(spec, sort_keys=True, default=str) if isinstance(spec, dict) else None",
-        "    return json.dumps(spec, sort_keys=True, default=str) + str(time.monotonic_ns()) if isinstance(spec, dict) else None",
+        "    return json.dumps(spec, sort_keys=True, default=str) + str(id(object())) if isinstance(spec, dict) else None",
         ("tests/search/test_mutation_runner.py::test_agent_is_built_once_per_process_however_many_mutations_it_serves",),
         "every mutation builds its agent again (an LLM agent's client and rate limiter are thrown away)",
     ),
@@ -1166,6 +1166,25 @@ MUTATIONS: tuple[Mutation, ...] = (
         "{escape(str(why))}</span>", "{why}</span>",
         ("tests/report/test_graded_tree.py::test_leaf_texts_are_escaped_and_every_leaf_shows_its_verdict",),
         "a grader's reason is written into the report as HTML",
+    ),
+    Mutation(
+        "are-world-unjailed", "milo_ray/benchmarks/are/episode.py",
+        "writable=[str(Path(socket).parent)])", "writable=[str(Path(socket).parent)])[-10:]",
+        ("tests/benchmarks/test_are_episode.py::test_the_worlds_apps_reach_no_host_file_through_a_models_arguments",),
+        "the scenario's world runs unjailed: an app tool reads a host file into an email, or writes anywhere",
+    ),
+    Mutation(
+        "surrogate-executor-ignores-preset-credit", "milo_ray/benchmarks/surrogate_executor.py",
+        "Q.build_tables(mechs, self.preset.effect_scale, self.preset.credit)",
+        "Q.build_tables(mechs, self.preset.effect_scale)",
+        ("tests/benchmarks/test_surrogate_paper_presets.py::test_sampled_rollouts_converge_to_the_presets_exact_expectation",),
+        "GAIA-2 rollouts are sampled with the default partial credit, off the calibrated ground truth",
+    ),
+    Mutation(
+        "surrogate-calibration-accepts-unreachable-target", "milo_ray/benchmarks/surrogate_calibration.py",
+        "    if abs(reached - preset.target_resolve) > 1e-3:", "    if False:",
+        ("tests/benchmarks/test_surrogate_paper_presets.py::test_a_target_the_offset_cannot_reach_is_refused_naming_the_preset",),
+        "a target the offset cannot reach ends silently at the search range's edge",
     ),
     Mutation(
         "paired-rejects-ranks-backwards", "milo_ray/ssr/racing_paired.py",

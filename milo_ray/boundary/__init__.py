@@ -11,7 +11,8 @@ What crosses, and where:
   :mod:`.sandbox.seccomp`, a cgroup per sandbox by :mod:`.sandbox.cgroups`, the storage
   volume of :mod:`.sandbox.volume`, a private network by :mod:`.sandbox.egress`),
   ``docker`` and the trusted-debugging ``local``; :mod:`.sandbox.leftovers` removes what a
-  sandbox's run left on the host.
+  sandbox's run left on the host. A host-side helper that runs foreign code on a model's
+  output for one rollout (an ARE scenario's world) runs in :mod:`.sandbox.helper_jail`.
 * **Files in and out** -- every host operation on a tree a sandbox could write walks it
   without following links (:mod:`.nofollow`); a task's and a harness's files and the
   package code a sandbox sees are written by :mod:`.sandbox.hostdirs` and
@@ -21,6 +22,9 @@ What crosses, and where:
 * **Model calls** -- :mod:`.gateway`: one socket per grant bound into its own sandbox
   only, the keys held outside, every call metered from the provider's own usage against
   the rollout's and the run's caps, upstream failures classified by the gateway alone.
+* **A task's own tools** -- a task world's tools (an ARE scenario's) reach the harness
+  through a socket in its own gateway directory, as LangChain tools built inside
+  (:mod:`.inside.task_tools`).
 * **Results** -- a harness process's stdout is read as bounded, schema-checked JSON lines
   (:mod:`.harness_process`, :mod:`.trajectory`); an optimizer program's result as files
   its sandbox wrote, size-capped (:mod:`.optimizer_process`). Text from either is made

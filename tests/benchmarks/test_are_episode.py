@@ -175,3 +175,36 @@ def test_a_multi_turn_scenario_releases_its_next_turn_and_a_reply_through_the_wa
     finally:
         ep.close()
     assert score_of(verdict) == (1.0, None), (verdict, (tmp_path / "host.log").read_text()[-3000:])
+
+
+def test_the_worlds_apps_reach_no_host_file_through_a_models_arguments(are_python, tmp_path):
+    # ARE's email client reads an attachment from any path it is given and saves
+    # downloads to any directory: the world runs jailed, so neither reaches the host.
+    import uuid
+
+    secret = Path.home() / f".milo-are-secret-{uuid.uuid4().hex}"
+    token = uuid.uuid4().hex
+    secret.write_text(token)
+    drop = tmp_path / "dropped"
+    drop.mkdir()
+    (tmp_path / "sock").mkdir()
+    ep = Episode(FIXTURES / "single_turn.json", tmp_path / "sock" / "tools.sock", mode="agent", judge="scripted",
+                 python=are_python, log=tmp_path / "host.log")
+    try:
+        ep.wait_ready()
+        tools = {t.name: t for t in channel_tools(str(ep.socket))}
+        stolen = tools["EmailClientV2__send_email"].invoke({"recipients": ["x@example.com"], "subject": "s",
+                                                            "content": "c", "attachment_paths": [str(secret)]})
+        assert token not in stolen and "Error" in stolen, stolen
+        sent = tools["EmailClientV2__send_email"].invoke({"recipients": ["x@example.com"], "subject": "t",
+                                                          "content": "c", "attachment_paths": ["/etc/hostname"]})
+        email_id = sent.strip().strip('"')
+        tools["EmailClientV2__download_attachments"].invoke({"email_id": email_id, "folder_name": "SENT",
+                                                            "path_to_save": str(drop)})
+        listed = tools["EmailClientV2__list_emails"].invoke({"folder_name": "SENT"})
+        assert token not in listed
+        ep.finish()
+    finally:
+        ep.close()
+        secret.unlink()
+    assert list(drop.iterdir()) == [], "a download reached the host's disk"

@@ -189,7 +189,7 @@ def test_two_specs_get_two_agents_and_a_forgotten_agent_is_built_again(tmp_path)
 def test_runs_and_sessions_never_share_an_agent(tmp_path):
     """An agent keeps state between calls: a run (or a resumed session) must not inherit
     another's; old sessions are dropped so long-lived workers do not grow."""
-    from milo_ray.search import mutation
+    from milo_ray.search import agent_cache as mutation
 
     spec = {"_target_": COUNTING, "log": str(tmp_path / "a")}
     one, two = mutation.agent_for(spec, "run-1"), mutation.agent_for(spec, "run-2")

@@ -16,6 +16,8 @@ import threading
 from pathlib import Path
 from typing import Any
 
+from milo_ray.boundary.sandbox.helper_jail import interpreter_dirs, jail_argv
+from milo_ray.boundary.sandbox.runtime_code import runtime_code_dir
 from milo_ray.core.tasks import Grader, GraderRefused
 
 HOST = Path(__file__).with_name("host.py")
@@ -49,11 +51,23 @@ class Episode:
         self._done = threading.Event()
         self.ready: dict[str, Any] | None = None
         self.verdict: dict[str, Any] | None = None
+        python = Path(python or are_python())
+        # The world runs jailed: its app tools take the model's arguments, and some of ARE's
+        # apps read and write any host path they are handed (boundary/sandbox/helper_jail.py).
+        code = runtime_code_dir()
+        host = code / HOST.relative_to(HOST.parents[3])  # .../milo_ray/benchmarks/are/host.py
+        argv = jail_argv([str(python), str(host), "--scenario", str(scenario), "--socket", str(socket),
+                          "--judge", judge, "--mode", mode],
+                         readonly=[*interpreter_dirs(python), str(code), str(Path(scenario).parent)],
+                         writable=[str(Path(socket).parent)])
         self._stderr = open(log, "wb") if log else subprocess.DEVNULL
-        self._proc = subprocess.Popen([str(python or are_python()), str(HOST), "--scenario", str(scenario),
-                                       "--socket", str(socket), "--judge", judge, "--mode", mode],
-                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._stderr,
-                                      env=_host_env())
+        try:
+            self._proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._stderr,
+                                          env={**_host_env(), "PYTHONPATH": str(code), "PYTHONDONTWRITEBYTECODE": "1"})
+        except BaseException:
+            if self._stderr is not subprocess.DEVNULL:
+                self._stderr.close()
+            raise
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
 
