@@ -116,13 +116,16 @@ class AREBenchmark(SplitTasks):
         return load_seeds(self.seed_names)
 
     def unsupported_tasks(self, factory: SandboxFactory) -> list[str]:
-        """The sandbox's objections, and ARE's interpreter when there is none (every task
-        needs it)."""
+        """The sandbox's objections, ARE's interpreter when there is none and bubblewrap
+        when it is missing (every task needs both)."""
         out = unsupported_tasks(ARE, self._by_id.values(), factory)
         try:
             are_python()
         except FileNotFoundError as exc:
             out += [f"task {tid}: {exc}" for tid in sorted(self._by_id)]
+        if shutil.which("bwrap") is None:
+            out += [f"task {tid}: the scenario's world runs jailed by bubblewrap, which is not installed "
+                    "(apt-get install bubblewrap)" for tid in sorted(self._by_id)]
         return out
 
 
