@@ -137,3 +137,46 @@ def _probe_text(res) -> str:
         if text.startswith("PROBE "):
             return text[len("PROBE "):]
     raise AssertionError(json.dumps(res.trace["trajectory"], default=str)[-2000:])
+
+
+def own_words_policy(body: dict[str, Any]) -> Reply:
+    """Forwards Greg's email to John, then tells the user in its own words (which ARE's
+    judge checks with an LLM), then stops."""
+    done = sum(1 for m in body["messages"] if m.get("role") == "tool")
+    if done == 0:
+        return tool_call("EmailClientV2__forward_email", {"email_id": "greg_email", "recipients": ["john@example.com"]})
+    if done == 1:
+        return tool_call("AgentUserInterface__send_message_to_user",
+                         {"content": "I have sent Greg's music list on to John as you asked."})
+    return reply("Forwarded.")
+
+
+@pytest.mark.parametrize("max_calls,score", [(20, 1.0), (1, 0.0)], ids=["within_budget", "budget_spent"])
+def test_ares_llm_checks_are_the_grader_roles_metered_calls(max_calls, score, tmp_path):
+    grader_key = "MILO_ARE_GRADER_KEY"
+    os.environ[grader_key] = "sk-grader-" + uuid.uuid4().hex
+    task = AREBenchmark(str(FIXTURES), splits={"search": 1.0}, judge="grader").task("forward_greg_email")
+    accept = reply("[[True]]\n[[Success]]", prompt_tokens=500, completion_tokens=5)
+    with ScriptedOpenAIServer(own_words_policy) as solver, ScriptedOpenAIServer(lambda body: accept) as judge:
+        ex = _executor(solver.url, tmp_path)
+        # No grader configured: the executor refuses the task before the run, naming the fix.
+        assert any("executor.grader" in p for p in ex.unsupported_tasks([task]))
+        from milo_ray.execution.grader import GraderSettings
+
+        ex.grader = GraderSettings.of({"llm": {"model": "openai/judge", "api_base": judge.url,
+                                               "api_key_env": grader_key, "usd_per_mtok_input": 1.0,
+                                               "usd_per_mtok_output": 2.0, "max_retries": 0},
+                                       "max_calls": max_calls})
+        res = asyncio.run(ex.aexecute(load_seeds(["minimal"])[0], task, 0, 0))
+        judged = len(judge.answered)
+        solver_traffic = json.dumps(solver.requests)
+    assert res.error_kind is None, res.error
+    assert res.score == score, res.trace["verifier"]
+    grader = res.trace["grader"]
+    # Every LLM check the judge made is one metered grader call, recorded with its price;
+    # past the budget a check is refused (not sent) and counts as failed.
+    assert len(grader["calls"]) == judged == min(max_calls, judged) and judged >= 1
+    assert all(c["cost_usd"] == pytest.approx(500e-6 + 5 * 2e-6) for c in grader["calls"])
+    assert (grader["refused"] > 0) == (score == 0.0)
+    # The solver's calls are the rollout's own, and the grader's key never reached them.
+    assert len(res.trace["trajectory"]["calls"]) == 3 and os.environ[grader_key] not in solver_traffic
