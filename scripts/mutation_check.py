@@ -1187,6 +1187,25 @@ MUTATIONS: tuple[Mutation, ...] = (
         "a target the offset cannot reach ends silently at the search range's edge",
     ),
     Mutation(
+        "task-draw-ignored", "milo_ray/ssr/racing.py",
+        "        self._val_perm = self.task_draw.order(list(validation), rates, rng)",
+        "        self._val_perm = UniformDraw().order(list(validation), rates, rng)",
+        ("tests/ssr/test_task_draw.py::test_intermediate_band_tasks_are_drawn_first",),
+        "a discriminative draw races uniformly drawn tasks",
+    ),
+    Mutation(
+        "task-draw-population-frozen", "milo_ray/ssr/loop.py",
+        "        self.last_runners = runners", "        self.last_runners = set()",
+        ("tests/ssr/test_task_draw.py::test_ssr_run_draws_from_the_population_of_each_round_and_never_from_the_test_split",),
+        "the draw's pass rates stop following the population",
+    ),
+    Mutation(
+        "lowrank-prior-ignored", "milo_ray/ssr/racing_lowrank.py",
+        "for v in view.prior.values()] if self.prior else []", "for v in view.prior.values()] if False else []",
+        ("tests/ssr/test_racing_lowrank_prior.py::test_earlier_matrices_let_lowrank_separate_what_the_race_alone_cannot",),
+        "lowrank ignores earlier races' matrices",
+    ),
+    Mutation(
         "paired-rejects-ranks-backwards", "milo_ray/ssr/racing_paired.py",
         'np.argsort(-t, kind="stable")', 'np.argsort(t, kind="stable")',
         ("tests/ssr/test_racing_new_rules.py::test_paired_rejects_rejects_the_challenger_with_the_lowest_paired_statistic",),
