@@ -62,7 +62,7 @@ SPEC_GROUPS = ("benchmark", "executor", "sandbox")
 _EXECUTOR_BENCHMARK = {"deepagents": "harbor", "optimizer": "einstein", "surrogate": "surrogate_tb21"}
 # Real agents need a model; the tasks' reference solutions run without one (offline).
 _OFFLINE_AGENT = "executor.agent=oracle"
-_AGENT_BENCHMARKS = ("harbor", "swe", "einstein_agent", "paperbench")
+_AGENT_BENCHMARKS = ("harbor", "swe", "einstein_agent", "paperbench", "are")
 
 
 def _swe_rows() -> str:
@@ -94,6 +94,8 @@ def _spec_cases():
                 pre.append(f"benchmark.path={_swe_rows()}")
             if group == "benchmark" and path.stem == "paperbench":
                 pre.append(f"benchmark.path={Path(__file__).parents[1] / 'fixtures' / 'paperbench' / 'papers'}")
+            if group == "benchmark" and path.stem == "are":
+                pre.append(f"benchmark.path={Path(__file__).parents[1] / 'fixtures' / 'are'}")
             for key, value in node.items():
                 if isinstance(value, (int, float)) and not isinstance(value, bool):
                     yield pre, f"{group}.{key}", type(value)
