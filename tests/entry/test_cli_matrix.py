@@ -27,6 +27,10 @@ RUNNER = Path(__file__).with_name("cli_jobs.py")
 METHODS = sorted(p.stem for p in (Path(CONF_DIR) / "method").glob("*.yaml"))
 # Training (or search) split sizes: SSR's budget covers one refresh plus one race.
 TRAIN_SIZE = {"surrogate_tb21": 40, "surrogate_swepro": 80, "surrogate_deepswe": 50}
+# The presets only an experiment runs here (their train splits, for the SSR budget).
+EXPERIMENT_TRAIN_SIZE = {**TRAIN_SIZE, "surrogate_gaia2": 80}
+EXPERIMENT_BENCHMARK = {"ssr_swepro": "surrogate_swepro", "ssr_deepswe": "surrogate_deepswe",
+                        "ssr_gaia2": "surrogate_gaia2"}
 # The surrogate benchmarks (offline, every method on each); the real task sets run in
 # tests/entry/test_real_run.py against a local endpoint, and the *_stock variants are
 # the SSR experiments' benchmarks, run below through the experiments.
@@ -60,7 +64,7 @@ def _tiny(method: str, benchmark: str) -> list[str]:
     if method == "eval":
         return ["method.k=1", "method.names=[minimal,stock]"]
     if method == "ssr":
-        return [*SSR_TINY, f"run.budget.executions={TRAIN_SIZE[benchmark] + 20}"]
+        return [*SSR_TINY, f"run.budget.executions={EXPERIMENT_TRAIN_SIZE[benchmark] + 20}"]
     return list(MILO_TINY)
 
 
@@ -75,7 +79,7 @@ def _jobs(root: Path) -> dict[str, list[str]]:
             jobs[name] = [f"method={method}", f"benchmark={benchmark}", *_tiny(method, benchmark), *extra, *common,
                           f"run.dir={root / name}"]
     for exp in EXPERIMENTS:
-        cfg_benchmark = {"ssr_swepro": "surrogate_swepro", "ssr_deepswe": "surrogate_deepswe"}.get(exp)
+        cfg_benchmark = EXPERIMENT_BENCHMARK.get(exp)
         if exp in EINSTEIN_TINY:
             tiny = EINSTEIN_TINY[exp]
         else:
