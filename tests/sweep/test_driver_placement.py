@@ -13,7 +13,8 @@ import time
 import pandas as pd
 import pytest
 
-from conftest import EVAL_TINY, run_sweep, start_hidden_worker, stop_process_group
+# Bound at collection: by fixture time another directory's conftest may own the name.
+from conftest import EVAL_TINY, run_sweep, start_hidden_worker, stop_process_group, sweep_env
 from milo_ray.sweep.jobs import RUN_MISSING
 
 pytestmark = pytest.mark.slow
@@ -27,7 +28,6 @@ def two_nodes(tmp_path_factory):
     from ray._private.utils import read_ray_address
     from ray.util.state import list_nodes
 
-    from conftest import sweep_env
     from milo_ray.sweep.local_ray import start_head
 
     logs = tmp_path_factory.mktemp("two-nodes")
