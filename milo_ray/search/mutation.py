@@ -363,9 +363,10 @@ class _Flight:
         return failed(f"validation did not finish within {self.validate_s:g}s", spent)
 
 
-def _lost(e: BaseException, flight: _Flight) -> MutationOutcome:
-    return failed(f"mutation task failed: {type(e).__name__}: {e}"[:2000],
-                  time.monotonic() - (flight.started or flight.submitted))
+def _lost(e: BaseException, since: float) -> MutationOutcome:
+    """The outcome of a mutation whose worker died (its child is rejected); ``since``: when
+    its clock started (monotonic)."""
+    return failed(f"mutation task failed: {type(e).__name__}: {e}"[:2000], time.monotonic() - since)
 
 
 async def run_mutation_async(spec: Any, request: MutationRequest, *, time_cap_s: float,
@@ -406,7 +407,7 @@ async def run_mutation_async(spec: Any, request: MutationRequest, *, time_cap_s:
         ray.cancel(flight.stream, force=True)
         raise
     except Exception as e:  # the worker died: the child is rejected
-        return _lost(e, flight)
+        return _lost(e, flight.started or flight.submitted)
 
 
 def _through_ray_client() -> bool:
@@ -456,7 +457,7 @@ async def _relayed(spec: Any, request: MutationRequest, **kwargs: Any) -> Mutati
         ray.cancel(ref, force=True)
         raise
     except Exception as e:  # the relay's worker died: the child is rejected
-        return failed(f"mutation task failed: {type(e).__name__}: {e}"[:2000], time.monotonic() - started)
+        return _lost(e, started)
 
 
 def run_mutations(spec: Any, requests: Sequence[MutationRequest], *, time_cap_s: float,
@@ -512,7 +513,7 @@ def run_mutations(spec: Any, requests: Sequence[MutationRequest], *, time_cap_s:
                 except StopIteration:
                     out = failed("mutation task ended without an outcome", time.monotonic() - f.submitted)
                 except Exception as e:  # the worker died: this child is lost, the others go on
-                    out = _lost(e, f)
+                    out = _lost(e, f.started or f.submitted)
                 if out is not None:
                     finish(i, out)
             elif time.monotonic() >= f.deadline():
@@ -545,7 +546,7 @@ def _run_relayed(spec: Any, requests: Sequence[MutationRequest], *, time_cap_s: 
             try:
                 out = ray.get(ref)
             except Exception as e:  # the relay's worker died: this child is lost, the others go on
-                out = failed(f"mutation task failed: {type(e).__name__}: {e}"[:2000], time.monotonic() - submitted)
+                out = _lost(e, submitted)
             del pending[i]
             out = results[i] = keep_artifacts(requests[i], out)
             if on_done is not None:

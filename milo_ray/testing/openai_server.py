@@ -17,10 +17,12 @@ Every request body is recorded.
 from __future__ import annotations
 
 import json
+import subprocess
 import threading
 import time
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
 if TYPE_CHECKING:  # Hydra is not installed where the Harbor integration's tests run this server
@@ -74,6 +76,26 @@ def scripted_model(url: str, **settings: Any) -> ModelConfig:
     from milo_ray.config.schemas import ModelConfig
 
     return ModelConfig(solver="openai/scripted", api_base=url, api_key_env=SCRIPTED_KEY_ENV, **settings).check()
+
+
+def run_cli_against(url: str, cwd: Path, *args: str, timeout: float = 900) -> tuple[subprocess.CompletedProcess,
+                                                                                      Path]:
+    """``python -m milo_ray.run ARGS`` from ``cwd`` in bwrap, its solver ``openai/solver`` at
+    ``url`` (a ScriptedOpenAIServer's), the run in ``cwd/run``: (the finished process, the
+    run directory). The run starts outside the checkout, so the package is put on its path
+    wherever it is installed; a caller's private ``RAY_TMPDIR`` is kept."""
+    import os
+    import sys
+
+    repo = Path(__file__).resolve().parents[2]
+    run_dir = cwd / "run"
+    env = {**os.environ, "SCRIPTED_KEY": "local", "LITELLM_LOCAL_MODEL_COST_MAP": "True", "HF_HUB_OFFLINE": "1",
+           "RAY_TMPDIR": os.environ.get("RAY_TMPDIR", str(cwd / "ray")),
+           "PYTHONPATH": os.pathsep.join([str(repo), *filter(None, [os.environ.get("PYTHONPATH")])])}
+    argv = [sys.executable, "-m", "milo_ray.run", *args, "model=litellm", "model.solver=openai/solver",
+            f"model.api_base={url}", "model.api_key_env=SCRIPTED_KEY", "sandbox=bwrap", f"run.dir={run_dir}",
+            "run.progress=false", "run.report=false", "execution.num_cpus=2"]
+    return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, cwd=cwd, env=env), run_dir
 
 
 def error(status: int, *, retry_after: float | None = None) -> Reply:

@@ -9,13 +9,13 @@ and needs the ARE interpreter: ``scripts/are_env.sh``, then ``MILO_RAY_ARE_PYTHO
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
 
 from milo_ray.benchmarks.are.episode import Episode, score_of
 from milo_ray.boundary.inside.task_tools import WAIT_TOOL, channel_tools
+from milo_ray.testing.are import are_interpreter
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "are"
 pytestmark = pytest.mark.slow
@@ -23,15 +23,7 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def are_python() -> Path:
-    # As with Harbor's: CI builds the environment (.ci/run) and sets the variable only when the
-    # build worked, saying why otherwise; a variable naming no interpreter is a failure.
-    py = os.environ.get("MILO_RAY_ARE_PYTHON")
-    if not py:
-        pytest.skip("needs ARE's interpreter: run scripts/are_env.sh and export "
-                    "MILO_RAY_ARE_PYTHON=~/.cache/milo_ray/are-venv/bin/python")
-    if not Path(py).is_file():
-        pytest.fail(f"MILO_RAY_ARE_PYTHON={py!r} names no interpreter")
-    return Path(py)
+    return are_interpreter()
 
 
 class CountingGrader:

@@ -24,6 +24,7 @@ from milo_ray.execution.agent_executor import AgentExecutor
 from milo_ray.harness.model import Harness
 from milo_ray.harness.seeds import load_seeds
 from milo_ray.testing.openai_server import Reply, ScriptedOpenAIServer, reply, tool_call
+from milo_ray.testing.are import are_interpreter
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "are"
 KEY_ENV = "MILO_ARE_TEST_KEY"
@@ -33,12 +34,7 @@ pytestmark = [pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewr
 
 @pytest.fixture(scope="module", autouse=True)
 def are_python() -> None:
-    py = os.environ.get("MILO_RAY_ARE_PYTHON")
-    if not py:
-        pytest.skip("needs ARE's interpreter: run scripts/are_env.sh and export "
-                    "MILO_RAY_ARE_PYTHON=~/.cache/milo_ray/are-venv/bin/python")
-    if not Path(py).is_file():
-        pytest.fail(f"MILO_RAY_ARE_PYTHON={py!r} names no interpreter")
+    are_interpreter()
 
 
 def forwarding_policy(recipient: str):

@@ -11,24 +11,22 @@ Slow, and needs ARE's interpreter (``scripts/are_env.sh``, then ``MILO_RAY_ARE_P
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pyarrow.parquet as pq
 import pytest
 
-from milo_ray.testing.openai_server import Reply, ScriptedOpenAIServer, reply, tool_call
+from milo_ray.testing.openai_server import Reply, ScriptedOpenAIServer, reply, run_cli_against, tool_call
+from milo_ray.testing.are import are_interpreter
 
 pytestmark = [pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap is not installed"),
               pytest.mark.slow]  # whole runs; each rollout starts an ARE world (20-30 s)
 
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "are" / "single_turn.json"
-REPO = Path(__file__).resolve().parents[2]
 # The search scenario is the one the solver gets wrong (a misspelt recipient), so the
 # evidence has a failure, its judge's rationale and the wrong action to read.
 WRONG = "jon@example.com"
@@ -36,12 +34,7 @@ WRONG = "jon@example.com"
 
 @pytest.fixture(scope="module", autouse=True)
 def are_python() -> None:
-    py = os.environ.get("MILO_RAY_ARE_PYTHON")
-    if not py:
-        pytest.skip("needs ARE's interpreter: run scripts/are_env.sh and export "
-                    "MILO_RAY_ARE_PYTHON=~/.cache/milo_ray/are-venv/bin/python")
-    if not Path(py).is_file():
-        pytest.fail(f"MILO_RAY_ARE_PYTHON={py!r} names no interpreter")
+    are_interpreter()
 
 
 def _suite(tmp_path: Path) -> Path:
@@ -91,16 +84,8 @@ def scenario_policy(body: dict[str, Any]) -> Reply:
 
 
 def _run(tmp_path: Path, srv: ScriptedOpenAIServer, *args: str) -> tuple[subprocess.CompletedProcess, Path]:
-    run_dir = tmp_path / "run"
-    env = {**os.environ, "SCRIPTED_KEY": "local", "LITELLM_LOCAL_MODEL_COST_MAP": "True", "HF_HUB_OFFLINE": "1",
-           "RAY_TMPDIR": os.environ.get("RAY_TMPDIR", str(tmp_path / "ray")),
-           "PYTHONPATH": os.pathsep.join([str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])])}
-    argv = [sys.executable, "-m", "milo_ray.run", *args, "model=litellm", "model.solver=openai/solver",
-            f"model.api_base={srv.url}", "model.api_key_env=SCRIPTED_KEY", "benchmark=are",
-            f"benchmark.path={_suite(tmp_path)}", "sandbox=bwrap", f"run.dir={run_dir}", "run.progress=false",
-            "run.report=false", "execution.num_cpus=2"]
-    proc = subprocess.run(argv, capture_output=True, text=True, timeout=1200, cwd=tmp_path, env=env)
-    return proc, run_dir
+    return run_cli_against(srv.url, tmp_path, *args, "benchmark=are", f"benchmark.path={_suite(tmp_path)}",
+                           timeout=1200)
 
 
 def _rows(run_dir: Path, table: str) -> list[dict]:

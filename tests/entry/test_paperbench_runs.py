@@ -8,24 +8,21 @@ role ``grader``, and the evidence the mutators read hold each leaf's verdict and
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pyarrow.parquet as pq
 import pytest
 
-from milo_ray.testing.openai_server import Reply, ScriptedOpenAIServer, reply, tool_call
+from milo_ray.testing.openai_server import Reply, ScriptedOpenAIServer, reply, run_cli_against, tool_call
 
 pytestmark = [pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap is not installed"),
               pytest.mark.slow]  # whole runs of cold harness processes in sandboxes
 
 PAPERS = Path(__file__).resolve().parents[1] / "fixtures" / "paperbench" / "papers"
-REPO = Path(__file__).resolve().parents[2]
 
 # What the scripted solver writes for each paper: every Code Development term of the
 # rubric but one, so each paper scores below 1 and its failed leaf has a reason to read.
@@ -63,17 +60,8 @@ def paper_policy(body: dict[str, Any]) -> Reply:
 
 
 def _run(tmp_path: Path, srv: ScriptedOpenAIServer, *args: str) -> tuple[subprocess.CompletedProcess, Path]:
-    run_dir = tmp_path / "run"
-    env = {**os.environ, "SCRIPTED_KEY": "local", "LITELLM_LOCAL_MODEL_COST_MAP": "True", "HF_HUB_OFFLINE": "1",
-           "RAY_TMPDIR": os.environ.get("RAY_TMPDIR", str(tmp_path / "ray")),
-           # The run starts in tmp_path: the package is found from this checkout wherever it is installed.
-           "PYTHONPATH": os.pathsep.join([str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])])}
-    argv = [sys.executable, "-m", "milo_ray.run", *args, "model=litellm", "model.solver=openai/solver",
-            f"model.api_base={srv.url}", "model.api_key_env=SCRIPTED_KEY", "benchmark=paperbench",
-            f"benchmark.path={PAPERS}", "executor.grader.scripted=true", "sandbox=bwrap", f"run.dir={run_dir}",
-            "run.progress=false", "run.report=false", "execution.num_cpus=2"]
-    proc = subprocess.run(argv, capture_output=True, text=True, timeout=900, cwd=tmp_path, env=env)
-    return proc, run_dir
+    return run_cli_against(srv.url, tmp_path, *args, "benchmark=paperbench", f"benchmark.path={PAPERS}",
+                           "executor.grader.scripted=true")
 
 
 def _rows(run_dir: Path, table: str) -> list[dict]:
